@@ -1,0 +1,237 @@
+#include "common/job_spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace mptrain {
+namespace {
+
+// Limits that keep a typo from asking for terabytes; a real model here is far below them.
+constexpr int64_t kMaxLayerWidth = int64_t{1} << 20;
+constexpr int kMaxLayers = 64;
+constexpr int kMaxWorldSize = 1024;
+constexpr int64_t kMaxMicroBatch = int64_t{1} << 24;
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+std::string Num(double value) { return absl::StrFormat("%g", value); }
+
+bool IsValidName(const std::string& name) {
+  if (name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status ValidateModel(const v1::ModelSpec& model) {
+  if (model.input_dim() <= 0 || model.input_dim() > kMaxLayerWidth) {
+    return Invalid(absl::StrCat("model.input_dim must be in [1, ", kMaxLayerWidth, "], got ",
+                                model.input_dim()));
+  }
+  if (model.hidden_dims_size() + 1 > kMaxLayers) {
+    return Invalid(absl::StrCat("model.hidden_dims may have at most ", kMaxLayers - 1,
+                                " entries, got ", model.hidden_dims_size()));
+  }
+  for (int i = 0; i < model.hidden_dims_size(); ++i) {
+    int64_t width = model.hidden_dims(i);
+    if (width <= 0) {
+      return Invalid(absl::StrCat("model.hidden_dims[", i, "] must be > 0, got ", width));
+    }
+    if (width > kMaxLayerWidth) {
+      return Invalid(absl::StrCat("model.hidden_dims[", i, "] must be <= ", kMaxLayerWidth,
+                                  ", got ", width));
+    }
+  }
+  if (model.output_dim() <= 0 || model.output_dim() > kMaxLayerWidth) {
+    return Invalid(absl::StrCat("model.output_dim must be in [1, ", kMaxLayerWidth, "], got ",
+                                model.output_dim()));
+  }
+  if (model.activation() != v1::RELU && model.activation() != v1::GELU) {
+    return Invalid(absl::StrCat("model.activation must be relu or gelu, got ",
+                                model.activation()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::DataSpec& data) {
+  switch (data.source_case()) {
+    case v1::DataSpec::kSynthetic:
+      if (data.synthetic().seed() < 0) {
+        return Invalid(absl::StrCat("data.synthetic.seed must be >= 0, got ",
+                                    data.synthetic().seed()));
+      }
+      return absl::OkStatus();
+    case v1::DataSpec::kNpy:
+      if (data.npy().features_path().empty()) {
+        return Invalid("data.npy.features_path must name a .npy file, got an empty string");
+      }
+      if (data.npy().targets_path().empty()) {
+        return Invalid("data.npy.targets_path must name a .npy file, got an empty string");
+      }
+      return absl::OkStatus();
+    case v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return Invalid("data must set exactly one of data.synthetic or data.npy");
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
+  if (!std::isfinite(optimizer.lr()) || optimizer.lr() <= 0) {
+    return Invalid(absl::StrCat("optimizer.lr must be a finite number > 0, got ",
+                                Num(optimizer.lr())));
+  }
+  if (!std::isfinite(optimizer.momentum()) || optimizer.momentum() < 0 ||
+      optimizer.momentum() >= 1) {
+    return Invalid(absl::StrCat("optimizer.momentum must be in [0, 1), got ",
+                                Num(optimizer.momentum())));
+  }
+  if (!std::isfinite(optimizer.weight_decay()) || optimizer.weight_decay() < 0) {
+    return Invalid(absl::StrCat("optimizer.weight_decay must be >= 0, got ",
+                                Num(optimizer.weight_decay())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
+  if (!std::isfinite(scaler.init_scale()) || scaler.init_scale() <= 0) {
+    return Invalid(absl::StrCat("loss_scaler.init_scale must be a finite number > 0, got ",
+                                Num(scaler.init_scale())));
+  }
+  if (!std::isfinite(scaler.growth_factor()) || scaler.growth_factor() <= 1) {
+    return Invalid(absl::StrCat("loss_scaler.growth_factor must be > 1, got ",
+                                Num(scaler.growth_factor())));
+  }
+  if (!std::isfinite(scaler.backoff_factor()) || scaler.backoff_factor() <= 0 ||
+      scaler.backoff_factor() >= 1) {
+    return Invalid(absl::StrCat("loss_scaler.backoff_factor must be in (0, 1), got ",
+                                Num(scaler.backoff_factor())));
+  }
+  if (scaler.growth_interval() < 1) {
+    return Invalid(absl::StrCat("loss_scaler.growth_interval must be >= 1, got ",
+                                scaler.growth_interval()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
+  v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  options.case_insensitive_enum_parsing = true;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &spec, options);
+  if (!status.ok()) {
+    return Invalid(absl::StrCat("job spec is not valid JSON for JobSpec: ",
+                                std::string(status.message())));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot open job spec file ", path));
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  auto spec = ParseJobSpecJson(buffer.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+void ApplyJobSpecDefaults(v1::JobSpec* spec) {
+  if (spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
+    spec->mutable_model()->set_activation(v1::RELU);
+  }
+  if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(v1::MSE);
+  if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
+  if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
+  auto* scaler = spec->mutable_loss_scaler();
+  if (!scaler->has_enabled()) scaler->set_enabled(spec->precision() == v1::FP16);
+  if (!scaler->has_init_scale()) scaler->set_init_scale(kDefaultInitScale);
+  if (!scaler->has_growth_factor()) scaler->set_growth_factor(kDefaultGrowthFactor);
+  if (!scaler->has_backoff_factor()) scaler->set_backoff_factor(kDefaultBackoffFactor);
+  if (!scaler->has_growth_interval()) scaler->set_growth_interval(kDefaultGrowthInterval);
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  if (!IsValidName(spec.name())) {
+    return Invalid(absl::StrCat("name must be at most 128 characters of [A-Za-z0-9._-], got \"",
+                                spec.name(), "\""));
+  }
+  if (spec.world_size() < 1 || spec.world_size() > kMaxWorldSize) {
+    return Invalid(absl::StrCat("world_size must be in [1, ", kMaxWorldSize, "], got ",
+                                spec.world_size()));
+  }
+  if (spec.device() != v1::CPU && spec.device() != v1::CUDA) {
+    return Invalid(absl::StrCat("device must be cpu or cuda, got ",
+                                v1::DeviceKind_Name(spec.device()).empty()
+                                    ? std::to_string(spec.device())
+                                    : v1::DeviceKind_Name(spec.device())));
+  }
+  if (!spec.has_model()) return Invalid("model is required");
+  if (auto status = ValidateModel(spec.model()); !status.ok()) return status;
+  if (spec.loss() != v1::MSE) {
+    return Invalid(absl::StrCat("loss must be mse, got ", spec.loss()));
+  }
+  if (auto status = ValidateData(spec.data()); !status.ok()) return status;
+  if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {
+    return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
+                                spec.micro_batch_size()));
+  }
+  if (spec.accumulation_steps() < 1) {
+    return Invalid(absl::StrCat("accumulation_steps must be >= 1, got ",
+                                spec.accumulation_steps()));
+  }
+  if (spec.steps() < 1) {
+    return Invalid(absl::StrCat("steps must be >= 1, got ", spec.steps()));
+  }
+  if (spec.precision() != v1::FP16 && spec.precision() != v1::BF16 &&
+      spec.precision() != v1::FP32) {
+    return Invalid(absl::StrCat("precision must be fp16, bf16 or fp32, got ", spec.precision()));
+  }
+  if (!spec.has_optimizer()) return Invalid("optimizer is required (optimizer.lr at least)");
+  if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;
+  if (auto status = ValidateLossScaler(spec.loss_scaler()); !status.ok()) return status;
+  if (!std::isfinite(spec.max_grad_norm()) || spec.max_grad_norm() < 0) {
+    return Invalid(absl::StrCat("max_grad_norm must be >= 0 (0 = no clipping), got ",
+                                Num(spec.max_grad_norm())));
+  }
+  if (spec.seed() < 0) return Invalid(absl::StrCat("seed must be >= 0, got ", spec.seed()));
+  if (spec.telemetry_every() < 1) {
+    return Invalid(absl::StrCat("telemetry_every must be >= 1, got ", spec.telemetry_every()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> LayerWidths(const v1::ModelSpec& model) {
+  std::vector<int64_t> widths;
+  widths.push_back(model.input_dim());
+  for (int64_t hidden : model.hidden_dims()) widths.push_back(hidden);
+  widths.push_back(model.output_dim());
+  return widths;
+}
+
+int64_t ParameterCount(const v1::ModelSpec& model) {
+  std::vector<int64_t> widths = LayerWidths(model);
+  int64_t count = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) count += widths[i] * widths[i + 1] + widths[i + 1];
+  return count;
+}
+
+bool LossScalingEnabled(const v1::JobSpec& spec) {
+  return spec.loss_scaler().has_enabled() ? spec.loss_scaler().enabled()
+                                          : spec.precision() == v1::FP16;
+}
+
+}  // namespace mptrain

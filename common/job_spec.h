@@ -1,0 +1,48 @@
+#pragma once
+
+// Job specs: parsing from JSON (protobuf's JSON mapping), defaults, and validation.
+// Validation is a pure function so that the coordinator, the CLI and the tests share it.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+
+namespace mptrain {
+
+// PyTorch's GradScaler defaults.
+inline constexpr double kDefaultInitScale = 65536.0;
+inline constexpr double kDefaultGrowthFactor = 2.0;
+inline constexpr double kDefaultBackoffFactor = 0.5;
+inline constexpr int64_t kDefaultGrowthInterval = 2000;
+
+// Parses a JSON job spec. Unknown fields are refused; enum values are case-insensitive.
+// INVALID_ARGUMENT: malformed JSON, unknown field or wrong type (protobuf's message says which).
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
+
+// Reads and parses a JSON job spec file. NOT_FOUND / INVALID_ARGUMENT name the file.
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Fills fields the user may leave out: activation (RELU), loss (MSE), precision (FP16),
+// telemetry_every (1), and every unset loss_scaler field (PyTorch's defaults; enabled only for
+// FP16). Idempotent.
+void ApplyJobSpecDefaults(v1::JobSpec* spec);
+
+// Checks every rule of a spec (after ApplyJobSpecDefaults). INVALID_ARGUMENT names the first
+// field at fault, the rule and the value, e.g. "model.hidden_dims[1] must be > 0, got 0".
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Layer widths [input_dim, hidden_dims..., output_dim].
+std::vector<int64_t> LayerWidths(const v1::ModelSpec& model);
+
+// Total number of parameters (weights and biases) of the MLP.
+int64_t ParameterCount(const v1::ModelSpec& model);
+
+// Whether this spec trains with a loss scaler (after defaults).
+bool LossScalingEnabled(const v1::JobSpec& spec);
+
+}  // namespace mptrain

@@ -1,0 +1,275 @@
+#include "common/job_spec.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+// A valid spec in JSON; each test breaks one rule of it.
+constexpr char kValidJson[] = R"({
+  "name": "t", "world_size": 2, "device": "cpu",
+  "model": {"input_dim": 8, "hidden_dims": [4, 4], "output_dim": 2, "activation": "gelu"},
+  "data": {"synthetic": {"seed": 1}},
+  "micro_batch_size": 4, "accumulation_steps": 2, "steps": 3, "precision": "bf16",
+  "optimizer": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
+})";
+
+v1::JobSpec ValidSpec() {
+  auto spec = ParseJobSpecJson(kValidJson);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(&*spec);
+  return *spec;
+}
+
+void ExpectInvalid(const v1::JobSpec& spec, const std::string& message) {
+  absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find(message), std::string::npos)
+      << "got: " << status.message() << "\nwanted: " << message;
+}
+
+TEST(ParseJobSpecJson, ValidSpec_ParsesEnumsCaseInsensitively) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.device(), v1::CPU);
+  EXPECT_EQ(spec.precision(), v1::BF16);
+  EXPECT_EQ(spec.model().activation(), v1::GELU);
+  ASSERT_EQ(spec.model().hidden_dims_size(), 2);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(ParseJobSpecJson, UnknownField_IsRefused) {
+  auto spec = ParseJobSpecJson(R"({"name": "x", "wolrd_size": 2})");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(spec.status().message()).find("wolrd_size"), std::string::npos)
+      << spec.status();
+}
+
+TEST(ParseJobSpecJson, MalformedJson_IsRefused) {
+  auto spec = ParseJobSpecJson("{\"name\": ");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParseJobSpecJson, UnknownEnumValue_IsRefused) {
+  auto spec = ParseJobSpecJson(R"({"device": "tpu"})");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LoadJobSpecFile, MissingFile_IsNotFoundNamingIt) {
+  auto spec = LoadJobSpecFile("/nonexistent/job.json");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(spec.status().message()).find("/nonexistent/job.json"),
+            std::string::npos);
+}
+
+TEST(ApplyJobSpecDefaults, FillsPyTorchScalerDefaults) {
+  v1::JobSpec spec;
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.precision(), v1::FP16);
+  EXPECT_EQ(spec.loss(), v1::MSE);
+  EXPECT_EQ(spec.model().activation(), v1::RELU);
+  EXPECT_EQ(spec.telemetry_every(), 1);
+  EXPECT_TRUE(spec.loss_scaler().enabled());
+  EXPECT_EQ(spec.loss_scaler().init_scale(), 65536.0);
+  EXPECT_EQ(spec.loss_scaler().growth_factor(), 2.0);
+  EXPECT_EQ(spec.loss_scaler().backoff_factor(), 0.5);
+  EXPECT_EQ(spec.loss_scaler().growth_interval(), 2000);
+}
+
+TEST(ApplyJobSpecDefaults, ScalerOffByDefaultForBf16_AndExplicitValuesKept) {
+  v1::JobSpec spec;
+  spec.set_precision(v1::BF16);
+  spec.mutable_loss_scaler()->set_init_scale(1024);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_FALSE(spec.loss_scaler().enabled());
+  EXPECT_EQ(spec.loss_scaler().init_scale(), 1024);
+}
+
+TEST(ValidateJobSpec, SeedExamples_AreValid) {
+  for (const char* path : {"examples/seed.json", "examples/seed_cpu.json"}) {
+    auto spec = LoadJobSpecFile(path);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ApplyJobSpecDefaults(&*spec);
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << path << ": " << ValidateJobSpec(*spec);
+    EXPECT_EQ(spec->model().input_dim(), 1024);
+    EXPECT_EQ(spec->model().output_dim(), 16);
+    EXPECT_EQ(spec->micro_batch_size(), 64);
+    EXPECT_EQ(spec->accumulation_steps(), 4);
+    EXPECT_EQ(spec->steps(), 5);
+    EXPECT_EQ(spec->world_size(), 2);
+  }
+}
+
+TEST(ValidateJobSpec, Name_MustBeSimple) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_name("a b");
+  ExpectInvalid(spec, "name must be");
+}
+
+TEST(ValidateJobSpec, WorldSize_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_world_size(0);
+  ExpectInvalid(spec, "world_size must be in [1, 1024], got 0");
+}
+
+TEST(ValidateJobSpec, Device_MustBeSet) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_device(v1::DEVICE_KIND_UNSPECIFIED);
+  ExpectInvalid(spec, "device must be cpu or cuda");
+}
+
+TEST(ValidateJobSpec, Model_IsRequired) {
+  v1::JobSpec spec = ValidSpec();
+  spec.clear_model();
+  ExpectInvalid(spec, "model is required");
+}
+
+TEST(ValidateJobSpec, InputDim_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_input_dim(-3);
+  ExpectInvalid(spec, "model.input_dim must be in [1, 1048576], got -3");
+}
+
+TEST(ValidateJobSpec, HiddenDim_MustBePositive_NamingIndex) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_hidden_dims(1, 0);
+  ExpectInvalid(spec, "model.hidden_dims[1] must be > 0, got 0");
+}
+
+TEST(ValidateJobSpec, HiddenDim_MustNotBeHuge) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_hidden_dims(0, int64_t{1} << 40);
+  ExpectInvalid(spec, "model.hidden_dims[0] must be <= 1048576");
+}
+
+TEST(ValidateJobSpec, OutputDim_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_output_dim(0);
+  ExpectInvalid(spec, "model.output_dim must be in [1, 1048576], got 0");
+}
+
+TEST(ValidateJobSpec, Activation_MustBeKnown) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_activation(static_cast<v1::Activation>(9));
+  ExpectInvalid(spec, "model.activation must be relu or gelu");
+}
+
+TEST(ValidateJobSpec, Data_MustBeSet) {
+  v1::JobSpec spec = ValidSpec();
+  spec.clear_data();
+  ExpectInvalid(spec, "data must set exactly one of");
+}
+
+TEST(ValidateJobSpec, NpyPaths_MustBeGiven) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_data()->mutable_npy()->set_features_path("x.npy");
+  ExpectInvalid(spec, "data.npy.targets_path must name a .npy file");
+  spec.mutable_data()->mutable_npy()->set_features_path("");
+  ExpectInvalid(spec, "data.npy.features_path must name a .npy file");
+}
+
+TEST(ValidateJobSpec, SyntheticSeed_MustBeNonNegative) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_data()->mutable_synthetic()->set_seed(-1);
+  ExpectInvalid(spec, "data.synthetic.seed must be >= 0, got -1");
+}
+
+TEST(ValidateJobSpec, MicroBatch_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_micro_batch_size(0);
+  ExpectInvalid(spec, "micro_batch_size must be in [1, 16777216], got 0");
+}
+
+TEST(ValidateJobSpec, AccumulationSteps_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_accumulation_steps(0);
+  ExpectInvalid(spec, "accumulation_steps must be >= 1, got 0");
+}
+
+TEST(ValidateJobSpec, Steps_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_steps(-5);
+  ExpectInvalid(spec, "steps must be >= 1, got -5");
+}
+
+TEST(ValidateJobSpec, Precision_MustBeKnown) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_precision(static_cast<v1::Precision>(7));
+  ExpectInvalid(spec, "precision must be fp16, bf16 or fp32");
+}
+
+TEST(ValidateJobSpec, Optimizer_IsRequired) {
+  v1::JobSpec spec = ValidSpec();
+  spec.clear_optimizer();
+  ExpectInvalid(spec, "optimizer is required");
+}
+
+TEST(ValidateJobSpec, LearningRate_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_lr(0);
+  ExpectInvalid(spec, "optimizer.lr must be a finite number > 0, got 0");
+}
+
+TEST(ValidateJobSpec, Momentum_MustBeBelowOne) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_momentum(1.0);
+  ExpectInvalid(spec, "optimizer.momentum must be in [0, 1), got 1");
+}
+
+TEST(ValidateJobSpec, WeightDecay_MustBeNonNegative) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_weight_decay(-0.1);
+  ExpectInvalid(spec, "optimizer.weight_decay must be >= 0, got -0.1");
+}
+
+TEST(ValidateJobSpec, InitScale_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_loss_scaler()->set_init_scale(0);
+  ExpectInvalid(spec, "loss_scaler.init_scale must be a finite number > 0, got 0");
+}
+
+TEST(ValidateJobSpec, GrowthFactor_MustExceedOne) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_loss_scaler()->set_growth_factor(1.0);
+  ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1, got 1");
+}
+
+TEST(ValidateJobSpec, BackoffFactor_MustBeInUnitInterval) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_loss_scaler()->set_backoff_factor(1.5);
+  ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1), got 1.5");
+}
+
+TEST(ValidateJobSpec, GrowthInterval_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_loss_scaler()->set_growth_interval(0);
+  ExpectInvalid(spec, "loss_scaler.growth_interval must be >= 1, got 0");
+}
+
+TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_max_grad_norm(-1);
+  ExpectInvalid(spec, "max_grad_norm must be >= 0");
+}
+
+TEST(ValidateJobSpec, Seed_MustBeNonNegative) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_seed(-2);
+  ExpectInvalid(spec, "seed must be >= 0, got -2");
+}
+
+TEST(ValidateJobSpec, TelemetryEvery_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_telemetry_every(-1);
+  ExpectInvalid(spec, "telemetry_every must be >= 1, got -1");
+}
+
+TEST(ParameterCount, CountsWeightsAndBiases) {
+  v1::JobSpec spec = ValidSpec();  // 8 -> 4 -> 4 -> 2
+  EXPECT_EQ(ParameterCount(spec.model()), 8 * 4 + 4 + 4 * 4 + 4 + 4 * 2 + 2);
+}
+
+}  // namespace
+}  // namespace mptrain

@@ -1,0 +1,15 @@
+#include "common/logging.h"
+
+#include "spdlog/sinks/stdout_color_sinks.h"
+
+namespace mptrain {
+
+void InitLogging(const std::string& component, const std::string& level) {
+  auto logger = spdlog::stderr_color_mt(component);
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [" + component + "] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+  spdlog::flush_on(spdlog::level::info);
+}
+
+}  // namespace mptrain
