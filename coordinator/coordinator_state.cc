@@ -1,0 +1,557 @@
+#include "coordinator/coordinator_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_spec.h"
+#include "coordinator/placement.h"
+#include "spdlog/spdlog.h"
+
+namespace mptrain {
+namespace {
+
+int64_t SystemNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string AssignmentKey(const std::string& job_id, int rank, int attempt) {
+  return absl::StrCat(job_id, "/", rank, "/", attempt);
+}
+
+}  // namespace
+
+CoordinatorState::CoordinatorState(CoordinatorOptions options) : options_(std::move(options)) {
+  if (!options_.now_ms) options_.now_ms = SystemNowMs;
+}
+
+bool CoordinatorState::IsTerminal(v1::JobState state) const {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+CoordinatorState::JobRecord* CoordinatorState::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+const CoordinatorState::JobRecord* CoordinatorState::FindJob(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<CoordinatorState::WorkerRecord*> CoordinatorState::FindLiveWorker(
+    const std::string& worker_id, uint64_t incarnation) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id, "; register again"));
+  }
+  WorkerRecord& worker = it->second;
+  if (worker.info.incarnation() != incarnation) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " has incarnation ",
+                                            worker.info.incarnation(), ", not ", incarnation,
+                                            "; register again"));
+  }
+  if (worker.info.state() != v1::ALIVE) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " was marked lost; register again"));
+  }
+  return &worker;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
+    const v1::SubmitJobRequest& request) {
+  v1::JobSpec spec = request.spec();
+  ApplyJobSpecDefaults(&spec);
+  if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!request.request_id().empty()) {
+    auto it = job_by_request_id_.find(request.request_id());
+    if (it != job_by_request_id_.end()) {
+      v1::SubmitJobResponse response;
+      response.set_job_id(it->second);
+      response.set_state(jobs_.at(it->second)->job.state());
+      return response;
+    }
+  }
+  auto record = std::make_unique<JobRecord>();
+  std::string job_id = absl::StrFormat("job-%04d", next_job_number_++);
+  record->job.set_job_id(job_id);
+  *record->job.mutable_spec() = spec;
+  record->job.set_state(v1::PENDING);
+  record->job.set_submitted_unix_ms(options_.now_ms());
+  record->job.set_request_id(request.request_id());
+  record->ranks.resize(spec.world_size());
+  for (int rank = 0; rank < spec.world_size(); ++rank) {
+    record->job.add_progress()->set_rank(rank);
+  }
+  if (!request.request_id().empty()) job_by_request_id_[request.request_id()] = job_id;
+  jobs_[job_id] = std::move(record);
+  job_order_.push_back(job_id);
+  pending_.push_back(job_id);
+  spdlog::info("job {} submitted: {} ranks on {}", job_id, spec.world_size(),
+               v1::DeviceKind_Name(spec.device()));
+  TrySchedule();
+  changed_.notify_all();
+
+  v1::SubmitJobResponse response;
+  response.set_job_id(job_id);
+  response.set_state(jobs_.at(job_id)->job.state());
+  return response;
+}
+
+absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  return record->job;
+}
+
+std::vector<v1::Job> CoordinatorState::ListJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> jobs;
+  for (const std::string& job_id : job_order_) jobs.push_back(jobs_.at(job_id)->job);
+  return jobs;
+}
+
+absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (IsTerminal(record->job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended as ", v1::JobState_Name(record->job.state())));
+  }
+  SetJobState(record, v1::CANCELLED, "cancelled by user");
+  TrySchedule();
+  return record->job.state();
+}
+
+std::vector<v1::Worker> CoordinatorState::ListWorkers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Worker> workers;
+  for (const auto& [id, worker] : workers_) {
+    v1::Worker info = worker.info;
+    info.set_free_slots(worker.info.state() == v1::ALIVE
+                            ? worker.info.slots() - static_cast<int>(worker.busy_slots.size())
+                            : 0);
+    workers.push_back(info);
+  }
+  return workers;
+}
+
+absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
+    const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  v1::WatchJobEvent event;
+  event.set_sequence(record->last_sequence);
+  *event.mutable_snapshot() = record->job;
+  return event;
+}
+
+absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
+    const std::string& job_id, int64_t after_sequence, int64_t wait_ms) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] {
+    return record->last_sequence > after_sequence || IsTerminal(record->job.state());
+  });
+  WatchBatch batch;
+  for (const v1::WatchJobEvent& event : record->events) {
+    if (event.sequence() > after_sequence) batch.events.push_back(event);
+  }
+  // The terminal state change is always the job's last event.
+  batch.finished = IsTerminal(record->job.state()) &&
+                   (batch.events.empty() || batch.events.back().sequence() ==
+                                                record->last_sequence);
+  return batch;
+}
+
+void CoordinatorState::AppendEvent(JobRecord* record, v1::WatchJobEvent event) {
+  event.set_sequence(++record->last_sequence);
+  record->events.push_back(std::move(event));
+  while (record->events.size() > options_.max_events_per_job) record->events.pop_front();
+  changed_.notify_all();
+}
+
+void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
+                                   const std::string& error) {
+  if (record->job.state() == state) return;
+  record->job.set_state(state);
+  if (!error.empty()) record->job.set_error(error);
+  if (state == v1::RUNNING) record->job.set_started_unix_ms(options_.now_ms());
+  if (IsTerminal(state)) {
+    record->job.set_finished_unix_ms(options_.now_ms());
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), record->job.job_id()),
+                   pending_.end());
+    ReleaseSlots(record);
+    record->kv.clear();
+  }
+  if (state == v1::FAILED) {
+    spdlog::warn("job {} FAILED: {}", record->job.job_id(), error);
+  } else {
+    spdlog::info("job {} {}{}", record->job.job_id(), v1::JobState_Name(state),
+                 error.empty() ? "" : ": " + error);
+  }
+  v1::WatchJobEvent event;
+  event.mutable_state_change()->set_state(state);
+  event.mutable_state_change()->set_error(error);
+  AppendEvent(record, std::move(event));
+}
+
+void CoordinatorState::FailJob(JobRecord* record, const std::string& error) {
+  if (IsTerminal(record->job.state())) return;
+  SetJobState(record, v1::FAILED, error);
+}
+
+void CoordinatorState::ReleaseSlots(JobRecord* record) {
+  for (auto& [id, worker] : workers_) {
+    for (auto it = worker.busy_slots.begin(); it != worker.busy_slots.end();) {
+      if (it->second.first == record->job.job_id()) {
+        it = worker.busy_slots.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+std::string CoordinatorState::DescribeRank(const JobRecord& record, int rank) const {
+  for (const v1::RankPlacement& placement : record.job.placement()) {
+    if (placement.rank() == rank) {
+      return absl::StrCat("rank ", rank, " on worker ", placement.worker_id(), " (",
+                          placement.host(), ")");
+    }
+  }
+  return absl::StrCat("rank ", rank);
+}
+
+void CoordinatorState::TrySchedule() {
+  while (!pending_.empty()) {
+    JobRecord* record = FindJob(pending_.front());
+    const v1::JobSpec& spec = record->job.spec();
+    std::vector<WorkerSlots> candidates;
+    for (const auto& [id, worker] : workers_) {
+      if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device()) continue;
+      WorkerSlots slots{id, {}};
+      for (int slot = 0; slot < worker.info.slots(); ++slot) {
+        if (!worker.busy_slots.count(slot)) slots.free_slots.push_back(slot);
+      }
+      candidates.push_back(std::move(slots));
+    }
+    auto placement = PlaceRanks(spec.world_size(), candidates);
+    if (!placement) return;  // Strict FIFO: later jobs wait behind the head of the queue.
+    pending_.pop_front();
+    record->attempt += 1;
+    record->kv.clear();
+    record->job.clear_placement();
+    for (const RankSlot& rank_slot : *placement) {
+      WorkerRecord& worker = workers_.at(rank_slot.worker_id);
+      worker.busy_slots[rank_slot.slot] = {record->job.job_id(), rank_slot.rank};
+      v1::RankPlacement* out = record->job.add_placement();
+      out->set_rank(rank_slot.rank);
+      out->set_worker_id(rank_slot.worker_id);
+      out->set_host(worker.info.host());
+      out->set_device_index(rank_slot.slot);
+    }
+    for (RankRecord& rank : record->ranks) rank = RankRecord{};
+    SetJobState(record, v1::RUNNING, "");
+  }
+}
+
+void CoordinatorState::MaybeFinishJob(JobRecord* record) {
+  if (IsTerminal(record->job.state())) return;
+  for (const RankRecord& rank : record->ranks) {
+    if (!rank.result_reported) return;
+  }
+  const std::string& reference = record->ranks[0].checksum;
+  for (size_t rank = 1; rank < record->ranks.size(); ++rank) {
+    if (record->ranks[rank].checksum != reference) {
+      FailJob(record, absl::StrCat("parameters diverged across ranks: rank 0 has checksum ",
+                                   reference, ", rank ", rank, " has ",
+                                   record->ranks[rank].checksum));
+      return;
+    }
+  }
+  SetJobState(record, v1::SUCCEEDED, "");
+  TrySchedule();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (request.slots() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots must be >= 1, got ", request.slots()));
+  }
+  if (request.device() != v1::CPU && request.device() != v1::CUDA) {
+    return absl::InvalidArgumentError("device must be cpu or cuda");
+  }
+  if (request.host().empty()) return absl::InvalidArgumentError("host must be set");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string name = request.name().empty() ? request.host() : request.name();
+  for (auto& [id, worker] : workers_) {
+    if (worker.name == name && worker.info.state() == v1::ALIVE) {
+      MarkWorkerLost(&worker, absl::StrCat("worker ", id, " restarted (new incarnation ",
+                                           request.incarnation(), ")"));
+    }
+  }
+  WorkerRecord worker;
+  worker.name = name;
+  std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
+  worker.info.set_worker_id(worker_id);
+  worker.info.set_host(request.host());
+  worker.info.set_device(request.device());
+  worker.info.set_slots(request.slots());
+  *worker.info.mutable_devices() = request.devices();
+  worker.info.set_incarnation(request.incarnation());
+  worker.info.set_state(v1::ALIVE);
+  worker.info.set_last_heartbeat_unix_ms(options_.now_ms());
+  workers_[worker_id] = std::move(worker);
+  spdlog::info("worker {} registered: host {}, {} {} slot(s)", worker_id, request.host(),
+               request.slots(), v1::DeviceKind_Name(request.device()));
+  TrySchedule();
+  changed_.notify_all();
+
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(worker_id);
+  // A third of the timeout: two heartbeats can be lost before the worker is declared lost.
+  response.set_heartbeat_interval_ms(std::max<int64_t>(100, options_.heartbeat_timeout_ms / 3));
+  return response;
+}
+
+absl::Status CoordinatorState::Heartbeat(const std::string& worker_id, uint64_t incarnation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto worker = FindLiveWorker(worker_id, incarnation);
+  if (!worker.ok()) return worker.status();
+  (*worker)->info.set_last_heartbeat_unix_ms(options_.now_ms());
+  return absl::OkStatus();
+}
+
+void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& why) {
+  worker->info.set_state(v1::LOST);
+  spdlog::warn("{}", why);
+  std::set<std::string> affected;
+  for (const auto& [slot, job_rank] : worker->busy_slots) affected.insert(job_rank.first);
+  for (const std::string& job_id : affected) {
+    JobRecord* record = FindJob(job_id);
+    std::vector<int> ranks;
+    for (const auto& [slot, job_rank] : worker->busy_slots) {
+      if (job_rank.first == job_id) ranks.push_back(job_rank.second);
+    }
+    std::string rank_list;
+    for (int rank : ranks) absl::StrAppend(&rank_list, rank_list.empty() ? "" : ", ", rank);
+    FailJob(record, absl::StrCat(why, "; it held rank ", rank_list, " of this job"));
+  }
+  worker->busy_slots.clear();
+  changed_.notify_all();
+}
+
+void CoordinatorState::CheckLiveness() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t now = options_.now_ms();
+  bool lost_any = false;
+  for (auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::ALIVE) continue;
+    int64_t silent_ms = now - worker.info.last_heartbeat_unix_ms();
+    if (silent_ms > options_.heartbeat_timeout_ms) {
+      MarkWorkerLost(&worker, absl::StrFormat("worker %s (%s) lost: no heartbeat for %.1f s",
+                                              id, worker.info.host(), silent_ms / 1000.0));
+      lost_any = true;
+    }
+  }
+  if (lost_any) TrySchedule();
+}
+
+std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
+    const std::string& worker_id) const {
+  std::vector<v1::Assignment> desired;
+  const WorkerRecord& worker = workers_.at(worker_id);
+  for (const auto& [slot, job_rank] : worker.busy_slots) {
+    const JobRecord* record = FindJob(job_rank.first);
+    if (record == nullptr || record->job.state() != v1::RUNNING) continue;
+    if (record->ranks[job_rank.second].exited) continue;
+    v1::Assignment assignment;
+    assignment.set_job_id(record->job.job_id());
+    assignment.set_rank(job_rank.second);
+    assignment.set_world_size(record->job.spec().world_size());
+    assignment.set_device_index(slot);
+    *assignment.mutable_spec() = record->job.spec();
+    assignment.set_attempt(record->attempt);
+    desired.push_back(std::move(assignment));
+  }
+  return desired;
+}
+
+absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
+    const v1::PollAssignmentsRequest& request) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::set<std::string> running;
+  for (const v1::Assignment& assignment : request.running()) {
+    running.insert(AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()));
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(request.wait_ms());
+  while (true) {
+    auto worker = FindLiveWorker(request.worker_id(), request.incarnation());
+    if (!worker.ok()) return worker.status();
+    v1::PollAssignmentsResponse response;
+    std::set<std::string> desired_keys;
+    for (v1::Assignment& assignment : DesiredAssignments(request.worker_id())) {
+      std::string key =
+          AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt());
+      desired_keys.insert(key);
+      if (!running.count(key)) *response.add_start() = std::move(assignment);
+    }
+    for (const v1::Assignment& assignment : request.running()) {
+      if (!desired_keys.count(
+              AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()))) {
+        v1::Assignment* stop = response.add_stop();
+        stop->set_job_id(assignment.job_id());
+        stop->set_rank(assignment.rank());
+        stop->set_attempt(assignment.attempt());
+      }
+    }
+    if (response.start_size() > 0 || response.stop_size() > 0 ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return response;
+    }
+    changed_.wait_until(lock, deadline);
+  }
+}
+
+absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  if (request.attempt() != record->attempt || request.rank() < 0 ||
+      request.rank() >= static_cast<int>(record->ranks.size())) {
+    return absl::OkStatus();  // A late report from an earlier attempt: nothing to do.
+  }
+  RankRecord& rank = record->ranks[request.rank()];
+  rank.exited = true;
+  changed_.notify_all();
+  bool clean = request.term_signal() == 0 && request.exit_code() == 0;
+  if (rank.result_reported && clean) return absl::OkStatus();
+  if (IsTerminal(record->job.state())) return absl::OkStatus();
+  std::string how =
+      request.term_signal() != 0
+          ? absl::StrCat("was killed by signal ", request.term_signal(), " (",
+                         strsignal(request.term_signal()), ")")
+          : absl::StrCat("exited with code ", request.exit_code());
+  FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " ", how,
+                               rank.result_reported ? " after reporting its result"
+                                                    : " before reporting a result"));
+  TrySchedule();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key-value store, telemetry and results
+// ---------------------------------------------------------------------------------------------
+
+absl::Status CoordinatorState::KeyValueSet(const std::string& job_id, int attempt,
+                                           const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record->job.state() != v1::RUNNING || record->attempt != attempt) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " attempt ", attempt, " is not running"));
+  }
+  record->kv[key] = value;
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const std::string& job_id, int attempt,
+                                                          const std::string& key,
+                                                          int64_t timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  auto over = [&] { return record->job.state() != v1::RUNNING || record->attempt != attempt; };
+  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                    [&] { return over() || record->kv.count(key) > 0; });
+  if (over()) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", attempt,
+                                           " ended while waiting for key ", key));
+  }
+  auto it = record->kv.find(key);
+  if (it == record->kv.end()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("key ", key, " of job ", job_id, " not set within ", timeout_ms, " ms"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
+    const v1::ReportTelemetryRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  v1::ReportTelemetryResponse response;
+  if (record->job.state() != v1::RUNNING || record->attempt != request.attempt()) {
+    response.set_abort(true);
+    return response;
+  }
+  if (request.rank() < 0 || request.rank() >= record->job.progress_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " out of range"));
+  }
+  record->job.mutable_progress(request.rank())->set_step(request.step());
+  for (const v1::TelemetryRecord& telemetry : request.records()) {
+    *record->job.mutable_latest_telemetry() = telemetry;
+    v1::WatchJobEvent event;
+    *event.mutable_telemetry() = telemetry;
+    AppendEvent(record, std::move(event));
+  }
+  changed_.notify_all();
+  return response;
+}
+
+absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  if (record->attempt != request.attempt() || IsTerminal(record->job.state())) {
+    return absl::OkStatus();  // The attempt is over; the result no longer matters.
+  }
+  if (request.rank() < 0 || request.rank() >= static_cast<int>(record->ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " out of range"));
+  }
+  RankRecord& rank = record->ranks[request.rank()];
+  rank.result_reported = true;
+  v1::RankProgress* progress = record->job.mutable_progress(request.rank());
+  if (request.result_case() == v1::ReportRankResultRequest::kError) {
+    progress->set_error(request.error());
+    FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " failed: ",
+                                 request.error()));
+    TrySchedule();
+    return absl::OkStatus();
+  }
+  rank.checksum = request.parameter_checksum();
+  progress->set_finished(true);
+  progress->set_parameter_checksum(rank.checksum);
+  MaybeFinishJob(record);
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+void CoordinatorState::WakeAll() { changed_.notify_all(); }
+
+}  // namespace mptrain

@@ -1,0 +1,164 @@
+#pragma once
+
+// The coordinator's state machine: workers, the job queue, placement, the job-scoped key-value
+// store, telemetry and final results. No gRPC types here: the service layer converts RPCs into
+// these calls, and tests drive this class directly with a fake clock.
+//
+// The protocol, step by step:
+//   1. A worker daemon registers (host, device kind, slots, random incarnation) and heartbeats.
+//   2. SubmitJob validates the spec and queues the job (PENDING). Jobs are placed in FIFO order
+//      as soon as world_size free slots of the job's device kind exist on live workers; the job
+//      becomes RUNNING and its attempt number grows by one.
+//   3. Each worker long-polls PollAssignments with the ranks it runs; the answer is the
+//      difference between what it runs and what it should run (start / stop lists), so a lost
+//      answer is repaired by the next poll.
+//   4. The ranks rendezvous through the job's key-value store (rank 0 publishes the NCCL unique
+//      id or gloo addresses; the others block in KeyValueGet), train, and report telemetry in
+//      batches and a final result (parameter checksum or error).
+//   5. All ranks succeeded with equal checksums -> SUCCEEDED; different checksums -> FAILED
+//      ("parameters diverged across ranks"); any rank error, a rank process that exits without
+//      a result, or a worker silent past the heartbeat timeout -> FAILED naming rank and worker.
+//      A terminal job's ranks appear in their workers' stop lists, and its slots are freed.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+
+namespace mptrain {
+
+struct CoordinatorOptions {
+  int64_t heartbeat_timeout_ms = 10'000;
+  // Telemetry records and watch events kept per job; older ones are dropped.
+  size_t max_events_per_job = 10'000;
+  // Returns milliseconds since the Unix epoch; tests replace it.
+  std::function<int64_t()> now_ms;
+};
+
+class CoordinatorState {
+ public:
+  explicit CoordinatorState(CoordinatorOptions options);
+
+  // ---- User-facing ----
+
+  // INVALID_ARGUMENT: the spec breaks a rule (message names the field).
+  // A repeated non-empty request_id returns the job created by the first call.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
+  // NOT_FOUND: unknown job id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  std::vector<v1::Job> ListJobs() const;
+  // NOT_FOUND: unknown job id. FAILED_PRECONDITION: the job already ended.
+  absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id);
+  std::vector<v1::Worker> ListWorkers() const;
+
+  // Watch support. Returns the snapshot event (sequence = the job's latest sequence) to start a
+  // watch. NOT_FOUND: unknown job id.
+  absl::StatusOr<v1::WatchJobEvent> WatchSnapshot(const std::string& job_id) const;
+  // Blocks until the job has events after `after_sequence`, the job is terminal with none left,
+  // or `wait_ms` passes. Returns the events (possibly none) and whether the watch is complete
+  // (the terminal state change was among the returned or earlier events).
+  struct WatchBatch {
+    std::vector<v1::WatchJobEvent> events;
+    bool finished = false;
+  };
+  absl::StatusOr<WatchBatch> WaitForJobEvents(const std::string& job_id, int64_t after_sequence,
+                                              int64_t wait_ms) const;
+
+  // ---- Worker-facing ----
+
+  // INVALID_ARGUMENT: no slots or no device kind. A registration under a name already held by
+  // another incarnation replaces (and loses) the old worker.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  // NOT_FOUND: unknown worker, lost worker or stale incarnation.
+  absl::Status Heartbeat(const std::string& worker_id, uint64_t incarnation);
+  // Long-poll: blocks up to wait_ms while there is nothing to start or stop.
+  // NOT_FOUND: as Heartbeat.
+  absl::StatusOr<v1::PollAssignmentsResponse> PollAssignments(
+      const v1::PollAssignmentsRequest& request);
+  absl::Status ReportRankExit(const v1::ReportRankExitRequest& request);
+
+  // NOT_FOUND: unknown job. FAILED_PRECONDITION: the attempt is over (job ended or restarted).
+  absl::Status KeyValueSet(const std::string& job_id, int attempt, const std::string& key,
+                           const std::string& value);
+  // Blocks until the key is set or timeout_ms passes. DEADLINE_EXCEEDED: not set in time.
+  // ABORTED: the job ended while waiting. NOT_FOUND: unknown job.
+  absl::StatusOr<std::string> KeyValueGet(const std::string& job_id, int attempt,
+                                          const std::string& key, int64_t timeout_ms) const;
+
+  // NOT_FOUND: unknown job. The response says abort when the attempt is over.
+  absl::StatusOr<v1::ReportTelemetryResponse> ReportTelemetry(
+      const v1::ReportTelemetryRequest& request);
+  // NOT_FOUND: unknown job.
+  absl::Status ReportRankResult(const v1::ReportRankResultRequest& request);
+
+  // ---- Housekeeping ----
+
+  // Marks workers silent past the heartbeat timeout as LOST and fails their jobs. The server
+  // calls it periodically; tests call it after moving the fake clock.
+  void CheckLiveness();
+
+  // Wakes every blocked call (used at shutdown).
+  void WakeAll();
+
+ private:
+  struct WorkerRecord {
+    v1::Worker info;
+    std::string name;
+    std::map<int, std::pair<std::string, int>> busy_slots;  // slot -> (job_id, rank)
+  };
+  struct RankRecord {
+    bool result_reported = false;
+    bool exited = false;
+    std::string checksum;
+  };
+  struct JobRecord {
+    v1::Job job;
+    int attempt = 0;
+    std::vector<RankRecord> ranks;
+    std::map<std::string, std::string> kv;  // Cleared on each new attempt.
+    std::deque<v1::WatchJobEvent> events;
+    int64_t last_sequence = 0;
+  };
+
+  bool IsTerminal(v1::JobState state) const;
+  JobRecord* FindJob(const std::string& job_id);
+  const JobRecord* FindJob(const std::string& job_id) const;
+  absl::StatusOr<WorkerRecord*> FindLiveWorker(const std::string& worker_id, uint64_t incarnation);
+
+  // All of these require mu_ to be held.
+  void AppendEvent(JobRecord* record, v1::WatchJobEvent event);
+  void SetJobState(JobRecord* record, v1::JobState state, const std::string& error);
+  void FailJob(JobRecord* record, const std::string& error);
+  void ReleaseSlots(JobRecord* record);
+  void MarkWorkerLost(WorkerRecord* worker, const std::string& why);
+  void TrySchedule();
+  void MaybeFinishJob(JobRecord* record);
+  std::vector<v1::Assignment> DesiredAssignments(const std::string& worker_id) const;
+  std::string DescribeRank(const JobRecord& record, int rank) const;
+
+  CoordinatorOptions options_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  std::map<std::string, WorkerRecord> workers_;
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
+  std::vector<std::string> job_order_;  // Submission order.
+  std::deque<std::string> pending_;     // FIFO queue of PENDING jobs.
+  std::map<std::string, std::string> job_by_request_id_;
+  int64_t next_job_number_ = 1;
+  int64_t next_worker_number_ = 1;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,86 @@
+// coordinator: the gRPC server that queues jobs, places ranks on workers and collects results.
+//
+//   coordinator --listen 0.0.0.0:50051 --heartbeat-timeout 10
+//
+// With port 0 the kernel picks a free port; --port-file receives it (tests use this).
+
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "common/cli_flags.h"
+#include "common/logging.h"
+#include "coordinator/coordinator_state.h"
+#include "coordinator/grpc_service.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 = any free)");
+ABSL_FLAG(double, heartbeat_timeout, 10.0,
+          "Seconds without a heartbeat after which a worker is lost and its jobs fail");
+ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written to this file");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+
+int main(int argc, char** argv) {
+  mptrain::ParseFlags(argc, argv, "coordinator --listen HOST:PORT [--heartbeat-timeout SECONDS]");
+  mptrain::InitLogging("coordinator", absl::GetFlag(FLAGS_log_level));
+
+  // Signals are taken by one thread with sigwait, so block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  double timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout);
+  if (!(timeout_s > 0)) {
+    spdlog::error("--heartbeat-timeout must be > 0, got {}", timeout_s);
+    return 2;
+  }
+  mptrain::CoordinatorOptions options;
+  options.heartbeat_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  mptrain::CoordinatorState state(options);
+  mptrain::CoordinatorService coordinator_service(&state);
+  mptrain::WorkerControlService worker_service(&state);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&coordinator_service);
+  builder.RegisterService(&worker_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
+    return 1;
+  }
+  spdlog::info("coordinator listening on {} (port {}), heartbeat timeout {} s",
+               absl::GetFlag(FLAGS_listen), port, timeout_s);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
+  }
+
+  std::atomic<bool> stopping{false};
+  std::thread liveness([&] {
+    while (!stopping.load()) {
+      state.CheckLiveness();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::thread signal_waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    spdlog::info("signal {}: shutting down", signal);
+    stopping.store(true);
+    state.WakeAll();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  signal_waiter.join();
+  liveness.join();
+  spdlog::info("coordinator stopped");
+  return 0;
+}

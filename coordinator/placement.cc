@@ -1,0 +1,31 @@
+#include "coordinator/placement.h"
+
+#include <algorithm>
+
+namespace mptrain {
+
+std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
+                                                const std::vector<WorkerSlots>& workers) {
+  size_t free_total = 0;
+  for (const WorkerSlots& worker : workers) free_total += worker.free_slots.size();
+  if (world_size <= 0 || free_total < static_cast<size_t>(world_size)) return std::nullopt;
+
+  std::vector<const WorkerSlots*> order;
+  for (const WorkerSlots& worker : workers) order.push_back(&worker);
+  std::stable_sort(order.begin(), order.end(), [](const WorkerSlots* a, const WorkerSlots* b) {
+    return a->free_slots.size() > b->free_slots.size();
+  });
+
+  std::vector<RankSlot> placement;
+  for (const WorkerSlots* worker : order) {
+    std::vector<int> slots = worker->free_slots;
+    std::sort(slots.begin(), slots.end());
+    for (int slot : slots) {
+      if (static_cast<int>(placement.size()) == world_size) return placement;
+      placement.push_back({static_cast<int>(placement.size()), worker->worker_id, slot});
+    }
+  }
+  return placement;
+}
+
+}  // namespace mptrain
