@@ -1,0 +1,49 @@
+#pragma once
+
+// The CPU backend: OpenBLAS GEMMs on fp32 values that hold exactly-representable fp16/bf16
+// numbers (each rounding point of autocast is reproduced with precision.h), and a Collective
+// (gloo in production). It lets CI, laptops and tests run the whole system without a GPU.
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "trainer/backend.h"
+
+namespace mptrain {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::unique_ptr<Collective> collective);
+
+  std::string Name() const override { return "cpu"; }
+  absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) override;
+  absl::Status Upload(const float* host, Tensor dst) override;
+  absl::Status Download(Tensor src, float* host) override;
+  absl::Status Zero(Tensor tensor) override;
+  absl::Status Cast(Tensor src, Tensor dst) override;
+  absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) override;
+  absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
+                             Tensor y) override;
+  absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
+                                  Tensor d_pre) override;
+  absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
+                              Tensor db_acc) override;
+  absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
+                               Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
+  absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
+                             Tensor momentum, Tensor step_state) override;
+  absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
+  absl::Status SnapshotStats(Tensor step_state, int slot) override;
+  absl::StatusOr<StepStats> ReadStats(int slot) override;
+  absl::StatusOr<double> NowMs() override;
+  Collective* collective() override { return collective_.get(); }
+
+ private:
+  std::unique_ptr<Collective> collective_;
+  std::deque<std::unique_ptr<double[]>> allocations_;  // double: 8-byte alignment for StepState.
+  std::vector<float> scratch_;
+  StepStats stats_ring_[kStatsSlots];
+};
+
+}  // namespace mptrain

@@ -1,0 +1,28 @@
+// Registers the CPU backend (gloo collective) under DeviceKind CPU.
+
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gloo_collective.h"
+#include "trainer/backend_registry.h"
+
+namespace mptrain {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {
+  auto collective = GlooCollective::Connect(options.rank, options.world_size, options.host,
+                                            options.store, options.collective_timeout_ms);
+  if (!collective.ok()) return collective.status();
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(*collective)));
+}
+
+absl::StatusOr<LocalDevices> DiscoverCpu() {
+  LocalDevices devices;
+  devices.count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return devices;
+}
+
+const BackendRegistrar kRegistrar(v1::CPU, BackendEntry{CreateCpuBackend, DiscoverCpu});
+
+}  // namespace
+}  // namespace mptrain

@@ -1,0 +1,112 @@
+#pragma once
+
+// The compute backend interface. The training loop (train_loop.cc) and the model (mlp.cc) are
+// written once against it; the CPU backend (BLAS + gloo) and the CUDA backend (cuBLAS, our
+// kernels, NCCL) implement it. A backend is chosen once at start-up (backend_registry.h).
+//
+// All operations are asynchronous with respect to the host on backends that can be (CUDA: one
+// compute stream); only Download() and ReadStats() wait. Tensors are non-owning views of memory
+// the backend allocated; shapes are row-major [rows, cols].
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainer/backend_types.h"
+#include "trainer/precision.h"
+#include "trainer/step_math.h"
+
+namespace mptrain {
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Bytes per element in memory: 2 for f16/bf16 on the GPU; the CPU backend keeps
+  // low-precision values in 4-byte floats (exactly representable, see precision.h).
+  int64_t element_bytes = 4;
+
+  int64_t numel() const { return rows * cols; }
+  bool empty() const { return data == nullptr; }
+  // Rows [first, first + count) of this tensor (a view; no copy).
+  Tensor RowSlice(int64_t first, int64_t count) const;
+  // `count` elements starting at element `offset`, viewed as [rows, cols].
+  Tensor FlatView(int64_t offset, int64_t rows, int64_t cols) const;
+};
+
+// The one collective the loop uses. Counting calls through this interface is how the tests
+// prove that non-stepping micro-batches issue none.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  // In-place mean over ranks of an f32 buffer in the backend's memory, ordered after all work
+  // issued before it and before all work issued after it.
+  virtual absl::Status AllReduceMean(Tensor buffer) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+};
+
+// What ReadStats returns for one optimizer step.
+struct StepStats {
+  StepState state;
+  double completed_ms = 0;  // When the step finished, on the backend's clock (ms).
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string Name() const = 0;
+
+  // Zero-filled memory owned by the backend until it is destroyed.
+  virtual absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) = 0;
+  // Host fp32 -> tensor (rounded to its dtype).
+  virtual absl::Status Upload(const float* host, Tensor dst) = 0;
+  // Tensor -> host fp32. Waits for the work that produces it.
+  virtual absl::Status Download(Tensor src, float* host) = 0;
+  virtual absl::Status Zero(Tensor tensor) = 0;
+  // dst = src rounded to dst's dtype (same element count).
+  virtual absl::Status Cast(Tensor src, Tensor dst) = 0;
+  // dst rows = src rows [first, first + dst.rows), wrapping around the end of src.
+  virtual absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) = 0;
+
+  // Autocast Linear: pre = round(x · wᵀ + b), y = round(act(pre)), products accumulated in
+  // fp32. x [M, K], w [N, K], b [1, N], pre and y [M, N], all in the compute dtype. With
+  // kNone, pre may alias y.
+  virtual absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
+                                     Tensor y) = 0;
+  // d_pre = round(dy * act'(pre)).
+  virtual absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
+                                          Tensor d_pre) = 0;
+  // dx = round(dy · w) unless dx is empty; dw_acc += f32(round(dyᵀ · x));
+  // db_acc += f32(round(Σ_rows dy)). dw_acc [N, K] and db_acc [1, N] are f32.
+  virtual absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
+                                      Tensor db_acc) = 0;
+  // MSE (mean over all elements) of pred (compute dtype) against target (f32):
+  //   loss_acc[0] += loss / accumulation_steps
+  //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))
+  // where scale is state->scale on the backend (1 without a scaler).
+  virtual absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
+                                       Tensor step_state, Tensor loss_acc, Tensor d_pred) = 0;
+  // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
+  // grads holds n gradients followed by the averaged loss; gradients are zeroed afterwards
+  // (the loss slot too). step_state is a tensor made by AllocateStepState.
+  virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
+                                     Tensor momentum, Tensor step_state) = 0;
+
+  // A StepState in backend memory, initialised from `initial`.
+  virtual absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) = 0;
+  // Queues a copy of step_state (after all issued work) into host ring slot `slot`.
+  virtual absl::Status SnapshotStats(Tensor step_state, int slot) = 0;
+  // Waits for slot's copy and returns it.
+  virtual absl::StatusOr<StepStats> ReadStats(int slot) = 0;
+  static constexpr int kStatsSlots = 16;
+  // Milliseconds on the backend's clock for work issued so far (waits for it).
+  virtual absl::StatusOr<double> NowMs() = 0;
+
+  virtual Collective* collective() = 0;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,51 @@
+#pragma once
+
+// Backends register themselves here (a static registrar in each backend library), so the
+// worker picks one by device kind at start-up and a CPU-only build simply has no CUDA entry.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+#include "trainer/backend.h"
+#include "trainer/key_value_store.h"
+
+namespace mptrain {
+
+struct BackendOptions {
+  int rank = 0;
+  int world_size = 1;
+  int device_index = 0;
+  // Rendezvous for the collective (NCCL unique id / gloo addresses); must outlive the backend.
+  KeyValueStore* store = nullptr;
+  // Address this rank's collective listens on (gloo); other ranks must reach it.
+  std::string host = "127.0.0.1";
+  int64_t collective_timeout_ms = 120'000;
+};
+
+struct LocalDevices {
+  int count = 0;
+  std::vector<v1::DeviceInfo> devices;
+};
+
+struct BackendEntry {
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)> create;
+  // Devices this machine has for the backend (CPU: none are listed; slots are chosen by flag).
+  std::function<absl::StatusOr<LocalDevices>()> discover;
+};
+
+void RegisterBackend(v1::DeviceKind kind, BackendEntry entry);
+
+// UNIMPLEMENTED when this build has no backend for `kind` (e.g. CUDA in a CPU-only build).
+absl::StatusOr<const BackendEntry*> FindBackend(v1::DeviceKind kind);
+
+struct BackendRegistrar {
+  BackendRegistrar(v1::DeviceKind kind, BackendEntry entry) {
+    RegisterBackend(kind, std::move(entry));
+  }
+};
+
+}  // namespace mptrain

@@ -1,0 +1,87 @@
+#include "trainer/mlp.h"
+
+#include "common/status_macros.h"
+
+namespace mptrain {
+
+absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::ModelSpec& model,
+                                                 DType compute_dtype, int64_t batch) {
+  ActivationKind activation =
+      model.activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
+  std::unique_ptr<Mlp> mlp(
+      new Mlp(backend, MakeParameterLayout(model), activation, compute_dtype));
+  const int64_t n = mlp->layout_.total;
+  ASSIGN_OR_RETURN(mlp->params_, backend->Allocate(DType::kF32, 1, n));
+  ASSIGN_OR_RETURN(mlp->grads_, backend->Allocate(DType::kF32, 1, n + 1));
+  ASSIGN_OR_RETURN(mlp->momentum_, backend->Allocate(DType::kF32, 1, n));
+  ASSIGN_OR_RETURN(mlp->params_low_, backend->Allocate(compute_dtype, 1, n));
+  ASSIGN_OR_RETURN(mlp->input_low_,
+                   backend->Allocate(compute_dtype, batch, mlp->layout_.layers[0].in));
+  for (size_t i = 0; i < mlp->layout_.layers.size(); ++i) {
+    const int64_t out = mlp->layout_.layers[i].out;
+    ASSIGN_OR_RETURN(Tensor y, backend->Allocate(compute_dtype, batch, out));
+    Tensor pre = y;  // A layer without activation writes its result once.
+    if (mlp->LayerActivation(i) != ActivationKind::kNone) {
+      ASSIGN_OR_RETURN(pre, backend->Allocate(compute_dtype, batch, out));
+    }
+    ASSIGN_OR_RETURN(Tensor dy, backend->Allocate(compute_dtype, batch, out));
+    mlp->outputs_.push_back(y);
+    mlp->pre_.push_back(pre);
+    mlp->output_grads_.push_back(dy);
+  }
+  mlp->output_grad_ = mlp->output_grads_.back();
+  return mlp;
+}
+
+ActivationKind Mlp::LayerActivation(size_t layer) const {
+  return layer + 1 == layout_.layers.size() ? ActivationKind::kNone : activation_;
+}
+
+Tensor Mlp::Weight(Tensor flat, size_t layer) const {
+  const LayerLayout& l = layout_.layers[layer];
+  return flat.FlatView(l.weight_offset, l.out, l.in);
+}
+
+Tensor Mlp::Bias(Tensor flat, size_t layer) const {
+  const LayerLayout& l = layout_.layers[layer];
+  return flat.FlatView(l.bias_offset, 1, l.out);
+}
+
+absl::Status Mlp::RefreshLowPrecisionWeights() {
+  if (compute_dtype_ == DType::kF32) return absl::OkStatus();
+  return backend_->Cast(params_, params_low_);
+}
+
+absl::Status Mlp::Forward(Tensor x) {
+  const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
+  Tensor input = x;
+  if (compute_dtype_ != DType::kF32) {
+    RETURN_IF_ERROR(backend_->Cast(x, input_low_));
+    input = input_low_;
+  }
+  first_input_ = input;
+  for (size_t i = 0; i < layout_.layers.size(); ++i) {
+    RETURN_IF_ERROR(backend_->LinearForward(input, Weight(weights, i), Bias(weights, i),
+                                            LayerActivation(i), pre_[i], outputs_[i]));
+    input = outputs_[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Backward() {
+  const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
+  for (size_t i = layout_.layers.size(); i-- > 0;) {
+    Tensor d_pre = output_grads_[i];
+    if (LayerActivation(i) != ActivationKind::kNone) {
+      RETURN_IF_ERROR(
+          backend_->ActivationBackward(LayerActivation(i), pre_[i], output_grads_[i], d_pre));
+    }
+    const Tensor layer_input = i == 0 ? first_input_ : outputs_[i - 1];
+    const Tensor d_input = i == 0 ? Tensor{} : output_grads_[i - 1];
+    RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre, d_input,
+                                             Weight(grads_, i), Bias(grads_, i)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mptrain

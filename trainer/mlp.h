@@ -1,0 +1,66 @@
+#pragma once
+
+// The MLP (Linear, activation, ..., Linear) built from backend operations: its buffers, forward
+// and backward under autocast. Written once for every backend.
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+#include "trainer/backend.h"
+#include "trainer/parameter_layout.h"
+
+namespace mptrain {
+
+class Mlp {
+ public:
+  // Allocates parameters (fp32 masters), gradients (fp32, plus one trailing slot for the loss
+  // that rides in the gradient allreduce), momentum, low-precision weight copies and the
+  // activations of one micro-batch.
+  static absl::StatusOr<std::unique_ptr<Mlp>> Create(Backend* backend,
+                                                     const v1::ModelSpec& model,
+                                                     DType compute_dtype,
+                                                     int64_t micro_batch_size);
+
+  const ParameterLayout& layout() const { return layout_; }
+  Tensor params() const { return params_; }        // [1, n] f32
+  Tensor grads() const { return grads_; }          // [1, n + 1] f32, loss in the last slot
+  Tensor loss_slot() const { return grads_.FlatView(layout_.total, 1, 1); }
+  Tensor momentum() const { return momentum_; }    // [1, n] f32
+  Tensor output() const { return outputs_.back(); }     // [B, out] compute dtype
+  Tensor output_grad() const { return output_grad_; }   // [B, out] compute dtype
+
+  // Rounds the fp32 masters into the compute-dtype copies. Called once per optimizer step:
+  // the weights do not change between micro-batches.
+  absl::Status RefreshLowPrecisionWeights();
+  // x: [B, input_dim] f32 in backend memory.
+  absl::Status Forward(Tensor x);
+  // Backpropagates output_grad(), accumulating into grads().
+  absl::Status Backward();
+
+ private:
+  Mlp(Backend* backend, ParameterLayout layout, ActivationKind activation, DType compute_dtype)
+      : backend_(backend),
+        layout_(std::move(layout)),
+        activation_(activation),
+        compute_dtype_(compute_dtype) {}
+
+  Tensor Weight(Tensor flat, size_t layer) const;
+  Tensor Bias(Tensor flat, size_t layer) const;
+  ActivationKind LayerActivation(size_t layer) const;
+
+  Backend* backend_;
+  ParameterLayout layout_;
+  ActivationKind activation_;
+  DType compute_dtype_;
+  Tensor params_, grads_, momentum_, params_low_;
+  Tensor input_low_;                  // [B, in] the input in the compute dtype
+  Tensor first_input_;                // What the first layer read in the last Forward().
+  std::vector<Tensor> pre_;           // per layer [B, out]: before the activation
+  std::vector<Tensor> outputs_;       // per layer [B, out]: after it
+  std::vector<Tensor> output_grads_;  // per layer [B, out]: d loss / d output (in place to d pre)
+  Tensor output_grad_;
+};
+
+}  // namespace mptrain

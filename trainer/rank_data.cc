@@ -1,0 +1,75 @@
+#include "trainer/rank_data.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mptrain {
+namespace {
+
+// Standard normal samples by Box-Muller over mt19937_64: reproducible on every platform.
+NpyMatrix NormalMatrix(int64_t rows, int64_t cols, std::mt19937_64* generator) {
+  NpyMatrix matrix{rows, cols, std::vector<float>(rows * cols)};
+  auto unit = [&] { return (static_cast<double>((*generator)() >> 11) + 0.5) * 0x1.0p-53; };
+  for (size_t i = 0; i < matrix.values.size(); i += 2) {
+    double radius = std::sqrt(-2.0 * std::log(unit()));
+    double angle = 2.0 * M_PI * unit();
+    matrix.values[i] = static_cast<float>(radius * std::cos(angle));
+    if (i + 1 < matrix.values.size()) {
+      matrix.values[i + 1] = static_cast<float>(radius * std::sin(angle));
+    }
+  }
+  return matrix;
+}
+
+NpyMatrix Rows(const NpyMatrix& matrix, int64_t first, int64_t count) {
+  NpyMatrix shard{count, matrix.cols, {}};
+  shard.values.assign(matrix.values.begin() + first * matrix.cols,
+                      matrix.values.begin() + (first + count) * matrix.cols);
+  return shard;
+}
+
+}  // namespace
+
+absl::StatusOr<RankData> LoadRankData(const v1::JobSpec& spec, int rank, int world_size) {
+  const int64_t input_dim = spec.model().input_dim();
+  const int64_t output_dim = spec.model().output_dim();
+  RankData data;
+  if (spec.data().has_synthetic()) {
+    std::mt19937_64 generator(static_cast<uint64_t>(spec.data().synthetic().seed()) + rank);
+    data.features = NormalMatrix(spec.micro_batch_size(), input_dim, &generator);
+    data.targets = NormalMatrix(spec.micro_batch_size(), output_dim, &generator);
+    return data;
+  }
+  const std::string& features_path = spec.data().npy().features_path();
+  const std::string& targets_path = spec.data().npy().targets_path();
+  ASSIGN_OR_RETURN(NpyMatrix features, ReadNpyMatrix(features_path));
+  ASSIGN_OR_RETURN(NpyMatrix targets, ReadNpyMatrix(targets_path));
+  if (features.cols != input_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", features.cols,
+                                                   " columns, model.input_dim is ", input_dim));
+  }
+  if (targets.cols != output_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", targets.cols,
+                                                   " columns, model.output_dim is ", output_dim));
+  }
+  if (features.rows != targets.rows) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", features.rows,
+                                                   " rows but ", targets_path, " has ",
+                                                   targets.rows));
+  }
+  const int64_t first = rank * features.rows / world_size;
+  const int64_t last = (rank + 1) * features.rows / world_size;
+  if (last <= first) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, ": ", features.rows,
+                                                   " rows leave rank ", rank, " of ", world_size,
+                                                   " no data"));
+  }
+  data.features = Rows(features, first, last - first);
+  data.targets = Rows(targets, first, last - first);
+  return data;
+}
+
+}  // namespace mptrain

@@ -1,0 +1,20 @@
+#include "trainer/backend.h"
+
+namespace mptrain {
+
+Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
+  Tensor view = *this;
+  view.data = static_cast<char*>(data) + first * cols * element_bytes;
+  view.rows = count;
+  return view;
+}
+
+Tensor Tensor::FlatView(int64_t offset, int64_t view_rows, int64_t view_cols) const {
+  Tensor view = *this;
+  view.data = static_cast<char*>(data) + offset * element_bytes;
+  view.rows = view_rows;
+  view.cols = view_cols;
+  return view;
+}
+
+}  // namespace mptrain

@@ -1,0 +1,189 @@
+#include "trainer/train_loop.h"
+
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/status_macros.h"
+#include "io/safetensors.h"
+#include "trainer/mlp.h"
+#include "trainer/parameter_layout.h"
+#include "trainer/rank_data.h"
+
+namespace mptrain {
+namespace {
+
+// The rank's data in backend memory and the cursor that walks it in micro-batches.
+class MicroBatches {
+ public:
+  static absl::StatusOr<MicroBatches> Create(Backend* backend, const RankData& data,
+                                             int64_t batch) {
+    MicroBatches batches;
+    batches.backend_ = backend;
+    ASSIGN_OR_RETURN(batches.features_,
+                     backend->Allocate(DType::kF32, data.features.rows, data.features.cols));
+    ASSIGN_OR_RETURN(batches.targets_,
+                     backend->Allocate(DType::kF32, data.targets.rows, data.targets.cols));
+    RETURN_IF_ERROR(backend->Upload(data.features.values.data(), batches.features_));
+    RETURN_IF_ERROR(backend->Upload(data.targets.values.data(), batches.targets_));
+    batches.batch_ = batch;
+    if (data.features.rows != batch) {
+      ASSIGN_OR_RETURN(batches.x_, backend->Allocate(DType::kF32, batch, data.features.cols));
+      ASSIGN_OR_RETURN(batches.y_, backend->Allocate(DType::kF32, batch, data.targets.cols));
+    }
+    return batches;
+  }
+
+  // The next micro-batch. A shard of exactly one batch (the synthetic data) is used in place;
+  // otherwise rows are copied on the device, wrapping around the end of the shard.
+  absl::Status Next(Tensor* x, Tensor* y) {
+    if (features_.rows == batch_) {
+      *x = features_;
+      *y = targets_;
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(backend_->CopyRowsWrapping(features_, cursor_, x_));
+    RETURN_IF_ERROR(backend_->CopyRowsWrapping(targets_, cursor_, y_));
+    cursor_ = (cursor_ + batch_) % features_.rows;
+    *x = x_;
+    *y = y_;
+    return absl::OkStatus();
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  Tensor features_, targets_, x_, y_;
+  int64_t batch_ = 0;
+  int64_t cursor_ = 0;
+};
+
+absl::StatusOr<std::vector<float>> InitialParameters(const v1::JobSpec& spec,
+                                                     const ParameterLayout& layout) {
+  if (spec.init_checkpoint().empty()) {
+    return InitializeParameters(layout, static_cast<uint64_t>(spec.seed()));
+  }
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(spec.init_checkpoint()));
+  return TensorsToParameters(layout, tensors, spec.init_checkpoint());
+}
+
+}  // namespace
+
+DType ComputeDType(v1::Precision precision) {
+  switch (precision) {
+    case v1::BF16: return DType::kBF16;
+    case v1::FP32: return DType::kF32;
+    default: return DType::kF16;
+  }
+}
+
+StepConfig MakeStepConfig(const v1::JobSpec& spec) {
+  StepConfig config;
+  config.lr = static_cast<float>(spec.optimizer().lr());
+  config.momentum = static_cast<float>(spec.optimizer().momentum());
+  config.weight_decay = static_cast<float>(spec.optimizer().weight_decay());
+  config.max_grad_norm = static_cast<float>(spec.max_grad_norm());
+  config.scaler_enabled = LossScalingEnabled(spec);
+  config.growth_factor = static_cast<float>(spec.loss_scaler().growth_factor());
+  config.backoff_factor = static_cast<float>(spec.loss_scaler().backoff_factor());
+  config.growth_interval = static_cast<int32_t>(spec.loss_scaler().growth_interval());
+  return config;
+}
+
+absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
+                                           TrainingObserver* observer) {
+  Collective* collective = backend->collective();
+  const int world_size = collective->world_size();
+  const int64_t batch = spec.micro_batch_size();
+  const int64_t accumulation = spec.accumulation_steps();
+  const DType dtype = ComputeDType(spec.precision());
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(backend, spec.model(), dtype, batch));
+  // Every rank starts from the same parameters: the same seed, or the same checkpoint.
+  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(spec, mlp->layout()));
+  RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
+  ASSIGN_OR_RETURN(RankData data, LoadRankData(spec, rank, world_size));
+  ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
+
+  const StepConfig config = MakeStepConfig(spec);
+  StepState initial_state;
+  initial_state.scale =
+      config.scaler_enabled ? static_cast<float>(spec.loss_scaler().init_scale()) : 1.0f;
+  ASSIGN_OR_RETURN(Tensor step_state, backend->AllocateStepState(initial_state));
+  RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
+
+  // Statistics come back through a ring of host slots, read a few steps late so that the host
+  // never waits for the step it just issued.
+  struct Pending {
+    int64_t step;
+    int slot;
+  };
+  std::deque<Pending> pending;
+  ASSIGN_OR_RETURN(double previous_ms, backend->NowMs());
+  const double samples_per_step = static_cast<double>(world_size) * batch * accumulation;
+  auto emit_oldest = [&]() -> absl::Status {
+    Pending oldest = pending.front();
+    pending.pop_front();
+    ASSIGN_OR_RETURN(StepStats stats, backend->ReadStats(oldest.slot));
+    const double step_ms = stats.completed_ms - previous_ms;
+    previous_ms = stats.completed_ms;
+    const bool telemetry_step =
+        oldest.step % spec.telemetry_every() == 0 || oldest.step == spec.steps();
+    v1::TelemetryRecord record;
+    record.set_step(oldest.step);
+    record.set_loss(stats.state.last_loss);
+    record.set_grad_norm(stats.state.last_grad_norm);
+    record.set_loss_scale(stats.state.last_scale);
+    record.set_skipped(stats.state.skipped != 0);
+    record.set_skipped_total(stats.state.skipped_total);
+    record.set_step_time_ms(step_ms);
+    record.set_samples_per_second(step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0);
+    observer->OnStep(oldest.step, telemetry_step ? &record : nullptr);
+    return absl::OkStatus();
+  };
+
+  for (int64_t step = 1; step <= spec.steps(); ++step) {
+    // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
+    // The last one is the stepping micro-batch: one allreduce, then the optimizer step.
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      Tensor x, y;
+      RETURN_IF_ERROR(micro_batches.Next(&x, &y));
+      RETURN_IF_ERROR(mlp->Forward(x));
+      // loss / A, times the current scale (read on the device), seeds the backward pass.
+      RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
+                                               mlp->loss_slot(), mlp->output_grad()));
+      RETURN_IF_ERROR(mlp->Backward());
+    }
+    // One allreduce (mean over ranks) of every gradient, with the loss in its last slot.
+    RETURN_IF_ERROR(collective->AllReduceMean(mlp->grads()));
+    // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients.
+    RETURN_IF_ERROR(backend->OptimizerStep(config, mlp->params(), mlp->grads(), mlp->momentum(),
+                                           step_state));
+    RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
+
+    const int slot = static_cast<int>(step % Backend::kStatsSlots);
+    RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
+    pending.push_back({step, slot});
+    while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
+    if (observer->ShouldStop()) {
+      return absl::AbortedError(absl::StrCat("stopped at step ", step, ": the job ended"));
+    }
+  }
+  while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
+
+  TrainingResult result;
+  result.parameters.resize(mlp->layout().total);
+  RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
+  result.checksum = ParameterChecksum(result.parameters);
+  ASSIGN_OR_RETURN(StepStats last, backend->ReadStats(static_cast<int>(spec.steps() %
+                                                                       Backend::kStatsSlots)));
+  result.skipped_steps = last.state.skipped_total;
+  result.final_loss_scale = last.state.scale;
+  if (rank == 0 && !spec.output_checkpoint().empty()) {
+    RETURN_IF_ERROR(WriteSafetensors(spec.output_checkpoint(),
+                                     ParametersToTensors(mlp->layout(), result.parameters),
+                                     {{"format", "pt"}, {"steps", std::to_string(spec.steps())}}));
+  }
+  return result;
+}
+
+}  // namespace mptrain

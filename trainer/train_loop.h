@@ -1,0 +1,46 @@
+#pragma once
+
+// The data-parallel mixed-precision gradient-accumulation loop, with the semantics of PyTorch's
+// DDP + autocast + GradScaler + no_sync, written once over the Backend interface.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+#include "trainer/backend.h"
+
+namespace mptrain {
+
+// Receives what the loop produces; the rank process batches it to the coordinator.
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  // After each optimizer step, as its statistics arrive (possibly a few steps late on
+  // asynchronous backends). `record` is set on telemetry steps (every telemetry_every, and
+  // the last step) and null otherwise.
+  virtual void OnStep(int64_t step, const v1::TelemetryRecord* record) = 0;
+  // Polled between optimizer steps: true stops the loop with ABORTED.
+  virtual bool ShouldStop() = 0;
+};
+
+struct TrainingResult {
+  std::vector<float> parameters;  // Final fp32 masters, flat (parameter_layout.h).
+  std::string checksum;
+  int64_t skipped_steps = 0;
+  double final_loss_scale = 0;
+};
+
+// Runs spec.steps optimizer steps on this rank. Rank 0 writes spec.output_checkpoint.
+// Errors carry their cause (data files, checkpoint, backend, collective, stop request).
+absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
+                                           TrainingObserver* observer);
+
+// The compute dtype of a precision: FP16/BF16 autocast, or FP32.
+DType ComputeDType(v1::Precision precision);
+
+// The optimizer/scaler configuration of a spec (after defaults).
+StepConfig MakeStepConfig(const v1::JobSpec& spec);
+
+}  // namespace mptrain

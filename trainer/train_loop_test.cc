@@ -1,0 +1,298 @@
+#include "trainer/train_loop.h"
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gloo_collective.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "tests/fake_collectives.h"
+#include "tests/reference_mlp.h"
+#include "trainer/parameter_layout.h"
+
+namespace mptrain {
+namespace {
+
+class RecordingObserver : public TrainingObserver {
+ public:
+  void OnStep(int64_t step, const v1::TelemetryRecord* record) override {
+    steps.push_back(step);
+    if (record != nullptr) records.push_back(*record);
+  }
+  bool ShouldStop() override { return stop_after > 0 && steps.size() >= stop_after; }
+
+  std::vector<int64_t> steps;
+  std::vector<v1::TelemetryRecord> records;
+  size_t stop_after = 0;
+};
+
+v1::JobSpec SmallSpec() {
+  v1::JobSpec spec;
+  spec.set_name("t");
+  spec.set_world_size(1);
+  spec.set_device(v1::CPU);
+  spec.mutable_model()->set_input_dim(16);
+  spec.mutable_model()->add_hidden_dims(12);
+  spec.mutable_model()->set_output_dim(4);
+  spec.mutable_data()->mutable_synthetic()->set_seed(3);
+  spec.set_micro_batch_size(8);
+  spec.set_accumulation_steps(4);
+  spec.set_steps(3);
+  spec.set_precision(v1::FP16);
+  spec.mutable_optimizer()->set_lr(0.05);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  return spec;
+}
+
+struct TrainedRun {
+  absl::StatusOr<TrainingResult> result;
+  RecordingObserver observer;
+  int collective_calls = 0;
+};
+
+TrainedRun TrainOneRank(const v1::JobSpec& spec) {
+  auto counting = std::make_unique<testing::CountingCollective>(
+      std::make_unique<testing::SingleRankCollective>());
+  testing::CountingCollective* counter = counting.get();
+  CpuBackend backend(std::move(counting));
+  TrainedRun run;
+  run.result = RunTraining(spec, 0, &backend, &run.observer);
+  run.collective_calls = counter->calls();
+  return run;
+}
+
+std::string TempPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+}
+
+TEST(RunTraining, NonSteppingMicroBatches_IssueNoCollective) {
+  v1::JobSpec spec = SmallSpec();
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  EXPECT_EQ(run.collective_calls, 3) << "one allreduce per optimizer step, none per micro-batch";
+  spec.set_accumulation_steps(1);
+  EXPECT_EQ(TrainOneRank(spec).collective_calls, 3);
+}
+
+TEST(RunTraining, TelemetryEveryStep_WithLossDecreasing) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(8);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  ASSERT_EQ(run.observer.records.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(run.observer.records[i].step(), i + 1);
+  EXPECT_LT(run.observer.records.back().loss(), run.observer.records.front().loss());
+  EXPECT_GT(run.observer.records.front().grad_norm(), 0);
+  EXPECT_GT(run.observer.records.front().samples_per_second(), 0);
+  EXPECT_EQ(run.observer.records.front().loss_scale(), 65536.0);
+}
+
+TEST(RunTraining, TelemetryEvery_SkipsRecordsButKeepsTheLast) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(7);
+  spec.set_telemetry_every(3);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok());
+  std::vector<int64_t> steps;
+  for (const auto& record : run.observer.records) steps.push_back(record.step());
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 6, 7}));
+  EXPECT_EQ(run.observer.steps.size(), 7u) << "progress is reported for every step";
+}
+
+TEST(RunTraining, ScaleGrowsExactlyAtGrowthInterval) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(5);
+  spec.mutable_loss_scaler()->set_init_scale(1024);
+  spec.mutable_loss_scaler()->set_growth_interval(2);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok());
+  std::vector<double> scales;
+  for (const auto& record : run.observer.records) {
+    scales.push_back(record.loss_scale());
+    EXPECT_FALSE(record.skipped());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 2048, 2048, 4096}));
+  EXPECT_EQ(run.result->final_loss_scale, 4096);
+}
+
+TEST(RunTraining, Overflow_SkipsStepsBacksOffAndLeavesParametersUntouched) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(40);
+  spec.mutable_loss_scaler()->set_init_scale(std::ldexp(1.0, 40));  // fp16 gradients overflow
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok());
+  int skipped = 0;
+  while (skipped < 40 && run.observer.records[skipped].skipped()) {
+    EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
+    EXPECT_FALSE(std::isfinite(run.observer.records[skipped].grad_norm()));
+    ++skipped;
+  }
+  ASSERT_GT(skipped, 5) << "the initial scale must overflow fp16 for several steps";
+  ASSERT_LT(skipped, 40) << "backoff must eventually reach a usable scale";
+  EXPECT_EQ(run.result->skipped_steps, skipped);
+  // After the last skip the scale stays put (growth interval 2000).
+  EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
+  EXPECT_TRUE(std::isfinite(run.observer.records[skipped].grad_norm()));
+
+  // A run that stops at the last skipped step has exactly the initial parameters.
+  spec.set_steps(skipped);
+  TrainedRun only_skipped = TrainOneRank(spec);
+  ASSERT_TRUE(only_skipped.result.ok());
+  ParameterLayout layout = MakeParameterLayout(spec.model());
+  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed()));
+}
+
+TEST(RunTraining, ClippingSeesUnscaledGradients) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(1);
+  const double max_norm = 1e-3;
+  spec.set_max_grad_norm(max_norm);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok());
+  ParameterLayout layout = MakeParameterLayout(spec.model());
+  std::vector<float> initial = InitializeParameters(layout, spec.seed());
+  double step_norm = 0;
+  for (size_t i = 0; i < initial.size(); ++i) {
+    double delta = run.result->parameters[i] - initial[i];
+    step_norm += delta * delta;
+  }
+  step_norm = std::sqrt(step_norm);
+  // Clipped to max_norm after unscaling: the step is lr * max_norm. Clipping the scaled
+  // gradients would have made it 65536 times smaller.
+  EXPECT_NEAR(step_norm, spec.optimizer().lr() * max_norm, 0.01 * spec.optimizer().lr() * max_norm);
+  // The reported norm is the unscaled one: close to the fp32 run's.
+  v1::JobSpec fp32 = spec;
+  fp32.set_precision(v1::FP32);
+  fp32.mutable_loss_scaler()->set_enabled(false);
+  TrainedRun reference = TrainOneRank(fp32);
+  ASSERT_TRUE(reference.result.ok());
+  EXPECT_NEAR(run.observer.records[0].grad_norm(), reference.observer.records[0].grad_norm(),
+              0.02 * reference.observer.records[0].grad_norm());
+  EXPECT_GT(run.observer.records[0].grad_norm(), 10 * max_norm);
+}
+
+TEST(RunTraining, ObserverStop_AbortsBetweenSteps) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_steps(100);
+  auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  observer.stop_after = 1;
+  auto result = RunTraining(spec, 0, backend.get(), &observer);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
+  v1::JobSpec spec = SmallSpec();
+  spec.set_world_size(2);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  testing::InMemoryKeyValueStore store;
+  absl::StatusOr<TrainingResult> results[2];
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto collective = GlooCollective::Connect(rank, 2, "127.0.0.1", &store, 30'000);
+      if (!collective.ok()) {
+        results[rank] = collective.status();
+        return;
+      }
+      CpuBackend backend(std::move(*collective));
+      RecordingObserver observer;
+      results[rank] = RunTraining(spec, rank, &backend, &observer);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->checksum, results[1]->checksum);
+  EXPECT_EQ(results[0]->parameters, results[1]->parameters);
+  // Each rank alone (its own data, no averaging) ends elsewhere: the allreduce mattered.
+  v1::JobSpec alone = spec;
+  alone.set_world_size(1);
+  TrainedRun single = TrainOneRank(alone);
+  ASSERT_TRUE(single.result.ok());
+  EXPECT_NE(single.result->checksum, results[0]->checksum);
+}
+
+TEST(RunTraining, NpyDataAndCheckpointInit_OneFp32StepMatchesIndependentReference) {
+  const int in = 6, hidden = 5, out = 3, rows = 10, batch = 3, accumulation = 3;
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyMatrix targets{rows, out, std::vector<float>(rows * out)};
+  for (float& v : features.values) v = normal(generator);
+  for (float& v : targets.values) v = normal(generator);
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("y.npy"), targets).ok());
+
+  v1::JobSpec spec = SmallSpec();
+  spec.mutable_model()->set_input_dim(in);
+  spec.mutable_model()->set_hidden_dims(0, hidden);
+  spec.mutable_model()->set_output_dim(out);
+  spec.mutable_model()->set_activation(v1::GELU);
+  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("x.npy"));
+  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("y.npy"));
+  spec.set_micro_batch_size(batch);
+  spec.set_accumulation_steps(accumulation);
+  spec.set_steps(1);
+  spec.set_precision(v1::FP32);
+  spec.mutable_loss_scaler()->set_enabled(false);
+  spec.mutable_optimizer()->set_lr(0.1);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_optimizer()->set_weight_decay(0.01);
+  ParameterLayout layout = MakeParameterLayout(spec.model());
+  std::vector<float> init(layout.total);
+  for (float& v : init) v = 0.3f * normal(generator);
+  spec.set_init_checkpoint(TempPath("init.safetensors"));
+  spec.set_output_checkpoint(TempPath("out.safetensors"));
+  ASSERT_TRUE(WriteSafetensors(spec.init_checkpoint(), ParametersToTensors(layout, init)).ok());
+
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  auto written = ReadSafetensors(spec.output_checkpoint());
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto trained = TensorsToParameters(layout, *written, "out");
+  ASSERT_TRUE(trained.ok());
+
+  // Independent computation: micro-batches of rows 0-2, 3-5, 6-8, loss / accumulation each.
+  std::vector<testing::ReferenceLayer> layers(2);
+  std::vector<std::vector<double>> weight_grads(2), bias_grads(2);
+  for (size_t l = 0; l < 2; ++l) {
+    const LayerLayout& ll = layout.layers[l];
+    layers[l].in = ll.in;
+    layers[l].out = ll.out;
+    layers[l].weight.assign(init.begin() + ll.weight_offset,
+                            init.begin() + ll.weight_offset + ll.in * ll.out);
+    layers[l].bias.assign(init.begin() + ll.bias_offset, init.begin() + ll.bias_offset + ll.out);
+    weight_grads[l].assign(ll.in * ll.out, 0.0);
+    bias_grads[l].assign(ll.out, 0.0);
+  }
+  for (int micro = 0; micro < accumulation; ++micro) {
+    std::vector<double> x(features.values.begin() + micro * batch * in,
+                          features.values.begin() + (micro + 1) * batch * in);
+    std::vector<double> y(targets.values.begin() + micro * batch * out,
+                          targets.values.begin() + (micro + 1) * batch * out);
+    testing::ReferenceLossAndGrad(layers, testing::ReferenceActivation::kGelu, x, y, batch,
+                                  1.0 / accumulation, &weight_grads, &bias_grads);
+  }
+  for (size_t l = 0; l < 2; ++l) {
+    const LayerLayout& ll = layout.layers[l];
+    auto expect_step = [&](int64_t offset, const std::vector<double>& grads) {
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const double p = init[offset + i];
+        const double expected = p - 0.1 * (grads[i] + 0.01 * p);  // First step: buf = d_p.
+        EXPECT_NEAR((*trained)[offset + i], expected, 1e-5 * (1 + std::fabs(expected)))
+            << "layer " << l << " element " << i;
+      }
+    };
+    expect_step(ll.weight_offset, weight_grads[l]);
+    expect_step(ll.bias_offset, bias_grads[l]);
+  }
+}
+
+}  // namespace
+}  // namespace mptrain
