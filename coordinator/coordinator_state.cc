@@ -213,7 +213,13 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
 
 void CoordinatorState::FailJob(JobRecord* record, const std::string& error) {
   if (IsTerminal(record->job.state())) return;
-  SetJobState(record, v1::FAILED, error);
+  std::string full = error;
+  if (!record->consequence_error.empty() && record->consequence_error != error) {
+    absl::StrAppend(&full, "; then ", record->consequence_error);
+  }
+  record->consequence_error.clear();
+  record->consequence_deadline_ms = 0;
+  SetJobState(record, v1::FAILED, full);
 }
 
 void CoordinatorState::ReleaseSlots(JobRecord* record) {
@@ -376,6 +382,16 @@ void CoordinatorState::CheckLiveness() {
       lost_any = true;
     }
   }
+  // Collective failures with no root cause in time become the job's error.
+  for (auto& [id, record] : jobs_) {
+    if (record->job.state() == v1::RUNNING && record->consequence_deadline_ms > 0 &&
+        now >= record->consequence_deadline_ms) {
+      std::string error = record->consequence_error;
+      record->consequence_error.clear();
+      FailJob(record.get(), error);
+      lost_any = true;
+    }
+  }
   if (lost_any) TrySchedule();
 }
 
@@ -399,6 +415,15 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
   return desired;
 }
 
+bool CoordinatorState::RankIsFinishing(const v1::Assignment& assignment) const {
+  // A rank that reported success exits by itself; stopping it would only race its exit.
+  const JobRecord* record = FindJob(assignment.job_id());
+  return record != nullptr && record->job.state() == v1::SUCCEEDED &&
+         record->attempt == assignment.attempt() && assignment.rank() >= 0 &&
+         assignment.rank() < static_cast<int>(record->ranks.size()) &&
+         record->ranks[assignment.rank()].result_reported;
+}
+
 absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
     const v1::PollAssignmentsRequest& request) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -419,6 +444,7 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
       if (!running.count(key)) *response.add_start() = std::move(assignment);
     }
     for (const v1::Assignment& assignment : request.running()) {
+      if (RankIsFinishing(assignment)) continue;
       if (!desired_keys.count(
               AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()))) {
         v1::Assignment* stop = response.add_stop();
@@ -446,8 +472,8 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
   RankRecord& rank = record->ranks[request.rank()];
   rank.exited = true;
   changed_.notify_all();
-  bool clean = request.term_signal() == 0 && request.exit_code() == 0;
-  if (rank.result_reported && clean) return absl::OkStatus();
+  // A rank that reported its result (success or error) is accounted for.
+  if (rank.result_reported) return absl::OkStatus();
   if (IsTerminal(record->job.state())) return absl::OkStatus();
   std::string how =
       request.term_signal() != 0
@@ -455,8 +481,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
                          strsignal(request.term_signal()), ")")
           : absl::StrCat("exited with code ", request.exit_code());
   FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " ", how,
-                               rank.result_reported ? " after reporting its result"
-                                                    : " before reporting a result"));
+                               " before reporting a result"));
   TrySchedule();
   return absl::OkStatus();
 }
@@ -539,6 +564,14 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
   v1::RankProgress* progress = record->job.mutable_progress(request.rank());
   if (request.result_case() == v1::ReportRankResultRequest::kError) {
     progress->set_error(request.error());
+    if (request.collective_failure()) {
+      if (record->consequence_error.empty()) {
+        record->consequence_error =
+            absl::StrCat(DescribeRank(*record, request.rank()), " failed: ", request.error());
+        record->consequence_deadline_ms = options_.now_ms() + options_.heartbeat_timeout_ms;
+      }
+      return absl::OkStatus();
+    }
     FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " failed: ",
                                  request.error()));
     TrySchedule();

@@ -131,6 +131,9 @@ class CoordinatorState {
     std::map<std::string, std::string> kv;  // Cleared on each new attempt.
     std::deque<v1::WatchJobEvent> events;
     int64_t last_sequence = 0;
+    // A rank's collective failure, held back while a root cause may still arrive.
+    std::string consequence_error;
+    int64_t consequence_deadline_ms = 0;
   };
 
   bool IsTerminal(v1::JobState state) const;
@@ -147,6 +150,7 @@ class CoordinatorState {
   void TrySchedule();
   void MaybeFinishJob(JobRecord* record);
   std::vector<v1::Assignment> DesiredAssignments(const std::string& worker_id) const;
+  bool RankIsFinishing(const v1::Assignment& assignment) const;
   std::string DescribeRank(const JobRecord& record, int rank) const;
 
   CoordinatorOptions options_;

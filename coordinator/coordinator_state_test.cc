@@ -347,5 +347,50 @@ TEST_F(CoordinatorStateTest, PollAssignments_LongPollWakesOnNewJob) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) {
+  std::string job = Submit(2);
+  std::string worker = Register("w", 2);
+  v1::ReportRankResultRequest consequence;
+  consequence.set_job_id(job);
+  consequence.set_rank(0);
+  consequence.set_attempt(1);
+  consequence.set_error("gloo allreduce failed: connection reset");
+  consequence.set_collective_failure(true);
+  ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "a peer failure waits for its root cause";
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_rank(1);
+  exit.set_attempt(1);
+  exit.set_term_signal(9);
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_EQ(status.error().find("rank 1"), 0u) << "root cause first: " << status.error();
+  EXPECT_NE(status.error().find("then rank 0"), std::string::npos) << status.error();
+}
+
+TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) {
+  std::string job = Submit(2);
+  std::string worker = Register("w", 2);
+  v1::ReportRankResultRequest consequence;
+  consequence.set_job_id(job);
+  consequence.set_rank(0);
+  consequence.set_attempt(1);
+  consequence.set_error("rendezvous timed out");
+  consequence.set_collective_failure(true);
+  ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
+  now_ms_ += 5'000;
+  ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+  state_->CheckLiveness();
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+  now_ms_ += 6'000;
+  ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+  state_->CheckLiveness();
+  EXPECT_EQ(StateOf(job), v1::FAILED);
+  EXPECT_NE(state_->GetJob(job)->error().find("rendezvous timed out"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace mptrain

@@ -1,0 +1,106 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "tests/fake_collectives.h"
+
+namespace mptrain {
+namespace {
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  CpuBackendTest() : backend_(std::make_unique<testing::SingleRankCollective>()) {}
+
+  Tensor Make(DType dtype, int64_t rows, int64_t cols, const std::vector<float>& values) {
+    Tensor tensor = *backend_.Allocate(dtype, rows, cols);
+    EXPECT_TRUE(backend_.Upload(values.data(), tensor).ok());
+    return tensor;
+  }
+
+  std::vector<float> Read(Tensor tensor) {
+    std::vector<float> values(tensor.numel());
+    EXPECT_TRUE(backend_.Download(tensor, values.data()).ok());
+    return values;
+  }
+
+  CpuBackend backend_;
+};
+
+TEST_F(CpuBackendTest, Upload_RoundsToTheTensorDtype) {
+  Tensor half = Make(DType::kF16, 1, 2, {1.0f + 1e-4f, 70000.0f});
+  std::vector<float> values = Read(half);
+  EXPECT_EQ(values[0], 1.0f);
+  EXPECT_TRUE(std::isinf(values[1]));
+}
+
+TEST_F(CpuBackendTest, LinearForward_AddsBiasAppliesReluAndRoundsOnce) {
+  // x [1, 2] · wᵀ (w [2, 2]) + b
+  Tensor x = Make(DType::kF16, 1, 2, {1.0f, 2.0f});
+  Tensor w = Make(DType::kF16, 2, 2, {1.0f, 1.0f, -1.0f, -1.0f});
+  Tensor b = Make(DType::kF16, 1, 2, {0.0009765625f, 0.5f});  // 2^-10
+  Tensor pre = *backend_.Allocate(DType::kF16, 1, 2);
+  Tensor y = *backend_.Allocate(DType::kF16, 1, 2);
+  ASSERT_TRUE(backend_.LinearForward(x, w, b, ActivationKind::kRelu, pre, y).ok());
+  // 3 + 2^-10 is not an fp16 number (spacing 2^-9 at 3): rounds to even, 3.
+  EXPECT_EQ(Read(pre), (std::vector<float>{3.0f, -2.5f}));
+  EXPECT_EQ(Read(y), (std::vector<float>{3.0f, 0.0f}));
+}
+
+TEST_F(CpuBackendTest, MseLossBackward_ScalesByLossScaleOverAccumulation) {
+  Tensor pred = Make(DType::kF32, 1, 2, {1.0f, 3.0f});
+  Tensor target = Make(DType::kF32, 1, 2, {0.0f, 0.0f});
+  StepState initial;
+  initial.scale = 8.0f;
+  Tensor state = *backend_.AllocateStepState(initial);
+  Tensor loss = *backend_.Allocate(DType::kF32, 1, 1);
+  Tensor grad = *backend_.Allocate(DType::kF32, 1, 2);
+  ASSERT_TRUE(backend_.MseLossBackward(pred, target, 4, state, loss, grad).ok());
+  EXPECT_FLOAT_EQ(Read(loss)[0], (1.0f + 9.0f) / 2 / 4);
+  // d = 2/numel * (p - t) * scale / A = (p - t) * 2
+  EXPECT_EQ(Read(grad), (std::vector<float>{2.0f, 6.0f}));
+}
+
+TEST_F(CpuBackendTest, OptimizerStep_OnInfSkipsUpdateAndZeroesGradients) {
+  Tensor params = Make(DType::kF32, 1, 2, {1.0f, 2.0f});
+  Tensor grads = Make(DType::kF32, 1, 3, {INFINITY, 1.0f, 0.5f});
+  Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
+  StepState initial;
+  initial.scale = 4.0f;
+  Tensor state = *backend_.AllocateStepState(initial);
+  StepConfig config;
+  config.lr = 0.1f;
+  config.scaler_enabled = true;
+  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state).ok());
+  EXPECT_EQ(Read(params), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(Read(grads), (std::vector<float>{0, 0, 0}));
+  StepState after = *static_cast<StepState*>(state.data);
+  EXPECT_EQ(after.skipped, 1);
+  EXPECT_EQ(after.scale, 2.0f);
+  EXPECT_EQ(after.last_loss, 0.5f);
+}
+
+TEST_F(CpuBackendTest, OptimizerStep_UnscalesThenSteps) {
+  Tensor params = Make(DType::kF32, 1, 2, {1.0f, 2.0f});
+  Tensor grads = Make(DType::kF32, 1, 3, {4.0f, -8.0f, 0.0f});
+  Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
+  StepState initial;
+  initial.scale = 4.0f;
+  Tensor state = *backend_.AllocateStepState(initial);
+  StepConfig config;
+  config.lr = 0.5f;
+  config.scaler_enabled = true;
+  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state).ok());
+  EXPECT_EQ(Read(params), (std::vector<float>{0.5f, 3.0f}));
+  EXPECT_FLOAT_EQ(static_cast<StepState*>(state.data)->last_grad_norm, std::sqrt(5.0f));
+}
+
+TEST_F(CpuBackendTest, CopyRowsWrapping_WrapsAroundTheEnd) {
+  Tensor src = Make(DType::kF32, 3, 1, {1, 2, 3});
+  Tensor dst = *backend_.Allocate(DType::kF32, 2, 1);
+  ASSERT_TRUE(backend_.CopyRowsWrapping(src, 2, dst).ok());
+  EXPECT_EQ(Read(dst), (std::vector<float>{3, 1}));
+}
+
+}  // namespace
+}  // namespace mptrain

@@ -1,0 +1,32 @@
+#pragma once
+
+// trainctl's commands, each written against the generated StubInterface so that it runs the
+// same against a real server or a test double. Each returns the process exit code: 0 on
+// success, 1 when the coordinator refused or the job did not succeed, 2 for usage errors.
+
+#include <iostream>
+#include <string>
+
+#include "proto/mptrain.grpc.pb.h"
+
+namespace mptrain {
+
+enum class OutputFormat { kTable, kJson };
+
+struct CommandContext {
+  v1::Coordinator::StubInterface* stub = nullptr;
+  OutputFormat format = OutputFormat::kTable;
+  int64_t rpc_timeout_ms = 10'000;
+  std::ostream* out = &std::cout;
+  std::ostream* err = &std::cerr;
+};
+
+int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,
+                  const std::string& request_id);
+int StatusCommand(const CommandContext& context, const std::string& job_id);
+int WatchCommand(const CommandContext& context, const std::string& job_id);
+int ListCommand(const CommandContext& context);
+int CancelCommand(const CommandContext& context, const std::string& job_id);
+int WorkersCommand(const CommandContext& context);
+
+}  // namespace mptrain

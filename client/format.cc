@@ -1,0 +1,131 @@
+#include "client/format.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace mptrain {
+namespace {
+
+std::string Precision(const v1::JobSpec& spec) {
+  std::string name = v1::Precision_Name(spec.precision());
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  return name;
+}
+
+std::string Device(v1::DeviceKind kind) {
+  std::string name = v1::DeviceKind_Name(kind);
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  return name;
+}
+
+}  // namespace
+
+std::string ToJson(const google::protobuf::Message& message, bool multiline) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = multiline;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!json.empty() && json.back() == '\n') json.pop_back();
+  return json;
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string ShortState(v1::JobState state) { return v1::JobState_Name(state); }
+
+std::string FormatJobTable(const std::vector<v1::Job>& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "NAME", "STATE", "DEVICE", "RANKS", "STEP", "LOSS", "ERROR"}};
+  for (const v1::Job& job : jobs) {
+    int64_t step = 0;
+    for (const auto& progress : job.progress()) step = std::max(step, progress.step());
+    rows.push_back({job.job_id(), job.spec().name(), ShortState(job.state()),
+                    Device(job.spec().device()), absl::StrCat(job.spec().world_size()),
+                    absl::StrCat(step, "/", job.spec().steps()),
+                    job.has_latest_telemetry() ? absl::StrFormat("%.6f", job.latest_telemetry().loss())
+                                               : "-",
+                    job.error()});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatJobDetail(const v1::Job& job) {
+  const v1::JobSpec& spec = job.spec();
+  std::string out;
+  absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
+  absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
+  if (!job.error().empty()) absl::StrAppend(&out, "error:      ", job.error(), "\n");
+  std::vector<std::string> widths;
+  widths.push_back(absl::StrCat(spec.model().input_dim()));
+  for (int64_t hidden : spec.model().hidden_dims()) widths.push_back(absl::StrCat(hidden));
+  widths.push_back(absl::StrCat(spec.model().output_dim()));
+  absl::StrAppend(&out, "model:      MLP ", absl::StrJoin(widths, "->"), ", ",
+                  Precision(spec), ", ", spec.world_size(), " x ", Device(spec.device()), "\n");
+  absl::StrAppend(&out, "schedule:   ", spec.steps(), " steps x ", spec.accumulation_steps(),
+                  " micro-batches of ", spec.micro_batch_size(), " per rank\n");
+  if (job.placement_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {
+        {"RANK", "WORKER", "HOST", "DEVICE", "STEP", "CHECKSUM", "ERROR"}};
+    for (const v1::RankPlacement& placement : job.placement()) {
+      const v1::RankProgress* progress =
+          placement.rank() < job.progress_size() ? &job.progress(placement.rank()) : nullptr;
+      rows.push_back({absl::StrCat(placement.rank()), placement.worker_id(), placement.host(),
+                      absl::StrCat(placement.device_index()),
+                      progress ? absl::StrCat(progress->step()) : "-",
+                      progress && !progress->parameter_checksum().empty()
+                          ? progress->parameter_checksum()
+                          : "-",
+                      progress ? progress->error() : ""});
+    }
+    out += FormatTable(rows);
+  }
+  if (job.has_latest_telemetry()) {
+    absl::StrAppend(&out, "latest:     ", FormatTelemetryLine(job.latest_telemetry()), "\n");
+  }
+  return out;
+}
+
+std::string FormatWorkerTable(const std::vector<v1::Worker>& workers) {
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER", "HOST", "DEVICE", "SLOTS", "FREE", "STATE", "DEVICES"}};
+  for (const v1::Worker& worker : workers) {
+    std::vector<std::string> names;
+    for (const auto& device : worker.devices()) names.push_back(device.name());
+    rows.push_back({worker.worker_id(), worker.host(), Device(worker.device()),
+                    absl::StrCat(worker.slots()), absl::StrCat(worker.free_slots()),
+                    v1::WorkerState_Name(worker.state()), absl::StrJoin(names, ", ")});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
+  return absl::StrFormat(
+      "step %6d  loss %.6f  grad_norm %.6g  scale %g  skipped %s (%d total)  %.3f ms  "
+      "%.0f samples/s",
+      record.step(), record.loss(), record.grad_norm(), record.loss_scale(),
+      record.skipped() ? "yes" : "no", record.skipped_total(), record.step_time_ms(),
+      record.samples_per_second());
+}
+
+}  // namespace mptrain

@@ -1,0 +1,58 @@
+#include "client/format.h"
+
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+TEST(FormatTable, PadsColumnsToTheWidestCell) {
+  EXPECT_EQ(FormatTable({{"A", "BB"}, {"ccc", "d"}}), "A    BB\nccc  d\n");
+}
+
+TEST(FormatTelemetryLine, ShowsEveryTelemetryField) {
+  v1::TelemetryRecord record;
+  record.set_step(3);
+  record.set_loss(0.5);
+  record.set_grad_norm(1.25);
+  record.set_loss_scale(65536);
+  record.set_skipped(true);
+  record.set_skipped_total(2);
+  record.set_step_time_ms(1.5);
+  record.set_samples_per_second(1000);
+  const std::string line = FormatTelemetryLine(record);
+  for (const char* part : {"step      3", "loss 0.500000", "grad_norm 1.25", "scale 65536",
+                           "skipped yes (2 total)", "1.500 ms", "1000 samples/s"}) {
+    EXPECT_NE(line.find(part), std::string::npos) << part << " not in: " << line;
+  }
+}
+
+TEST(ToJson, UsesProtoFieldNames) {
+  v1::SubmitJobResponse response;
+  response.set_job_id("job-0001");
+  response.set_state(v1::PENDING);
+  EXPECT_EQ(ToJson(response, false), R"({"job_id":"job-0001","state":"PENDING"})");
+}
+
+TEST(FormatJobDetail, ShowsErrorPlacementAndChecksums) {
+  v1::Job job;
+  job.set_job_id("job-0002");
+  job.set_state(v1::FAILED);
+  job.set_error("rank 1 on worker w#2 (h) was killed by signal 9");
+  job.mutable_spec()->set_world_size(2);
+  job.mutable_spec()->mutable_model()->set_input_dim(4);
+  job.mutable_spec()->mutable_model()->set_output_dim(2);
+  auto* placement = job.add_placement();
+  placement->set_rank(0);
+  placement->set_worker_id("w#2");
+  auto* progress = job.add_progress();
+  progress->set_parameter_checksum("00ff");
+  const std::string text = FormatJobDetail(job);
+  EXPECT_NE(text.find("FAILED"), std::string::npos);
+  EXPECT_NE(text.find("signal 9"), std::string::npos);
+  EXPECT_NE(text.find("w#2"), std::string::npos);
+  EXPECT_NE(text.find("00ff"), std::string::npos);
+  EXPECT_NE(text.find("MLP 4->2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mptrain

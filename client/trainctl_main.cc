@@ -1,0 +1,71 @@
+// trainctl: the command-line client of the coordinator.
+//
+//   trainctl [--coordinator HOST:PORT] [--output table|json] COMMAND
+//     submit FILE [--wait] [--request_id ID]   queue a job (prints its id on the last line)
+//     status ID                                 the job's state, placement, progress, telemetry
+//     watch ID                                  live telemetry until the job ends
+//     list                                      all jobs
+//     cancel ID                                 cancel a pending or running job
+//     workers                                   registered workers
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "client/commands.h"
+#include "common/cli_flags.h"
+#include "grpcpp/grpcpp.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address HOST:PORT");
+ABSL_FLAG(std::string, output, "table", "table or json");
+ABSL_FLAG(bool, wait, false, "submit: follow the job and exit 0 only if it SUCCEEDED");
+ABSL_FLAG(std::string, request_id, "", "submit: makes a retried submit idempotent");
+ABSL_FLAG(int64_t, timeout_ms, 10'000, "Deadline of each RPC (watch has none)");
+
+namespace {
+
+constexpr char kUsage[] =
+    "trainctl [--coordinator HOST:PORT] [--output table|json] COMMAND\n"
+    "  submit FILE [--wait] [--request_id ID]\n"
+    "  status ID\n"
+    "  watch ID\n"
+    "  list\n"
+    "  cancel ID\n"
+    "  workers";
+
+int Usage(const std::string& problem) {
+  std::cerr << "trainctl: " << problem << "\nusage: " << kUsage << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = mptrain::ParseFlags(argc, argv, kUsage);
+  if (args.size() < 2) return Usage("missing command");
+  const std::string command = args[1];
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "table" && output != "json") return Usage("--output must be table or json");
+
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials());
+  std::unique_ptr<mptrain::v1::Coordinator::Stub> stub = mptrain::v1::Coordinator::NewStub(channel);
+  mptrain::CommandContext context;
+  context.stub = stub.get();
+  context.format = output == "json" ? mptrain::OutputFormat::kJson : mptrain::OutputFormat::kTable;
+  context.rpc_timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+
+  if (command == "submit") {
+    if (args.size() != 3) return Usage("submit takes one FILE");
+    return mptrain::SubmitCommand(context, args[2], absl::GetFlag(FLAGS_wait),
+                                  absl::GetFlag(FLAGS_request_id));
+  }
+  if (command == "status" || command == "watch" || command == "cancel") {
+    if (args.size() != 3) return Usage(command + " takes one job ID");
+    if (command == "status") return mptrain::StatusCommand(context, args[2]);
+    if (command == "watch") return mptrain::WatchCommand(context, args[2]);
+    return mptrain::CancelCommand(context, args[2]);
+  }
+  if (command == "list" && args.size() == 2) return mptrain::ListCommand(context);
+  if (command == "workers" && args.size() == 2) return mptrain::WorkersCommand(context);
+  return Usage("unknown command or arguments: " + command);
+}

@@ -1,0 +1,406 @@
+// End-to-end tests: a real coordinator, real worker daemons and their rank processes, driven by
+// trainctl and by raw worker-side RPCs, all on loopback.
+
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/job_spec.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "tests/local_cluster.h"
+#include "tests/reference_mlp.h"
+#include "trainer/parameter_layout.h"
+
+namespace mptrain::testing {
+namespace {
+
+std::string WriteSpec(const std::string& name, const std::string& json) {
+  std::string path = TestTempDir() + "/" + name + ".json";
+  std::ofstream(path) << json;
+  return path;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+// A CPU job that runs for a long time (for cancel and failure tests).
+std::string LongJobSpec(int world_size) {
+  return WriteSpec(absl::StrCat("long", world_size), absl::StrCat(R"({
+    "name": "long", "world_size": )", world_size, R"(, "device": "cpu",
+    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+    "data": {"synthetic": {"seed": 1}},
+    "micro_batch_size": 32, "accumulation_steps": 2, "steps": 100000000,
+    "optimizer": {"lr": 0.001}, "telemetry_every": 100
+  })"));
+}
+
+std::string SubmitAndGetId(LocalCluster& cluster, const std::string& spec_file) {
+  CommandResult submitted = cluster.Trainctl("submit " + spec_file);
+  EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
+  return LastLine(submitted.output);
+}
+
+absl::StatusOr<v1::Job> WaitForStep(LocalCluster& cluster, const std::string& job_id,
+                                    int64_t step) {
+  return cluster.WaitForJob(
+      job_id,
+      [step](const v1::Job& job) {
+        if (job.state() != v1::RUNNING) return true;
+        for (const auto& progress : job.progress()) {
+          if (progress.step() < step) return false;
+        }
+        return true;
+      },
+      30);
+}
+
+TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  CommandResult result =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string job_id = LastLine(result.output);
+  EXPECT_EQ(job_id, "job-0001");
+  EXPECT_NE(result.output.find("SUCCEEDED"), std::string::npos) << result.output;
+  for (int step = 1; step <= 5; ++step) {
+    EXPECT_NE(result.output.find(absl::StrCat("step      ", step, "  loss")), std::string::npos)
+        << "watch shows step " << step << ":\n" << result.output;
+  }
+
+  CommandResult status = cluster.Trainctl("--output=json status " + job_id);
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  v1::Job job;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(status.output, &job).ok())
+      << status.output;
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  ASSERT_EQ(job.progress_size(), 2);
+  EXPECT_EQ(job.progress(0).step(), 5);
+  EXPECT_FALSE(job.progress(0).parameter_checksum().empty());
+  EXPECT_EQ(job.progress(0).parameter_checksum(), job.progress(1).parameter_checksum());
+  ASSERT_EQ(job.placement_size(), 2);
+  EXPECT_NE(job.placement(0).worker_id(), job.placement(1).worker_id());
+  EXPECT_EQ(job.latest_telemetry().step(), 5);
+  EXPECT_EQ(job.latest_telemetry().loss_scale(), 65536);
+  EXPECT_GT(job.latest_telemetry().samples_per_second(), 0);
+
+  CommandResult list = cluster.Trainctl("list");
+  EXPECT_NE(list.output.find("job-0001"), std::string::npos);
+  CommandResult workers = cluster.Trainctl("workers");
+  EXPECT_NE(workers.output.find("ALIVE"), std::string::npos) << workers.output;
+  // Both workers are free again and take the next job.
+  CommandResult again =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference) {
+  const int in = 8, hidden = 6, out = 3, rows = 12, batch = 2, accumulation = 3;
+  std::mt19937 generator(5);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyMatrix targets{rows, out, std::vector<float>(rows * out)};
+  for (float& v : features.values) v = normal(generator);
+  for (float& v : targets.values) v = normal(generator);
+  const std::string dir = TestTempDir();
+  ASSERT_TRUE(WriteNpyMatrix(dir + "/features.npy", features).ok());
+  ASSERT_TRUE(WriteNpyMatrix(dir + "/targets.npy", targets).ok());
+  v1::ModelSpec model;
+  model.set_input_dim(in);
+  model.add_hidden_dims(hidden);
+  model.set_output_dim(out);
+  ParameterLayout layout = MakeParameterLayout(model);
+  std::vector<float> init(layout.total);
+  for (float& v : init) v = 0.3f * normal(generator);
+  ASSERT_TRUE(WriteSafetensors(dir + "/init.safetensors", ParametersToTensors(layout, init)).ok());
+  std::string spec = WriteSpec("npy", absl::StrCat(R"({
+    "name": "npy", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 8, "hidden_dims": [6], "output_dim": 3, "activation": "relu"},
+    "data": {"npy": {"features_path": ")", dir, R"(/features.npy", "targets_path": ")", dir,
+                                                R"(/targets.npy"}},
+    "micro_batch_size": 2, "accumulation_steps": 3, "steps": 1, "precision": "fp32",
+    "optimizer": {"lr": 0.5, "momentum": 0.9, "weight_decay": 0.1},
+    "init_checkpoint": ")", dir, R"(/init.safetensors",
+    "output_checkpoint": ")", dir, R"(/out.safetensors"
+  })"));
+
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  CommandResult result = cluster.Trainctl("submit " + spec + " --wait");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  auto written = ReadSafetensors(dir + "/out.safetensors");
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto trained = TensorsToParameters(layout, *written, "out");
+  ASSERT_TRUE(trained.ok()) << trained.status();
+
+  // Reference: rank r owns rows [6r, 6r + 6) and walks them in micro-batches of 2; each
+  // micro-batch contributes grad / accumulation; the allreduce averages the two ranks.
+  std::vector<ReferenceLayer> layers(2);
+  std::vector<std::vector<double>> weight_grads(2), bias_grads(2);
+  for (size_t l = 0; l < 2; ++l) {
+    const LayerLayout& ll = layout.layers[l];
+    layers[l] = {static_cast<int>(ll.in), static_cast<int>(ll.out),
+                 std::vector<double>(init.begin() + ll.weight_offset,
+                                     init.begin() + ll.weight_offset + ll.in * ll.out),
+                 std::vector<double>(init.begin() + ll.bias_offset,
+                                     init.begin() + ll.bias_offset + ll.out)};
+    weight_grads[l].assign(ll.in * ll.out, 0.0);
+    bias_grads[l].assign(ll.out, 0.0);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int micro = 0; micro < accumulation; ++micro) {
+      const int first_row = rank * rows / 2 + micro * batch;
+      std::vector<double> x(features.values.begin() + first_row * in,
+                            features.values.begin() + (first_row + batch) * in);
+      std::vector<double> y(targets.values.begin() + first_row * out,
+                            targets.values.begin() + (first_row + batch) * out);
+      ReferenceLossAndGrad(layers, ReferenceActivation::kRelu, x, y, batch,
+                           1.0 / accumulation / 2, &weight_grads, &bias_grads);
+    }
+  }
+  for (size_t l = 0; l < 2; ++l) {
+    const LayerLayout& ll = layout.layers[l];
+    auto check = [&](int64_t offset, const std::vector<double>& grads) {
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const double p = init[offset + i];
+        const double expected = p - 0.5 * (grads[i] + 0.1 * p);
+        EXPECT_NEAR((*trained)[offset + i], expected, 1e-5 * (1 + std::fabs(expected)))
+            << "layer " << l << " element " << i;
+      }
+    };
+    check(ll.weight_offset, weight_grads[l]);
+    check(ll.bias_offset, bias_grads[l]);
+  }
+}
+
+TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
+  LocalCluster::Options options;
+  options.workers = 0;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto* stub = cluster.worker_control();
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+
+  v1::RegisterWorkerRequest registration;
+  registration.set_host("127.0.0.1");
+  registration.set_device(v1::CUDA);
+  registration.set_slots(2);
+  registration.set_incarnation(42);
+  registration.set_name("fake-gpu-host");
+  v1::RegisterWorkerResponse registered;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(stub->RegisterWorker(&context, registration, &registered).ok());
+  }
+  std::string spec = WriteSpec("cuda_seed", absl::StrCat(R"({
+    "name": "fake", "world_size": 2, "device": "cuda",
+    "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 0}},
+    "micro_batch_size": 2, "accumulation_steps": 1, "steps": 1, "optimizer": {"lr": 0.1}})"));
+  const std::string job_id = SubmitAndGetId(cluster, spec);
+
+  v1::PollAssignmentsRequest poll;
+  poll.set_worker_id(registered.worker_id());
+  poll.set_incarnation(42);
+  poll.set_wait_ms(5'000);
+  v1::PollAssignmentsResponse assignments;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(stub->PollAssignments(&context, poll, &assignments).ok());
+  }
+  ASSERT_EQ(assignments.start_size(), 2);
+  EXPECT_EQ(assignments.start(1).device_index(), 1);
+  const int attempt = assignments.start(0).attempt();
+
+  // Rank 1 blocks on the unique id until rank 0 publishes its 128 bytes.
+  std::string unique_id(128, '\0');
+  for (int i = 0; i < 128; ++i) unique_id[i] = static_cast<char>(i * 7);
+  v1::KeyValueGetResponse fetched;
+  grpc::Status get_status;
+  std::thread rank1([&] {
+    v1::KeyValueGetRequest get;
+    get.set_job_id(job_id);
+    get.set_attempt(attempt);
+    get.set_key("nccl_unique_id");
+    get.set_timeout_ms(10'000);
+    grpc::ClientContext context;
+    context.set_deadline(deadline() + std::chrono::seconds(10));
+    get_status = stub->KeyValueGet(&context, get, &fetched);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    v1::KeyValueSetRequest set;
+    set.set_job_id(job_id);
+    set.set_attempt(attempt);
+    set.set_key("nccl_unique_id");
+    set.set_value(unique_id);
+    v1::KeyValueSetResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(stub->KeyValueSet(&context, set, &response).ok());
+  }
+  rank1.join();
+  ASSERT_TRUE(get_status.ok()) << get_status.error_message();
+  EXPECT_EQ(fetched.value(), unique_id);
+
+  // A get that nobody answers times out with DEADLINE_EXCEEDED.
+  {
+    v1::KeyValueGetRequest get;
+    get.set_job_id(job_id);
+    get.set_attempt(attempt);
+    get.set_key("never");
+    get.set_timeout_ms(300);
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::KeyValueGetResponse response;
+    EXPECT_EQ(stub->KeyValueGet(&context, get, &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+
+  v1::ReportTelemetryRequest telemetry;
+  telemetry.set_job_id(job_id);
+  telemetry.set_attempt(attempt);
+  telemetry.set_step(1);
+  telemetry.add_records()->set_step(1);
+  telemetry.mutable_records(0)->set_loss(0.25);
+  {
+    v1::ReportTelemetryResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(stub->ReportTelemetry(&context, telemetry, &response).ok());
+    EXPECT_FALSE(response.abort());
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ReportRankResultRequest result;
+    result.set_job_id(job_id);
+    result.set_rank(rank);
+    result.set_attempt(attempt);
+    result.set_parameter_checksum("same");
+    v1::ReportRankResultResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(stub->ReportRankResult(&context, result, &response).ok());
+  }
+  CommandResult watch = cluster.Trainctl("watch " + job_id);
+  EXPECT_EQ(watch.exit_code, 0) << watch.output;
+  EXPECT_NE(watch.output.find("SUCCEEDED"), std::string::npos) << watch.output;
+  CommandResult status = cluster.Trainctl("status " + job_id);
+  EXPECT_NE(status.output.find("loss 0.250000"), std::string::npos) << status.output;
+}
+
+TEST(Integration, InvalidSpec_IsRefusedNamingTheField) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  std::string spec = WriteSpec("bad", R"({
+    "name": "bad", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 8, "hidden_dims": [4, 0], "output_dim": 2},
+    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "accumulation_steps": 1,
+    "steps": 1, "optimizer": {"lr": 0.1}})");
+  CommandResult result = cluster.Trainctl("submit " + spec);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("INVALID_ARGUMENT"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("model.hidden_dims[1] must be > 0, got 0"), std::string::npos)
+      << result.output;
+  CommandResult list = cluster.Trainctl("--output=json list");
+  EXPECT_EQ(list.output.find("job-"), std::string::npos) << "nothing was queued";
+
+  std::string unknown = WriteSpec("unknown", R"({"name": "x", "world_sise": 2})");
+  CommandResult refused = cluster.Trainctl("submit " + unknown);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("world_sise"), std::string::npos) << refused.output;
+
+  CommandResult missing = cluster.Trainctl("status job-4242");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("NOT_FOUND"), std::string::npos) << missing.output;
+}
+
+TEST(Integration, UnreachableCoordinator_OneLineErrorAndNonZeroExit) {
+  CommandResult result = RunCommand(RunfilePath("client/trainctl") +
+                                    " --coordinator=127.0.0.1:1 --timeout_ms=2000 list");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("trainctl: list failed: UNAVAILABLE"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
+}
+
+TEST(Integration, CancelMidJob_StopsRanksAndFreesWorkers) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult cancelled = cluster.Trainctl("cancel " + job_id);
+  EXPECT_EQ(cancelled.exit_code, 0) << cancelled.output;
+  EXPECT_NE(cancelled.output.find("CANCELLED"), std::string::npos);
+  // Every rank process of the job is gone within 5 s.
+  while (!FindProcesses("run_rank=.*" + job_id).empty() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty());
+  EXPECT_EQ(cluster.Trainctl("cancel " + job_id).exit_code, 1) << "already ended";
+  CommandResult next =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+}
+
+TEST(Integration, KilledRank_FailsJobNamingRankAndSignal) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  std::vector<pid_t> rank1 = FindProcesses("run_rank=.*" + job_id + "-rank1-");
+  ASSERT_EQ(rank1.size(), 1u);
+  kill(rank1[0], SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, 15);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->error().find("rank 1 on worker"), std::string::npos) << job->error();
+  EXPECT_NE(job->error().find("signal 9"), std::string::npos) << job->error();
+  // The surviving rank is stopped too.
+  for (int i = 0; i < 100 && !FindProcesses("run_rank=.*" + job_id).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty());
+}
+
+TEST(Integration, DeadWorkerDaemon_FailsJobWithinHeartbeatTimeout) {
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 2;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
+  auto running = WaitForStep(cluster, job_id, 1);
+  ASSERT_TRUE(running.ok());
+  const std::string lost_worker = running->placement(1).worker_id();
+  const int index = lost_worker.rfind("w0", 0) == 0 ? 0 : 1;
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(cluster.worker_pid(index), SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, options.heartbeat_timeout_s + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at,
+            std::chrono::milliseconds(static_cast<int>((options.heartbeat_timeout_s + 5) * 1000)));
+  // Its rank dies with the daemon (its rendezvous peer fails or it is killed with the daemon);
+  // the error names the rank and its worker, whichever was noticed first.
+  EXPECT_NE(job->error().find("rank 1"), std::string::npos) << job->error();
+  for (int i = 0; i < 100 && !FindProcesses("run_rank=.*" + job_id).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty()) << "no orphan rank processes";
+}
+
+}  // namespace
+}  // namespace mptrain::testing

@@ -1,0 +1,165 @@
+#include "tests/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+
+namespace mptrain::testing {
+
+std::string RunfilePath(const std::string& relative) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "mptrain", "/",
+                      relative);
+}
+
+std::string TestTempDir() {
+  const char* dir = getenv("TEST_TMPDIR");
+  return dir ? dir : "/tmp";
+}
+
+CommandResult RunCommand(const std::string& command_line) {
+  CommandResult result;
+  FILE* pipe = popen((command_line + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::vector<pid_t> FindProcesses(const std::string& pattern) {
+  // "[x]yz" matches "xyz" but not the shell's own command line, which holds "[x]yz".
+  const std::string bracketed = "[" + pattern.substr(0, 1) + "]" + pattern.substr(1);
+  CommandResult result = RunCommand("pgrep -f '" + bracketed + "'");
+  std::vector<pid_t> pids;
+  std::istringstream lines(result.output);
+  pid_t pid;
+  while (lines >> pid) {
+    if (pid != getpid()) pids.push_back(pid);
+  }
+  return pids;
+}
+
+LocalCluster::LocalCluster(Options options) : options_(options) {
+  static int counter = 0;
+  dir_ = absl::StrCat(TestTempDir(), "/cluster", getpid(), "_", counter++);
+  RunCommand("mkdir -p " + dir_);
+}
+
+LocalCluster::~LocalCluster() {
+  for (pid_t pid : worker_pids_) kill(pid, SIGKILL);
+  if (coordinator_pid_ > 0) kill(coordinator_pid_, SIGKILL);
+  for (pid_t pid : worker_pids_) waitpid(pid, nullptr, 0);
+  if (coordinator_pid_ > 0) waitpid(coordinator_pid_, nullptr, 0);
+}
+
+pid_t LocalCluster::Spawn(const std::vector<std::string>& argv, const std::string& log_file) {
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // Never outlive the test.
+    if (getppid() != parent) _exit(127);
+    int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+absl::Status LocalCluster::Start() {
+  const std::string port_file = dir_ + "/port";
+  coordinator_pid_ = Spawn({RunfilePath("coordinator/coordinator"), "--listen=127.0.0.1:0",
+                            "--port_file=" + port_file,
+                            absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s)},
+                           dir_ + "/coordinator.log");
+  int port = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::ifstream(port_file) >> port;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (port == 0) return absl::UnavailableError("the coordinator did not start; see " + dir_);
+  address_ = absl::StrCat("127.0.0.1:", port);
+  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  coordinator_stub_ = v1::Coordinator::NewStub(channel);
+  worker_stub_ = v1::WorkerControl::NewStub(channel);
+  for (int i = 0; i < options_.workers; ++i) {
+    worker_pids_.push_back(Spawn(
+        {RunfilePath("worker/worker"), "--coordinator=" + address_, "--device=cpu",
+         absl::StrCat("--slots=", options_.slots_per_worker), absl::StrCat("--name=w", i),
+         absl::StrCat("--work_dir=", dir_, "/w", i)},
+        absl::StrCat(dir_, "/worker", i, ".log")));
+  }
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    v1::ListWorkersResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (coordinator_stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok() &&
+        response.workers_size() == options_.workers) {
+      return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return absl::UnavailableError("workers did not register; see " + dir_);
+}
+
+CommandResult LocalCluster::Trainctl(const std::string& arguments) {
+  return RunCommand(absl::StrCat(RunfilePath("client/trainctl"), " --coordinator=", address_, " ",
+                                 arguments));
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitForJob(
+    const std::string& job_id, const std::function<bool(const v1::Job&)>& predicate,
+    double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  v1::Job last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::GetJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::Status status = coordinator_stub_->GetJob(&context, request, &response);
+    if (status.ok()) {
+      last = response.job();
+      if (predicate(last)) return last;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " still ",
+                                                  v1::JobState_Name(last.state()), " after ",
+                                                  timeout_s, " s"));
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitForEnd(const std::string& job_id, double timeout_s) {
+  return WaitForJob(
+      job_id,
+      [](const v1::Job& job) {
+        return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+               job.state() == v1::CANCELLED;
+      },
+      timeout_s);
+}
+
+}  // namespace mptrain::testing

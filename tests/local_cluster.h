@@ -1,0 +1,72 @@
+#pragma once
+
+// A real coordinator and real worker daemons on loopback, started as child processes from the
+// built binaries, for integration tests. Everything is killed when the cluster is destroyed.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/mptrain.grpc.pb.h"
+
+namespace mptrain::testing {
+
+// Path of a binary of this workspace in the test's runfiles, e.g. "coordinator/coordinator".
+std::string RunfilePath(const std::string& relative);
+
+// A writable scratch directory for this test.
+std::string TestTempDir();
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command line and captures its output.
+CommandResult RunCommand(const std::string& command_line);
+
+// pids of processes whose command line contains `pattern` (pgrep -f).
+std::vector<pid_t> FindProcesses(const std::string& pattern);
+
+class LocalCluster {
+ public:
+  struct Options {
+    double heartbeat_timeout_s = 10;
+    int workers = 2;
+    int slots_per_worker = 1;
+  };
+  explicit LocalCluster(Options options);
+  ~LocalCluster();
+
+  // Starts the coordinator and the workers; waits until every worker has registered.
+  absl::Status Start();
+  std::string address() const { return address_; }
+  v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
+  v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
+  pid_t worker_pid(int index) const { return worker_pids_[index]; }
+
+  // Runs trainctl against this cluster with the given arguments.
+  CommandResult Trainctl(const std::string& arguments);
+  // Polls GetJob until `predicate` holds or timeout; returns the last job seen.
+  absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
+                                     const std::function<bool(const v1::Job&)>& predicate,
+                                     double timeout_s);
+  // Waits until the job reaches a terminal state.
+  absl::StatusOr<v1::Job> WaitForEnd(const std::string& job_id, double timeout_s);
+
+ private:
+  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_file);
+
+  Options options_;
+  std::string dir_;
+  std::string address_;
+  pid_t coordinator_pid_ = 0;
+  std::vector<pid_t> worker_pids_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  std::unique_ptr<v1::WorkerControl::Stub> worker_stub_;
+};
+
+}  // namespace mptrain::testing

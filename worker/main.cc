@@ -1,0 +1,126 @@
+// worker: the daemon that runs ranks of training jobs on this machine.
+//
+//   worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N] [--host ADDRESS]
+//
+// The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/cli_flags.h"
+#include "common/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "trainer/backend_registry.h"
+#include "worker/rank_process.h"
+#include "worker/worker_daemon.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address HOST:PORT");
+ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (cuda when GPUs are visible)");
+ABSL_FLAG(int, slots, 0,
+          "Ranks this worker runs at once. Default: one per GPU for cuda, 2 for cpu");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address other ranks reach this worker at");
+ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
+ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignment file");
+
+namespace {
+
+// Resolves --device and --slots against what this build and machine have.
+absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  int slots = absl::GetFlag(FLAGS_slots);
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got " + device);
+  }
+  if (device == "cuda" || device == "auto") {
+    auto entry = mptrain::FindBackend(mptrain::v1::CUDA);
+    absl::StatusOr<mptrain::LocalDevices> gpus =
+        entry.ok() ? (*entry)->discover() : absl::StatusOr<mptrain::LocalDevices>(entry.status());
+    if (gpus.ok() && gpus->count > 0) {
+      options->device = mptrain::v1::CUDA;
+      options->devices = gpus->devices;
+      options->slots = slots > 0 ? std::min(slots, gpus->count) : gpus->count;
+      return absl::OkStatus();
+    }
+    if (device == "cuda") {
+      return absl::FailedPreconditionError(
+          "--device cuda but no GPU is usable: " +
+          (gpus.ok() ? std::string("no CUDA device found") : gpus.status().ToString()));
+    }
+  }
+  options->device = mptrain::v1::CPU;
+  options->slots = slots > 0 ? slots : 2;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mptrain::ParseFlags(argc, argv,
+                      "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
+  if (!absl::GetFlag(FLAGS_run_rank).empty()) {
+    mptrain::RankProcessOptions rank;
+    rank.assignment_file = absl::GetFlag(FLAGS_run_rank);
+    rank.coordinator = absl::GetFlag(FLAGS_coordinator);
+    rank.host = absl::GetFlag(FLAGS_host);
+    return mptrain::RunRankProcess(rank);
+  }
+
+  // Signals are handled by sigwait in one thread: block them before threads start.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  mptrain::WorkerOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.host = absl::GetFlag(FLAGS_host);
+  options.name = absl::GetFlag(FLAGS_name).empty()
+                     ? absl::StrCat(options.host, ":", getpid())
+                     : absl::GetFlag(FLAGS_name);
+  mptrain::InitLogging("worker " + options.name, absl::GetFlag(FLAGS_log_level));
+  if (absl::Status status = ChooseDevice(&options); !status.ok()) {
+    spdlog::error("{}", status.ToString());
+    return 2;
+  }
+  options.rank_executable = std::filesystem::read_symlink("/proc/self/exe").string();
+  options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (options.work_dir.empty()) {
+    options.work_dir = (std::filesystem::temp_directory_path() /
+                        absl::StrCat("mptrain-worker-", getpid()))
+                           .string();
+  }
+  std::error_code error;
+  std::filesystem::create_directories(options.work_dir, error);
+  if (error) {
+    spdlog::error("cannot create work dir {}: {}", options.work_dir, error.message());
+    return 2;
+  }
+
+  std::atomic<bool> stop{false};
+  std::thread signal_waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    spdlog::info("signal {}: stopping ranks and exiting", signal);
+    stop.store(true);
+  });
+  signal_waiter.detach();
+
+  auto channel = grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials());
+  mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(channel));
+  absl::Status status = daemon.Run(&stop);
+  if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
+    spdlog::error("{}", status.ToString());
+    return 1;
+  }
+  spdlog::info("worker stopped");
+  return 0;
+}

@@ -1,0 +1,148 @@
+#include "worker/rank_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace mptrain {
+namespace {
+
+constexpr auto kRpcDeadline = std::chrono::seconds(10);
+
+void SetDeadline(grpc::ClientContext* context, std::chrono::milliseconds extra = {}) {
+  context->set_deadline(std::chrono::system_clock::now() + kRpcDeadline + extra);
+}
+
+}  // namespace
+
+absl::Status GrpcKeyValueStore::Set(const std::string& key, const std::string& value) {
+  v1::KeyValueSetRequest request;
+  request.set_job_id(identity_.job_id);
+  request.set_attempt(identity_.attempt);
+  request.set_key(key);
+  request.set_value(value);
+  v1::KeyValueSetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  return FromGrpcStatus(stub_->KeyValueSet(&context, request, &response));
+}
+
+absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64_t timeout_ms) {
+  v1::KeyValueGetRequest request;
+  request.set_job_id(identity_.job_id);
+  request.set_attempt(identity_.attempt);
+  request.set_key(key);
+  request.set_timeout_ms(timeout_ms);
+  v1::KeyValueGetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, std::chrono::milliseconds(timeout_ms));
+  grpc::Status status = stub_->KeyValueGet(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.value();
+}
+
+TelemetryReporter::TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub,
+                                     RankIdentity identity, int64_t flush_interval_ms)
+    : stub_(std::move(stub)),
+      identity_(std::move(identity)),
+      flush_interval_ms_(flush_interval_ms),
+      thread_([this] { Run(); }) {}
+
+TelemetryReporter::~TelemetryReporter() { Flush(); }
+
+void TelemetryReporter::OnStep(int64_t step, const v1::TelemetryRecord* record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
+  dirty_ = true;
+  // Only rank 0 sends records: after the allreduce every rank holds the same values.
+  if (record != nullptr && identity_.rank == 0) queued_.push_back(*record);
+  if (record != nullptr && identity_.rank == 0) {
+    spdlog::info(
+        "step {:>6} loss {:.6f} grad_norm {:.6g} scale {:g} skipped {} ({} total) "
+        "{:.3f} ms {:.0f} samples/s",
+        record->step(), record->loss(), record->grad_norm(), record->loss_scale(),
+        record->skipped() ? "yes" : "no", record->skipped_total(), record->step_time_ms(),
+        record->samples_per_second());
+  }
+}
+
+void TelemetryReporter::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    wake_.wait_for(lock, std::chrono::milliseconds(flush_interval_ms_),
+                   [&] { return stopping_; });
+    bool stopping = stopping_;
+    if (dirty_) {
+      lock.unlock();
+      SendBatch();
+      lock.lock();
+    }
+    if (stopping) return;
+  }
+}
+
+bool TelemetryReporter::SendBatch() {
+  v1::ReportTelemetryRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_job_id(identity_.job_id);
+    request.set_rank(identity_.rank);
+    request.set_attempt(identity_.attempt);
+    request.set_step(step_);
+    for (auto& record : queued_) *request.add_records() = std::move(record);
+    queued_.clear();
+    dirty_ = false;
+  }
+  v1::ReportTelemetryResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::Status status = stub_->ReportTelemetry(&context, request, &response);
+  if (!status.ok()) {
+    spdlog::warn("telemetry not delivered ({} records): {}", request.records_size(),
+                 status.error_message());
+    return false;
+  }
+  if (response.abort()) abort_.store(true);
+  return true;
+}
+
+void TelemetryReporter::Flush() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status ReportRankResult(v1::WorkerControl::StubInterface* stub, const RankIdentity& identity,
+                              const absl::StatusOr<std::string>& checksum) {
+  v1::ReportRankResultRequest request;
+  request.set_job_id(identity.job_id);
+  request.set_rank(identity.rank);
+  request.set_attempt(identity.attempt);
+  if (checksum.ok()) {
+    request.set_parameter_checksum(*checksum);
+  } else {
+    request.set_error(checksum.status().ToString());
+    // Collectives report lost or missing peers as UNAVAILABLE / DEADLINE_EXCEEDED.
+    request.set_collective_failure(
+        checksum.status().code() == absl::StatusCode::kUnavailable ||
+        checksum.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  grpc::Status status;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    v1::ReportRankResultResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    status = stub->ReportRankResult(&context, request, &response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200 << attempt));
+  }
+  return FromGrpcStatus(status);
+}
+
+}  // namespace mptrain

@@ -1,0 +1,74 @@
+#pragma once
+
+// What a rank process says to the coordinator: the job's key-value store (rendezvous),
+// batched telemetry and progress, and its final result. Every RPC has a deadline.
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/mptrain.grpc.pb.h"
+#include "trainer/key_value_store.h"
+#include "trainer/train_loop.h"
+
+namespace mptrain {
+
+struct RankIdentity {
+  std::string job_id;
+  int rank = 0;
+  int attempt = 0;
+};
+
+// KeyValueStore over KeyValueSet / KeyValueGet (blocking get with timeout on the server).
+class GrpcKeyValueStore final : public KeyValueStore {
+ public:
+  GrpcKeyValueStore(std::shared_ptr<v1::WorkerControl::StubInterface> stub, RankIdentity identity)
+      : stub_(std::move(stub)), identity_(std::move(identity)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms) override;
+
+ private:
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
+  RankIdentity identity_;
+};
+
+// A TrainingObserver that queues records and sends them from a background thread, at most
+// every flush_interval_ms (so a rank never makes one RPC per step), plus progress. When the
+// coordinator answers abort (job cancelled or failed elsewhere), ShouldStop() becomes true.
+class TelemetryReporter final : public TrainingObserver {
+ public:
+  TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub, RankIdentity identity,
+                    int64_t flush_interval_ms = 500);
+  ~TelemetryReporter() override;
+
+  void OnStep(int64_t step, const v1::TelemetryRecord* record) override;
+  bool ShouldStop() override { return abort_.load(); }
+  // Sends what is queued and stops the thread.
+  void Flush();
+
+ private:
+  void Run();
+  bool SendBatch();
+
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
+  RankIdentity identity_;
+  int64_t flush_interval_ms_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<v1::TelemetryRecord> queued_;
+  int64_t step_ = 0;
+  bool dirty_ = false;
+  bool stopping_ = false;
+  std::atomic<bool> abort_{false};
+  std::thread thread_;
+};
+
+// Sends the final result: a checksum, or the error. Retries briefly on UNAVAILABLE.
+absl::Status ReportRankResult(v1::WorkerControl::StubInterface* stub, const RankIdentity& identity,
+                              const absl::StatusOr<std::string>& checksum);
+
+}  // namespace mptrain

@@ -1,0 +1,78 @@
+#include "worker/rank_process.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/mptrain.grpc.pb.h"
+#include "trainer/backend_registry.h"
+#include "trainer/train_loop.h"
+#include "worker/rank_client.h"
+
+namespace mptrain {
+namespace {
+
+absl::StatusOr<v1::Assignment> ReadAssignment(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  v1::Assignment assignment;
+  if (!file || !assignment.ParseFromIstream(&file)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read assignment file ", path));
+  }
+  return assignment;
+}
+
+absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
+                                  const RankProcessOptions& options, KeyValueStore* store,
+                                  TrainingObserver* observer) {
+  v1::JobSpec spec = assignment.spec();
+  ApplyJobSpecDefaults(&spec);
+  auto entry = FindBackend(spec.device());
+  if (!entry.ok()) return entry.status();
+  BackendOptions backend_options;
+  backend_options.rank = assignment.rank();
+  backend_options.world_size = assignment.world_size();
+  backend_options.device_index = assignment.device_index();
+  backend_options.store = store;
+  backend_options.host = options.host;
+  auto backend = (*entry)->create(backend_options);
+  if (!backend.ok()) return backend.status();
+  spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",
+               assignment.rank(), assignment.world_size(), (*backend)->Name(),
+               assignment.device_index(), spec.steps(), spec.accumulation_steps(),
+               spec.micro_batch_size());
+  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer);
+  if (!result.ok()) return result.status();
+  spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
+               result->checksum, result->skipped_steps, result->final_loss_scale);
+  return result->checksum;
+}
+
+}  // namespace
+
+int RunRankProcess(const RankProcessOptions& options) {
+  auto assignment = ReadAssignment(options.assignment_file);
+  if (!assignment.ok()) {
+    InitLogging("rank");
+    spdlog::error("{}", assignment.status().ToString());
+    return 1;
+  }
+  InitLogging(absl::StrCat(assignment->job_id(), "/rank", assignment->rank()));
+  RankIdentity identity{assignment->job_id(), assignment->rank(), assignment->attempt()};
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub = v1::WorkerControl::NewStub(
+      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  GrpcKeyValueStore store(stub, identity);
+  absl::StatusOr<std::string> checksum;
+  {
+    TelemetryReporter reporter(stub, identity);
+    checksum = Train(*assignment, options, &store, &reporter);
+    reporter.Flush();  // Telemetry lands before the result that ends the job.
+  }
+  if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());
+  absl::Status reported = ReportRankResult(stub.get(), identity, checksum);
+  if (!reported.ok()) spdlog::error("could not report the result: {}", reported.ToString());
+  return checksum.ok() && reported.ok() ? 0 : 1;
+}
+
+}  // namespace mptrain

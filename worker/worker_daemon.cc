@@ -1,0 +1,288 @@
+#include "worker/worker_daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
+#include "worker/rank_launcher.h"
+
+namespace mptrain {
+namespace {
+
+constexpr int64_t kPollWaitMs = 2'000;
+constexpr auto kRpcDeadline = std::chrono::seconds(10);
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t RandomIncarnation() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device() ^ static_cast<uint64_t>(getpid());
+}
+
+std::string Key(const v1::Assignment& assignment) {
+  return absl::StrCat(assignment.job_id(), "/", assignment.rank(), "/", assignment.attempt());
+}
+
+void SleepUnless(const std::atomic<bool>* stop, int64_t ms) {
+  for (int64_t slept = 0; slept < ms && !stop->load(); slept += 50) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+WorkerDaemon::WorkerDaemon(WorkerOptions options,
+                           std::shared_ptr<v1::WorkerControl::StubInterface> stub)
+    : options_(std::move(options)), stub_(std::move(stub)), incarnation_(RandomIncarnation()) {}
+
+WorkerDaemon::~WorkerDaemon() { StopAll(); }
+
+absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
+  v1::RegisterWorkerRequest request;
+  request.set_host(options_.host);
+  request.set_device(options_.device);
+  request.set_slots(options_.slots);
+  *request.mutable_devices() = {options_.devices.begin(), options_.devices.end()};
+  request.set_incarnation(incarnation_);
+  request.set_name(options_.name);
+  int64_t backoff_ms = 200;
+  while (!stop->load()) {
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_id_ = response.worker_id();
+      heartbeat_interval_ms_ = response.heartbeat_interval_ms();
+      must_register_.store(false);
+      spdlog::info("registered as {} (incarnation {:x}), {} {} slot(s), heartbeat every {} ms",
+                   worker_id_, incarnation_, options_.slots,
+                   v1::DeviceKind_Name(options_.device), heartbeat_interval_ms_);
+      return absl::OkStatus();
+    }
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      return FromGrpcStatus(status);
+    }
+    spdlog::warn("cannot register with {}: {}; retrying in {} ms", options_.coordinator,
+                 status.error_message(), backoff_ms);
+    SleepUnless(stop, backoff_ms);
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 5'000);
+  }
+  return absl::CancelledError("stopped before registering");
+}
+
+void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    int64_t interval_ms;
+    v1::HeartbeatRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      interval_ms = heartbeat_interval_ms_;
+      request.set_worker_id(worker_id_);
+    }
+    request.set_incarnation(incarnation_);
+    if (!must_register_.load()) {
+      v1::HeartbeatResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+      grpc::Status status = stub_->Heartbeat(&context, request, &response);
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        spdlog::warn("coordinator no longer knows this worker ({}); registering again",
+                     status.error_message());
+        must_register_.store(true);
+      } else if (!status.ok()) {
+        spdlog::warn("heartbeat failed: {}", status.error_message());
+      }
+    }
+    SleepUnless(stop, interval_ms);
+  }
+}
+
+void WorkerDaemon::ReaperLoop(const std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    ReapOnce();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void WorkerDaemon::ReapOnce() {
+  std::vector<ExitedChild> exited = RankLauncher::Reap();
+  std::vector<std::pair<RunningRank, ExitedChild>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const ExitedChild& child : exited) {
+      for (auto it = running_.begin(); it != running_.end(); ++it) {
+        if (it->second.pid == child.pid) {
+          finished.emplace_back(it->second, child);
+          running_.erase(it);
+          break;
+        }
+      }
+    }
+    // Escalate ranks that ignored SIGTERM.
+    for (auto& [key, rank] : running_) {
+      if (rank.stop_sent_ms > 0 && NowMs() - rank.stop_sent_ms > options_.stop_grace_ms) {
+        spdlog::warn("rank {} (pid {}) ignored SIGTERM; sending SIGKILL", key, rank.pid);
+        RankLauncher::Signal(rank.pid, SIGKILL);
+        rank.stop_sent_ms = NowMs() + 3'600'000;  // Once.
+      }
+    }
+  }
+  for (const auto& [rank, child] : finished) ReportExit(rank, child.exit_code, child.term_signal);
+}
+
+void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_signal) {
+  const v1::Assignment& assignment = rank.assignment;
+  if (term_signal != 0) {
+    spdlog::log(rank.stop_sent_ms > 0 ? spdlog::level::info : spdlog::level::warn,
+                "rank {} of {} (pid {}) ended by signal {}", assignment.rank(),
+                assignment.job_id(), rank.pid, term_signal);
+  } else {
+    spdlog::log(exit_code == 0 ? spdlog::level::info : spdlog::level::warn,
+                "rank {} of {} (pid {}) exited with code {}", assignment.rank(),
+                assignment.job_id(), rank.pid, exit_code);
+  }
+  v1::ReportRankExitRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(assignment.job_id());
+  request.set_rank(assignment.rank());
+  request.set_attempt(assignment.attempt());
+  request.set_exit_code(exit_code);
+  request.set_term_signal(term_signal);
+  v1::ReportRankExitResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+  grpc::Status status = stub_->ReportRankExit(&context, request, &response);
+  if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
+}
+
+void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
+  const std::string key = Key(assignment);
+  const std::string file = absl::StrCat(options_.work_dir, "/", assignment.job_id(), "-rank",
+                                        assignment.rank(), "-attempt", assignment.attempt(),
+                                        ".assignment");
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    if (!out || !assignment.SerializeToOstream(&out)) {
+      spdlog::error("cannot write {}", file);
+      RunningRank failed{assignment, 0, 0};
+      ReportExit(failed, 126, 0);
+      return;
+    }
+  }
+  std::vector<std::string> argv = {options_.rank_executable,
+                                   "--run_rank=" + file,
+                                   "--coordinator=" + options_.coordinator,
+                                   "--host=" + options_.host};
+  // CPU ranks share the cores of this machine: give each its share for BLAS threads.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> env = {
+      absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
+  auto pid = RankLauncher::Launch(argv, env);
+  if (!pid.ok()) {
+    spdlog::error("cannot start rank {} of {}: {}", assignment.rank(), assignment.job_id(),
+                  pid.status().ToString());
+    RunningRank failed{assignment, 0, 0};
+    ReportExit(failed, 126, 0);
+    return;
+  }
+  spdlog::info("started rank {}/{} of {} (attempt {}) on device {} as pid {}",
+               assignment.rank(), assignment.world_size(), assignment.job_id(),
+               assignment.attempt(), assignment.device_index(), *pid);
+  std::lock_guard<std::mutex> lock(mu_);
+  running_[key] = RunningRank{assignment, *pid, 0};
+}
+
+void WorkerDaemon::RequestStop(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = running_.find(key);
+  if (it == running_.end() || it->second.stop_sent_ms > 0) return;
+  spdlog::info("stopping rank {} (pid {}): its job ended", key, it->second.pid);
+  RankLauncher::Signal(it->second.pid, SIGTERM);
+  it->second.stop_sent_ms = NowMs();
+}
+
+void WorkerDaemon::StopAll() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, rank] : running_) {
+      RankLauncher::Signal(rank.pid, SIGTERM);
+      if (rank.stop_sent_ms == 0) rank.stop_sent_ms = NowMs();
+    }
+  }
+  const int64_t deadline = NowMs() + options_.stop_grace_ms + 2'000;
+  while (NowMs() < deadline) {
+    ReapOnce();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_.empty()) return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, rank] : running_) RankLauncher::Signal(rank.pid, SIGKILL);
+}
+
+absl::Status WorkerDaemon::PollOnce() {
+  v1::PollAssignmentsRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+    for (const auto& [key, rank] : running_) {
+      v1::Assignment* running = request.add_running();
+      running->set_job_id(rank.assignment.job_id());
+      running->set_rank(rank.assignment.rank());
+      running->set_attempt(rank.assignment.attempt());
+    }
+  }
+  request.set_incarnation(incarnation_);
+  request.set_wait_ms(kPollWaitMs);
+  v1::PollAssignmentsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline +
+                       std::chrono::milliseconds(kPollWaitMs));
+  grpc::Status status = stub_->PollAssignments(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  for (const v1::Assignment& stop : response.stop()) RequestStop(Key(stop));
+  for (const v1::Assignment& start : response.start()) StartRank(start);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
+  if (absl::Status status = Register(stop); !status.ok()) return status;
+  std::thread heartbeat([&] { HeartbeatLoop(stop); });
+  std::thread reaper([&] { ReaperLoop(stop); });
+  while (!stop->load()) {
+    if (must_register_.load()) {
+      // The coordinator failed this worker's ranks when it forgot it: stop them.
+      StopAll();
+      if (!Register(stop).ok()) break;
+    }
+    absl::Status status = PollOnce();
+    if (status.code() == absl::StatusCode::kNotFound) {
+      must_register_.store(true);
+    } else if (!status.ok()) {
+      spdlog::warn("polling for assignments failed: {}", status.ToString());
+      SleepUnless(stop, 500);
+    }
+  }
+  heartbeat.join();
+  reaper.join();
+  spdlog::info("stopping: {} rank(s) running", running_.size());
+  StopAll();
+  return absl::OkStatus();
+}
+
+}  // namespace mptrain

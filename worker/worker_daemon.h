@@ -1,0 +1,67 @@
+#pragma once
+
+// The worker daemon: registers with the coordinator, heartbeats, long-polls for assignments,
+// runs one rank process per assigned slot and reports how each one ended.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/mptrain.grpc.pb.h"
+
+namespace mptrain {
+
+struct WorkerOptions {
+  std::string coordinator;  // HOST:PORT
+  v1::DeviceKind device = v1::CPU;
+  int slots = 1;
+  std::vector<v1::DeviceInfo> devices;
+  std::string host = "127.0.0.1";  // Advertised to peers (collectives listen here).
+  std::string name;                // Stable name; a restart registers a new incarnation.
+  std::string work_dir;            // Assignment files.
+  std::string rank_executable;     // Started as `rank_executable --run_rank=FILE ...`.
+  int64_t stop_grace_ms = 3'000;   // SIGTERM, then SIGKILL after this.
+};
+
+class WorkerDaemon {
+ public:
+  WorkerDaemon(WorkerOptions options, std::shared_ptr<v1::WorkerControl::StubInterface> stub);
+  ~WorkerDaemon();
+
+  // Serves until *stop becomes true, then stops every rank and returns. Retries while the
+  // coordinator is unreachable.
+  absl::Status Run(const std::atomic<bool>* stop);
+
+ private:
+  struct RunningRank {
+    v1::Assignment assignment;
+    pid_t pid = 0;
+    int64_t stop_sent_ms = 0;  // When SIGTERM was sent (0: not asked to stop).
+  };
+
+  absl::Status Register(const std::atomic<bool>* stop);
+  absl::Status PollOnce();
+  void StartRank(const v1::Assignment& assignment);
+  void RequestStop(const std::string& key);
+  void StopAll();
+  void HeartbeatLoop(const std::atomic<bool>* stop);
+  void ReaperLoop(const std::atomic<bool>* stop);
+  void ReapOnce();
+  void ReportExit(const RunningRank& rank, int exit_code, int term_signal);
+
+  WorkerOptions options_;
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
+  const uint64_t incarnation_;
+  std::mutex mu_;
+  std::string worker_id_;
+  int64_t heartbeat_interval_ms_ = 1'000;
+  std::atomic<bool> must_register_{true};
+  std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process
+};
+
+}  // namespace mptrain
