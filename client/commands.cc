@@ -31,10 +31,6 @@ int ReportRpcError(const CommandContext& context, const std::string& what,
   return 1;
 }
 
-bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
 // Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED).
 v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, int* exit_code) {
   v1::WatchJobRequest request;

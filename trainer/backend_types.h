@@ -6,4 +6,7 @@ namespace mptrain {
 
 enum class ActivationKind { kNone, kRelu, kGelu };
 
+// Element types. Host rounding to them lives in precision.h.
+enum class DType { kF32, kF16, kBF16 };
+
 }  // namespace mptrain

@@ -8,18 +8,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "trainer/backend_types.h"
+
 namespace mptrain {
-
-enum class DType { kF32, kF16, kBF16 };
-
-inline const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-  }
-  return "?";
-}
 
 inline float RoundToF16(float value) {
   return static_cast<float>(static_cast<_Float16>(value));

@@ -1,0 +1,304 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/nccl_collective.h"
+
+namespace mptrain::cuda {
+namespace {
+
+int64_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+cudaDataType_t CudaType(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF32: return CUDA_R_32F;
+  }
+  return CUDA_R_32F;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    int device,
+    const std::function<absl::StatusOr<std::unique_ptr<Collective>>(cudaStream_t)>&
+        make_collective,
+    int64_t wait_timeout_ms) {
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, wait_timeout_ms));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking));
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&backend->cublas_));
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(backend->cublas_, backend->stream_));
+  // PyTorch's default for fp32 matmuls is full fp32 (no TF32).
+  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(backend->cublas_, CUBLAS_DEFAULT_MATH));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->partials_, kReductionBlocks * sizeof(double)));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->inf_flags_, kReductionBlocks * sizeof(int)));
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->stats_ring_, kStatsSlots * sizeof(StepState)));
+  for (cudaEvent_t& event : backend->stats_events_) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&backend->base_event_));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&backend->now_event_));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&backend->sync_event_, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(backend->base_event_, backend->stream_));
+  auto collective = make_collective(backend->stream_);
+  if (!collective.ok()) return collective.status();
+  backend->collective_ = std::move(*collective);
+  return backend;
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  collective_.reset();
+  for (void* pointer : allocations_) cudaFree(pointer);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (partials_ != nullptr) cudaFree(partials_);
+  if (inf_flags_ != nullptr) cudaFree(inf_flags_);
+  if (stats_ring_ != nullptr) cudaFreeHost(stats_ring_);
+  for (cudaEvent_t event : stats_events_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  for (cudaEvent_t event : {base_event_, now_event_, sync_event_}) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_timeout_ms_);
+  auto* nccl = dynamic_cast<NcclCollective*>(collective_.get());
+  int spins = 0;
+  while (true) {
+    cudaError_t state = cudaEventQuery(event);
+    if (state == cudaSuccess) return absl::OkStatus();
+    if (state != cudaErrorNotReady) return CudaStatus(state, what, __FILE__, __LINE__);
+    if (nccl != nullptr) {
+      absl::Status async = nccl->AsyncError();
+      if (!async.ok()) {
+        nccl->Abort();
+        return absl::UnavailableError(absl::StrCat("while waiting for ", what, ": ",
+                                                   async.message()));
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      if (nccl != nullptr) nccl->Abort();
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ",
+                                                      wait_timeout_ms_, " ms (a peer hung?)"));
+    }
+    // Spin briefly for short waits, then back off to keep a core free.
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+absl::Status CudaBackend::WaitForStream(const char* what) {
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(sync_event_, stream_));
+  return WaitFor(sync_event_, what);
+}
+
+absl::StatusOr<void*> CudaBackend::Scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    // The stream may still use the old buffer: let it drain first.
+    if (absl::Status status = WaitForStream("scratch resize"); !status.ok()) return status;
+    if (scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
+    scratch_ = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, bytes));
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) return absl::InvalidArgumentError("negative tensor shape");
+  const size_t bytes = std::max<size_t>(1, rows * cols * ElementBytes(dtype));
+  void* pointer = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pointer, bytes));
+  allocations_.push_back(pointer);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pointer, 0, bytes, stream_));
+  return Tensor{pointer, dtype, rows, cols, ElementBytes(dtype)};
+}
+
+absl::Status CudaBackend::Upload(const float* host, Tensor dst) {
+  const size_t bytes = dst.numel() * sizeof(float);
+  if (dst.dtype == DType::kF32) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream_));
+  } else {
+    auto staging = Scratch(bytes);
+    if (!staging.ok()) return staging.status();
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*staging, host, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(CastFromF32(static_cast<float*>(*staging), dst.data, dst.dtype,
+                                     dst.numel(), stream_));
+  }
+  // The host buffer may be freed when this returns.
+  return WaitForStream("upload");
+}
+
+absl::Status CudaBackend::Download(Tensor src, float* host) {
+  const size_t bytes = src.numel() * sizeof(float);
+  const void* from = src.data;
+  if (src.dtype != DType::kF32) {
+    auto staging = Scratch(bytes);
+    if (!staging.ok()) return staging.status();
+    CUDA_RETURN_IF_ERROR(
+        CastToF32(src.data, src.dtype, static_cast<float*>(*staging), src.numel(), stream_));
+    from = *staging;
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, from, bytes, cudaMemcpyDeviceToHost, stream_));
+  return WaitForStream("download");
+}
+
+absl::Status CudaBackend::Zero(Tensor tensor) {
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(tensor.data, 0, tensor.numel() * tensor.element_bytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Cast(Tensor src, Tensor dst) {
+  if (src.numel() != dst.numel() || src.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("Cast: needs an f32 source of the same size");
+  }
+  if (dst.dtype == DType::kF32) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.numel() * 4,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  }
+  CUDA_RETURN_IF_ERROR(
+      CastFromF32(static_cast<const float*>(src.data), dst.data, dst.dtype, dst.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) {
+  if (src.cols != dst.cols || src.rows == 0 || src.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("CopyRowsWrapping: f32 tensors with equal columns needed");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::CopyRowsWrapping(static_cast<const float*>(src.data),
+                                                       src.rows, src.cols, first,
+                                                       static_cast<float*>(dst.data), dst.rows,
+                                                       stream_));
+  return absl::OkStatus();
+}
+
+// Column-major GEMM C[m, n] = op(A) · op(B) + beta · C with fp32 accumulation.
+absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                               int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+                               float beta, void* c, int64_t ldc, DType dtype) {
+  const float alpha = 1.0f;
+  const cudaDataType_t type = CudaType(dtype);
+  CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a,
+                                      type, lda, b, type, ldb, &beta, c, type, ldc,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
+                                        Tensor pre, Tensor y) {
+  const int64_t m = x.rows, k = x.cols, n = w.rows;
+  if (w.cols != k || b.numel() != n || y.rows != m || y.cols != n) {
+    return absl::InvalidArgumentError("LinearForward: shapes do not match");
+  }
+  // pre = bias (broadcast), then pre = x · wᵀ + pre in one GEMM: one rounding, as addmm.
+  CUDA_RETURN_IF_ERROR(BroadcastBias(b.data, pre.data, pre.dtype, m, n, stream_));
+  // Row-major pre[m, n] = x[m, k] · w[n, k]ᵀ is column-major preᵀ = w · xᵀ.
+  absl::Status gemm = Gemm(true, false, n, m, k, w.data, k, x.data, k, 1.0f, pre.data, n, x.dtype);
+  if (!gemm.ok()) return gemm;
+  if (act != ActivationKind::kNone) {
+    CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForward(act, pre.data, y.data, y.dtype,
+                                                          y.numel(), stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
+                                             Tensor d_pre) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationBackward(act, pre.data, dy.data, d_pre.data,
+                                                         d_pre.dtype, d_pre.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
+                                         Tensor db_acc) {
+  const int64_t m = x.rows, k = x.cols, n = w.rows;
+  if (!dx.empty()) {
+    // Row-major dx[m, k] = dy[m, n] · w[n, k]: column-major dxᵀ = wᵀ · dyᵀ.
+    absl::Status gemm = Gemm(false, false, k, m, n, w.data, k, dy.data, n, 0.0f, dx.data, k,
+                             dy.dtype);
+    if (!gemm.ok()) return gemm;
+  }
+  // Row-major dw[n, k] = dy[m, n]ᵀ · x[m, k]: column-major dwᵀ = xᵀ · dy. Computed in the
+  // compute dtype (as autocast's GEMM), then accumulated into the fp32 gradient.
+  auto dw = Scratch(n * k * ElementBytes(dy.dtype));
+  if (!dw.ok()) return dw.status();
+  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, n, 0.0f, *dw, k, dy.dtype);
+  if (!gemm.ok()) return gemm;
+  CUDA_RETURN_IF_ERROR(AccumulateF32(*dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
+                                     stream_));
+  CUDA_RETURN_IF_ERROR(
+      BiasGradient(dy.data, dy.dtype, m, n, static_cast<float*>(db_acc.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
+                                          Tensor step_state, Tensor loss_acc, Tensor d_pred) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::MseLossBackward(
+      pred.data, pred.dtype, static_cast<const float*>(target.data), pred.numel(),
+      accumulation_steps, static_cast<const StepState*>(step_state.data),
+      static_cast<float*>(loss_acc.data), d_pred.data, partials_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
+                                        Tensor momentum, Tensor step_state) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::OptimizerStep(
+      config, static_cast<float*>(params.data), static_cast<float*>(grads.data),
+      static_cast<float*>(momentum.data), params.numel(), static_cast<StepState*>(step_state.data),
+      partials_, inf_flags_, stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaBackend::AllocateStepState(const StepState& initial) {
+  auto tensor = Allocate(DType::kF32, 1, sizeof(StepState) / sizeof(float));
+  if (!tensor.ok()) return tensor.status();
+  std::memcpy(&stats_ring_[0], &initial, sizeof(StepState));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tensor->data, &stats_ring_[0], sizeof(StepState),
+                                       cudaMemcpyHostToDevice, stream_));
+  if (absl::Status status = WaitForStream("step state upload"); !status.ok()) return status;
+  return tensor;
+}
+
+absl::Status CudaBackend::SnapshotStats(Tensor step_state, int slot) {
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&stats_ring_[slot], step_state.data, sizeof(StepState),
+                                       cudaMemcpyDeviceToHost, stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(stats_events_[slot], stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> CudaBackend::ReadStats(int slot) {
+  if (absl::Status status = WaitFor(stats_events_[slot], "the optimizer step"); !status.ok()) {
+    return status;
+  }
+  StepStats stats;
+  stats.state = stats_ring_[slot];
+  float elapsed = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&elapsed, base_event_, stats_events_[slot]));
+  stats.completed_ms = elapsed;
+  return stats;
+}
+
+absl::StatusOr<double> CudaBackend::NowMs() {
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(now_event_, stream_));
+  if (absl::Status status = WaitFor(now_event_, "the device clock"); !status.ok()) return status;
+  float elapsed = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&elapsed, base_event_, now_event_));
+  return static_cast<double>(elapsed);
+}
+
+}  // namespace mptrain::cuda

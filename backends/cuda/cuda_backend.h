@@ -1,0 +1,82 @@
+#pragma once
+
+// The CUDA backend: cuBLAS GEMMs in fp16/bf16 with fp32 accumulation (CUBLAS_COMPUTE_32F), our
+// kernels for everything else (kernels.cu), and a Collective (NCCL in production). All work
+// goes to one non-blocking compute stream; the host never waits inside a step: it only waits,
+// by polling with a timeout, in Download(), ReadStats() and NowMs().
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "trainer/backend.h"
+
+namespace mptrain::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Makes `device` current and creates the stream and cuBLAS handle. `make_collective` is
+  // called with the compute stream (the collective orders itself against it).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      int device,
+      const std::function<absl::StatusOr<std::unique_ptr<Collective>>(cudaStream_t)>&
+          make_collective,
+      int64_t wait_timeout_ms);
+  ~CudaBackend() override;
+
+  std::string Name() const override { return "cuda"; }
+  absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) override;
+  absl::Status Upload(const float* host, Tensor dst) override;
+  absl::Status Download(Tensor src, float* host) override;
+  absl::Status Zero(Tensor tensor) override;
+  absl::Status Cast(Tensor src, Tensor dst) override;
+  absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) override;
+  absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
+                             Tensor y) override;
+  absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
+                                  Tensor d_pre) override;
+  absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
+                              Tensor db_acc) override;
+  absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
+                               Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
+  absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
+                             Tensor momentum, Tensor step_state) override;
+  absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
+  absl::Status SnapshotStats(Tensor step_state, int slot) override;
+  absl::StatusOr<StepStats> ReadStats(int slot) override;
+  absl::StatusOr<double> NowMs() override;
+  Collective* collective() override { return collective_.get(); }
+
+ private:
+  CudaBackend(int device, int64_t wait_timeout_ms)
+      : device_(device), wait_timeout_ms_(wait_timeout_ms) {}
+  // Polls `event` until done, checking the collective for asynchronous errors; on error or
+  // timeout aborts the collective. Never blocks forever.
+  absl::Status WaitFor(cudaEvent_t event, const char* what);
+  absl::Status WaitForStream(const char* what);
+  absl::StatusOr<void*> Scratch(size_t bytes);  // Reused buffer for dW and staging.
+  absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                    const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
+                    int64_t ldc, DType dtype);
+
+  int device_;
+  int64_t wait_timeout_ms_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<Collective> collective_;
+  std::vector<void*> allocations_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  double* partials_ = nullptr;  // Reduction scratch (kReductionBlocks doubles).
+  int* inf_flags_ = nullptr;
+  StepState* stats_ring_ = nullptr;  // Pinned host memory, kStatsSlots entries.
+  cudaEvent_t stats_events_[kStatsSlots] = {};
+  cudaEvent_t base_event_ = nullptr;
+  cudaEvent_t now_event_ = nullptr;
+  cudaEvent_t sync_event_ = nullptr;
+};
+
+}  // namespace mptrain::cuda

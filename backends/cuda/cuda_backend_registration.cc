@@ -1,0 +1,49 @@
+// Registers the CUDA backend (NCCL collective) under DeviceKind CUDA.
+
+#include "absl/strings/str_cat.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/nccl_collective.h"
+#include "trainer/backend_registry.h"
+
+namespace mptrain::cuda {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+  auto backend = CudaBackend::Create(
+      options.device_index,
+      [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+        auto nccl = NcclCollective::Connect(options.rank, options.world_size, options.store,
+                                            stream, options.collective_timeout_ms);
+        if (!nccl.ok()) return nccl.status();
+        return std::unique_ptr<Collective>(std::move(*nccl));
+      },
+      options.collective_timeout_ms);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Backend>(std::move(*backend));
+}
+
+// No driver or no GPU is not an error: the machine simply has no CUDA devices.
+absl::StatusOr<LocalDevices> DiscoverGpus() {
+  LocalDevices devices;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return devices;
+  }
+  for (int index = 0; index < count; ++index) {
+    cudaDeviceProp properties;
+    if (cudaGetDeviceProperties(&properties, index) != cudaSuccess) continue;
+    v1::DeviceInfo info;
+    info.set_index(index);
+    info.set_name(properties.name);
+    info.set_memory_bytes(static_cast<int64_t>(properties.totalGlobalMem));
+    devices.devices.push_back(info);
+  }
+  devices.count = static_cast<int>(devices.devices.size());
+  return devices;
+}
+
+const BackendRegistrar kRegistrar(v1::CUDA, BackendEntry{CreateCudaBackend, DiscoverGpus});
+
+}  // namespace
+}  // namespace mptrain::cuda

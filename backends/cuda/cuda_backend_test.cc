@@ -1,0 +1,210 @@
+// The CUDA backend against the CPU backend (the reference for autocast numerics) and NCCL
+// across two GPUs. Needs a GPU: skips with the reason on machines without one (CI); run on the
+// GPU machine with scripts/device_run.sh.
+
+#include "backends/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/nccl_collective.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "tests/fake_collectives.h"
+#include "trainer/train_loop.h"
+
+namespace mptrain::cuda {
+namespace {
+
+int VisibleGpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+#define REQUIRE_GPUS(n)                                                                    \
+  if (VisibleGpus() < (n)) {                                                               \
+    GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), " << VisibleGpus()                   \
+                 << " visible: runs on the GPU machine (scripts/device_run.sh)";           \
+  }
+
+std::unique_ptr<CudaBackend> SingleRankBackend(int device = 0) {
+  auto backend = CudaBackend::Create(
+      device,
+      [](cudaStream_t) -> absl::StatusOr<std::unique_ptr<Collective>> {
+        return std::unique_ptr<Collective>(new testing::SingleRankCollective());
+      },
+      60'000);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+// ‖a − b‖ / ‖b‖
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+class LinearParity : public ::testing::TestWithParam<std::tuple<DType, ActivationKind>> {};
+
+TEST_P(LinearParity, ForwardAndBackwardMatchCpuBackend) {
+  REQUIRE_GPUS(1);
+  const auto [dtype, act] = GetParam();
+  const int64_t m = 96, k = 160, n = 72;
+  std::mt19937 generator(1);
+  std::normal_distribution<float> normal;
+  auto random = [&](int64_t count, float scale) {
+    std::vector<float> values(count);
+    for (float& v : values) v = scale * normal(generator);
+    return values;
+  };
+  const std::vector<float> x = random(m * k, 1.0f), w = random(n * k, 0.1f), b = random(n, 0.1f),
+                           dy = random(m * n, 1.0f);
+  auto gpu = SingleRankBackend();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  struct Outputs {
+    std::vector<float> y, dx, dw, db;
+  };
+  auto run = [&](Backend& backend) {
+    Outputs out;
+    Tensor tx = *backend.Allocate(dtype, m, k), tw = *backend.Allocate(dtype, n, k),
+           tb = *backend.Allocate(dtype, 1, n), tpre = *backend.Allocate(dtype, m, n),
+           ty = *backend.Allocate(dtype, m, n), tdy = *backend.Allocate(dtype, m, n),
+           tdpre = *backend.Allocate(dtype, m, n), tdx = *backend.Allocate(dtype, m, k),
+           tdw = *backend.Allocate(DType::kF32, n, k), tdb = *backend.Allocate(DType::kF32, 1, n);
+    EXPECT_TRUE(backend.Upload(x.data(), tx).ok());
+    EXPECT_TRUE(backend.Upload(w.data(), tw).ok());
+    EXPECT_TRUE(backend.Upload(b.data(), tb).ok());
+    EXPECT_TRUE(backend.Upload(dy.data(), tdy).ok());
+    EXPECT_TRUE(backend.LinearForward(tx, tw, tb, act, tpre, ty).ok());
+    EXPECT_TRUE(backend.ActivationBackward(act, tpre, tdy, tdpre).ok());
+    EXPECT_TRUE(backend.LinearBackward(tx, tw, tdpre, tdx, tdw, tdb).ok());
+    out.y.resize(m * n);
+    out.dx.resize(m * k);
+    out.dw.resize(n * k);
+    out.db.resize(n);
+    EXPECT_TRUE(backend.Download(ty, out.y.data()).ok());
+    EXPECT_TRUE(backend.Download(tdx, out.dx.data()).ok());
+    EXPECT_TRUE(backend.Download(tdw, out.dw.data()).ok());
+    EXPECT_TRUE(backend.Download(tdb, out.db.data()).ok());
+    return out;
+  };
+  Outputs on_gpu = run(*gpu), on_cpu = run(cpu);
+  // Same inputs, same rounding points; only the GEMMs' summation order differs, which moves a
+  // result by at most an ulp of the low-precision type (fp16 2^-11, bf16 2^-8 relative).
+  const double tolerance = dtype == DType::kBF16 ? 1e-2 : dtype == DType::kF16 ? 2e-3 : 1e-5;
+  EXPECT_LT(RelativeError(on_gpu.y, on_cpu.y), tolerance);
+  EXPECT_LT(RelativeError(on_gpu.dx, on_cpu.dx), tolerance);
+  EXPECT_LT(RelativeError(on_gpu.dw, on_cpu.dw), tolerance);
+  EXPECT_LT(RelativeError(on_gpu.db, on_cpu.db), tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DtypesAndActivations, LinearParity,
+    ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16, DType::kF32),
+                       ::testing::Values(ActivationKind::kRelu, ActivationKind::kGelu,
+                                         ActivationKind::kNone)));
+
+class NullObserver : public TrainingObserver {
+ public:
+  void OnStep(int64_t, const v1::TelemetryRecord* record) override {
+    if (record != nullptr) records.push_back(*record);
+  }
+  bool ShouldStop() override { return false; }
+  std::vector<v1::TelemetryRecord> records;
+};
+
+v1::JobSpec MlpSpec(v1::Precision precision, double init_scale) {
+  v1::JobSpec spec;
+  spec.set_world_size(1);
+  spec.set_device(v1::CUDA);
+  spec.mutable_model()->set_input_dim(256);
+  spec.mutable_model()->add_hidden_dims(128);
+  spec.mutable_model()->add_hidden_dims(128);
+  spec.mutable_model()->set_output_dim(32);
+  spec.mutable_data()->mutable_synthetic()->set_seed(9);
+  spec.set_micro_batch_size(64);
+  spec.set_accumulation_steps(4);
+  spec.set_steps(30);
+  spec.set_precision(precision);
+  spec.mutable_optimizer()->set_lr(0.01);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_loss_scaler()->set_init_scale(init_scale);
+  spec.mutable_loss_scaler()->set_enabled(precision != v1::FP32);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+class TrainingParity : public ::testing::TestWithParam<std::tuple<v1::Precision, double>> {};
+
+TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
+  REQUIRE_GPUS(1);
+  const auto [precision, init_scale] = GetParam();
+  v1::JobSpec spec = MlpSpec(precision, init_scale);
+  auto gpu = SingleRankBackend();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  NullObserver gpu_observer, cpu_observer;
+  auto on_gpu = RunTraining(spec, 0, gpu.get(), &gpu_observer);
+  auto on_cpu = RunTraining(spec, 0, &cpu, &cpu_observer);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  // Overflow decisions and the scale trajectory are discrete: they must agree exactly.
+  ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
+  for (size_t i = 0; i < gpu_observer.records.size(); ++i) {
+    EXPECT_EQ(gpu_observer.records[i].skipped(), cpu_observer.records[i].skipped()) << "step " << i + 1;
+    EXPECT_EQ(gpu_observer.records[i].loss_scale(), cpu_observer.records[i].loss_scale());
+    EXPECT_NEAR(gpu_observer.records[i].loss(), cpu_observer.records[i].loss(),
+                2e-3 * std::fabs(cpu_observer.records[i].loss()));
+  }
+  EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
+  EXPECT_LT(RelativeError(on_gpu->parameters, on_cpu->parameters), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, TrainingParity,
+                         ::testing::Values(std::make_tuple(v1::FP16, 65536.0),
+                                           std::make_tuple(v1::BF16, 1.0),
+                                           std::make_tuple(v1::FP32, 1.0),
+                                           std::make_tuple(v1::FP16, 1e30)));
+
+TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
+  REQUIRE_GPUS(2);
+  v1::JobSpec spec = MlpSpec(v1::FP16, 65536.0);
+  spec.set_world_size(2);
+  testing::InMemoryKeyValueStore store;
+  absl::StatusOr<TrainingResult> results[2];
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto backend = CudaBackend::Create(
+          rank,
+          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+            auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
+            if (!nccl.ok()) return nccl.status();
+            return std::unique_ptr<Collective>(std::move(*nccl));
+          },
+          60'000);
+      if (!backend.ok()) {
+        results[rank] = backend.status();
+        return;
+      }
+      NullObserver observer;
+      results[rank] = RunTraining(spec, rank, backend->get(), &observer);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->checksum, results[1]->checksum);
+}
+
+}  // namespace
+}  // namespace mptrain::cuda

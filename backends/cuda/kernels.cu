@@ -1,0 +1,310 @@
+// The CUDA backend's kernels. Each kernel `foo_kernel` has a host launcher `Foo(...)` that picks
+// the grid with a ceil-div and returns the launch error. Numerics come from the shared headers
+// (activation_math.h, step_math.h) so the CPU and CUDA backends compute the same function.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backends/cuda/kernels.h"
+#include "trainer/activation_math.h"
+
+namespace mptrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > 65535 * 16) blocks = 65535 * 16;  // Grid-stride loops cover the rest.
+  return static_cast<int>(blocks < 1 ? 1 : blocks);
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T value);
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half value) { return __half2float(value); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <>
+__device__ __forceinline__ float ToFloat<float>(float value) { return value; }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float value) { return __float2half_rn(value); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) { return value; }
+
+// Calls f.template operator()<T>() with T the storage type of `dtype`.
+template <typename F>
+cudaError_t Dispatch(DType dtype, F f) {
+  switch (dtype) {
+    case DType::kF16: return f(__half{});
+    case DType::kBF16: return f(__nv_bfloat16{});
+    case DType::kF32: return f(float{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+#define GRID_STRIDE(i, n)                                                       \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+template <typename T>
+__global__ void cast_from_f32_kernel(const float* src, T* dst, int64_t n) {
+  GRID_STRIDE(i, n) { dst[i] = FromFloat<T>(src[i]); }
+}
+
+template <typename T>
+__global__ void cast_to_f32_kernel(const T* src, float* dst, int64_t n) {
+  GRID_STRIDE(i, n) { dst[i] = ToFloat<T>(src[i]); }
+}
+
+template <typename T>
+__global__ void broadcast_bias_kernel(const T* bias, T* out, int64_t rows, int64_t cols) {
+  GRID_STRIDE(i, rows * cols) { out[i] = bias[i % cols]; }
+}
+
+template <typename T>
+__global__ void activation_forward_kernel(ActivationKind act, const T* pre, T* y, int64_t n) {
+  GRID_STRIDE(i, n) { y[i] = FromFloat<T>(mptrain::ActivationForward(act, ToFloat<T>(pre[i]))); }
+}
+
+template <typename T>
+__global__ void activation_backward_kernel(ActivationKind act, const T* pre, const T* dy, T* d_pre,
+                                           int64_t n) {
+  GRID_STRIDE(i, n) {
+    d_pre[i] = FromFloat<T>(ActivationGradient(act, ToFloat<T>(pre[i]), ToFloat<T>(dy[i])));
+  }
+}
+
+template <typename T>
+__global__ void accumulate_f32_kernel(const T* src, float* acc, int64_t n) {
+  GRID_STRIDE(i, n) { acc[i] += ToFloat<T>(src[i]); }
+}
+
+// One thread per column: consecutive threads read consecutive columns (coalesced).
+template <typename T>
+__global__ void bias_gradient_kernel(const T* dy, int64_t rows, int64_t cols, float* db_acc) {
+  GRID_STRIDE(col, cols) {
+    float sum = 0.0f;
+    for (int64_t row = 0; row < rows; ++row) sum += ToFloat<T>(dy[row * cols + col]);
+    db_acc[col] += ToFloat<T>(FromFloat<T>(sum));
+  }
+}
+
+// Block-wide sum of a double; every thread gets the result.
+__device__ double BlockSum(double value) {
+  __shared__ double shared[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffff, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  double total = 0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) total += shared[w];
+    shared[0] = total;
+  }
+  __syncthreads();
+  total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+template <typename T>
+__global__ void mse_backward_kernel(const T* pred, const float* target, int64_t numel,
+                                    float accumulation, const StepState* state, T* d_pred,
+                                    double* partials) {
+  const float upstream = state->scale / accumulation;
+  const float norm = static_cast<float>(2.0 / static_cast<double>(numel));
+  double local = 0;
+  GRID_STRIDE(i, numel) {
+    const float p = ToFloat<T>(pred[i]);
+    const float diff = p - target[i];
+    local += static_cast<double>(diff) * diff;
+    d_pred[i] = FromFloat<T>(norm * (p - target[i]) * upstream);
+  }
+  const double block_sum = BlockSum(local);
+  if (threadIdx.x == 0) partials[blockIdx.x] = block_sum;
+}
+
+// Deterministic: one thread adds the per-block partials in order.
+__global__ void mse_finalize_kernel(const double* partials, int count, int64_t numel,
+                                    float accumulation, float* loss_acc) {
+  double sum = 0;
+  for (int i = 0; i < count; ++i) sum += partials[i];
+  loss_acc[0] += static_cast<float>(sum / static_cast<double>(numel)) / accumulation;
+}
+
+// Phase 1: unscale in place, inf/NaN flag and squared norm per block.
+__global__ void unscale_check_kernel(float* grads, int64_t n, const StepState* state,
+                                     double* partials, int* inf_flags) {
+  const float inv_scale = InverseScale(state->scale);
+  double local = 0;
+  int found = 0;
+  GRID_STRIDE(i, n) {
+    const float g = grads[i];
+    if (!isfinite(g)) found = 1;
+    const float u = g * inv_scale;
+    grads[i] = u;
+    local += static_cast<double>(u) * u;
+  }
+  const double block_sum = BlockSum(local);
+  const int any = __syncthreads_or(found);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = block_sum;
+    inf_flags[blockIdx.x] = any;
+  }
+}
+
+// Phase 2: one thread combines the partials and updates the scaler state.
+__global__ void finalize_step_kernel(StepConfig config, const double* partials,
+                                     const int* inf_flags, int blocks, const float* loss,
+                                     StepState* state) {
+  double sum = 0;
+  int found = 0;
+  for (int i = 0; i < blocks; ++i) {
+    sum += partials[i];
+    found |= inf_flags[i];
+  }
+  state->sum_squares = sum;
+  state->found_inf = found;
+  FinalizeStep(config, *loss, state);
+}
+
+// Phase 3: SGD unless skipped, then zero the gradients (and the loss slot).
+__global__ void sgd_update_kernel(StepConfig config, float* params, float* grads, float* momentum,
+                                  int64_t n, const StepState* state) {
+  const bool skipped = state->skipped != 0;
+  const float clip_coef = state->clip_coef;
+  GRID_STRIDE(i, n) {
+    if (!skipped) {
+      float p = params[i], m = momentum[i];
+      SgdUpdate(config, grads[i], clip_coef, &p, &m);
+      params[i] = p;
+      momentum[i] = m;
+    }
+    grads[i] = 0.0f;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) grads[n] = 0.0f;
+}
+
+__global__ void copy_rows_wrapping_kernel(const float* src, int64_t src_rows, int64_t cols,
+                                          int64_t first, float* dst, int64_t dst_rows) {
+  GRID_STRIDE(i, dst_rows * cols) {
+    const int64_t row = i / cols, col = i % cols;
+    dst[i] = src[((first + row) % src_rows) * cols + col];
+  }
+}
+
+}  // namespace
+
+cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cast_from_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(src, static_cast<T*>(dst), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t CastToF32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cast_to_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), dst, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t BroadcastBias(const void* bias, void* out, DType dtype, int64_t rows, int64_t cols,
+                          cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    broadcast_bias_kernel<T><<<Blocks(rows * cols), kThreads, 0, stream>>>(
+        static_cast<const T*>(bias), static_cast<T*>(out), rows, cols);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ActivationForward(ActivationKind act, const void* pre, void* y, DType dtype, int64_t n,
+                              cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    activation_forward_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        act, static_cast<const T*>(pre), static_cast<T*>(y), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* dy, void* d_pre,
+                               DType dtype, int64_t n, cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    activation_backward_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        act, static_cast<const T*>(pre), static_cast<const T*>(dy), static_cast<T*>(d_pre), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n,
+                          cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    accumulate_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), acc,
+                                                                  n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols, float* db_acc,
+                         cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    bias_gradient_kernel<T><<<Blocks(cols), kThreads, 0, stream>>>(static_cast<const T*>(dy), rows,
+                                                                   cols, db_acc);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, int64_t numel,
+                            int64_t accumulation, const StepState* state, float* loss_acc,
+                            void* d_pred, double* partials, cudaStream_t stream) {
+  cudaError_t error = Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    mse_backward_kernel<T><<<kReductionBlocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(pred), target, numel, static_cast<float>(accumulation), state,
+        static_cast<T*>(d_pred), partials);
+    return cudaGetLastError();
+  });
+  if (error != cudaSuccess) return error;
+  mse_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, numel,
+                                           static_cast<float>(accumulation), loss_acc);
+  return cudaGetLastError();
+}
+
+cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
+                          int64_t n, StepState* state, double* partials, int* inf_flags,
+                          cudaStream_t stream) {
+  unscale_check_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(grads, n, state, partials,
+                                                                  inf_flags);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  finalize_step_kernel<<<1, 1, 0, stream>>>(config, partials, inf_flags, kReductionBlocks,
+                                            grads + n, state);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  sgd_update_kernel<<<Blocks(n), kThreads, 0, stream>>>(config, params, grads, momentum, n, state);
+  return cudaGetLastError();
+}
+
+cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
+                             float* dst, int64_t dst_rows, cudaStream_t stream) {
+  copy_rows_wrapping_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(
+      src, src_rows, cols, first % src_rows, dst, dst_rows);
+  return cudaGetLastError();
+}
+
+}  // namespace mptrain::cuda

@@ -1,0 +1,50 @@
+#pragma once
+
+// Host launchers of the CUDA backend's kernels (kernels.cu). Plain C++ signatures: raw device
+// pointers, element counts as int64_t, the stream last; each returns the launch's cudaError_t.
+// Low-precision buffers are fp16 (__half) or bf16 (__nv_bfloat16), chosen by `dtype`.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "trainer/backend_types.h"
+#include "trainer/step_math.h"
+
+namespace mptrain::cuda {
+
+// dst (dtype) = round(src f32), n elements.
+cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+// dst f32 = src (dtype), n elements.
+cudaError_t CastToF32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream);
+// out[r, c] = bias[c] for a [rows, cols] buffer of dtype (the GEMM then adds x · wᵀ with beta 1).
+cudaError_t BroadcastBias(const void* bias, void* out, DType dtype, int64_t rows, int64_t cols,
+                          cudaStream_t stream);
+// y = round(act(pre)), n elements of dtype.
+cudaError_t ActivationForward(ActivationKind act, const void* pre, void* y, DType dtype, int64_t n,
+                              cudaStream_t stream);
+// d_pre = round(dy * act'(pre)).
+cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* dy, void* d_pre,
+                               DType dtype, int64_t n, cudaStream_t stream);
+// acc f32 += f32(src dtype), n elements.
+cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, cudaStream_t stream);
+// db_acc[c] += f32(round(Σ_r dy[r, c])) for dy [rows, cols] of dtype.
+cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols, float* db_acc,
+                         cudaStream_t stream);
+// MSE of pred (dtype) against target (f32), numel elements: partial sums go to `partials`
+// (kReductionBlocks doubles), then loss_acc[0] += (sum / numel) / accumulation, and
+// d_pred = round((2 / numel) * (pred - target) * (state->scale / accumulation)).
+inline constexpr int kReductionBlocks = 264;
+cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, int64_t numel,
+                            int64_t accumulation, const StepState* state, float* loss_acc,
+                            void* d_pred, double* partials, cudaStream_t stream);
+// The optimizer step of step_math.h over n parameters; grads has n + 1 entries (the loss last).
+// `partials` holds kReductionBlocks doubles and ints of scratch.
+cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
+                          int64_t n, StepState* state, double* partials, int* inf_flags,
+                          cudaStream_t stream);
+// dst rows = src rows [first, first + dst_rows) mod src_rows, f32 with `cols` columns.
+cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
+                             float* dst, int64_t dst_rows, cudaStream_t stream);
+
+}  // namespace mptrain::cuda

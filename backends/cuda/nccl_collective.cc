@@ -1,0 +1,130 @@
+#include "backends/cuda/nccl_collective.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cuda/cuda_status.h"
+
+namespace mptrain::cuda {
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl_unique_id";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
+    int rank, int world_size, KeyValueStore* store, cudaStream_t compute_stream,
+    int64_t timeout_ms) {
+  std::unique_ptr<NcclCollective> collective(new NcclCollective(rank, world_size, compute_stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&collective->comm_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&collective->grads_ready_, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&collective->reduce_done_, cudaEventDisableTiming));
+
+  // Rank 0 creates the unique id and publishes its 128 bytes; the others block on the store.
+  ncclUniqueId id;
+  if (rank == 0) {
+    NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+    absl::Status published =
+        store->Set(kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    if (!published.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot publish the NCCL unique id: ", published.message()));
+    }
+  } else {
+    auto fetched = store->Get(kUniqueIdKey, timeout_ms);
+    if (!fetched.ok()) {
+      return absl::Status(fetched.status().code() == absl::StatusCode::kAborted
+                              ? absl::StatusCode::kAborted
+                              : absl::StatusCode::kUnavailable,
+                          absl::StrCat("rank ", rank, " did not get the NCCL unique id: ",
+                                       fetched.status().message()));
+    }
+    if (fetched->size() != sizeof(id)) {
+      return absl::InternalError(absl::StrCat("NCCL unique id has ", fetched->size(),
+                                              " bytes, expected ", sizeof(id)));
+    }
+    std::memcpy(&id, fetched->data(), sizeof(id));
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&collective->comm_, world_size, id, rank, &config));
+  absl::Status ready = collective->WaitUntilNotInProgress(timeout_ms, "ncclCommInitRankConfig");
+  if (!ready.ok()) {
+    collective->Abort();
+    return ready;
+  }
+  return collective;
+}
+
+NcclCollective::~NcclCollective() {
+  if (comm_ != nullptr && !aborted_) {
+    // A clean finalize can hang if a peer is gone; abort is always safe at teardown.
+    ncclCommAbort(comm_);
+  }
+  if (grads_ready_ != nullptr) cudaEventDestroy(grads_ready_);
+  if (reduce_done_ != nullptr) cudaEventDestroy(reduce_done_);
+  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
+}
+
+absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      return absl::UnavailableError(absl::StrCat(what, " on rank ", rank_, " failed: ",
+                                                 ncclGetErrorString(state)));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " on rank ", rank_, " did not complete within ", timeout_ms, " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
+  if (aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, grads_ready_, 0));
+  NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                                     ncclFloat32, ncclAvg, comm_, comm_stream_));
+  // Non-blocking communicators may return before the operation is enqueued.
+  if (absl::Status enqueued = WaitUntilNotInProgress(60'000, "ncclAllReduce"); !enqueued.ok()) {
+    Abort();
+    return enqueued;
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(reduce_done_, comm_stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, reduce_done_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::AsyncError() {
+  if (comm_ == nullptr) return absl::OkStatus();
+  if (aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+  if (result != ncclSuccess) {
+    return absl::UnavailableError(absl::StrCat("ncclCommGetAsyncError: ",
+                                               ncclGetErrorString(result)));
+  }
+  if (state != ncclSuccess && state != ncclInProgress) {
+    return absl::UnavailableError(absl::StrCat("NCCL error on rank ", rank_, ": ",
+                                               ncclGetErrorString(state)));
+  }
+  return absl::OkStatus();
+}
+
+void NcclCollective::Abort() {
+  if (comm_ != nullptr && !aborted_) {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+}
+
+}  // namespace mptrain::cuda

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package the project needs (Debian 12). Idempotent: does nothing when
+# they are all present; runs `apt-get update` only when something must be installed.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java          # the build (Bazel 4.2.3, offline)
+  g++ procps                                # compiler; pgrep for the integration tests
+  libgrpc++-dev protobuf-compiler-grpc      # gRPC and its protoc plugin
+  libprotobuf-dev protobuf-compiler         # Protobuf
+  libabsl-dev libspdlog-dev libfmt-dev      # Status, flags, logging
+  libgloo-dev libopenblas-dev               # CPU backend: collectives and GEMMs
+  libxxhash-dev nlohmann-json3-dev          # checksums, safetensors headers
+  libgtest-dev libgmock-dev                 # tests
+)
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
