@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What runs on the GPU machine (device tool, 2 x H200): unpacks the bundle made by
+# scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
+# PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
+#
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench]
+set -uo pipefail
+OUT=${OUT:-/tmp/mptrain-out}
+mkdir -p "$OUT"
+STEPS=${*:-tests example parity}
+tar -C /tmp -xJf device_bundle.tar.xz
+source /tmp/device_bundle/env.sh
+nvidia-smi -L
+missing=$(ldd "$MPTRAIN_BIN/worker" | grep "not found" || true)
+if [ -n "$missing" ]; then echo "missing libraries: $missing"; exit 1; fi
+status=0
+for step in $STEPS; do
+  echo "=== $step"
+  case "$step" in
+    tests)
+      "$MPTRAIN_BIN/cuda_backend_test" >"$OUT/cuda_backend_test.log" 2>&1 || status=1
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|Expected|Which is|actual" \
+        "$OUT/cuda_backend_test.log" | head -60 ;;
+    example)
+      timeout 300 bash scripts/run_example.sh >"$OUT/example.log" 2>&1 || status=1
+      tail -25 "$OUT/example.log" ;;
+    parity)
+      PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \
+        >"$OUT/parity.log" 2>&1 || status=1
+      tail -30 "$OUT/parity.log" ;;
+    bench)
+      PYTHONUNBUFFERED=1 timeout 500 bash bench/run_bench.sh >"$OUT/bench.log" 2>&1 || status=1
+      tail -40 "$OUT/bench.log" ;;
+  esac
+done
+exit $status

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds here and gathers what the GPU machine needs into device_bundle/ (git-ignored):
+# the binaries, the GPU test and benchmark binaries, and every non-CUDA, non-glibc shared
+# library they load (the GPU machine has no gRPC/protobuf/gloo libraries). CUDA, cuBLAS and
+# NCCL are NOT carried: the machine has its own (NCCL at /usr/lib/x86_64-linux-gnu).
+#
+#   bash scripts/make_device_bundle.sh
+#   # then, on the device: source device_bundle/env.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+TARGETS=(//coordinator //worker //client:trainctl //backends/cuda:cuda_backend_test)
+if [ -d bench ] && [ -f bench/BUILD ]; then TARGETS+=(//bench:all); fi
+bazel build -c opt "${TARGETS[@]}"
+
+BUNDLE=device_bundle
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+cp bazel-bin/coordinator/coordinator bazel-bin/worker/worker bazel-bin/client/trainctl \
+  bazel-bin/backends/cuda/cuda_backend_test "$BUNDLE/bin/"
+for binary in bazel-bin/bench/*; do
+  if [ -f "$binary" ] && [ -x "$binary" ] && file "$binary" | grep -q ELF; then
+    cp "$binary" "$BUNDLE/bin/"
+  fi
+done
+chmod u+w "$BUNDLE"/bin/*
+
+# Libraries the device machine provides itself (or must provide: the driver).
+SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl|libcublas|libcudart|libnvidia)'
+for binary in "$BUNDLE"/bin/*; do
+  ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  if ! echo "$name" | grep -Eq "$SKIP"; then cp -L "$path" "$BUNDLE/lib/$name"; fi
+done
+
+cat > "$BUNDLE/env.sh" <<'ENV'
+# Source on the GPU machine: our libraries first, then the machine's CUDA and NCCL.
+BUNDLE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LD_LIBRARY_PATH="$BUNDLE_DIR/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MPTRAIN_BIN="$BUNDLE_DIR/bin"
+# NVLink multicast stays off on the shared GPU machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ENV
+du -sh "$BUNDLE"
+
+# The device tool carries at most 64 MiB: ship the bundle compressed.
+tar -C "$(dirname "$BUNDLE")" -cJf device_bundle.tar.xz "$(basename "$BUNDLE")"
+du -sh device_bundle.tar.xz
