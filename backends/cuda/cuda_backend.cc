@@ -205,14 +205,19 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
   if (w.cols != k || b.numel() != n || y.rows != m || y.cols != n) {
     return absl::InvalidArgumentError("LinearForward: shapes do not match");
   }
-  // pre = bias (broadcast), then pre = x · wᵀ + pre in one GEMM: one rounding, as addmm.
-  CUDA_RETURN_IF_ERROR(BroadcastBias(b.data, pre.data, pre.dtype, m, n, stream_));
-  // Row-major pre[m, n] = x[m, k] · w[n, k]ᵀ is column-major preᵀ = w · xᵀ.
-  absl::Status gemm = Gemm(true, false, n, m, k, w.data, k, x.data, k, 1.0f, pre.data, n, x.dtype);
+  // Without an activation the GEMM writes y directly.
+  Tensor out = act == ActivationKind::kNone ? y : pre;
+  // out = bias (broadcast), then out = x · wᵀ + out in one GEMM: one rounding, as addmm.
+  CUDA_RETURN_IF_ERROR(BroadcastBias(b.data, out.data, out.dtype, m, n, stream_));
+  // Row-major out[m, n] = x[m, k] · w[n, k]ᵀ is column-major outᵀ = w · xᵀ.
+  absl::Status gemm = Gemm(true, false, n, m, k, w.data, k, x.data, k, 1.0f, out.data, n, x.dtype);
   if (!gemm.ok()) return gemm;
   if (act != ActivationKind::kNone) {
     CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForward(act, pre.data, y.data, y.dtype,
                                                           y.numel(), stream_));
+  } else if (pre.data != y.data) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre.data, y.data, y.numel() * y.element_bytes,
+                                         cudaMemcpyDeviceToDevice, stream_));
   }
   return absl::OkStatus();
 }
