@@ -76,6 +76,16 @@ std::string FormatJobDetail(const v1::Job& job) {
   absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
   absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
   if (!job.error().empty()) absl::StrAppend(&out, "error:      ", job.error(), "\n");
+  if (job.restarts() > 0 || job.spec().max_restarts() > 0) {
+    absl::StrAppend(&out, "restarts:   ", job.restarts(), " of ", job.spec().max_restarts(), "\n");
+  }
+  for (int i = 0; i < job.failures_size(); ++i) {
+    absl::StrAppend(&out, "failure ", i + 1, ":  ", job.failures(i), "\n");
+  }
+  if (job.latest_checkpoint_step() > 0) {
+    absl::StrAppend(&out, "checkpoint: step ", job.latest_checkpoint_step(), " at ",
+                    job.latest_checkpoint_path(), "\n");
+  }
   std::vector<std::string> widths;
   widths.push_back(absl::StrCat(spec.model().input_dim()));
   for (int64_t hidden : spec.model().hidden_dims()) widths.push_back(absl::StrCat(hidden));

@@ -16,6 +16,7 @@ constexpr int64_t kMaxLayerWidth = int64_t{1} << 20;
 constexpr int kMaxLayers = 64;
 constexpr int kMaxWorldSize = 1024;
 constexpr int64_t kMaxMicroBatch = int64_t{1} << 24;
+constexpr int kMaxRestarts = 100;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -156,6 +157,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(v1::MSE);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
+  if (spec->progress_timeout_s() == 0) spec->set_progress_timeout_s(kDefaultProgressTimeoutS);
   auto* scaler = spec->mutable_loss_scaler();
   if (!scaler->has_enabled()) scaler->set_enabled(spec->precision() == v1::FP16);
   if (!scaler->has_init_scale()) scaler->set_init_scale(kDefaultInitScale);
@@ -210,6 +212,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.seed() < 0) return Invalid(absl::StrCat("seed must be >= 0, got ", spec.seed()));
   if (spec.telemetry_every() < 1) {
     return Invalid(absl::StrCat("telemetry_every must be >= 1, got ", spec.telemetry_every()));
+  }
+  if (!std::isfinite(spec.progress_timeout_s()) || spec.progress_timeout_s() <= 0) {
+    return Invalid(absl::StrCat("progress_timeout_s must be > 0 (default 300), got ",
+                                Num(spec.progress_timeout_s())));
+  }
+  if (spec.checkpoint_every() < 0) {
+    return Invalid(absl::StrCat("checkpoint_every must be >= 0 (0 = no checkpoints), got ",
+                                spec.checkpoint_every()));
+  }
+  if (spec.checkpoint_every() > 0 && spec.checkpoint_dir().empty()) {
+    return Invalid("checkpoint_dir must be set when checkpoint_every > 0");
+  }
+  if (spec.max_restarts() < 0 || spec.max_restarts() > kMaxRestarts) {
+    return Invalid(absl::StrCat("max_restarts must be in [0, ", kMaxRestarts, "], got ",
+                                spec.max_restarts()));
   }
   return absl::OkStatus();
 }

@@ -266,6 +266,29 @@ TEST(ValidateJobSpec, TelemetryEvery_MustBePositive) {
   ExpectInvalid(spec, "telemetry_every must be >= 1, got -1");
 }
 
+TEST(ValidateJobSpec, ProgressTimeout_MustBePositive) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.progress_timeout_s(), 300) << "default";
+  spec.set_progress_timeout_s(-1);
+  ExpectInvalid(spec, "progress_timeout_s must be > 0");
+}
+
+TEST(ValidateJobSpec, CheckpointEvery_NeedsADirectory) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_checkpoint_every(-1);
+  ExpectInvalid(spec, "checkpoint_every must be >= 0");
+  spec.set_checkpoint_every(10);
+  ExpectInvalid(spec, "checkpoint_dir must be set when checkpoint_every > 0");
+  spec.set_checkpoint_dir("/tmp/ckpt");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(ValidateJobSpec, MaxRestarts_MustBeInRange) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_max_restarts(-1);
+  ExpectInvalid(spec, "max_restarts must be in [0, 100], got -1");
+}
+
 TEST(ParameterCount, CountsWeightsAndBiases) {
   v1::JobSpec spec = ValidSpec();  // 8 -> 4 -> 4 -> 2
   EXPECT_EQ(ParameterCount(spec.model()), 8 * 4 + 4 + 4 * 4 + 4 + 4 * 2 + 2);

@@ -211,7 +211,7 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
   AppendEvent(record, std::move(event));
 }
 
-void CoordinatorState::FailJob(JobRecord* record, const std::string& error) {
+void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool restartable) {
   if (IsTerminal(record->job.state())) return;
   std::string full = error;
   if (!record->consequence_error.empty() && record->consequence_error != error) {
@@ -219,7 +219,71 @@ void CoordinatorState::FailJob(JobRecord* record, const std::string& error) {
   }
   record->consequence_error.clear();
   record->consequence_deadline_ms = 0;
+  record->job.add_failures(full);
+  if (restartable && record->job.state() == v1::RUNNING &&
+      record->job.restarts() < record->job.spec().max_restarts()) {
+    // Like torchrun's --max-restarts: place the job again (new attempt: fresh key-value
+    // namespace, fresh NCCL unique id); its ranks resume from the latest checkpoint. The old
+    // attempt's ranks fall out of their workers' desired sets and are stopped.
+    record->job.set_restarts(record->job.restarts() + 1);
+    ReleaseSlots(record);
+    record->kv.clear();
+    record->job.set_state(v1::PENDING);
+    pending_.push_front(record->job.job_id());
+    const std::string note = absl::StrCat(
+        "restart ", record->job.restarts(), " of ", record->job.spec().max_restarts(),
+        record->job.latest_checkpoint_path().empty()
+            ? " from the beginning"
+            : absl::StrCat(" from the checkpoint of step ", record->job.latest_checkpoint_step()),
+        " after: ", full);
+    spdlog::warn("job {}: {}", record->job.job_id(), note);
+    v1::WatchJobEvent event;
+    event.mutable_state_change()->set_state(v1::PENDING);
+    event.mutable_state_change()->set_error(note);
+    AppendEvent(record, std::move(event));
+    return;
+  }
   SetJobState(record, v1::FAILED, full);
+}
+
+void CoordinatorState::CheckProgress(JobRecord* record, int64_t now) {
+  const int64_t timeout_ms =
+      static_cast<int64_t>(record->job.spec().progress_timeout_s() * 1000);
+  if (timeout_ms <= 0) return;
+  // Ranks report every half second while alive, progress or not. A rank that stopped
+  // reporting (hung or stopped process) is the root cause; ranks that report but do not
+  // advance are waiting for it in a collective. So once any rank has made no progress for the
+  // timeout, the rank silent the longest (past a few report intervals) is named first.
+  const int64_t silent_ms = std::clamp<int64_t>(timeout_ms / 2, 1'500, 10'000);
+  int silent = -1, stalled = -1;
+  for (size_t rank = 0; rank < record->ranks.size(); ++rank) {
+    const RankRecord& r = record->ranks[rank];
+    if (r.result_reported || r.exited) continue;
+    if (now - r.last_progress_ms > timeout_ms && stalled < 0) stalled = static_cast<int>(rank);
+    const int64_t quiet = now - r.last_report_ms;
+    if (quiet > silent_ms &&
+        (silent < 0 || r.last_report_ms < record->ranks[silent].last_report_ms)) {
+      silent = static_cast<int>(rank);
+    }
+  }
+  if (stalled < 0 && (silent < 0 || now - record->ranks[silent].last_report_ms <= timeout_ms)) {
+    return;
+  }
+  if (silent >= 0) {
+    const RankRecord& r = record->ranks[silent];
+    FailJob(record, absl::StrFormat("%s stopped responding: no report for %.1f s (last step %d; "
+                                    "progress_timeout_s %g)",
+                                    DescribeRank(*record, silent),
+                                    (now - r.last_report_ms) / 1000.0, r.step,
+                                    record->job.spec().progress_timeout_s()));
+  } else if (stalled >= 0) {
+    const RankRecord& r = record->ranks[stalled];
+    FailJob(record, absl::StrFormat("%s made no progress for %.1f s (stuck after step %d; "
+                                    "progress_timeout_s %g)",
+                                    DescribeRank(*record, stalled),
+                                    (now - r.last_progress_ms) / 1000.0, r.step,
+                                    record->job.spec().progress_timeout_s()));
+  }
 }
 
 void CoordinatorState::ReleaseSlots(JobRecord* record) {
@@ -272,7 +336,17 @@ void CoordinatorState::TrySchedule() {
       out->set_host(worker.info.host());
       out->set_device_index(rank_slot.slot);
     }
-    for (RankRecord& rank : record->ranks) rank = RankRecord{};
+    for (RankRecord& rank : record->ranks) {
+      rank = RankRecord{};
+      rank.last_report_ms = rank.last_progress_ms = options_.now_ms();
+    }
+    for (v1::RankProgress& progress : *record->job.mutable_progress()) {
+      progress.set_finished(false);
+      progress.clear_parameter_checksum();
+      progress.clear_error();
+    }
+    record->consequence_error.clear();
+    record->consequence_deadline_ms = 0;
     SetJobState(record, v1::RUNNING, "");
   }
 }
@@ -285,9 +359,10 @@ void CoordinatorState::MaybeFinishJob(JobRecord* record) {
   const std::string& reference = record->ranks[0].checksum;
   for (size_t rank = 1; rank < record->ranks.size(); ++rank) {
     if (record->ranks[rank].checksum != reference) {
-      FailJob(record, absl::StrCat("parameters diverged across ranks: rank 0 has checksum ",
-                                   reference, ", rank ", rank, " has ",
-                                   record->ranks[rank].checksum));
+      FailJob(record,
+              absl::StrCat("parameters diverged across ranks: rank 0 has checksum ", reference,
+                           ", rank ", rank, " has ", record->ranks[rank].checksum),
+              /*restartable=*/false);
       return;
     }
   }
@@ -384,13 +459,16 @@ void CoordinatorState::CheckLiveness() {
   }
   // Collective failures with no root cause in time become the job's error.
   for (auto& [id, record] : jobs_) {
-    if (record->job.state() == v1::RUNNING && record->consequence_deadline_ms > 0 &&
-        now >= record->consequence_deadline_ms) {
+    if (record->job.state() != v1::RUNNING) continue;
+    if (record->consequence_deadline_ms > 0 && now >= record->consequence_deadline_ms) {
       std::string error = record->consequence_error;
       record->consequence_error.clear();
       FailJob(record.get(), error);
       lost_any = true;
+      continue;
     }
+    CheckProgress(record.get(), now);
+    if (record->job.state() != v1::RUNNING) lost_any = true;
   }
   if (lost_any) TrySchedule();
 }
@@ -410,6 +488,7 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     assignment.set_device_index(slot);
     *assignment.mutable_spec() = record->job.spec();
     assignment.set_attempt(record->attempt);
+    assignment.set_resume_checkpoint(record->job.latest_checkpoint_path());
     desired.push_back(std::move(assignment));
   }
   return desired;
@@ -539,6 +618,18 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " out of range"));
   }
   record->job.mutable_progress(request.rank())->set_step(request.step());
+  RankRecord& rank = record->ranks[request.rank()];
+  const int64_t now = options_.now_ms();
+  rank.last_report_ms = now;
+  if (request.step() > rank.step) {
+    rank.step = request.step();
+    rank.last_progress_ms = now;
+  }
+  if (!request.checkpoint_path().empty() &&
+      request.checkpoint_step() > record->job.latest_checkpoint_step()) {
+    record->job.set_latest_checkpoint_step(request.checkpoint_step());
+    record->job.set_latest_checkpoint_path(request.checkpoint_path());
+  }
   for (const v1::TelemetryRecord& telemetry : request.records()) {
     *record->job.mutable_latest_telemetry() = telemetry;
     v1::WatchJobEvent event;

@@ -123,6 +123,9 @@ class CoordinatorState {
     bool result_reported = false;
     bool exited = false;
     std::string checksum;
+    int64_t step = -1;               // Last reported optimizer step (-1: none yet).
+    int64_t last_report_ms = 0;      // Any telemetry report (the rank process is alive).
+    int64_t last_progress_ms = 0;    // When `step` last advanced.
   };
   struct JobRecord {
     v1::Job job;
@@ -144,7 +147,10 @@ class CoordinatorState {
   // All of these require mu_ to be held.
   void AppendEvent(JobRecord* record, v1::WatchJobEvent event);
   void SetJobState(JobRecord* record, v1::JobState state, const std::string& error);
-  void FailJob(JobRecord* record, const std::string& error);
+  // Fails the job, or, while restarts remain and `restartable`, queues it again to resume from
+  // its latest checkpoint.
+  void FailJob(JobRecord* record, const std::string& error, bool restartable = true);
+  void CheckProgress(JobRecord* record, int64_t now);
   void ReleaseSlots(JobRecord* record);
   void MarkWorkerLost(WorkerRecord* worker, const std::string& why);
   void TrySchedule();

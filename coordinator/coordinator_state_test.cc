@@ -392,5 +392,111 @@ TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) 
   EXPECT_NE(state_->GetJob(job)->error().find("rendezvous timed out"), std::string::npos);
 }
 
+TEST_F(CoordinatorStateTest, ProgressTimeout_NamesTheSilentRank) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(2);
+  request.mutable_spec()->set_progress_timeout_s(5);
+  std::string job = state_->SubmitJob(request)->job_id();
+  std::string worker = Register("w", 2);
+  for (int second = 1; second <= 6; ++second) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+    v1::ReportTelemetryRequest report;  // Rank 0 reports (stuck at step 3), rank 1 is silent.
+    report.set_job_id(job);
+    report.set_attempt(1);
+    report.set_rank(0);
+    report.set_step(3);
+    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+    state_->CheckLiveness();
+  }
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_NE(status.error().find("rank 1 on worker"), std::string::npos) << status.error();
+  EXPECT_NE(status.error().find("stopped responding"), std::string::npos) << status.error();
+}
+
+TEST_F(CoordinatorStateTest, ProgressTimeout_NamesAStalledRankThatStillReports) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  request.mutable_spec()->set_progress_timeout_s(5);
+  std::string job = state_->SubmitJob(request)->job_id();
+  std::string worker = Register("w", 1);
+  for (int second = 1; second <= 6; ++second) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+    v1::ReportTelemetryRequest report;
+    report.set_job_id(job);
+    report.set_attempt(1);
+    report.set_step(second == 1 ? 1 : 2);
+    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+    state_->CheckLiveness();
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "step 2 arrived 4 s ago: not yet";
+  for (int second = 7; second <= 8; ++second) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+    v1::ReportTelemetryRequest report;
+    report.set_job_id(job);
+    report.set_attempt(1);
+    report.set_step(2);
+    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+    state_->CheckLiveness();
+  }
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_NE(status.error().find("made no progress"), std::string::npos) << status.error();
+}
+
+TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFails) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(2);
+  request.mutable_spec()->set_max_restarts(1);
+  std::string job = state_->SubmitJob(request)->job_id();
+  std::string worker = Register("w", 2);
+  v1::PollAssignmentsResponse first = Poll(worker);
+  ASSERT_EQ(first.start_size(), 2);
+  EXPECT_EQ(first.start(0).resume_checkpoint(), "");
+
+  v1::ReportTelemetryRequest report;
+  report.set_job_id(job);
+  report.set_attempt(1);
+  report.set_step(10);
+  report.set_checkpoint_step(10);
+  report.set_checkpoint_path("/ckpt/step-00000010.safetensors");
+  ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+  ASSERT_TRUE(state_->KeyValueSet(job, 1, "nccl_unique_id", "old").ok());
+
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_rank(1);
+  exit.set_attempt(1);
+  exit.set_term_signal(9);
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::RUNNING) << "placed again at once on the free slots";
+  EXPECT_EQ(status.restarts(), 1);
+  ASSERT_EQ(status.failures_size(), 1);
+  EXPECT_NE(status.failures(0).find("signal 9"), std::string::npos);
+  EXPECT_EQ(status.error(), "");
+  EXPECT_EQ(state_->KeyValueGet(job, 2, "nccl_unique_id", 0).status().code(),
+            absl::StatusCode::kDeadlineExceeded)
+      << "the new attempt gets a fresh store (a fresh NCCL unique id)";
+
+  // The worker still runs attempt 1: it is told to stop it and to start attempt 2.
+  std::vector<v1::Assignment> running(first.start().begin(), first.start().end());
+  v1::PollAssignmentsResponse second = Poll(worker, running);
+  EXPECT_EQ(second.stop_size(), 2);
+  ASSERT_EQ(second.start_size(), 2);
+  EXPECT_EQ(second.start(0).attempt(), 2);
+  EXPECT_EQ(second.start(0).resume_checkpoint(), "/ckpt/step-00000010.safetensors");
+
+  exit.set_attempt(2);
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED) << "restarts are used up";
+  EXPECT_EQ(status.failures_size(), 2);
+}
+
 }  // namespace
 }  // namespace mptrain

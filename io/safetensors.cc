@@ -28,7 +28,8 @@ std::string DirectoryOf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path) {
+absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
+                                          std::map<std::string, std::string>* metadata) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
@@ -45,7 +46,14 @@ absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path) {
   const size_t data_size = bytes.size() - data_start;
   TensorMap tensors;
   for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (metadata != nullptr && info.is_object()) {
+        for (auto& [key, value] : info.items()) {
+          if (value.is_string()) (*metadata)[key] = value.get<std::string>();
+        }
+      }
+      continue;
+    }
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
         !info.contains("data_offsets")) {
       return Bad(path, absl::StrCat("tensor ", name, " lacks dtype, shape or data_offsets"));

@@ -22,7 +22,9 @@ using TensorMap = std::map<std::string, NamedTensor>;
 
 // NOT_FOUND when the file cannot be opened; INVALID_ARGUMENT for a malformed file or a tensor
 // that is not F32, naming the file and the tensor.
-absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path);
+// `metadata`, when given, receives the header's "__metadata__" entries.
+absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
+                                          std::map<std::string, std::string>* metadata = nullptr);
 
 // Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory.
 // `metadata` goes into the header's "__metadata__" (string values only, per the format).

@@ -17,9 +17,11 @@ TEST(Safetensors, WriteThenRead_RoundTrips) {
   tensors["layers.0.bias"] = {{2}, {-1, 0.5f}};
   std::string path = TempPath("ckpt.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {{"step", "7"}}).ok());
-  auto read = ReadSafetensors(path);
+  std::map<std::string, std::string> metadata;
+  auto read = ReadSafetensors(path, &metadata);
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->size(), 2u);
+  EXPECT_EQ(metadata["step"], "7");
   EXPECT_EQ(read->at("layers.0.weight").shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(read->at("layers.0.weight").values, tensors["layers.0.weight"].values);
   EXPECT_EQ(read->at("layers.0.bias").values, tensors["layers.0.bias"].values);

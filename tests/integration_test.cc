@@ -1,8 +1,6 @@
 // End-to-end tests: a real coordinator, real worker daemons and their rank processes, driven by
 // trainctl and by raw worker-side RPCs, all on loopback.
 
-#include <signal.h>
-
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -34,35 +32,10 @@ std::string LastLine(const std::string& text) {
   return lines.empty() ? "" : lines.back();
 }
 
-// A CPU job that runs for a long time (for cancel and failure tests).
-std::string LongJobSpec(int world_size) {
-  return WriteSpec(absl::StrCat("long", world_size), absl::StrCat(R"({
-    "name": "long", "world_size": )", world_size, R"(, "device": "cpu",
-    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
-    "data": {"synthetic": {"seed": 1}},
-    "micro_batch_size": 32, "accumulation_steps": 2, "steps": 100000000,
-    "optimizer": {"lr": 0.001}, "telemetry_every": 100
-  })"));
-}
-
 std::string SubmitAndGetId(LocalCluster& cluster, const std::string& spec_file) {
   CommandResult submitted = cluster.Trainctl("submit " + spec_file);
   EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
   return LastLine(submitted.output);
-}
-
-absl::StatusOr<v1::Job> WaitForStep(LocalCluster& cluster, const std::string& job_id,
-                                    int64_t step) {
-  return cluster.WaitForJob(
-      job_id,
-      [step](const v1::Job& job) {
-        if (job.state() != v1::RUNNING) return true;
-        for (const auto& progress : job.progress()) {
-          if (progress.step() < step) return false;
-        }
-        return true;
-      },
-      30);
 }
 
 TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
@@ -333,73 +306,6 @@ TEST(Integration, UnreachableCoordinator_OneLineErrorAndNonZeroExit) {
   EXPECT_NE(result.output.find("trainctl: list failed: UNAVAILABLE"), std::string::npos)
       << result.output;
   EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
-}
-
-TEST(Integration, CancelMidJob_StopsRanksAndFreesWorkers) {
-  LocalCluster cluster({});
-  ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
-  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
-  const auto start = std::chrono::steady_clock::now();
-  CommandResult cancelled = cluster.Trainctl("cancel " + job_id);
-  EXPECT_EQ(cancelled.exit_code, 0) << cancelled.output;
-  EXPECT_NE(cancelled.output.find("CANCELLED"), std::string::npos);
-  // Every rank process of the job is gone within 5 s.
-  while (!FindProcesses("run_rank=.*" + job_id).empty() &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty());
-  EXPECT_EQ(cluster.Trainctl("cancel " + job_id).exit_code, 1) << "already ended";
-  CommandResult next =
-      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
-  EXPECT_EQ(next.exit_code, 0) << next.output;
-}
-
-TEST(Integration, KilledRank_FailsJobNamingRankAndSignal) {
-  LocalCluster cluster({});
-  ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
-  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
-  std::vector<pid_t> rank1 = FindProcesses("run_rank=.*" + job_id + "-rank1-");
-  ASSERT_EQ(rank1.size(), 1u);
-  kill(rank1[0], SIGKILL);
-  auto job = cluster.WaitForEnd(job_id, 15);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->state(), v1::FAILED);
-  EXPECT_NE(job->error().find("rank 1 on worker"), std::string::npos) << job->error();
-  EXPECT_NE(job->error().find("signal 9"), std::string::npos) << job->error();
-  // The surviving rank is stopped too.
-  for (int i = 0; i < 100 && !FindProcesses("run_rank=.*" + job_id).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty());
-}
-
-TEST(Integration, DeadWorkerDaemon_FailsJobWithinHeartbeatTimeout) {
-  LocalCluster::Options options;
-  options.heartbeat_timeout_s = 2;
-  LocalCluster cluster(options);
-  ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = SubmitAndGetId(cluster, LongJobSpec(2));
-  auto running = WaitForStep(cluster, job_id, 1);
-  ASSERT_TRUE(running.ok());
-  const std::string lost_worker = running->placement(1).worker_id();
-  const int index = lost_worker.rfind("w0", 0) == 0 ? 0 : 1;
-  const auto killed_at = std::chrono::steady_clock::now();
-  kill(cluster.worker_pid(index), SIGKILL);
-  auto job = cluster.WaitForEnd(job_id, options.heartbeat_timeout_s + 5);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->state(), v1::FAILED);
-  EXPECT_LT(std::chrono::steady_clock::now() - killed_at,
-            std::chrono::milliseconds(static_cast<int>((options.heartbeat_timeout_s + 5) * 1000)));
-  // Its rank dies with the daemon (its rendezvous peer fails or it is killed with the daemon);
-  // the error names the rank and its worker, whichever was noticed first.
-  EXPECT_NE(job->error().find("rank 1"), std::string::npos) << job->error();
-  for (int i = 0; i < 100 && !FindProcesses("run_rank=.*" + job_id).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(FindProcesses("run_rank=.*" + job_id).empty()) << "no orphan rank processes";
 }
 
 }  // namespace

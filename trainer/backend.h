@@ -107,6 +107,11 @@ class Backend {
   virtual absl::StatusOr<double> NowMs() = 0;
 
   virtual Collective* collective() = 0;
+
+  // Thread-safe request to give up: a wait in progress or the next one aborts the collective
+  // (ncclCommAbort on CUDA) and returns ABORTED. Backends whose waits cannot be interrupted
+  // (gloo) rely on the rank process exiting.
+  virtual void RequestAbort() {}
 };
 
 }  // namespace mptrain

@@ -6,6 +6,7 @@
 #include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
+#include "trainer/checkpoint.h"
 #include "trainer/mlp.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/rank_data.h"
@@ -50,6 +51,13 @@ class MicroBatches {
     return absl::OkStatus();
   }
 
+  // The next row: a function of the step, so a resumed run can set it for every rank.
+  int64_t cursor() const { return cursor_; }
+  void SeekToStep(int64_t steps_done, int64_t accumulation) {
+    cursor_ = (steps_done % features_.rows) * (accumulation * batch_ % features_.rows) %
+              features_.rows;
+  }
+
  private:
   Backend* backend_ = nullptr;
   Tensor features_, targets_, x_, y_;
@@ -90,7 +98,8 @@ StepConfig MakeStepConfig(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
-                                           TrainingObserver* observer) {
+                                           TrainingObserver* observer,
+                                           const std::string& resume_checkpoint) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
   const int64_t batch = spec.micro_batch_size();
@@ -108,8 +117,36 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   StepState initial_state;
   initial_state.scale =
       config.scaler_enabled ? static_cast<float>(spec.loss_scaler().init_scale()) : 1.0f;
+  int64_t first_step = 1;
+  if (!resume_checkpoint.empty()) {
+    ASSIGN_OR_RETURN(TrainingCheckpoint checkpoint,
+                     ReadTrainingCheckpoint(resume_checkpoint, mlp->layout()));
+    RETURN_IF_ERROR(backend->Upload(checkpoint.parameters.data(), mlp->params()));
+    RETURN_IF_ERROR(backend->Upload(checkpoint.momentum.data(), mlp->momentum()));
+    initial_state = checkpoint.step_state;
+    first_step = checkpoint.step + 1;
+    micro_batches.SeekToStep(checkpoint.step, accumulation);
+  }
   ASSIGN_OR_RETURN(Tensor step_state, backend->AllocateStepState(initial_state));
   RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
+
+  // Rank 0 saves what a restarted run needs (a host synchronisation, every checkpoint_every
+  // steps only).
+  auto write_checkpoint = [&](int64_t step) -> absl::Status {
+    TrainingCheckpoint checkpoint;
+    checkpoint.step = step;
+    checkpoint.data_cursor = micro_batches.cursor();
+    checkpoint.parameters.resize(mlp->layout().total);
+    checkpoint.momentum.resize(mlp->layout().total);
+    RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
+    RETURN_IF_ERROR(backend->Download(mlp->momentum(), checkpoint.momentum.data()));
+    RETURN_IF_ERROR(
+        backend->Download(step_state, reinterpret_cast<float*>(&checkpoint.step_state)));
+    const std::string path = CheckpointPath(spec.checkpoint_dir(), step);
+    RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint));
+    observer->OnCheckpoint(step, path);
+    return absl::OkStatus();
+  };
 
   // Statistics come back through a ring of host slots, read a few steps late so that the host
   // never waits for the step it just issued.
@@ -141,7 +178,7 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     return absl::OkStatus();
   };
 
-  for (int64_t step = 1; step <= spec.steps(); ++step) {
+  for (int64_t step = first_step; step <= spec.steps(); ++step) {
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
     // The last one is the stepping micro-batch: one allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -164,6 +201,10 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
     pending.push_back({step, slot});
     while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
+    if (rank == 0 && spec.checkpoint_every() > 0 && step % spec.checkpoint_every() == 0) {
+      while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
+      RETURN_IF_ERROR(write_checkpoint(step));
+    }
     if (observer->ShouldStop()) {
       return absl::AbortedError(absl::StrCat("stopped at step ", step, ": the job ended"));
     }

@@ -23,6 +23,8 @@ class TrainingObserver {
   virtual void OnStep(int64_t step, const v1::TelemetryRecord* record) = 0;
   // Polled between optimizer steps: true stops the loop with ABORTED.
   virtual bool ShouldStop() = 0;
+  // Rank 0, after a checkpoint file is complete (renamed into place).
+  virtual void OnCheckpoint(int64_t step, const std::string& path) {}
 };
 
 struct TrainingResult {
@@ -32,10 +34,14 @@ struct TrainingResult {
   double final_loss_scale = 0;
 };
 
-// Runs spec.steps optimizer steps on this rank. Rank 0 writes spec.output_checkpoint.
-// Errors carry their cause (data files, checkpoint, backend, collective, stop request).
+// Runs optimizer steps up to spec.steps on this rank, from the start or, with
+// `resume_checkpoint`, from the step after that checkpoint (parameters, momentum, scaler state
+// and data position restored: the run continues bit-identically). Rank 0 writes a checkpoint
+// every spec.checkpoint_every steps and spec.output_checkpoint at the end. Errors carry their
+// cause (data files, checkpoint, backend, collective, stop request).
 absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
-                                           TrainingObserver* observer);
+                                           TrainingObserver* observer,
+                                           const std::string& resume_checkpoint = "");
 
 // The compute dtype of a precision: FP16/BF16 autocast, or FP32.
 DType ComputeDType(v1::Precision precision);

@@ -52,10 +52,21 @@ TelemetryReporter::TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInte
 
 TelemetryReporter::~TelemetryReporter() { Flush(); }
 
+void TelemetryReporter::OnCheckpoint(int64_t step, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_step_ = step;
+  checkpoint_path_ = path;
+  spdlog::info("checkpoint of step {} written to {}", step, path);
+}
+
+void TelemetryReporter::SetAbortCallback(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_callback_ = std::move(callback);
+}
+
 void TelemetryReporter::OnStep(int64_t step, const v1::TelemetryRecord* record) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
-  dirty_ = true;
   // Only rank 0 sends records: after the allreduce every rank holds the same values.
   if (record != nullptr && identity_.rank == 0) queued_.push_back(*record);
   if (record != nullptr && identity_.rank == 0) {
@@ -74,11 +85,9 @@ void TelemetryReporter::Run() {
     wake_.wait_for(lock, std::chrono::milliseconds(flush_interval_ms_),
                    [&] { return stopping_; });
     bool stopping = stopping_;
-    if (dirty_) {
-      lock.unlock();
-      SendBatch();
-      lock.lock();
-    }
+    lock.unlock();
+    SendBatch();
+    lock.lock();
     if (stopping) return;
   }
 }
@@ -93,7 +102,8 @@ bool TelemetryReporter::SendBatch() {
     request.set_step(step_);
     for (auto& record : queued_) *request.add_records() = std::move(record);
     queued_.clear();
-    dirty_ = false;
+    request.set_checkpoint_step(checkpoint_step_);
+    request.set_checkpoint_path(checkpoint_path_);
   }
   v1::ReportTelemetryResponse response;
   grpc::ClientContext context;
@@ -104,7 +114,15 @@ bool TelemetryReporter::SendBatch() {
                  status.error_message());
     return false;
   }
-  if (response.abort()) abort_.store(true);
+  if (response.abort() && !abort_.exchange(true)) {
+    spdlog::warn("the coordinator ended this job: stopping");
+    std::function<void()> callback;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      callback = abort_callback_;
+    }
+    if (callback) callback();
+  }
   return true;
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,9 +37,11 @@ class GrpcKeyValueStore final : public KeyValueStore {
   RankIdentity identity_;
 };
 
-// A TrainingObserver that queues records and sends them from a background thread, at most
-// every flush_interval_ms (so a rank never makes one RPC per step), plus progress. When the
-// coordinator answers abort (job cancelled or failed elsewhere), ShouldStop() becomes true.
+// A TrainingObserver that queues records and sends them from a background thread every
+// flush_interval_ms (so a rank never makes one RPC per step), with its step and latest
+// checkpoint. The report doubles as the rank's liveness signal, so it is sent even when no step
+// finished. When the coordinator answers abort (job cancelled or failed elsewhere),
+// ShouldStop() becomes true and the abort callback runs.
 class TelemetryReporter final : public TrainingObserver {
  public:
   TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub, RankIdentity identity,
@@ -47,6 +50,10 @@ class TelemetryReporter final : public TrainingObserver {
 
   void OnStep(int64_t step, const v1::TelemetryRecord* record) override;
   bool ShouldStop() override { return abort_.load(); }
+  void OnCheckpoint(int64_t step, const std::string& path) override;
+  // Called (from the reporter's thread) when the coordinator says the job ended.
+  void SetAbortCallback(std::function<void()> callback);
+  void RequestStop() { abort_.store(true); }
   // Sends what is queued and stops the thread.
   void Flush();
 
@@ -61,7 +68,9 @@ class TelemetryReporter final : public TrainingObserver {
   std::condition_variable wake_;
   std::vector<v1::TelemetryRecord> queued_;
   int64_t step_ = 0;
-  bool dirty_ = false;
+  int64_t checkpoint_step_ = 0;
+  std::string checkpoint_path_;
+  std::function<void()> abort_callback_;
   bool stopping_ = false;
   std::atomic<bool> abort_{false};
   std::thread thread_;

@@ -1,6 +1,12 @@
 #include "worker/rank_process.h"
 
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -23,6 +29,31 @@ absl::StatusOr<v1::Assignment> ReadAssignment(const std::string& path) {
   return assignment;
 }
 
+// The backend in use, for the signal thread and the reporter's abort callback.
+std::atomic<Backend*> g_backend{nullptr};
+
+void AbortBackend() {
+  Backend* backend = g_backend.load();
+  if (backend != nullptr) backend->RequestAbort();
+}
+
+// SIGTERM/SIGINT (the worker stopping this rank): stop between steps, abort a collective wait
+// (ncclCommAbort), and exit within a few seconds even if a collective cannot be interrupted.
+std::atomic<TelemetryReporter*> g_reporter{nullptr};
+
+void StartSignalThread(const sigset_t& signals) {
+  std::thread([signals] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    spdlog::warn("signal {}: aborting", signal);
+    if (TelemetryReporter* reporter = g_reporter.load()) reporter->RequestStop();
+    AbortBackend();
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    spdlog::error("did not stop within 3 s of signal {}: exiting", signal);
+    std::_Exit(128 + signal);
+  }).detach();
+}
+
 absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
                                   TrainingObserver* observer) {
@@ -42,7 +73,13 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                assignment.rank(), assignment.world_size(), (*backend)->Name(),
                assignment.device_index(), spec.steps(), spec.accumulation_steps(),
                spec.micro_batch_size());
-  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer);
+  g_backend.store(backend->get());
+  if (!assignment.resume_checkpoint().empty()) {
+    spdlog::info("resuming from {}", assignment.resume_checkpoint());
+  }
+  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer,
+                            assignment.resume_checkpoint());
+  g_backend.store(nullptr);
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
                result->checksum, result->skipped_steps, result->final_loss_scale);
@@ -52,6 +89,11 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
 }  // namespace
 
 int RunRankProcess(const RankProcessOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto assignment = ReadAssignment(options.assignment_file);
   if (!assignment.ok()) {
     InitLogging("rank");
@@ -66,7 +108,11 @@ int RunRankProcess(const RankProcessOptions& options) {
   absl::StatusOr<std::string> checksum;
   {
     TelemetryReporter reporter(stub, identity);
+    reporter.SetAbortCallback(AbortBackend);
+    g_reporter.store(&reporter);
+    StartSignalThread(signals);
     checksum = Train(*assignment, options, &store, &reporter);
+    g_reporter.store(nullptr);
     reporter.Flush();  // Telemetry lands before the result that ends the job.
   }
   if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());

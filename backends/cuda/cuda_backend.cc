@@ -81,6 +81,10 @@ absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
     cudaError_t state = cudaEventQuery(event);
     if (state == cudaSuccess) return absl::OkStatus();
     if (state != cudaErrorNotReady) return CudaStatus(state, what, __FILE__, __LINE__);
+    if (abort_requested_.load()) {
+      if (nccl != nullptr) nccl->Abort();
+      return absl::AbortedError(absl::StrCat("aborted while waiting for ", what));
+    }
     if (nccl != nullptr) {
       absl::Status async = nccl->AsyncError();
       if (!async.ok()) {

@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -49,6 +50,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
+  void RequestAbort() override { abort_requested_.store(true); }
 
  private:
   CudaBackend(int device, int64_t wait_timeout_ms)
@@ -64,6 +66,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   int64_t wait_timeout_ms_;
+  std::atomic<bool> abort_requested_{false};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<Collective> collective_;

@@ -1,0 +1,216 @@
+// Faults on real processes: killed, stopped and cancelled ranks, killed worker daemons, and
+// restarts from checkpoints. After each, no rank process of the job may be left and the
+// workers must take the next job.
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/local_cluster.h"
+
+namespace mptrain::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string WriteSpec(const std::string& name, const std::string& json) {
+  std::string path = TestTempDir() + "/" + name + ".json";
+  std::ofstream(path) << json;
+  return path;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+// A CPU job that runs far longer than any test: it ends only by a fault or a cancel.
+std::string LongJobSpec(int world_size, const std::string& extra = "") {
+  return WriteSpec(absl::StrCat("long", world_size), absl::StrCat(R"({
+    "name": "long", "world_size": )", world_size, R"(, "device": "cpu",
+    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+    "data": {"synthetic": {"seed": 1}},
+    "micro_batch_size": 32, "accumulation_steps": 2, "steps": 100000000,
+    "optimizer": {"lr": 0.001}, "telemetry_every": 100)", extra, "}"));
+}
+
+std::string Submit(LocalCluster& cluster, const std::string& spec_file) {
+  CommandResult submitted = cluster.Trainctl("submit " + spec_file);
+  EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
+  return LastLine(submitted.output);
+}
+
+// Waits until every rank reported at least `step` (or the job left RUNNING).
+absl::StatusOr<v1::Job> WaitForStep(LocalCluster& cluster, const std::string& job_id,
+                                    int64_t step, int64_t checkpoint_step = 0) {
+  return cluster.WaitForJob(
+      job_id,
+      [step, checkpoint_step](const v1::Job& job) {
+        if (job.state() != v1::RUNNING) return true;
+        for (const auto& progress : job.progress()) {
+          if (progress.step() < step) return false;
+        }
+        return job.latest_checkpoint_step() >= checkpoint_step;
+      },
+      60);
+}
+
+// Waits up to `timeout_s` for every rank process of the job to be gone.
+bool NoRankProcessesWithin(const std::string& job_id, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  while (Clock::now() < deadline) {
+    if (FindProcesses("run_rank=.*/" + job_id + "-").empty()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return FindProcesses("run_rank=.*/" + job_id + "-").empty();
+}
+
+void ExpectWorkersTakeTheNextJob(LocalCluster& cluster) {
+  CommandResult next =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  EXPECT_EQ(next.exit_code, 0) << "the workers must accept new jobs:\n" << next.output;
+}
+
+class KillRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
+  const int world_size = GetParam();
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 3;
+  options.slots_per_worker = world_size / 2;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = Submit(cluster, LongJobSpec(world_size));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  const int victim = world_size - 1;
+  std::vector<pid_t> pids =
+      FindProcesses(absl::StrCat("run_rank=.*/", job_id, "-rank", victim, "-"));
+  ASSERT_EQ(pids.size(), 1u);
+  const auto killed_at = Clock::now();
+  kill(pids[0], SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, options.heartbeat_timeout_s + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->error().find(absl::StrCat("rank ", victim, " on worker")), 0u) << job->error();
+  EXPECT_NE(job->error().find("signal 9"), std::string::npos) << job->error();
+  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5));
+  RecordProperty("seconds_to_failed",
+                 std::to_string(std::chrono::duration<double>(Clock::now() - killed_at).count()));
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, KillRank, ::testing::Values(2, 4));
+
+class KillWorkerDaemon : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillWorkerDaemon, FailsWithinHeartbeatTimeout_AndLeavesNoProcess) {
+  const int world_size = GetParam();
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 2;
+  options.workers = 3;  // One spare: the survivors must take the next job.
+  options.slots_per_worker = world_size / 2;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = Submit(cluster, LongJobSpec(world_size));
+  auto running = WaitForStep(cluster, job_id, 1);
+  ASSERT_TRUE(running.ok());
+  const std::string lost_worker = running->placement(world_size - 1).worker_id();
+  const int index = lost_worker[1] - '0';  // Workers are named w0, w1, ...
+  const auto killed_at = Clock::now();
+  kill(cluster.worker_pid(index), SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, options.heartbeat_timeout_s + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_LT(Clock::now() - killed_at, std::chrono::seconds(int(options.heartbeat_timeout_s) + 5));
+  // Its ranks die with the daemon; the error names them, from whichever report came first:
+  // the lost worker, or the rank exit seen by the coordinator's peers.
+  EXPECT_NE(job->error().find(lost_worker), std::string::npos) << job->error();
+  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5)) << "no orphan rank processes";
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, KillWorkerDaemon, ::testing::Values(2, 4));
+
+TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id =
+      Submit(cluster, LongJobSpec(2, R"(, "progress_timeout_s": 3)"));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  std::vector<pid_t> pids = FindProcesses("run_rank=.*/" + job_id + "-rank1-");
+  ASSERT_EQ(pids.size(), 1u);
+  kill(pids[0], SIGSTOP);
+  auto job = cluster.WaitForEnd(job_id, 3 + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->error().find("rank 1 on worker"), 0u) << job->error();
+  EXPECT_NE(job->error().find("stopped responding"), std::string::npos) << job->error();
+  // The stopped rank takes SIGKILL after the grace period; the other rank stops at once.
+  EXPECT_TRUE(NoRankProcessesWithin(job_id, 8));
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
+TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = Submit(cluster, LongJobSpec(2));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  const auto start = Clock::now();
+  CommandResult cancelled = cluster.Trainctl("cancel " + job_id);
+  EXPECT_EQ(cancelled.exit_code, 0) << cancelled.output;
+  EXPECT_NE(cancelled.output.find("CANCELLED"), std::string::npos);
+  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(cluster.Trainctl("cancel " + job_id).exit_code, 1) << "already ended";
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
+TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string dir = TestTempDir();
+  auto spec = [&](const std::string& name) {
+    return WriteSpec(name, absl::StrCat(R"({
+      "name": ")", name, R"(", "world_size": 2, "device": "cpu",
+      "model": {"input_dim": 256, "hidden_dims": [256, 256], "output_dim": 16},
+      "data": {"synthetic": {"seed": 4}}, "micro_batch_size": 64, "accumulation_steps": 2,
+      "steps": 300, "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.001},
+      "loss_scaler": {"growth_interval": 40}, "telemetry_every": 10,
+      "checkpoint_every": 100, "checkpoint_dir": ")", dir, "/", name, R"(",
+      "max_restarts": 1, "output_checkpoint": ")", dir, "/", name, R"(.safetensors"})"));
+  };
+  RunCommand("mkdir -p " + dir + "/whole " + dir + "/restarted");
+
+  CommandResult whole = cluster.Trainctl("submit " + spec("whole") + " --wait");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+
+  const std::string job_id = Submit(cluster, spec("restarted"));
+  auto progressed = WaitForStep(cluster, job_id, 130, /*checkpoint_step=*/100);
+  ASSERT_TRUE(progressed.ok()) << progressed.status();
+  ASSERT_EQ(progressed->state(), v1::RUNNING) << "the job must still run when the rank is killed";
+  std::vector<pid_t> pids = FindProcesses("run_rank=.*/" + job_id + "-rank1-");
+  ASSERT_EQ(pids.size(), 1u);
+  kill(pids[0], SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, 60);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->error();
+  EXPECT_EQ(job->restarts(), 1);
+  ASSERT_EQ(job->failures_size(), 1);
+  EXPECT_NE(job->failures(0).find("rank 1"), std::string::npos) << job->failures(0);
+  EXPECT_GE(job->latest_checkpoint_step(), 100);
+
+  CommandResult same = RunCommand(absl::StrCat("cmp ", dir, "/whole.safetensors ", dir,
+                                               "/restarted.safetensors && echo identical"));
+  EXPECT_NE(same.output.find("identical"), std::string::npos)
+      << "final parameters must be bit-identical: " << same.output;
+  CommandResult status = cluster.Trainctl("status " + job_id);
+  EXPECT_NE(status.output.find("restarts:   1"), std::string::npos) << status.output;
+}
+
+}  // namespace
+}  // namespace mptrain::testing
