@@ -30,7 +30,10 @@ for step in $STEPS; do
       tail -30 "$OUT/parity.log" ;;
     bench)
       PYTHONUNBUFFERED=1 timeout 500 bash bench/run_bench.sh >"$OUT/bench.log" 2>&1 || status=1
-      tail -40 "$OUT/bench.log" ;;
+      tail -22 "$OUT/bench.log" ;;
+    fault)
+      timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
+      cat "$OUT/fault.log" ;;
   esac
 done
 exit $status

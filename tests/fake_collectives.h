@@ -1,16 +1,13 @@
 #pragma once
 
-// Test doubles for the backend's outside world: a single-rank collective, a wrapper that counts
-// collective calls, and an in-memory blocking key-value store for in-process rendezvous.
+// Test doubles for the backend's outside world: a single-rank collective and a wrapper that
+// counts collective calls. (trainer/in_memory_store.h serves in-process rendezvous.)
 
-#include <condition_variable>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "trainer/backend.h"
-#include "trainer/key_value_store.h"
+#include "trainer/in_memory_store.h"
 
 namespace mptrain::testing {
 
@@ -37,29 +34,6 @@ class CountingCollective final : public Collective {
  private:
   std::unique_ptr<Collective> inner_;
   int calls_ = 0;
-};
-
-class InMemoryKeyValueStore final : public KeyValueStore {
- public:
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    values_[key] = value;
-    changed_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                           [&] { return values_.count(key) > 0; })) {
-      return absl::DeadlineExceededError("key " + key + " not set in time");
-    }
-    return values_[key];
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, std::string> values_;
 };
 
 }  // namespace mptrain::testing

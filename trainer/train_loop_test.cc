@@ -192,7 +192,7 @@ TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
   v1::JobSpec spec = SmallSpec();
   spec.set_world_size(2);
   spec.mutable_optimizer()->set_momentum(0.9);
-  testing::InMemoryKeyValueStore store;
+  InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {

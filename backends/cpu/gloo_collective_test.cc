@@ -9,7 +9,7 @@ namespace mptrain {
 namespace {
 
 TEST(GlooCollective, ThreeRanks_AllReduceMean) {
-  testing::InMemoryKeyValueStore store;
+  InMemoryKeyValueStore store;
   std::vector<float> buffers[3] = {{1, 10}, {2, 20}, {6, 60}};
   absl::Status statuses[3];
   std::thread ranks[3];
@@ -33,7 +33,7 @@ TEST(GlooCollective, ThreeRanks_AllReduceMean) {
 }
 
 TEST(GlooCollective, MissingPeer_TimesOutWithAnError) {
-  testing::InMemoryKeyValueStore store;
+  InMemoryKeyValueStore store;
   auto collective = GlooCollective::Connect(0, 2, "127.0.0.1", &store, 300);
   EXPECT_FALSE(collective.ok());
 }

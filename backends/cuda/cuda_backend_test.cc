@@ -187,7 +187,7 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   REQUIRE_GPUS(2);
   v1::JobSpec spec = MlpSpec(v1::FP16, 65536.0);
   spec.set_world_size(2);
-  testing::InMemoryKeyValueStore store;
+  InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {

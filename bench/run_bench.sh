@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The benchmark, on the GPU machine (after `source device_bundle/env.sh`): our engine and the
+# PyTorch baseline in the same run, on 1 and 2 GPUs, then end to end (trainctl submit to
+# SUCCEEDED with daemons running, against torchrun of the original example).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mptrain-out}
+mkdir -p "$OUT"
+WARMUP=${WARMUP:-10}
+STEPS=${STEPS:-50}
+RESULTS="$OUT/bench.jsonl"
+: >"$RESULTS"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+for gpus in 1 2; do
+  "$MPTRAIN_BIN/train_bench" --gpus=$gpus --warmup=$WARMUP --steps=$STEPS | tee -a "$RESULTS"
+  python3 -m torch.distributed.run --standalone --nproc_per_node=$gpus \
+    bench/pytorch_baseline.py --warmup=$WARMUP --steps=$STEPS 2>"$OUT/pytorch_$gpus.err" | tee -a "$RESULTS"
+done
+
+# End to end on 2 GPUs.
+RUN_DIR=$(mktemp -d)
+"$MPTRAIN_BIN/coordinator" --listen=127.0.0.1:0 --port_file="$RUN_DIR/port" >"$RUN_DIR/c.log" 2>&1 &
+PIDS=($!)
+for _ in $(seq 100); do [ -s "$RUN_DIR/port" ] && break; sleep 0.05; done
+ADDRESS=127.0.0.1:$(cat "$RUN_DIR/port")
+for i in 0 1; do
+  CUDA_VISIBLE_DEVICES=$i "$MPTRAIN_BIN/worker" --coordinator="$ADDRESS" --device=cuda \
+    --name=gpu$i --work_dir="$RUN_DIR/w$i" >"$RUN_DIR/w$i.log" 2>&1 &
+  PIDS+=($!)
+done
+sleep 2
+for run in 1 2 3; do
+  start=$(date +%s.%N)
+  "$MPTRAIN_BIN/trainctl" --coordinator="$ADDRESS" submit examples/seed.json --wait >/dev/null
+  end=$(date +%s.%N)
+  echo "{\"engine\": \"e2e\", \"name\": \"mptrain: trainctl submit --wait (daemons running), run $run\", \"seconds\": $(python3 -c "print(round($end - $start, 3))")}" | tee -a "$RESULTS"
+done
+for run in 1 2; do
+  start=$(date +%s.%N)
+  python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/original_example.py >/dev/null 2>&1
+  end=$(date +%s.%N)
+  echo "{\"engine\": \"e2e\", \"name\": \"pytorch: torchrun original example, run $run\", \"seconds\": $(python3 -c "print(round($end - $start, 3))")}" | tee -a "$RESULTS"
+done
+kill "${PIDS[@]}" 2>/dev/null
+wait 2>/dev/null
+python3 bench/report.py "$RESULTS"
