@@ -27,6 +27,11 @@ class CountingCollective final : public Collective {
     ++calls_;
     return inner_->AllReduceMean(buffer);
   }
+  absl::Status AllReduceMeanAsync(Tensor buffer) override {
+    ++calls_;
+    return inner_->AllReduceMeanAsync(buffer);
+  }
+  absl::Status JoinAllReduces() override { return inner_->JoinAllReduces(); }
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   int calls() const { return calls_; }

@@ -61,13 +61,14 @@ absl::StatusOr<v1::Job> WaitForStep(LocalCluster& cluster, const std::string& jo
 }
 
 // Waits up to `timeout_s` for every rank process of the job to be gone.
-bool NoRankProcessesWithin(const std::string& job_id, double timeout_s) {
+bool NoRankProcessesWithin(const LocalCluster& cluster, const std::string& job_id,
+                           double timeout_s) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
   while (Clock::now() < deadline) {
-    if (FindProcesses("run_rank=.*/" + job_id + "-").empty()) return true;
+    if (cluster.RankProcesses(job_id).empty()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return FindProcesses("run_rank=.*/" + job_id + "-").empty();
+  return cluster.RankProcesses(job_id).empty();
 }
 
 void ExpectWorkersTakeTheNextJob(LocalCluster& cluster) {
@@ -88,8 +89,7 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
   const std::string job_id = Submit(cluster, LongJobSpec(world_size));
   ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
   const int victim = world_size - 1;
-  std::vector<pid_t> pids =
-      FindProcesses(absl::StrCat("run_rank=.*/", job_id, "-rank", victim, "-"));
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id, victim);
   ASSERT_EQ(pids.size(), 1u);
   const auto killed_at = Clock::now();
   kill(pids[0], SIGKILL);
@@ -98,7 +98,7 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
   EXPECT_EQ(job->state(), v1::FAILED);
   EXPECT_EQ(job->error().find(absl::StrCat("rank ", victim, " on worker")), 0u) << job->error();
   EXPECT_NE(job->error().find("signal 9"), std::string::npos) << job->error();
-  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5));
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 5));
   RecordProperty("seconds_to_failed",
                  std::to_string(std::chrono::duration<double>(Clock::now() - killed_at).count()));
   ExpectWorkersTakeTheNextJob(cluster);
@@ -130,7 +130,7 @@ TEST_P(KillWorkerDaemon, FailsWithinHeartbeatTimeout_AndLeavesNoProcess) {
   // Its ranks die with the daemon; the error names them, from whichever report came first:
   // the lost worker, or the rank exit seen by the coordinator's peers.
   EXPECT_NE(job->error().find(lost_worker), std::string::npos) << job->error();
-  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5)) << "no orphan rank processes";
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 5)) << "no orphan rank processes";
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
@@ -142,7 +142,7 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
   const std::string job_id =
       Submit(cluster, LongJobSpec(2, R"(, "progress_timeout_s": 3)"));
   ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
-  std::vector<pid_t> pids = FindProcesses("run_rank=.*/" + job_id + "-rank1-");
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id, 1);
   ASSERT_EQ(pids.size(), 1u);
   kill(pids[0], SIGSTOP);
   auto job = cluster.WaitForEnd(job_id, 3 + 5);
@@ -151,7 +151,7 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
   EXPECT_EQ(job->error().find("rank 1 on worker"), 0u) << job->error();
   EXPECT_NE(job->error().find("stopped responding"), std::string::npos) << job->error();
   // The stopped rank takes SIGKILL after the grace period; the other rank stops at once.
-  EXPECT_TRUE(NoRankProcessesWithin(job_id, 8));
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 8));
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
@@ -164,7 +164,7 @@ TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   CommandResult cancelled = cluster.Trainctl("cancel " + job_id);
   EXPECT_EQ(cancelled.exit_code, 0) << cancelled.output;
   EXPECT_NE(cancelled.output.find("CANCELLED"), std::string::npos);
-  EXPECT_TRUE(NoRankProcessesWithin(job_id, 5));
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 5));
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(cluster.Trainctl("cancel " + job_id).exit_code, 1) << "already ended";
   ExpectWorkersTakeTheNextJob(cluster);
@@ -193,7 +193,7 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
   auto progressed = WaitForStep(cluster, job_id, 130, /*checkpoint_step=*/100);
   ASSERT_TRUE(progressed.ok()) << progressed.status();
   ASSERT_EQ(progressed->state(), v1::RUNNING) << "the job must still run when the rank is killed";
-  std::vector<pid_t> pids = FindProcesses("run_rank=.*/" + job_id + "-rank1-");
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id, 1);
   ASSERT_EQ(pids.size(), 1u);
   kill(pids[0], SIGKILL);
   auto job = cluster.WaitForEnd(job_id, 60);

@@ -123,6 +123,13 @@ absl::Status LocalCluster::Start() {
   return absl::UnavailableError("workers did not register; see " + dir_);
 }
 
+std::vector<pid_t> LocalCluster::RankProcesses(const std::string& job_id, int rank) const {
+  // Assignment files live in this cluster's worker directories, so concurrent tests (and their
+  // identical job ids) do not see each other's ranks.
+  return FindProcesses(absl::StrCat("run_rank=", dir_, "/w[0-9]*/", job_id, "-rank",
+                                    rank < 0 ? std::string("[0-9]*") : absl::StrCat(rank), "-"));
+}
+
 CommandResult LocalCluster::Trainctl(const std::string& arguments) {
   return RunCommand(absl::StrCat(RunfilePath("client/trainctl"), " --coordinator=", address_, " ",
                                  arguments));

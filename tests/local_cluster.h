@@ -48,6 +48,9 @@ class LocalCluster {
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }
 
+  // pids of this cluster's rank processes of `job_id` (of one rank, or all with rank < 0).
+  std::vector<pid_t> RankProcesses(const std::string& job_id, int rank = -1) const;
+
   // Runs trainctl against this cluster with the given arguments.
   CommandResult Trainctl(const std::string& arguments);
   // Polls GetJob until `predicate` holds or timeout; returns the last job seen.

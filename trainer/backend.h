@@ -45,6 +45,11 @@ class Collective {
   // In-place mean over ranks of an f32 buffer in the backend's memory, ordered after all work
   // issued before it and before all work issued after it.
   virtual absl::Status AllReduceMean(Tensor buffer) = 0;
+  // The same, ordered after the work issued before it but free to overlap work issued after it
+  // until JoinAllReduces(), which orders all later work after every pending allreduce. The loop
+  // uses these to reduce one gradient bucket while the backward pass computes the next.
+  virtual absl::Status AllReduceMeanAsync(Tensor buffer) { return AllReduceMean(buffer); }
+  virtual absl::Status JoinAllReduces() { return absl::OkStatus(); }
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 };
@@ -74,7 +79,8 @@ class Backend {
 
   // Autocast Linear: pre = round(x · wᵀ + b), y = round(act(pre)), products accumulated in
   // fp32. x [M, K], w [N, K], b [1, N], pre and y [M, N], all in the compute dtype. With
-  // kNone, pre may alias y.
+  // kNone or kRelu, pre may alias y (ReLU commutes with rounding, and its derivative is taken
+  // from the output, as PyTorch's threshold_backward does).
   virtual absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
                                      Tensor y) = 0;
   // d_pre = round(dy * act'(pre)).

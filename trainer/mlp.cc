@@ -20,8 +20,10 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::Mod
   for (size_t i = 0; i < mlp->layout_.layers.size(); ++i) {
     const int64_t out = mlp->layout_.layers[i].out;
     ASSIGN_OR_RETURN(Tensor y, backend->Allocate(compute_dtype, batch, out));
-    Tensor pre = y;  // A layer without activation writes its result once.
-    if (mlp->LayerActivation(i) != ActivationKind::kNone) {
+    // Without an activation, or with ReLU (whose backward reads the output), the layer keeps
+    // one buffer: backends can fuse bias and ReLU into the GEMM.
+    Tensor pre = y;
+    if (mlp->LayerActivation(i) == ActivationKind::kGelu) {
       ASSIGN_OR_RETURN(pre, backend->Allocate(compute_dtype, batch, out));
     }
     ASSIGN_OR_RETURN(Tensor dy, backend->Allocate(compute_dtype, batch, out));
@@ -30,6 +32,18 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::Mod
     mlp->output_grads_.push_back(dy);
   }
   mlp->output_grad_ = mlp->output_grads_.back();
+  int64_t bucket_bytes = 0;
+  for (size_t i = mlp->layout_.layers.size(); i-- > 0;) {
+    const LayerLayout& layer = mlp->layout_.layers[i];
+    const int64_t bytes = (layer.in * layer.out + layer.out) * 4;
+    if (mlp->bucket_first_layer_.empty() || bucket_bytes + bytes > kBucketBytes) {
+      mlp->bucket_first_layer_.push_back(i);
+      bucket_bytes = bytes;
+    } else {
+      mlp->bucket_first_layer_.back() = i;
+      bucket_bytes += bytes;
+    }
+  }
   return mlp;
 }
 
@@ -68,8 +82,9 @@ absl::Status Mlp::Forward(Tensor x) {
   return absl::OkStatus();
 }
 
-absl::Status Mlp::Backward() {
+absl::Status Mlp::Backward(const std::function<absl::Status(Tensor bucket)>& on_bucket_ready) {
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
+  size_t bucket = 0;
   for (size_t i = layout_.layers.size(); i-- > 0;) {
     Tensor d_pre = output_grads_[i];
     if (LayerActivation(i) != ActivationKind::kNone) {
@@ -80,6 +95,15 @@ absl::Status Mlp::Backward() {
     const Tensor d_input = i == 0 ? Tensor{} : output_grads_[i - 1];
     RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre, d_input,
                                              Weight(grads_, i), Bias(grads_, i)));
+    if (on_bucket_ready && bucket < bucket_first_layer_.size() &&
+        bucket_first_layer_[bucket] == i) {
+      // Layers [i, end of the bucket] are done: one contiguous span of the flat buffer.
+      const int64_t begin = layout_.layers[i].weight_offset;
+      const int64_t end = bucket == 0 ? layout_.total + 1  // with the loss slot
+                                      : layout_.layers[bucket_first_layer_[bucket - 1]].weight_offset;
+      RETURN_IF_ERROR(on_bucket_ready(grads_.FlatView(begin, 1, end - begin)));
+      ++bucket;
+    }
   }
   return absl::OkStatus();
 }

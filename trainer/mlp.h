@@ -3,6 +3,7 @@
 // The MLP (Linear, activation, ..., Linear) built from backend operations: its buffers, forward
 // and backward under autocast. Written once for every backend.
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,8 +37,14 @@ class Mlp {
   absl::Status RefreshLowPrecisionWeights();
   // x: [B, input_dim] f32 in backend memory.
   absl::Status Forward(Tensor x);
-  // Backpropagates output_grad(), accumulating into grads().
-  absl::Status Backward();
+  // Backpropagates output_grad(), accumulating into grads(). `on_bucket_ready(bucket)`, when
+  // given, runs as soon as a gradient bucket's gradients are complete (last layers first).
+  absl::Status Backward(const std::function<absl::Status(Tensor bucket)>& on_bucket_ready = {});
+
+  // Gradient buckets: consecutive layers, from the last, grouped up to kBucketBytes like DDP's
+  // buckets; the first bucket also holds the loss slot.
+  static constexpr int64_t kBucketBytes = 25 << 20;
+  size_t bucket_count() const { return bucket_first_layer_.size(); }
 
  private:
   Mlp(Backend* backend, ParameterLayout layout, ActivationKind activation, DType compute_dtype)
@@ -61,6 +68,8 @@ class Mlp {
   std::vector<Tensor> outputs_;       // per layer [B, out]: after it
   std::vector<Tensor> output_grads_;  // per layer [B, out]: d loss / d output (in place to d pre)
   Tensor output_grad_;
+  // bucket_first_layer_[b]: the lowest layer of bucket b; buckets are ordered last layer first.
+  std::vector<size_t> bucket_first_layer_;
 };
 
 }  // namespace mptrain

@@ -180,18 +180,26 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
 
   for (int64_t step = first_step; step <= spec.steps(); ++step) {
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
-    // The last one is the stepping micro-batch: one allreduce, then the optimizer step.
+    // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
+      const bool stepping = micro + 1 == accumulation;
       Tensor x, y;
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
       RETURN_IF_ERROR(mlp->Forward(x));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
                                                mlp->loss_slot(), mlp->output_grad()));
-      RETURN_IF_ERROR(mlp->Backward());
+      if (!stepping) {
+        RETURN_IF_ERROR(mlp->Backward());
+        continue;
+      }
+      // The stepping micro-batch: the gradient allreduce (mean over ranks; the loss rides in the
+      // last slot), bucket by bucket as soon as each bucket's gradients are complete, so that
+      // it overlaps the rest of the backward pass, as DDP's buckets do.
+      RETURN_IF_ERROR(mlp->Backward(
+          [&](Tensor bucket) { return collective->AllReduceMeanAsync(bucket); }));
     }
-    // One allreduce (mean over ranks) of every gradient, with the loss in its last slot.
-    RETURN_IF_ERROR(collective->AllReduceMean(mlp->grads()));
+    RETURN_IF_ERROR(collective->JoinAllReduces());
     // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients.
     RETURN_IF_ERROR(backend->OptimizerStep(config, mlp->params(), mlp->grads(), mlp->momentum(),
                                            step_state));

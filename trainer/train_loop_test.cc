@@ -76,9 +76,23 @@ TEST(RunTraining, NonSteppingMicroBatches_IssueNoCollective) {
   v1::JobSpec spec = SmallSpec();
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
+  // The model is far below one 25 MiB bucket: one allreduce per optimizer step.
   EXPECT_EQ(run.collective_calls, 3) << "one allreduce per optimizer step, none per micro-batch";
   spec.set_accumulation_steps(1);
   EXPECT_EQ(TrainOneRank(spec).collective_calls, 3);
+}
+
+TEST(RunTraining, LargeModel_AllreducesOneBucketPerLayerGroup_OnlyWhenStepping) {
+  v1::JobSpec spec = SmallSpec();
+  // Two 2048x2048 layers (16 MiB each) do not fit one 25 MiB bucket: two buckets per step.
+  spec.mutable_model()->set_input_dim(2048);
+  spec.mutable_model()->set_hidden_dims(0, 2048);
+  spec.mutable_model()->set_output_dim(2048);
+  spec.set_micro_batch_size(2);
+  spec.set_steps(2);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  EXPECT_EQ(run.collective_calls, 2 * 2);
 }
 
 TEST(RunTraining, TelemetryEveryStep_WithLossDecreasing) {

@@ -1,6 +1,9 @@
 #include "worker/rank_process.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -41,10 +44,27 @@ void AbortBackend() {
 // (ncclCommAbort), and exit within a few seconds even if a collective cannot be interrupted.
 std::atomic<TelemetryReporter*> g_reporter{nullptr};
 
-void StartSignalThread(const sigset_t& signals) {
-  std::thread([signals] {
-    int signal = 0;
-    sigwait(&signals, &signal);
+// CUDA and NCCL start threads of their own that may not keep a blocked signal mask, so the
+// signals get a real handler that only writes to a pipe; a thread acts on it.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal) {
+  const char byte = static_cast<char>(signal);
+  (void)!write(g_signal_pipe[1], &byte, 1);
+}
+
+void StartSignalThread() {
+  if (pipe(g_signal_pipe) != 0) return;
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::thread([] {
+    char byte = 0;
+    while (read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    const int signal = byte;
     spdlog::warn("signal {}: aborting", signal);
     if (TelemetryReporter* reporter = g_reporter.load()) reporter->RequestStop();
     AbortBackend();
@@ -89,11 +109,6 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
 }  // namespace
 
 int RunRankProcess(const RankProcessOptions& options) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto assignment = ReadAssignment(options.assignment_file);
   if (!assignment.ok()) {
     InitLogging("rank");
@@ -110,7 +125,7 @@ int RunRankProcess(const RankProcessOptions& options) {
     TelemetryReporter reporter(stub, identity);
     reporter.SetAbortCallback(AbortBackend);
     g_reporter.store(&reporter);
-    StartSignalThread(signals);
+    StartSignalThread();
     checksum = Train(*assignment, options, &store, &reporter);
     g_reporter.store(nullptr);
     reporter.Flush();  // Telemetry lands before the result that ends the job.

@@ -37,6 +37,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(backend->cublas_, backend->stream_));
   // PyTorch's default for fp32 matmuls is full fp32 (no TF32).
   CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(backend->cublas_, CUBLAS_DEFAULT_MATH));
+  CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&backend->cublas_lt_));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->lt_workspace_, kLtWorkspaceBytes));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->partials_, kReductionBlocks * sizeof(double)));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->inf_flags_, kReductionBlocks * sizeof(int)));
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->stats_ring_, kStatsSlots * sizeof(StepState)));
@@ -68,6 +70,16 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t event : {base_event_, now_event_, sync_event_}) {
     if (event != nullptr) cudaEventDestroy(event);
   }
+  for (auto& [key, plan] : lt_plans_) {
+    cublasLtMatmulDescDestroy(plan.operation);
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.d);
+  }
+  if (lt_workspace_ != nullptr) cudaFree(lt_workspace_);
+  if (ones_ != nullptr) cudaFree(ones_);
+  if (bias_scratch_ != nullptr) cudaFree(bias_scratch_);
+  if (cublas_lt_ != nullptr) cublasLtDestroy(cublas_lt_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -203,11 +215,117 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, in
   return absl::OkStatus();
 }
 
+absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtKey& key) {
+  auto it = lt_plans_.find(key);
+  if (it != lt_plans_.end()) return &it->second;
+  const auto [m, n, k, dtype_index, relu] = key;
+  const cudaDataType_t type = CudaType(static_cast<DType>(dtype_index));
+  LtPlan plan;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof(no_transpose)));
+  const cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+  // Column-major: D[m, n] = op(A)[m, k] · B[k, n] with A stored [k, m] (transposed).
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.a, type, k, m, k));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
+  cublasLtMatmulPreference_t preference = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kLtWorkspaceBytes;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  const uint32_t alignment = 16;  // What LinearForward guarantees before fusing.
+  for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment,
+                                                                sizeof(alignment)));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, 1, &heuristic,
+      &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  CUBLAS_RETURN_IF_ERROR(status);
+  if (found == 0) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a ", m, "x", n,
+                                                 "x", k, " GEMM with a bias epilogue"));
+  }
+  plan.algo = heuristic.algo;
+  return &(lt_plans_[key] = plan);
+}
+
+absl::Status CudaBackend::GemmBiasEpilogue(const Tensor& x, const Tensor& w, const Tensor& b,
+                                           bool relu, void* out) {
+  // Row-major out[M, N] = x[M, K] · w[N, K]ᵀ is column-major outᵀ[N, M] = w · xᵀ.
+  const int64_t rows = x.rows, k = x.cols, n = w.rows;
+  auto plan = Plan({n, rows, k, static_cast<int>(x.dtype), relu});
+  if (!plan.ok()) return plan.status();
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      (*plan)->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b.data, sizeof(b.data)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublas_lt_, (*plan)->operation, &alpha, w.data,
+                                        (*plan)->a, x.data, (*plan)->b, &beta, out, (*plan)->d,
+                                        out, (*plan)->d, &(*plan)->algo, lt_workspace_,
+                                        kLtWorkspaceBytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const void*> CudaBackend::Ones(DType dtype, int64_t rows) {
+  if (rows > ones_rows_) {
+    if (absl::Status status = WaitForStream("ones resize"); !status.ok()) return status;
+    if (ones_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ones_));
+    ones_ = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&ones_, rows * 8));  // f32 | f16 | bf16 copies
+    std::vector<float> host(rows, 1.0f);
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ones_, host.data(), rows * 4, cudaMemcpyHostToDevice, stream_));
+    char* base = static_cast<char*>(ones_);
+    CUDA_RETURN_IF_ERROR(CastFromF32(static_cast<float*>(ones_), base + rows * 4, DType::kF16,
+                                     rows, stream_));
+    CUDA_RETURN_IF_ERROR(CastFromF32(static_cast<float*>(ones_), base + rows * 6, DType::kBF16,
+                                     rows, stream_));
+    if (absl::Status status = WaitForStream("ones upload"); !status.ok()) return status;
+    ones_rows_ = rows;
+  }
+  char* base = static_cast<char*>(ones_);
+  switch (dtype) {
+    case DType::kF32: return static_cast<const void*>(base);
+    case DType::kF16: return static_cast<const void*>(base + ones_rows_ * 4);
+    case DType::kBF16: return static_cast<const void*>(base + ones_rows_ * 6);
+  }
+  return absl::InvalidArgumentError("unknown dtype");
+}
+
 absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                         Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;
   if (w.cols != k || b.numel() != n || y.rows != m || y.cols != n) {
     return absl::InvalidArgumentError("LinearForward: shapes do not match");
+  }
+  // Bias, and ReLU when pre is the output, in the GEMM's epilogue; cuBLASLt wants 16-byte
+  // aligned operands and leading dimensions (other shapes take the unfused path below).
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool fusable = aligned(x.data) && aligned(w.data) && aligned(b.data) &&
+                       aligned(y.data) && k % 8 == 0 && n % 8 == 0;
+  if (fusable &&
+      (act == ActivationKind::kNone || (act == ActivationKind::kRelu && pre.data == y.data))) {
+    absl::Status fused = GemmBiasEpilogue(x, w, b, act == ActivationKind::kRelu, y.data);
+    if (fused.code() != absl::StatusCode::kUnimplemented) {
+      if (!fused.ok() || pre.data == y.data) return fused;
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre.data, y.data, y.numel() * y.element_bytes,
+                                           cudaMemcpyDeviceToDevice, stream_));
+      return absl::OkStatus();
+    }
   }
   // Without an activation the GEMM writes y directly.
   Tensor out = act == ActivationKind::kNone ? y : pre;
@@ -250,8 +368,21 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
   if (!gemm.ok()) return gemm;
   CUDA_RETURN_IF_ERROR(AccumulateF32(*dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
                                      stream_));
+  // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
+  // then accumulated into the fp32 gradient.
+  auto ones = Ones(dy.dtype, m);
+  if (!ones.ok()) return ones.status();
+  if (n > bias_scratch_elements_) {
+    if (absl::Status status = WaitForStream("bias scratch resize"); !status.ok()) return status;
+    if (bias_scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(bias_scratch_));
+    bias_scratch_ = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
+    bias_scratch_elements_ = n;
+  }
+  gemm = Gemm(false, false, n, 1, m, dy.data, n, *ones, m, 0.0f, bias_scratch_, n, dy.dtype);
+  if (!gemm.ok()) return gemm;
   CUDA_RETURN_IF_ERROR(
-      BiasGradient(dy.data, dy.dtype, m, n, static_cast<float*>(db_acc.data), stream_));
+      AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n, stream_));
   return absl::OkStatus();
 }
 

@@ -5,11 +5,14 @@
 // goes to one non-blocking compute stream; the host never waits inside a step: it only waits,
 // by polling with a timeout, in Download(), ReadStats() and NowMs().
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <vector>
 
@@ -63,12 +66,35 @@ class CudaBackend final : public Backend {
   absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
                     int64_t ldc, DType dtype);
+  // out[m_rows, n] (row-major) = act(x[m_rows, k] · w[n, k]ᵀ + b) with the bias (and ReLU) in
+  // cuBLASLt's epilogue: one rounding of the fp32 result, as PyTorch's addmm through cuBLASLt.
+  absl::Status GemmBiasEpilogue(const Tensor& x, const Tensor& w, const Tensor& b, bool relu,
+                                void* out);
+  // A ones vector of at least `rows` elements of `dtype` (for bias gradients by GEMM).
+  absl::StatusOr<const void*> Ones(DType dtype, int64_t rows);
+
+  // cuBLASLt descriptors and the chosen algorithm, per shape (heuristics run once per shape).
+  struct LtPlan {
+    cublasLtMatmulDesc_t operation = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo;
+  };
+  using LtKey = std::tuple<int64_t, int64_t, int64_t, int, bool>;  // m, n, k, dtype, relu
+  absl::StatusOr<LtPlan*> Plan(const LtKey& key);
 
   int device_;
   int64_t wait_timeout_ms_;
   std::atomic<bool> abort_requested_{false};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  static constexpr size_t kLtWorkspaceBytes = 64 << 20;
+  std::map<LtKey, LtPlan> lt_plans_;
+  void* ones_ = nullptr;  // Low-precision ones (fp16, bf16 and fp32 copies side by side).
+  int64_t ones_rows_ = 0;
+  void* bias_scratch_ = nullptr;
+  int64_t bias_scratch_elements_ = 0;
   std::unique_ptr<Collective> collective_;
   std::vector<void*> allocations_;
   void* scratch_ = nullptr;

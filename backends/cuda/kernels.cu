@@ -89,6 +89,27 @@ __global__ void accumulate_f32_kernel(const T* src, float* acc, int64_t n) {
   GRID_STRIDE(i, n) { acc[i] += ToFloat<T>(src[i]); }
 }
 
+// Eight 2-byte elements per thread: 16-byte loads of src, two float4 loads and stores of acc.
+template <typename T>
+__global__ void accumulate_f32_vec8_kernel(const T* src, float* acc, int64_t n8) {
+  GRID_STRIDE(i, n8) {
+    const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
+    const T* values = reinterpret_cast<const T*>(&packed);
+    float4* out = reinterpret_cast<float4*>(acc) + 2 * i;
+    float4 lo = out[0], hi = out[1];
+    lo.x += ToFloat<T>(values[0]);
+    lo.y += ToFloat<T>(values[1]);
+    lo.z += ToFloat<T>(values[2]);
+    lo.w += ToFloat<T>(values[3]);
+    hi.x += ToFloat<T>(values[4]);
+    hi.y += ToFloat<T>(values[5]);
+    hi.z += ToFloat<T>(values[6]);
+    hi.w += ToFloat<T>(values[7]);
+    out[0] = lo;
+    out[1] = hi;
+  }
+}
+
 // One thread per column: consecutive threads read consecutive columns (coalesced).
 template <typename T>
 __global__ void bias_gradient_kernel(const T* dy, int64_t rows, int64_t cols, float* db_acc) {
@@ -253,6 +274,18 @@ cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* 
 
 cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n,
                           cudaStream_t stream) {
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(acc) % 16 == 0 && n % 8 == 0;
+  if (dtype != DType::kF32 && aligned) {
+    return Dispatch(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (sizeof(T) == 2) {
+        accumulate_f32_vec8_kernel<T><<<Blocks(n / 8), kThreads, 0, stream>>>(
+            static_cast<const T*>(src), acc, n / 8);
+      }
+      return cudaGetLastError();
+    });
+  }
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     accumulate_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), acc,

@@ -89,7 +89,14 @@ absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const ch
 }
 
 absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
+  absl::Status status = AllReduceMeanAsync(buffer);
+  if (!status.ok()) return status;
+  return JoinAllReduces();
+}
+
+absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
   if (aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
+  // The comm stream waits for the gradients; the compute stream goes on with the backward pass.
   CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, grads_ready_, 0));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
@@ -99,6 +106,10 @@ absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
     Abort();
     return enqueued;
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::JoinAllReduces() {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(reduce_done_, comm_stream_));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, reduce_done_, 0));
   return absl::OkStatus();

@@ -27,6 +27,8 @@ class NcclCollective final : public Collective {
 
   // Mean over ranks of an f32 device buffer (ncclAvg), enqueued between compute-stream work.
   absl::Status AllReduceMean(Tensor buffer) override;
+  absl::Status AllReduceMeanAsync(Tensor buffer) override;
+  absl::Status JoinAllReduces() override;
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
