@@ -98,9 +98,11 @@ class Backend {
                                        Tensor step_state, Tensor loss_acc, Tensor d_pred) = 0;
   // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
   // grads holds n gradients followed by the averaged loss; gradients are zeroed afterwards
-  // (the loss slot too). step_state is a tensor made by AllocateStepState.
+  // (the loss slot too). step_state is a tensor made by AllocateStepState. When params_low is
+  // not empty, the updated parameters are also written there, rounded to its dtype (the
+  // low-precision copies for the next micro-batches, in the same pass).
   virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                     Tensor momentum, Tensor step_state) = 0;
+                                     Tensor momentum, Tensor step_state, Tensor params_low) = 0;
 
   // A StepState in backend memory, initialised from `initial`.
   virtual absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) = 0;

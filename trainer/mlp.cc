@@ -66,11 +66,12 @@ absl::Status Mlp::RefreshLowPrecisionWeights() {
   return backend_->Cast(params_, params_low_);
 }
 
-absl::Status Mlp::Forward(Tensor x) {
+absl::Status Mlp::Forward(Tensor x, bool x_unchanged) {
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
   Tensor input = x;
   if (compute_dtype_ != DType::kF32) {
-    RETURN_IF_ERROR(backend_->Cast(x, input_low_));
+    if (!x_unchanged || cast_source_ != x.data) RETURN_IF_ERROR(backend_->Cast(x, input_low_));
+    cast_source_ = x.data;
     input = input_low_;
   }
   first_input_ = input;

@@ -29,14 +29,19 @@ class Mlp {
   Tensor grads() const { return grads_; }          // [1, n + 1] f32, loss in the last slot
   Tensor loss_slot() const { return grads_.FlatView(layout_.total, 1, 1); }
   Tensor momentum() const { return momentum_; }    // [1, n] f32
+  // [1, n] compute dtype; empty for fp32 (the masters are used directly).
+  Tensor low_precision_params() const {
+    return compute_dtype_ == DType::kF32 ? Tensor{} : params_low_;
+  }
   Tensor output() const { return outputs_.back(); }     // [B, out] compute dtype
   Tensor output_grad() const { return output_grad_; }   // [B, out] compute dtype
 
   // Rounds the fp32 masters into the compute-dtype copies. Called once per optimizer step:
   // the weights do not change between micro-batches.
   absl::Status RefreshLowPrecisionWeights();
-  // x: [B, input_dim] f32 in backend memory.
-  absl::Status Forward(Tensor x);
+  // x: [B, input_dim] f32 in backend memory. `x_unchanged`: x is the same unmodified tensor
+  // as in the last call (the fixed synthetic batch), so its low-precision cast is reused.
+  absl::Status Forward(Tensor x, bool x_unchanged = false);
   // Backpropagates output_grad(), accumulating into grads(). `on_bucket_ready(bucket)`, when
   // given, runs as soon as a gradient bucket's gradients are complete (last layers first).
   absl::Status Backward(const std::function<absl::Status(Tensor bucket)>& on_bucket_ready = {});
@@ -64,6 +69,7 @@ class Mlp {
   Tensor params_, grads_, momentum_, params_low_;
   Tensor input_low_;                  // [B, in] the input in the compute dtype
   Tensor first_input_;                // What the first layer read in the last Forward().
+  const void* cast_source_ = nullptr; // The x whose cast input_low_ holds.
   std::vector<Tensor> pre_;           // per layer [B, out]: before the activation
   std::vector<Tensor> outputs_;       // per layer [B, out]: after it
   std::vector<Tensor> output_grads_;  // per layer [B, out]: d loss / d output (in place to d pre)

@@ -38,7 +38,7 @@ class MicroBatches {
   // The next micro-batch. A shard of exactly one batch (the synthetic data) is used in place;
   // otherwise rows are copied on the device, wrapping around the end of the shard.
   absl::Status Next(Tensor* x, Tensor* y) {
-    if (features_.rows == batch_) {
+    if (in_place()) {
       *x = features_;
       *y = targets_;
       return absl::OkStatus();
@@ -50,6 +50,9 @@ class MicroBatches {
     *y = y_;
     return absl::OkStatus();
   }
+
+  // Every micro-batch is the same unmodified tensor.
+  bool in_place() const { return features_.rows == batch_; }
 
   // The next row: a function of the step, so a resumed run can set it for every rank.
   int64_t cursor() const { return cursor_; }
@@ -185,7 +188,7 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       const bool stepping = micro + 1 == accumulation;
       Tensor x, y;
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
-      RETURN_IF_ERROR(mlp->Forward(x));
+      RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
                                                mlp->loss_slot(), mlp->output_grad()));
@@ -200,10 +203,10 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
           [&](Tensor bucket) { return collective->AllReduceMeanAsync(bucket); }));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
-    // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients.
+    // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,
+    // and the low-precision weight copies for the next step's micro-batches.
     RETURN_IF_ERROR(backend->OptimizerStep(config, mlp->params(), mlp->grads(), mlp->momentum(),
-                                           step_state));
-    RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
+                                           step_state, mlp->low_precision_params()));
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));

@@ -162,7 +162,7 @@ absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t acc
 }
 
 absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                       Tensor momentum, Tensor step_state) {
+                                       Tensor momentum, Tensor step_state, Tensor params_low) {
   const int64_t n = params.numel();
   if (grads.numel() != n + 1 || momentum.numel() != n) {
     return absl::InvalidArgumentError("OptimizerStep: buffer sizes do not match");
@@ -187,6 +187,10 @@ absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, 
   // Phase 3: the SGD update, unless the step is skipped; then zero the gradients.
   if (!state->skipped) {
     for (int64_t i = 0; i < n; ++i) SgdUpdate(config, g[i], state->clip_coef, &p[i], &m[i]);
+    if (!params_low.empty()) {
+      float* low = F(params_low);
+      for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
+    }
   }
   std::memset(g, 0, (n + 1) * sizeof(float));
   return absl::OkStatus();

@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
                                Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, Tensor step_state) override;
+                             Tensor momentum, Tensor step_state, Tensor params_low) override;
   absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
   absl::Status SnapshotStats(Tensor step_state, int slot) override;
   absl::StatusOr<StepStats> ReadStats(int slot) override;

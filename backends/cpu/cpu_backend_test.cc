@@ -71,7 +71,7 @@ TEST_F(CpuBackendTest, OptimizerStep_OnInfSkipsUpdateAndZeroesGradients) {
   StepConfig config;
   config.lr = 0.1f;
   config.scaler_enabled = true;
-  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state).ok());
+  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
   EXPECT_EQ(Read(params), (std::vector<float>{1.0f, 2.0f}));
   EXPECT_EQ(Read(grads), (std::vector<float>{0, 0, 0}));
   StepState after = *static_cast<StepState*>(state.data);
@@ -90,7 +90,7 @@ TEST_F(CpuBackendTest, OptimizerStep_UnscalesThenSteps) {
   StepConfig config;
   config.lr = 0.5f;
   config.scaler_enabled = true;
-  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state).ok());
+  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
   EXPECT_EQ(Read(params), (std::vector<float>{0.5f, 3.0f}));
   EXPECT_FLOAT_EQ(static_cast<StepState*>(state.data)->last_grad_norm, std::sqrt(5.0f));
 }

@@ -206,6 +206,15 @@ absl::Status CudaBackend::CopyRowsWrapping(Tensor src, int64_t first, Tensor dst
 absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n,
                                int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
                                float beta, void* c, int64_t ldc, DType dtype) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t bytes = dtype == DType::kF32 ? 4 : 2;
+  if (beta == 0.0f && n > 1 && aligned(a) && aligned(b) && aligned(c) && (lda * bytes) % 16 == 0 &&
+      (ldb * bytes) % 16 == 0 && (ldc * bytes) % 16 == 0) {
+    absl::Status lt = LtMatmul({transpose_a, transpose_b, m, n, k, lda, ldb, ldc, dtype,
+                                CUBLASLT_EPILOGUE_DEFAULT},
+                               a, b, c, nullptr);
+    if (lt.code() != absl::StatusCode::kUnimplemented) return lt;
+  }
   const float alpha = 1.0f;
   const cudaDataType_t type = CudaType(dtype);
   CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -215,33 +224,38 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, in
   return absl::OkStatus();
 }
 
-absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtKey& key) {
-  auto it = lt_plans_.find(key);
+absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
+  auto it = lt_plans_.find(shape);
   if (it != lt_plans_.end()) return &it->second;
-  const auto [m, n, k, dtype_index, relu] = key;
-  const cudaDataType_t type = CudaType(static_cast<DType>(dtype_index));
-  LtPlan plan;
+  LtPlan& plan = lt_plans_[shape];
+  const cudaDataType_t type = CudaType(shape.dtype);
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  const cublasOperation_t op_a = shape.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = shape.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+      plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof(no_transpose)));
-  const cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
-  // Column-major: D[m, n] = op(A)[m, k] · B[k, n] with A stored [k, m] (transposed).
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.a, type, k, m, k));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
+      plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &shape.epilogue, sizeof(shape.epilogue)));
+  if (shape.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+  }
+  // Stored shapes: op(A) is m x k, op(B) is k x n, D is m x n (column-major).
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+      &plan.a, type, shape.transpose_a ? shape.k : shape.m, shape.transpose_a ? shape.m : shape.k,
+      shape.lda));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+      &plan.b, type, shape.transpose_b ? shape.n : shape.k, shape.transpose_b ? shape.k : shape.n,
+      shape.ldb));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.d, type, shape.m, shape.n, shape.ldd));
   cublasLtMatmulPreference_t preference = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
   const size_t workspace = kLtWorkspaceBytes;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-  const uint32_t alignment = 16;  // What LinearForward guarantees before fusing.
+  const uint32_t alignment = 16;  // What the callers guarantee before using cuBLASLt.
   for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
@@ -255,28 +269,30 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtKey& key) {
       cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, 1, &heuristic,
       &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  CUBLAS_RETURN_IF_ERROR(status);
-  if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a ", m, "x", n,
-                                                 "x", k, " GEMM with a bias epilogue"));
+  if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+    plan.algo = heuristic.algo;
+    plan.available = true;
   }
-  plan.algo = heuristic.algo;
-  return &(lt_plans_[key] = plan);
+  return &plan;
 }
 
-absl::Status CudaBackend::GemmBiasEpilogue(const Tensor& x, const Tensor& w, const Tensor& b,
-                                           bool relu, void* out) {
-  // Row-major out[M, N] = x[M, K] · w[N, K]ᵀ is column-major outᵀ[N, M] = w · xᵀ.
-  const int64_t rows = x.rows, k = x.cols, n = w.rows;
-  auto plan = Plan({n, rows, k, static_cast<int>(x.dtype), relu});
+absl::Status CudaBackend::LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
+                                   const void* bias) {
+  auto plan = Plan(shape);
   if (!plan.ok()) return plan.status();
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      (*plan)->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b.data, sizeof(b.data)));
+  if (!(*plan)->available) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a ", shape.m,
+                                                 "x", shape.n, "x", shape.k, " GEMM"));
+  }
+  if (bias != nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        (*plan)->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublas_lt_, (*plan)->operation, &alpha, w.data,
-                                        (*plan)->a, x.data, (*plan)->b, &beta, out, (*plan)->d,
-                                        out, (*plan)->d, &(*plan)->algo, lt_workspace_,
-                                        kLtWorkspaceBytes, stream_));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublas_lt_, (*plan)->operation, &alpha, a, (*plan)->a, b,
+                                        (*plan)->b, &beta, d, (*plan)->d, d, (*plan)->d,
+                                        &(*plan)->algo, lt_workspace_, kLtWorkspaceBytes,
+                                        stream_));
   return absl::OkStatus();
 }
 
@@ -319,7 +335,11 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
                        aligned(y.data) && k % 8 == 0 && n % 8 == 0;
   if (fusable &&
       (act == ActivationKind::kNone || (act == ActivationKind::kRelu && pre.data == y.data))) {
-    absl::Status fused = GemmBiasEpilogue(x, w, b, act == ActivationKind::kRelu, y.data);
+    // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is column-major yᵀ[n, m] = w · xᵀ.
+    const LtShape shape{true, false, n, m, k, k, k, n, x.dtype,
+                        act == ActivationKind::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                     : CUBLASLT_EPILOGUE_BIAS};
+    absl::Status fused = LtMatmul(shape, w.data, x.data, y.data, b.data);
     if (fused.code() != absl::StatusCode::kUnimplemented) {
       if (!fused.ok() || pre.data == y.data) return fused;
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre.data, y.data, y.numel() * y.element_bytes,
@@ -396,11 +416,11 @@ absl::Status CudaBackend::MseLossBackward(Tensor pred, Tensor target, int64_t ac
 }
 
 absl::Status CudaBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                        Tensor momentum, Tensor step_state) {
+                                        Tensor momentum, Tensor step_state, Tensor params_low) {
   CUDA_RETURN_IF_ERROR(mptrain::cuda::OptimizerStep(
       config, static_cast<float*>(params.data), static_cast<float*>(grads.data),
       static_cast<float*>(momentum.data), params.numel(), static_cast<StepState*>(step_state.data),
-      partials_, inf_flags_, stream_));
+      params_low.data, params_low.dtype, partials_, inf_flags_, stream_));
   return absl::OkStatus();
 }
 

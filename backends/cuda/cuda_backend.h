@@ -47,7 +47,7 @@ class CudaBackend final : public Backend {
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
                                Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, Tensor step_state) override;
+                             Tensor momentum, Tensor step_state, Tensor params_low) override;
   absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
   absl::Status SnapshotStats(Tensor step_state, int slot) override;
   absl::StatusOr<StepStats> ReadStats(int slot) override;
@@ -66,21 +66,32 @@ class CudaBackend final : public Backend {
   absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
                     int64_t ldc, DType dtype);
-  // out[m_rows, n] (row-major) = act(x[m_rows, k] · w[n, k]ᵀ + b) with the bias (and ReLU) in
-  // cuBLASLt's epilogue: one rounding of the fp32 result, as PyTorch's addmm through cuBLASLt.
-  absl::Status GemmBiasEpilogue(const Tensor& x, const Tensor& w, const Tensor& b, bool relu,
-                                void* out);
+  // Column-major D[m, n] = op(A) · op(B) (+ bias per row of D, then ReLU, by the epilogue)
+  // through cuBLASLt with a workspace, its algorithm chosen once per shape. UNIMPLEMENTED when
+  // cuBLASLt has no algorithm (the caller falls back to cublasGemmEx).
+  struct LtShape {
+    bool transpose_a, transpose_b;
+    int64_t m, n, k, lda, ldb, ldd;
+    DType dtype;
+    cublasLtEpilogue_t epilogue;
+    bool operator<(const LtShape& other) const {
+      return std::tie(transpose_a, transpose_b, m, n, k, lda, ldb, ldd, dtype, epilogue) <
+             std::tie(other.transpose_a, other.transpose_b, other.m, other.n, other.k, other.lda,
+                      other.ldb, other.ldd, other.dtype, other.epilogue);
+    }
+  };
+  absl::Status LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
+                        const void* bias);
   // A ones vector of at least `rows` elements of `dtype` (for bias gradients by GEMM).
   absl::StatusOr<const void*> Ones(DType dtype, int64_t rows);
 
-  // cuBLASLt descriptors and the chosen algorithm, per shape (heuristics run once per shape).
   struct LtPlan {
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
+    bool available = false;
   };
-  using LtKey = std::tuple<int64_t, int64_t, int64_t, int, bool>;  // m, n, k, dtype, relu
-  absl::StatusOr<LtPlan*> Plan(const LtKey& key);
+  absl::StatusOr<LtPlan*> Plan(const LtShape& shape);
 
   int device_;
   int64_t wait_timeout_ms_;
@@ -90,7 +101,7 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t cublas_lt_ = nullptr;
   void* lt_workspace_ = nullptr;
   static constexpr size_t kLtWorkspaceBytes = 64 << 20;
-  std::map<LtKey, LtPlan> lt_plans_;
+  std::map<LtShape, LtPlan> lt_plans_;
   void* ones_ = nullptr;  // Low-precision ones (fp16, bf16 and fp32 copies side by side).
   int64_t ones_rows_ = 0;
   void* bias_scratch_ = nullptr;

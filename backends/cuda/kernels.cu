@@ -163,8 +163,9 @@ __global__ void mse_finalize_kernel(const double* partials, int count, int64_t n
   loss_acc[0] += static_cast<float>(sum / static_cast<double>(numel)) / accumulation;
 }
 
-// Phase 1: unscale in place, inf/NaN flag and squared norm per block.
-__global__ void unscale_check_kernel(float* grads, int64_t n, const StepState* state,
+// Phase 1: inf/NaN flag and squared norm of the unscaled gradients, per block. Read-only: phase
+// 3 recomputes the same products, which saves a write and a read of every gradient.
+__global__ void unscale_check_kernel(const float* grads, int64_t n, const StepState* state,
                                      double* partials, int* inf_flags) {
   const float inv_scale = InverseScale(state->scale);
   double local = 0;
@@ -173,7 +174,6 @@ __global__ void unscale_check_kernel(float* grads, int64_t n, const StepState* s
     const float g = grads[i];
     if (!isfinite(g)) found = 1;
     const float u = g * inv_scale;
-    grads[i] = u;
     local += static_cast<double>(u) * u;
   }
   const double block_sum = BlockSum(local);
@@ -199,17 +199,21 @@ __global__ void finalize_step_kernel(StepConfig config, const double* partials,
   FinalizeStep(config, *loss, state);
 }
 
-// Phase 3: SGD unless skipped, then zero the gradients (and the loss slot).
+// Phase 3: SGD on the unscaled gradients (inv_scale of the scale the step used) unless
+// skipped, the low-precision copy of each updated parameter, and zeroed gradients.
+template <typename T>
 __global__ void sgd_update_kernel(StepConfig config, float* params, float* grads, float* momentum,
-                                  int64_t n, const StepState* state) {
+                                  T* params_low, int64_t n, const StepState* state) {
   const bool skipped = state->skipped != 0;
   const float clip_coef = state->clip_coef;
+  const float inv_scale = InverseScale(state->last_scale);
   GRID_STRIDE(i, n) {
     if (!skipped) {
       float p = params[i], m = momentum[i];
-      SgdUpdate(config, grads[i], clip_coef, &p, &m);
+      SgdUpdate(config, grads[i] * inv_scale, clip_coef, &p, &m);
       params[i] = p;
       momentum[i] = m;
+      if (params_low != nullptr) params_low[i] = FromFloat<T>(p);
     }
     grads[i] = 0.0f;
   }
@@ -321,16 +325,20 @@ cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, 
 }
 
 cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
-                          int64_t n, StepState* state, double* partials, int* inf_flags,
-                          cudaStream_t stream) {
+                          int64_t n, StepState* state, void* params_low, DType low_dtype,
+                          double* partials, int* inf_flags, cudaStream_t stream) {
   unscale_check_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(grads, n, state, partials,
                                                                   inf_flags);
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
   finalize_step_kernel<<<1, 1, 0, stream>>>(config, partials, inf_flags, kReductionBlocks,
                                             grads + n, state);
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  sgd_update_kernel<<<Blocks(n), kThreads, 0, stream>>>(config, params, grads, momentum, n, state);
-  return cudaGetLastError();
+  return Dispatch(params_low == nullptr ? DType::kF32 : low_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sgd_update_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        config, params, grads, momentum, static_cast<T*>(params_low), n, state);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,

@@ -40,9 +40,10 @@ cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, 
                             void* d_pred, double* partials, cudaStream_t stream);
 // The optimizer step of step_math.h over n parameters; grads has n + 1 entries (the loss last).
 // `partials` holds kReductionBlocks doubles and ints of scratch.
+// `params_low` (may be null) receives the updated parameters rounded to `low_dtype`.
 cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
-                          int64_t n, StepState* state, double* partials, int* inf_flags,
-                          cudaStream_t stream);
+                          int64_t n, StepState* state, void* params_low, DType low_dtype,
+                          double* partials, int* inf_flags, cudaStream_t stream);
 // dst rows = src rows [first, first + dst_rows) mod src_rows, f32 with `cols` columns.
 cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
                              float* dst, int64_t dst_rows, cudaStream_t stream);
