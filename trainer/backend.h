@@ -28,13 +28,19 @@ struct Tensor {
   // Bytes per element in memory: 2 for f16/bf16 on the GPU; the CPU backend keeps
   // low-precision values in 4-byte floats (exactly representable, see precision.h).
   int64_t element_bytes = 4;
+  // Elements from one row to the next; 0 means cols (contiguous). Only LinearBackward's dy
+  // accepts a strided tensor (a column slice); every other operation needs contiguous ones.
+  int64_t row_stride = 0;
 
+  int64_t ld() const { return row_stride != 0 ? row_stride : cols; }
   int64_t numel() const { return rows * cols; }
   bool empty() const { return data == nullptr; }
   // Rows [first, first + count) of this tensor (a view; no copy).
   Tensor RowSlice(int64_t first, int64_t count) const;
   // `count` elements starting at element `offset`, viewed as [rows, cols].
   Tensor FlatView(int64_t offset, int64_t rows, int64_t cols) const;
+  // Columns [first, first + count) of every row (a strided view).
+  Tensor ColumnSlice(int64_t first, int64_t count) const;
 };
 
 // The one collective the loop uses. Counting calls through this interface is how the tests
@@ -87,9 +93,12 @@ class Backend {
   virtual absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
                                           Tensor d_pre) = 0;
   // dx = round(dy · w) unless dx is empty; dw_acc += f32(round(dyᵀ · x));
-  // db_acc += f32(round(Σ_rows dy)). dw_acc [N, K] and db_acc [1, N] are f32.
+  // db_acc += f32(round(Σ_rows dy)). dw_acc [N, K] and db_acc [1, N] are f32. With
+  // `overwrite_grads` the accumulators hold zeros (first micro-batch after a step) and are
+  // written instead of read and added to. When dx is empty, dy may be a column slice (strided):
+  // the gradients of some output features only.
   virtual absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
-                                      Tensor db_acc) = 0;
+                                      Tensor db_acc, bool overwrite_grads = false) = 0;
   // MSE (mean over all elements) of pred (compute dtype) against target (f32):
   //   loss_acc[0] += loss / accumulation_steps
   //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))

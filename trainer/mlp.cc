@@ -1,5 +1,7 @@
 #include "trainer/mlp.h"
 
+#include <algorithm>
+
 #include "common/status_macros.h"
 
 namespace mptrain {
@@ -83,26 +85,52 @@ absl::Status Mlp::Forward(Tensor x, bool x_unchanged) {
   return absl::OkStatus();
 }
 
-absl::Status Mlp::Backward(const std::function<absl::Status(Tensor bucket)>& on_bucket_ready) {
+absl::Status Mlp::Backward(bool first_micro_batch, const BucketReady& on_bucket_ready) {
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
   size_t bucket = 0;
   for (size_t i = layout_.layers.size(); i-- > 0;) {
+    const LayerLayout& layer = layout_.layers[i];
     Tensor d_pre = output_grads_[i];
     if (LayerActivation(i) != ActivationKind::kNone) {
       RETURN_IF_ERROR(
           backend_->ActivationBackward(LayerActivation(i), pre_[i], output_grads_[i], d_pre));
     }
     const Tensor layer_input = i == 0 ? first_input_ : outputs_[i - 1];
-    const Tensor d_input = i == 0 ? Tensor{} : output_grads_[i - 1];
-    RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre, d_input,
-                                             Weight(grads_, i), Bias(grads_, i)));
-    if (on_bucket_ready && bucket < bucket_first_layer_.size() &&
-        bucket_first_layer_[bucket] == i) {
+    const bool ends_bucket = on_bucket_ready && bucket < bucket_first_layer_.size() &&
+                             bucket_first_layer_[bucket] == i;
+    const int64_t bucket_end = bucket == 0 ? layout_.total + 1  // with the loss slot
+                                           : layout_.layers[bucket_first_layer_[bucket - 1]].weight_offset;
+    // The last layer of the backward pass, alone in the last bucket and large: its weight
+    // gradient goes in row chunks (output features), each reduced while the next is computed.
+    const int64_t weight_bytes = layer.in * layer.out * 4;
+    const int64_t chunks = std::min<int64_t>(layer.out, weight_bytes / kChunkBytes);
+    const bool chunked = ends_bucket && i == 0 && bucket + 1 == bucket_first_layer_.size() &&
+                         bucket_end == layer.bias_offset + layer.out + (bucket == 0) &&
+                         chunks > 1;
+    if (!chunked) {
+      RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre,
+                                               i == 0 ? Tensor{} : output_grads_[i - 1],
+                                               Weight(grads_, i), Bias(grads_, i),
+                                               first_micro_batch));
+    } else {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t first = layer.out * c / chunks, count = layer.out * (c + 1) / chunks - first;
+        RETURN_IF_ERROR(backend_->LinearBackward(
+            layer_input, Weight(weights, i).RowSlice(first, count), d_pre.ColumnSlice(first, count),
+            Tensor{}, Weight(grads_, i).RowSlice(first, count),
+            Bias(grads_, i).FlatView(first, 1, count), first_micro_batch));
+        RETURN_IF_ERROR(on_bucket_ready(Weight(grads_, i).RowSlice(first, count)));
+      }
+      // The biases (and the loss slot if this is the only bucket) last.
+      RETURN_IF_ERROR(on_bucket_ready(
+          grads_.FlatView(layer.bias_offset, 1, bucket_end - layer.bias_offset)));
+      ++bucket;
+      continue;
+    }
+    if (ends_bucket) {
       // Layers [i, end of the bucket] are done: one contiguous span of the flat buffer.
-      const int64_t begin = layout_.layers[i].weight_offset;
-      const int64_t end = bucket == 0 ? layout_.total + 1  // with the loss slot
-                                      : layout_.layers[bucket_first_layer_[bucket - 1]].weight_offset;
-      RETURN_IF_ERROR(on_bucket_ready(grads_.FlatView(begin, 1, end - begin)));
+      RETURN_IF_ERROR(on_bucket_ready(
+          grads_.FlatView(layer.weight_offset, 1, bucket_end - layer.weight_offset)));
       ++bucket;
     }
   }

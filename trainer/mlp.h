@@ -42,13 +42,19 @@ class Mlp {
   // x: [B, input_dim] f32 in backend memory. `x_unchanged`: x is the same unmodified tensor
   // as in the last call (the fixed synthetic batch), so its low-precision cast is reused.
   absl::Status Forward(Tensor x, bool x_unchanged = false);
-  // Backpropagates output_grad(), accumulating into grads(). `on_bucket_ready(bucket)`, when
-  // given, runs as soon as a gradient bucket's gradients are complete (last layers first).
-  absl::Status Backward(const std::function<absl::Status(Tensor bucket)>& on_bucket_ready = {});
+  // Backpropagates output_grad(), accumulating into grads() (overwriting them on the first
+  // micro-batch after a step, when they hold zeros). `on_bucket_ready(span)`, when given, runs
+  // as soon as a span of gradients is complete: each bucket (last layers first), and, when the
+  // last bucket is one large layer, its weight gradient in row chunks, so that only a small
+  // allreduce is left after the backward pass.
+  using BucketReady = std::function<absl::Status(Tensor span)>;
+  absl::Status Backward(bool first_micro_batch = false, const BucketReady& on_bucket_ready = {});
 
   // Gradient buckets: consecutive layers, from the last, grouped up to kBucketBytes like DDP's
   // buckets; the first bucket also holds the loss slot.
   static constexpr int64_t kBucketBytes = 25 << 20;
+  // A last layer above this many gradient bytes is reduced in chunks of about this size.
+  static constexpr int64_t kChunkBytes = 64 << 20;
   size_t bucket_count() const { return bucket_first_layer_.size(); }
 
  private:

@@ -193,14 +193,15 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
                                                mlp->loss_slot(), mlp->output_grad()));
       if (!stepping) {
-        RETURN_IF_ERROR(mlp->Backward());
+        RETURN_IF_ERROR(mlp->Backward(/*first_micro_batch=*/micro == 0));
         continue;
       }
       // The stepping micro-batch: the gradient allreduce (mean over ranks; the loss rides in the
       // last slot), bucket by bucket as soon as each bucket's gradients are complete, so that
       // it overlaps the rest of the backward pass, as DDP's buckets do.
       RETURN_IF_ERROR(mlp->Backward(
-          [&](Tensor bucket) { return collective->AllReduceMeanAsync(bucket); }));
+          /*first_micro_batch=*/micro == 0,
+          [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
     // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,

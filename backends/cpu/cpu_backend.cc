@@ -110,10 +110,13 @@ absl::Status CpuBackend::ActivationBackward(ActivationKind act, Tensor pre, Tens
 }
 
 absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
-                                        Tensor db_acc) {
-  const int64_t m = x.rows, k = x.cols, n = w.rows;
+                                        Tensor db_acc, bool overwrite_grads) {
+  const int64_t m = x.rows, k = x.cols, n = w.rows, ld = dy.ld();
   if (dy.rows != m || dy.cols != n || dw_acc.numel() != n * k || db_acc.numel() != n) {
     return absl::InvalidArgumentError("LinearBackward: shapes do not match");
+  }
+  if (!dx.empty() && ld != n) {
+    return absl::InvalidArgumentError("LinearBackward: a strided dy needs an empty dx");
   }
   if (!dx.empty()) {
     // dx = round(dy · w)
@@ -124,16 +127,18 @@ absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx
   }
   // dw = round(dyᵀ · x) in the compute dtype, accumulated into the fp32 gradient.
   scratch_.resize(n * k);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, F(dy), n, F(x), k, 0.0f,
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, F(dy), ld, F(x), k, 0.0f,
               scratch_.data(), k);
   float* dw = F(dw_acc);
-  for (int64_t i = 0; i < n * k; ++i) dw[i] += RoundTo(dy.dtype, scratch_[i]);
+  for (int64_t i = 0; i < n * k; ++i) {
+    dw[i] = (overwrite_grads ? 0.0f : dw[i]) + RoundTo(dy.dtype, scratch_[i]);
+  }
   float* db = F(db_acc);
   const float* g = F(dy);
   for (int64_t col = 0; col < n; ++col) {
     float sum = 0;
-    for (int64_t row = 0; row < m; ++row) sum += g[row * n + col];
-    db[col] += RoundTo(dy.dtype, sum);
+    for (int64_t row = 0; row < m; ++row) sum += g[row * ld + col];
+    db[col] = (overwrite_grads ? 0.0f : db[col]) + RoundTo(dy.dtype, sum);
   }
   return absl::OkStatus();
 }

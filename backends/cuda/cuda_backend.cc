@@ -372,8 +372,11 @@ absl::Status CudaBackend::ActivationBackward(ActivationKind act, Tensor pre, Ten
 }
 
 absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
-                                         Tensor db_acc) {
-  const int64_t m = x.rows, k = x.cols, n = w.rows;
+                                         Tensor db_acc, bool overwrite_grads) {
+  const int64_t m = x.rows, k = x.cols, n = w.rows, ld = dy.ld();
+  if (!dx.empty() && ld != n) {
+    return absl::InvalidArgumentError("LinearBackward: a strided dy needs an empty dx");
+  }
   if (!dx.empty()) {
     // Row-major dx[m, k] = dy[m, n] · w[n, k]: column-major dxᵀ = wᵀ · dyᵀ.
     absl::Status gemm = Gemm(false, false, k, m, n, w.data, k, dy.data, n, 0.0f, dx.data, k,
@@ -384,10 +387,10 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
   // compute dtype (as autocast's GEMM), then accumulated into the fp32 gradient.
   auto dw = Scratch(n * k * ElementBytes(dy.dtype));
   if (!dw.ok()) return dw.status();
-  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, n, 0.0f, *dw, k, dy.dtype);
+  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, *dw, k, dy.dtype);
   if (!gemm.ok()) return gemm;
   CUDA_RETURN_IF_ERROR(AccumulateF32(*dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
-                                     stream_));
+                                     overwrite_grads, stream_));
   // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
   // then accumulated into the fp32 gradient.
   auto ones = Ones(dy.dtype, m);
@@ -399,10 +402,10 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
     bias_scratch_elements_ = n;
   }
-  gemm = Gemm(false, false, n, 1, m, dy.data, n, *ones, m, 0.0f, bias_scratch_, n, dy.dtype);
+  gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f, bias_scratch_, n, dy.dtype);
   if (!gemm.ok()) return gemm;
-  CUDA_RETURN_IF_ERROR(
-      AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n, stream_));
+  CUDA_RETURN_IF_ERROR(AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n,
+                                     overwrite_grads, stream_));
   return absl::OkStatus();
 }
 

@@ -43,7 +43,7 @@ class CudaBackend final : public Backend {
   absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
                                   Tensor d_pre) override;
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
-                              Tensor db_acc) override;
+                              Tensor db_acc, bool overwrite_grads) override;
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
                                Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,

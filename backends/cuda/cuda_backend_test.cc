@@ -13,6 +13,7 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/mlp.h"
 #include "trainer/train_loop.h"
 
 namespace mptrain::cuda {
@@ -212,6 +213,53 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
+}
+
+// The mlp8k-like path: the last layer's weight gradient in row chunks (strided dy) must give
+// the gradients of the whole-layer computation.
+TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
+  REQUIRE_GPUS(1);
+  v1::ModelSpec model;
+  model.set_input_dim(8192);
+  model.set_output_dim(4096);
+  const int64_t batch = 64;
+  auto gpu = SingleRankBackend();
+  auto mlp = Mlp::Create(gpu.get(), model, DType::kF16, batch);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  const int64_t n = (*mlp)->layout().total;
+  std::mt19937 generator(2);
+  std::normal_distribution<float> normal;
+  std::vector<float> params(n), x(batch * 8192), y(batch * 4096);
+  for (float& v : params) v = 0.01f * normal(generator);
+  for (float& v : x) v = normal(generator);
+  for (float& v : y) v = normal(generator);
+  Tensor tx = *gpu->Allocate(DType::kF32, batch, 8192);
+  Tensor ty = *gpu->Allocate(DType::kF32, batch, 4096);
+  StepState unit;
+  unit.scale = 1024;
+  Tensor state = *gpu->AllocateStepState(unit);
+  ASSERT_TRUE(gpu->Upload(params.data(), (*mlp)->params()).ok());
+  ASSERT_TRUE(gpu->Upload(x.data(), tx).ok());
+  ASSERT_TRUE(gpu->Upload(y.data(), ty).ok());
+  ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
+  auto gradients = [&](const Mlp::BucketReady& hook) {
+    EXPECT_TRUE(gpu->Zero((*mlp)->grads()).ok());
+    EXPECT_TRUE((*mlp)->Forward(tx).ok());
+    EXPECT_TRUE(gpu->MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
+                                     (*mlp)->output_grad()).ok());
+    EXPECT_TRUE((*mlp)->Backward(true, hook).ok());
+    std::vector<float> grads(n + 1);
+    EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
+    return grads;
+  };
+  const std::vector<float> whole = gradients({});
+  int spans = 0;
+  const std::vector<float> chunked = gradients([&](Tensor) {
+    ++spans;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(spans, 3);
+  EXPECT_LT(RelativeError(chunked, whole), 1e-3);
 }
 
 }  // namespace

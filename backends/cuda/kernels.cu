@@ -85,18 +85,22 @@ __global__ void activation_backward_kernel(ActivationKind act, const T* pre, con
 }
 
 template <typename T>
-__global__ void accumulate_f32_kernel(const T* src, float* acc, int64_t n) {
-  GRID_STRIDE(i, n) { acc[i] += ToFloat<T>(src[i]); }
+__global__ void accumulate_f32_kernel(const T* src, float* acc, int64_t n, float keep) {
+  GRID_STRIDE(i, n) { acc[i] = (keep != 0.0f ? acc[i] : 0.0f) + ToFloat<T>(src[i]); }
 }
 
 // Eight 2-byte elements per thread: 16-byte loads of src, two float4 loads and stores of acc.
 template <typename T>
-__global__ void accumulate_f32_vec8_kernel(const T* src, float* acc, int64_t n8) {
+__global__ void accumulate_f32_vec8_kernel(const T* src, float* acc, int64_t n8, bool overwrite) {
   GRID_STRIDE(i, n8) {
     const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
     const T* values = reinterpret_cast<const T*>(&packed);
     float4* out = reinterpret_cast<float4*>(acc) + 2 * i;
-    float4 lo = out[0], hi = out[1];
+    float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+    if (!overwrite) {
+      lo = out[0];
+      hi = out[1];
+    }
     lo.x += ToFloat<T>(values[0]);
     lo.y += ToFloat<T>(values[1]);
     lo.z += ToFloat<T>(values[2]);
@@ -276,7 +280,7 @@ cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* 
   });
 }
 
-cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n,
+cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, bool overwrite,
                           cudaStream_t stream) {
   const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(acc) % 16 == 0 && n % 8 == 0;
@@ -285,7 +289,7 @@ cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n,
       using T = decltype(tag);
       if constexpr (sizeof(T) == 2) {
         accumulate_f32_vec8_kernel<T><<<Blocks(n / 8), kThreads, 0, stream>>>(
-            static_cast<const T*>(src), acc, n / 8);
+            static_cast<const T*>(src), acc, n / 8, overwrite);
       }
       return cudaGetLastError();
     });
@@ -293,7 +297,7 @@ cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n,
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     accumulate_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), acc,
-                                                                  n);
+                                                                  n, overwrite ? 0.0f : 1.0f);
     return cudaGetLastError();
   });
 }

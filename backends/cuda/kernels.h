@@ -26,8 +26,9 @@ cudaError_t ActivationForward(ActivationKind act, const void* pre, void* y, DTyp
 // d_pre = round(dy * act'(pre)).
 cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* dy, void* d_pre,
                                DType dtype, int64_t n, cudaStream_t stream);
-// acc f32 += f32(src dtype), n elements.
-cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, cudaStream_t stream);
+// acc f32 += f32(src dtype), n elements; with `overwrite`, acc = f32(src) (acc not read).
+cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, bool overwrite,
+                          cudaStream_t stream);
 // db_acc[c] += f32(round(Σ_r dy[r, c])) for dy [rows, cols] of dtype.
 cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols, float* db_acc,
                          cudaStream_t stream);

@@ -1,0 +1,83 @@
+#include "trainer/mlp.h"
+
+#include <random>
+
+#include "backends/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "tests/fake_collectives.h"
+
+namespace mptrain {
+namespace {
+
+// The spans handed to the allreduce hook must cover every gradient (and the loss slot) exactly
+// once, and computing the last layer in chunks must give the same gradients.
+TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
+  v1::ModelSpec model;
+  model.set_input_dim(8192);  // 8192 x 4096 fp32 = 128 MiB: two 64 MiB chunks
+  model.set_output_dim(4096);
+  const int64_t batch = 2;
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  auto mlp = Mlp::Create(&backend, model, DType::kF16, batch);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  const int64_t n = (*mlp)->layout().total;
+  std::mt19937 generator(2);
+  std::normal_distribution<float> normal;
+  std::vector<float> params(n), x(batch * 8192), y(batch * 4096);
+  for (float& v : params) v = 0.01f * normal(generator);
+  for (float& v : x) v = normal(generator);
+  for (float& v : y) v = normal(generator);
+  Tensor tx = *backend.Allocate(DType::kF32, batch, 8192);
+  Tensor ty = *backend.Allocate(DType::kF32, batch, 4096);
+  StepState unit;
+  unit.scale = 1024;
+  Tensor state = *backend.AllocateStepState(unit);
+  ASSERT_TRUE(backend.Upload(params.data(), (*mlp)->params()).ok());
+  ASSERT_TRUE(backend.Upload(x.data(), tx).ok());
+  ASSERT_TRUE(backend.Upload(y.data(), ty).ok());
+  ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
+
+  auto gradients = [&](const Mlp::BucketReady& hook) {
+    EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
+    EXPECT_TRUE((*mlp)->Forward(tx).ok());
+    EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
+                                        (*mlp)->output_grad()).ok());
+    EXPECT_TRUE((*mlp)->Backward(/*first_micro_batch=*/true, hook).ok());
+    std::vector<float> grads(n + 1);
+    EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
+    return grads;
+  };
+  const std::vector<float> whole = gradients({});
+  std::vector<int> covered(n + 1, 0);
+  int spans = 0;
+  const float* base = static_cast<const float*>((*mlp)->grads().data);
+  const std::vector<float> chunked = gradients([&](Tensor span) {
+    const int64_t offset = static_cast<const float*>(span.data) - base;
+    for (int64_t i = 0; i < span.numel(); ++i) covered[offset + i] += 1;
+    ++spans;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(spans, 3) << "two weight chunks, then the biases with the loss slot";
+  EXPECT_EQ(chunked, whole);
+  for (int64_t i = 0; i <= n; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
+}
+
+TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
+  v1::ModelSpec model;
+  model.set_input_dim(6);
+  model.add_hidden_dims(5);
+  model.set_output_dim(3);
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  auto mlp = Mlp::Create(&backend, model, DType::kF32, 2);
+  ASSERT_TRUE(mlp.ok());
+  Tensor tx = *backend.Allocate(DType::kF32, 2, 6);
+  ASSERT_TRUE((*mlp)->Forward(tx).ok());
+  std::vector<int64_t> sizes;
+  ASSERT_TRUE((*mlp)->Backward(false, [&](Tensor span) {
+    sizes.push_back(span.numel());
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 1}));
+}
+
+}  // namespace
+}  // namespace mptrain
