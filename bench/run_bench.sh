@@ -18,17 +18,12 @@ for gpus in 1 2; do
 done
 
 # End to end on 2 GPUs.
-RUN_DIR=$(mktemp -d)
-"$MPTRAIN_BIN/coordinator" --listen=127.0.0.1:0 --port_file="$RUN_DIR/port" >"$RUN_DIR/c.log" 2>&1 &
-PIDS=($!)
-for _ in $(seq 100); do [ -s "$RUN_DIR/port" ] && break; sleep 0.05; done
-ADDRESS=127.0.0.1:$(cat "$RUN_DIR/port")
-for i in 0 1; do
-  CUDA_VISIBLE_DEVICES=$i "$MPTRAIN_BIN/worker" --coordinator="$ADDRESS" --device=cuda \
-    --name=gpu$i --work_dir="$RUN_DIR/w$i" >"$RUN_DIR/w$i.log" 2>&1 &
-  PIDS+=($!)
-done
-sleep 2
+COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
+source scripts/lib/local_cluster.sh
+start_coordinator
+start_worker gpu0 0 --device=cuda
+start_worker gpu1 1 --device=cuda
+wait_for_workers 2
 for run in 1 2 3; do
   start=$(date +%s.%N)
   "$MPTRAIN_BIN/trainctl" --coordinator="$ADDRESS" submit examples/seed.json --wait >/dev/null
@@ -41,6 +36,5 @@ for run in 1 2; do
   end=$(date +%s.%N)
   echo "{\"engine\": \"e2e\", \"name\": \"pytorch: torchrun original example, run $run\", \"seconds\": $(python3 -c "print(round($end - $start, 3))")}" | tee -a "$RESULTS"
 done
-kill "${PIDS[@]}" 2>/dev/null
-wait 2>/dev/null
+stop_cluster
 python3 bench/report.py "$RESULTS"

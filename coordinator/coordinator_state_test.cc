@@ -78,6 +78,17 @@ class CoordinatorStateTest : public ::testing::Test {
     ASSERT_TRUE(state_->ReportRankResult(request).ok());
   }
 
+  void ReportExit(const std::string& worker, const std::string& job_id, int rank, int attempt,
+                  int term_signal) {
+    v1::ReportRankExitRequest exit;
+    exit.set_worker_id(worker);
+    exit.set_job_id(job_id);
+    exit.set_rank(rank);
+    exit.set_attempt(attempt);
+    exit.set_term_signal(term_signal);
+    ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  }
+
   std::atomic<int64_t> now_ms_{1'000'000};
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -185,13 +196,7 @@ TEST_F(CoordinatorStateTest, RankExitWithoutResult_FailsJob_AndOtherRanksAreStop
   std::string worker = Register("w", 2);
   v1::PollAssignmentsResponse poll = Poll(worker);
   std::vector<v1::Assignment> running(poll.start().begin(), poll.start().end());
-  v1::ReportRankExitRequest exit;
-  exit.set_worker_id(worker);
-  exit.set_job_id(job);
-  exit.set_rank(0);
-  exit.set_attempt(1);
-  exit.set_term_signal(9);
-  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  ReportExit(worker, job, 0, 1, 9);
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_NE(status.error().find("rank 0"), std::string::npos);
@@ -207,12 +212,7 @@ TEST_F(CoordinatorStateTest, FinishedRank_IsNotRestartedAfterItExits) {
   std::string worker = Register("w", 2);
   Poll(worker);
   ReportResult(job, 0, "abc");
-  v1::ReportRankExitRequest exit;
-  exit.set_worker_id(worker);
-  exit.set_job_id(job);
-  exit.set_rank(0);
-  exit.set_attempt(1);
-  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  ReportExit(worker, job, 0, 1, 0);
   EXPECT_EQ(StateOf(job), v1::RUNNING);
   v1::Assignment rank1;
   rank1.set_job_id(job);
@@ -358,13 +358,7 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
   consequence.set_collective_failure(true);
   ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
   EXPECT_EQ(StateOf(job), v1::RUNNING) << "a peer failure waits for its root cause";
-  v1::ReportRankExitRequest exit;
-  exit.set_worker_id(worker);
-  exit.set_job_id(job);
-  exit.set_rank(1);
-  exit.set_attempt(1);
-  exit.set_term_signal(9);
-  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  ReportExit(worker, job, 1, 1, 9);
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_EQ(status.error().find("rank 1"), 0u) << "root cause first: " << status.error();
@@ -466,13 +460,7 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   ASSERT_TRUE(state_->ReportTelemetry(report).ok());
   ASSERT_TRUE(state_->KeyValueSet(job, 1, "nccl_unique_id", "old").ok());
 
-  v1::ReportRankExitRequest exit;
-  exit.set_worker_id(worker);
-  exit.set_job_id(job);
-  exit.set_rank(1);
-  exit.set_attempt(1);
-  exit.set_term_signal(9);
-  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  ReportExit(worker, job, 1, 1, 9);
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::RUNNING) << "placed again at once on the free slots";
   EXPECT_EQ(status.restarts(), 1);
@@ -491,8 +479,7 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   EXPECT_EQ(second.start(0).attempt(), 2);
   EXPECT_EQ(second.start(0).resume_checkpoint(), "/ckpt/step-00000010.safetensors");
 
-  exit.set_attempt(2);
-  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  ReportExit(worker, job, 1, 2, 9);
   status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED) << "restarts are used up";
   EXPECT_EQ(status.failures_size(), 2);

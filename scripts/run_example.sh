@@ -35,8 +35,8 @@ GPUS=0
 if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null 2>&1; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
-if [ "$DEVICE" = cuda ] && [ "$GPUS" -lt 1 ]; then
-  echo "run_example: --cuda asked for but no GPU is visible" >&2
+if [ "$DEVICE" = cuda ] && [ "$GPUS" -lt 2 ]; then
+  echo "run_example: --cuda needs 2 GPUs (one rank each), $GPUS visible" >&2
   exit 1
 fi
 if [ "$GPUS" -ge 2 ]; then
@@ -47,45 +47,29 @@ else
   SPEC=examples/seed_cpu.json
   WORKER_ARGS=(--device=cpu --slots=1)
 fi
+echo "run_example: $GPUS GPU(s) visible: running $SPEC"
 
-RUN_DIR=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-"$COORDINATOR" --listen=127.0.0.1:0 --port_file="$RUN_DIR/port" >"$RUN_DIR/coordinator.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do [ -s "$RUN_DIR/port" ] && break; sleep 0.05; done
-ADDRESS=127.0.0.1:$(cat "$RUN_DIR/port")
-echo "coordinator on $ADDRESS (logs in $RUN_DIR)"
-
+source scripts/lib/local_cluster.sh
+trap stop_cluster EXIT
+start_coordinator
+echo "coordinator on $ADDRESS (logs in $CLUSTER_DIR)"
 for i in 0 1; do
-  if [ "$GPUS" -ge 2 ]; then export CUDA_VISIBLE_DEVICES=$i; fi
-  "$WORKER" --coordinator="$ADDRESS" "${WORKER_ARGS[@]}" --name="worker$i" \
-    --work_dir="$RUN_DIR/worker$i" >"$RUN_DIR/worker$i.log" 2>&1 &
-  PIDS+=($!)
+  if [ "$GPUS" -ge 2 ]; then start_worker "worker$i" "$i" "${WORKER_ARGS[@]}";
+  else start_worker "worker$i" "" "${WORKER_ARGS[@]}"; fi
 done
-unset CUDA_VISIBLE_DEVICES
-
-for _ in $(seq 200); do
-  if [ "$("$TRAINCTL" --coordinator="$ADDRESS" --output=json workers | grep -c '"ALIVE"')" -ge 2 ]; then break; fi
-  sleep 0.05
-done
+wait_for_workers 2
 "$TRAINCTL" --coordinator="$ADDRESS" workers
 
 echo "submitting $SPEC"
 set +e
-"$TRAINCTL" --coordinator="$ADDRESS" submit "$SPEC" --wait | tee "$RUN_DIR/submit.out"
+"$TRAINCTL" --coordinator="$ADDRESS" submit "$SPEC" --wait | tee "$CLUSTER_DIR/submit.out"
 STATUS=${PIPESTATUS[0]}
 set -e
-JOB=$(tail -n 1 "$RUN_DIR/submit.out")
+JOB=$(tail -n 1 "$CLUSTER_DIR/submit.out")
 "$TRAINCTL" --coordinator="$ADDRESS" status "$JOB"
 if [ "$STATUS" -eq 0 ]; then
   echo "run_example: $JOB SUCCEEDED; the coordinator found identical parameters on every rank"
 else
-  echo "run_example: $JOB did not succeed; logs in $RUN_DIR" >&2
+  echo "run_example: $JOB did not succeed; logs in $CLUSTER_DIR" >&2
 fi
 exit "$STATUS"

@@ -18,17 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string WriteSpec(const std::string& name, const std::string& json) {
-  std::string path = TestTempDir() + "/" + name + ".json";
-  std::ofstream(path) << json;
-  return path;
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
-}
-
 // A CPU job that runs far longer than any test: it ends only by a fault or a cancel.
 std::string LongJobSpec(int world_size, const std::string& extra = "") {
   return WriteSpec(absl::StrCat("long", world_size), absl::StrCat(R"({
@@ -37,12 +26,6 @@ std::string LongJobSpec(int world_size, const std::string& extra = "") {
     "data": {"synthetic": {"seed": 1}},
     "micro_batch_size": 32, "accumulation_steps": 2, "steps": 100000000,
     "optimizer": {"lr": 0.001}, "telemetry_every": 100)", extra, "}"));
-}
-
-std::string Submit(LocalCluster& cluster, const std::string& spec_file) {
-  CommandResult submitted = cluster.Trainctl("submit " + spec_file);
-  EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
-  return LastLine(submitted.output);
 }
 
 // Waits until every rank reported at least `step` (or the job left RUNNING).
@@ -86,7 +69,7 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
   options.slots_per_worker = world_size / 2;
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = Submit(cluster, LongJobSpec(world_size));
+  const std::string job_id = cluster.Submit( LongJobSpec(world_size));
   ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
   const int victim = world_size - 1;
   std::vector<pid_t> pids = cluster.RankProcesses(job_id, victim);
@@ -116,7 +99,7 @@ TEST_P(KillWorkerDaemon, FailsWithinHeartbeatTimeout_AndLeavesNoProcess) {
   options.slots_per_worker = world_size / 2;
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = Submit(cluster, LongJobSpec(world_size));
+  const std::string job_id = cluster.Submit( LongJobSpec(world_size));
   auto running = WaitForStep(cluster, job_id, 1);
   ASSERT_TRUE(running.ok());
   const std::string lost_worker = running->placement(world_size - 1).worker_id();
@@ -140,7 +123,7 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
   const std::string job_id =
-      Submit(cluster, LongJobSpec(2, R"(, "progress_timeout_s": 3)"));
+      cluster.Submit( LongJobSpec(2, R"(, "progress_timeout_s": 3)"));
   ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
   std::vector<pid_t> pids = cluster.RankProcesses(job_id, 1);
   ASSERT_EQ(pids.size(), 1u);
@@ -158,7 +141,7 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
 TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string job_id = Submit(cluster, LongJobSpec(2));
+  const std::string job_id = cluster.Submit( LongJobSpec(2));
   ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
   const auto start = Clock::now();
   CommandResult cancelled = cluster.Trainctl("cancel " + job_id);
@@ -189,7 +172,7 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
   CommandResult whole = cluster.Trainctl("submit " + spec("whole") + " --wait");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
 
-  const std::string job_id = Submit(cluster, spec("restarted"));
+  const std::string job_id = cluster.Submit( spec("restarted"));
   auto progressed = WaitForStep(cluster, job_id, 130, /*checkpoint_step=*/100);
   ASSERT_TRUE(progressed.ok()) << progressed.status();
   ASSERT_EQ(progressed->state(), v1::RUNNING) << "the job must still run when the rank is killed";

@@ -21,23 +21,6 @@
 namespace mptrain::testing {
 namespace {
 
-std::string WriteSpec(const std::string& name, const std::string& json) {
-  std::string path = TestTempDir() + "/" + name + ".json";
-  std::ofstream(path) << json;
-  return path;
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
-}
-
-std::string SubmitAndGetId(LocalCluster& cluster, const std::string& spec_file) {
-  CommandResult submitted = cluster.Trainctl("submit " + spec_file);
-  EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
-  return LastLine(submitted.output);
-}
-
 TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
@@ -181,7 +164,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     "name": "fake", "world_size": 2, "device": "cuda",
     "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 0}},
     "micro_batch_size": 2, "accumulation_steps": 1, "steps": 1, "optimizer": {"lr": 0.1}})"));
-  const std::string job_id = SubmitAndGetId(cluster, spec);
+  const std::string job_id = cluster.Submit( spec);
 
   v1::PollAssignmentsRequest poll;
   poll.set_worker_id(registered.worker_id());

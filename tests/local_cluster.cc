@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 
 namespace mptrain::testing {
 
@@ -52,6 +54,17 @@ std::vector<pid_t> FindProcesses(const std::string& pattern) {
     if (pid != getpid()) pids.push_back(pid);
   }
   return pids;
+}
+
+std::string WriteSpec(const std::string& name, const std::string& json) {
+  std::string path = TestTempDir() + "/" + name + ".json";
+  std::ofstream(path) << json;
+  return path;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
 }
 
 LocalCluster::LocalCluster(Options options) : options_(options) {
@@ -133,6 +146,14 @@ std::vector<pid_t> LocalCluster::RankProcesses(const std::string& job_id, int ra
 CommandResult LocalCluster::Trainctl(const std::string& arguments) {
   return RunCommand(absl::StrCat(RunfilePath("client/trainctl"), " --coordinator=", address_, " ",
                                  arguments));
+}
+
+std::string LocalCluster::Submit(const std::string& spec_file) {
+  CommandResult submitted = Trainctl("submit " + spec_file);
+  if (submitted.exit_code != 0) {
+    ADD_FAILURE() << "submit " << spec_file << " failed:\n" << submitted.output;
+  }
+  return LastLine(submitted.output);
 }
 
 absl::StatusOr<v1::Job> LocalCluster::WaitForJob(

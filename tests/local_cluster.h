@@ -31,6 +31,12 @@ CommandResult RunCommand(const std::string& command_line);
 // pids of processes whose command line contains `pattern` (pgrep -f).
 std::vector<pid_t> FindProcesses(const std::string& pattern);
 
+// Writes a job spec into the test's scratch directory; returns its path.
+std::string WriteSpec(const std::string& name, const std::string& json);
+
+// The last non-empty line (trainctl prints the job id there).
+std::string LastLine(const std::string& text);
+
 class LocalCluster {
  public:
   struct Options {
@@ -53,6 +59,8 @@ class LocalCluster {
 
   // Runs trainctl against this cluster with the given arguments.
   CommandResult Trainctl(const std::string& arguments);
+  // `trainctl submit FILE`, expecting success; returns the job id.
+  std::string Submit(const std::string& spec_file);
   // Polls GetJob until `predicate` holds or timeout; returns the last job seen.
   absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
                                      const std::function<bool(const v1::Job&)>& predicate,
