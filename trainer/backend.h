@@ -93,12 +93,16 @@ class Backend {
   virtual absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
                                           Tensor d_pre) = 0;
   // dx = round(dy · w) unless dx is empty; dw_acc += f32(round(dyᵀ · x));
-  // db_acc += f32(round(Σ_rows dy)). dw_acc [N, K] and db_acc [1, N] are f32. With
-  // `overwrite_grads` the accumulators hold zeros (first micro-batch after a step) and are
-  // written instead of read and added to. When dx is empty, dy may be a column slice (strided):
-  // the gradients of some output features only.
+  // db_acc += f32(round(Σ_rows dy)). dw_acc [N, K] and db_acc [1, N] are f32, or, with
+  // `overwrite_grads`, written instead of added to. dw_acc and db_acc may instead be in the
+  // compute dtype: then they receive round(dyᵀ · x) and round(Σ_rows dy) themselves (and
+  // overwrite_grads must be set). When dx is empty, dy may be a column slice (strided): the
+  // gradients of some output features only.
   virtual absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                                       Tensor db_acc, bool overwrite_grads = false) = 0;
+  // out[c] = Σ_r f32(rows[r, c]) summed in row order; rows [R, C] in the compute dtype (may be a
+  // strided column slice), out [1, C] f32.
+  virtual absl::Status SumRowsToF32(Tensor rows, Tensor out) = 0;
   // MSE (mean over all elements) of pred (compute dtype) against target (f32):
   //   loss_acc[0] += loss / accumulation_steps
   //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))
@@ -106,8 +110,9 @@ class Backend {
   virtual absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
                                        Tensor step_state, Tensor loss_acc, Tensor d_pred) = 0;
   // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
-  // grads holds n gradients followed by the averaged loss; gradients are zeroed afterwards
-  // (the loss slot too). step_state is a tensor made by AllocateStepState. When params_low is
+  // grads holds n gradients followed by the averaged loss. Afterwards the loss slot is zero;
+  // the gradients are left as they are (the next step's first micro-batch writes over them).
+  // step_state is a tensor made by AllocateStepState. When params_low is
   // not empty, the updated parameters are also written there, rounded to its dtype (the
   // low-precision copies for the next micro-batches, in the same pass).
   virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,

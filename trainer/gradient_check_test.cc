@@ -48,7 +48,7 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE((*mlp)->Forward(*xt).ok());
     EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), *yt, 1, *state, (*mlp)->loss_slot(),
                                         (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward().ok());
+    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0).ok());
     std::vector<float> all(n + 1);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), all.data()).ok());
     if (grads != nullptr) grads->assign(all.begin(), all.begin() + n);

@@ -7,7 +7,9 @@
 namespace mptrain {
 
 absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::ModelSpec& model,
-                                                 DType compute_dtype, int64_t batch) {
+                                                 DType compute_dtype, int64_t batch,
+                                                 int64_t accumulation_steps,
+                                                 int64_t deferred_budget_bytes) {
   ActivationKind activation =
       model.activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
   std::unique_ptr<Mlp> mlp(
@@ -17,6 +19,13 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::Mod
   ASSIGN_OR_RETURN(mlp->grads_, backend->Allocate(DType::kF32, 1, n + 1));
   ASSIGN_OR_RETURN(mlp->momentum_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(mlp->params_low_, backend->Allocate(compute_dtype, 1, n));
+  mlp->accumulation_steps_ = accumulation_steps;
+  const int64_t slot_bytes = accumulation_steps * n * mlp->params_low_.element_bytes;
+  if (compute_dtype != DType::kF32 && accumulation_steps > 1 &&
+      slot_bytes <= deferred_budget_bytes) {
+    ASSIGN_OR_RETURN(mlp->gradient_slots_,
+                     backend->Allocate(compute_dtype, accumulation_steps, n));
+  }
   ASSIGN_OR_RETURN(mlp->input_low_,
                    backend->Allocate(compute_dtype, batch, mlp->layout_.layers[0].in));
   for (size_t i = 0; i < mlp->layout_.layers.size(); ++i) {
@@ -85,8 +94,25 @@ absl::Status Mlp::Forward(Tensor x, bool x_unchanged) {
   return absl::OkStatus();
 }
 
-absl::Status Mlp::Backward(bool first_micro_batch, const BucketReady& on_bucket_ready) {
+absl::Status Mlp::SpanReady(int64_t offset, int64_t count, const BucketReady& on_bucket_ready) {
+  if (defers_accumulation()) {
+    // grads[span] = Σ_micro-batches f32(slot[span]), in micro-batch order; the loss slot (past
+    // the parameters) is not in the slots.
+    const int64_t params = std::min(count, layout_.total - offset);
+    RETURN_IF_ERROR(backend_->SumRowsToF32(gradient_slots_.ColumnSlice(offset, params),
+                                           grads_.FlatView(offset, 1, params)));
+  }
+  if (!on_bucket_ready) return absl::OkStatus();
+  return on_bucket_ready(grads_.FlatView(offset, 1, count));
+}
+
+absl::Status Mlp::Backward(int64_t micro_batch, const BucketReady& on_bucket_ready) {
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
+  const bool last = micro_batch + 1 == accumulation_steps_;
+  // Where this micro-batch's weight and bias gradients go: its own low-precision slot when
+  // deferring; otherwise into the fp32 sums, written over on the first micro-batch.
+  const Tensor target = defers_accumulation() ? gradient_slots_.RowSlice(micro_batch, 1) : grads_;
+  const bool overwrite = defers_accumulation() || micro_batch == 0;
   size_t bucket = 0;
   for (size_t i = layout_.layers.size(); i-- > 0;) {
     const LayerLayout& layer = layout_.layers[i];
@@ -96,7 +122,7 @@ absl::Status Mlp::Backward(bool first_micro_batch, const BucketReady& on_bucket_
           backend_->ActivationBackward(LayerActivation(i), pre_[i], output_grads_[i], d_pre));
     }
     const Tensor layer_input = i == 0 ? first_input_ : outputs_[i - 1];
-    const bool ends_bucket = on_bucket_ready && bucket < bucket_first_layer_.size() &&
+    const bool ends_bucket = last && bucket < bucket_first_layer_.size() &&
                              bucket_first_layer_[bucket] == i;
     const int64_t bucket_end = bucket == 0 ? layout_.total + 1  // with the loss slot
                                            : layout_.layers[bucket_first_layer_[bucket - 1]].weight_offset;
@@ -104,33 +130,34 @@ absl::Status Mlp::Backward(bool first_micro_batch, const BucketReady& on_bucket_
     // gradient goes in row chunks (output features), each reduced while the next is computed.
     const int64_t weight_bytes = layer.in * layer.out * 4;
     const int64_t chunks = std::min<int64_t>(layer.out, weight_bytes / kChunkBytes);
-    const bool chunked = ends_bucket && i == 0 && bucket + 1 == bucket_first_layer_.size() &&
+    const bool chunked = ends_bucket && on_bucket_ready && i == 0 &&
+                         bucket + 1 == bucket_first_layer_.size() &&
                          bucket_end == layer.bias_offset + layer.out + (bucket == 0) &&
                          chunks > 1;
     if (!chunked) {
       RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre,
                                                i == 0 ? Tensor{} : output_grads_[i - 1],
-                                               Weight(grads_, i), Bias(grads_, i),
-                                               first_micro_batch));
+                                               Weight(target, i), Bias(target, i), overwrite));
     } else {
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t first = layer.out * c / chunks, count = layer.out * (c + 1) / chunks - first;
         RETURN_IF_ERROR(backend_->LinearBackward(
             layer_input, Weight(weights, i).RowSlice(first, count), d_pre.ColumnSlice(first, count),
-            Tensor{}, Weight(grads_, i).RowSlice(first, count),
-            Bias(grads_, i).FlatView(first, 1, count), first_micro_batch));
-        RETURN_IF_ERROR(on_bucket_ready(Weight(grads_, i).RowSlice(first, count)));
+            Tensor{}, Weight(target, i).RowSlice(first, count),
+            Bias(target, i).FlatView(first, 1, count), overwrite));
+        RETURN_IF_ERROR(SpanReady(layer.weight_offset + first * layer.in, count * layer.in,
+                                  on_bucket_ready));
       }
       // The biases (and the loss slot if this is the only bucket) last.
-      RETURN_IF_ERROR(on_bucket_ready(
-          grads_.FlatView(layer.bias_offset, 1, bucket_end - layer.bias_offset)));
+      RETURN_IF_ERROR(SpanReady(layer.bias_offset, bucket_end - layer.bias_offset,
+                                on_bucket_ready));
       ++bucket;
       continue;
     }
     if (ends_bucket) {
       // Layers [i, end of the bucket] are done: one contiguous span of the flat buffer.
-      RETURN_IF_ERROR(on_bucket_ready(
-          grads_.FlatView(layer.weight_offset, 1, bucket_end - layer.weight_offset)));
+      RETURN_IF_ERROR(SpanReady(layer.weight_offset, bucket_end - layer.weight_offset,
+                                on_bucket_ready));
       ++bucket;
     }
   }

@@ -19,10 +19,17 @@ class Mlp {
   // Allocates parameters (fp32 masters), gradients (fp32, plus one trailing slot for the loss
   // that rides in the gradient allreduce), momentum, low-precision weight copies and the
   // activations of one micro-batch.
-  static absl::StatusOr<std::unique_ptr<Mlp>> Create(Backend* backend,
-                                                     const v1::ModelSpec& model,
-                                                     DType compute_dtype,
-                                                     int64_t micro_batch_size);
+  //
+  // Gradient accumulation over `accumulation_steps` micro-batches: autocast's weight gradients
+  // come out of the GEMM rounded to fp16/bf16 and are added, one micro-batch after the other,
+  // to the fp32 gradients. When the per-micro-batch low-precision gradients of all micro-batches
+  // fit in `deferred_budget_bytes`, they are kept side by side and summed into fp32 once, on the
+  // stepping micro-batch, in the same order: the same numbers for about a third of the memory
+  // traffic.
+  static constexpr int64_t kDeferredBudgetBytes = int64_t{8} << 30;
+  static absl::StatusOr<std::unique_ptr<Mlp>> Create(
+      Backend* backend, const v1::ModelSpec& model, DType compute_dtype, int64_t micro_batch_size,
+      int64_t accumulation_steps = 1, int64_t deferred_budget_bytes = kDeferredBudgetBytes);
 
   const ParameterLayout& layout() const { return layout_; }
   Tensor params() const { return params_; }        // [1, n] f32
@@ -42,13 +49,15 @@ class Mlp {
   // x: [B, input_dim] f32 in backend memory. `x_unchanged`: x is the same unmodified tensor
   // as in the last call (the fixed synthetic batch), so its low-precision cast is reused.
   absl::Status Forward(Tensor x, bool x_unchanged = false);
-  // Backpropagates output_grad(), accumulating into grads() (overwriting them on the first
-  // micro-batch after a step, when they hold zeros). `on_bucket_ready(span)`, when given, runs
-  // as soon as a span of gradients is complete: each bucket (last layers first), and, when the
-  // last bucket is one large layer, its weight gradient in row chunks, so that only a small
-  // allreduce is left after the backward pass.
+  // Backpropagates output_grad() of micro-batch `micro_batch` (0-based) of an optimizer step.
+  // After the last one (accumulation_steps - 1), grads() holds the fp32 sum of every
+  // micro-batch's gradients; before it, grads() is undefined. `on_bucket_ready(span)`, when
+  // given, runs on the last micro-batch as soon as a span of grads() is final: each bucket
+  // (last layers first), and, when the last bucket is one large layer, its weight gradient in
+  // row chunks, so that only a small allreduce is left after the backward pass.
   using BucketReady = std::function<absl::Status(Tensor span)>;
-  absl::Status Backward(bool first_micro_batch = false, const BucketReady& on_bucket_ready = {});
+  absl::Status Backward(int64_t micro_batch, const BucketReady& on_bucket_ready = {});
+  bool defers_accumulation() const { return !gradient_slots_.empty(); }
 
   // Gradient buckets: consecutive layers, from the last, grouped up to kBucketBytes like DDP's
   // buckets; the first bucket also holds the loss slot.
@@ -67,12 +76,17 @@ class Mlp {
   Tensor Weight(Tensor flat, size_t layer) const;
   Tensor Bias(Tensor flat, size_t layer) const;
   ActivationKind LayerActivation(size_t layer) const;
+  // Makes grads() span [offset, offset + count) final (sums the slots when deferring), then
+  // hands it to the hook.
+  absl::Status SpanReady(int64_t offset, int64_t count, const BucketReady& on_bucket_ready);
 
   Backend* backend_;
   ParameterLayout layout_;
   ActivationKind activation_;
   DType compute_dtype_;
   Tensor params_, grads_, momentum_, params_low_;
+  int64_t accumulation_steps_ = 1;
+  Tensor gradient_slots_;             // [A, n] compute dtype, when deferring the accumulation
   Tensor input_low_;                  // [B, in] the input in the compute dtype
   Tensor first_input_;                // What the first layer read in the last Forward().
   const void* cast_source_ = nullptr; // The x whose cast input_low_ holds.

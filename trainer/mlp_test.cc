@@ -41,7 +41,7 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
     EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
                                         (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(/*first_micro_batch=*/true, hook).ok());
+    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, hook).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
     return grads;
@@ -72,11 +72,61 @@ TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
   Tensor tx = *backend.Allocate(DType::kF32, 2, 6);
   ASSERT_TRUE((*mlp)->Forward(tx).ok());
   std::vector<int64_t> sizes;
-  ASSERT_TRUE((*mlp)->Backward(false, [&](Tensor span) {
+  ASSERT_TRUE((*mlp)->Backward(0, [&](Tensor span) {
     sizes.push_back(span.numel());
     return absl::OkStatus();
   }).ok());
   EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 1}));
+}
+
+// Keeping each micro-batch's low-precision gradients and summing them on the last micro-batch
+// must give exactly the fp32 sums of adding them one micro-batch after the other.
+TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
+  v1::ModelSpec model;
+  model.set_input_dim(24);
+  model.add_hidden_dims(16);
+  model.set_output_dim(8);
+  const int64_t batch = 4, accumulation = 3;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    std::vector<std::vector<float>> results;
+    for (int64_t budget : {int64_t{0}, Mlp::kDeferredBudgetBytes}) {
+      CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+      auto mlp = Mlp::Create(&backend, model, dtype, batch, accumulation, budget);
+      ASSERT_TRUE(mlp.ok());
+      EXPECT_EQ((*mlp)->defers_accumulation(), budget > 0);
+      std::mt19937 generator(5);
+      std::normal_distribution<float> normal;
+      std::vector<float> params((*mlp)->layout().total);
+      for (float& v : params) v = 0.3f * normal(generator);
+      ASSERT_TRUE(backend.Upload(params.data(), (*mlp)->params()).ok());
+      ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
+      StepState unit;
+      unit.scale = 4096;
+      Tensor state = *backend.AllocateStepState(unit);
+      Tensor x = *backend.Allocate(DType::kF32, batch, 24);
+      Tensor y = *backend.Allocate(DType::kF32, batch, 8);
+      int spans = 0;
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        std::vector<float> xs(batch * 24), ys(batch * 8);
+        for (float& v : xs) v = normal(generator);
+        for (float& v : ys) v = normal(generator);
+        ASSERT_TRUE(backend.Upload(xs.data(), x).ok());
+        ASSERT_TRUE(backend.Upload(ys.data(), y).ok());
+        ASSERT_TRUE((*mlp)->Forward(x).ok());
+        ASSERT_TRUE(backend.MseLossBackward((*mlp)->output(), y, accumulation, state,
+                                            (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
+        ASSERT_TRUE((*mlp)->Backward(micro, [&](Tensor) {
+          ++spans;
+          return absl::OkStatus();
+        }).ok());
+      }
+      EXPECT_EQ(spans, 1) << "spans are handed over on the last micro-batch only";
+      std::vector<float> grads((*mlp)->layout().total + 1);
+      ASSERT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
+      results.push_back(grads);
+    }
+    EXPECT_EQ(results[0], results[1]) << "dtype " << static_cast<int>(dtype);
+  }
 }
 
 }  // namespace

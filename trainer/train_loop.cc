@@ -109,7 +109,8 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   const int64_t accumulation = spec.accumulation_steps();
   const DType dtype = ComputeDType(spec.precision());
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(backend, spec.model(), dtype, batch));
+  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp,
+                   Mlp::Create(backend, spec.model(), dtype, batch, accumulation));
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
   ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(spec, mlp->layout()));
   RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
@@ -193,15 +194,14 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
                                                mlp->loss_slot(), mlp->output_grad()));
       if (!stepping) {
-        RETURN_IF_ERROR(mlp->Backward(/*first_micro_batch=*/micro == 0));
+        RETURN_IF_ERROR(mlp->Backward(micro));
         continue;
       }
       // The stepping micro-batch: the gradient allreduce (mean over ranks; the loss rides in the
       // last slot), bucket by bucket as soon as each bucket's gradients are complete, so that
       // it overlaps the rest of the backward pass, as DDP's buckets do.
       RETURN_IF_ERROR(mlp->Backward(
-          /*first_micro_batch=*/micro == 0,
-          [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
+          micro, [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
     // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,

@@ -129,6 +129,11 @@ absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx
   scratch_.resize(n * k);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, F(dy), ld, F(x), k, 0.0f,
               scratch_.data(), k);
+  // An f32 target accumulates; a low-precision one receives the rounded gradient itself.
+  const bool store = dw_acc.dtype != DType::kF32;
+  if (store && !overwrite_grads) {
+    return absl::InvalidArgumentError("LinearBackward: low-precision targets need overwrite");
+  }
   float* dw = F(dw_acc);
   for (int64_t i = 0; i < n * k; ++i) {
     dw[i] = (overwrite_grads ? 0.0f : dw[i]) + RoundTo(dy.dtype, scratch_[i]);
@@ -139,6 +144,19 @@ absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx
     float sum = 0;
     for (int64_t row = 0; row < m; ++row) sum += g[row * ld + col];
     db[col] = (overwrite_grads ? 0.0f : db[col]) + RoundTo(dy.dtype, sum);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SumRowsToF32(Tensor rows, Tensor out) {
+  if (out.numel() != rows.cols) return absl::InvalidArgumentError("SumRowsToF32: size mismatch");
+  const float* in = F(rows);
+  float* sums = F(out);
+  const int64_t ld = rows.ld();
+  for (int64_t c = 0; c < rows.cols; ++c) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < rows.rows; ++r) sum += in[r * ld + c];
+    sums[c] = sum;
   }
   return absl::OkStatus();
 }
@@ -197,7 +215,7 @@ absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, 
       for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
     }
   }
-  std::memset(g, 0, (n + 1) * sizeof(float));
+  g[n] = 0.0f;  // The loss slot; the next first micro-batch writes over the gradients.
   return absl::OkStatus();
 }
 

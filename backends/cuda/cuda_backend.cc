@@ -384,13 +384,25 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     if (!gemm.ok()) return gemm;
   }
   // Row-major dw[n, k] = dy[m, n]ᵀ · x[m, k]: column-major dwᵀ = xᵀ · dy. Computed in the
-  // compute dtype (as autocast's GEMM), then accumulated into the fp32 gradient.
-  auto dw = Scratch(n * k * ElementBytes(dy.dtype));
-  if (!dw.ok()) return dw.status();
-  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, *dw, k, dy.dtype);
+  // compute dtype (as autocast's GEMM), then accumulated into the fp32 gradient; a
+  // low-precision target takes the GEMM's output directly.
+  const bool store = dw_acc.dtype != DType::kF32;
+  if (store && (!overwrite_grads || dw_acc.dtype != dy.dtype)) {
+    return absl::InvalidArgumentError(
+        "LinearBackward: a low-precision target needs overwrite and the compute dtype");
+  }
+  void* dw = dw_acc.data;
+  if (!store) {
+    auto scratch = Scratch(n * k * ElementBytes(dy.dtype));
+    if (!scratch.ok()) return scratch.status();
+    dw = *scratch;
+  }
+  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, dw, k, dy.dtype);
   if (!gemm.ok()) return gemm;
-  CUDA_RETURN_IF_ERROR(AccumulateF32(*dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
-                                     overwrite_grads, stream_));
+  if (!store) {
+    CUDA_RETURN_IF_ERROR(AccumulateF32(dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
+                                       overwrite_grads, stream_));
+  }
   // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
   // then accumulated into the fp32 gradient.
   auto ones = Ones(dy.dtype, m);
@@ -402,10 +414,21 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
     bias_scratch_elements_ = n;
   }
-  gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f, bias_scratch_, n, dy.dtype);
-  if (!gemm.ok()) return gemm;
+  gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f,
+              store ? db_acc.data : bias_scratch_, n, dy.dtype);
+  if (!gemm.ok() || store) return gemm;
   CUDA_RETURN_IF_ERROR(AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n,
                                      overwrite_grads, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SumRowsToF32(Tensor rows, Tensor out) {
+  if (out.numel() != rows.cols || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SumRowsToF32: needs an f32 output of one row's size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SumRowsToF32(rows.data, rows.dtype, rows.rows, rows.cols,
+                                                   rows.ld(), static_cast<float*>(out.data),
+                                                   stream_));
   return absl::OkStatus();
 }
 

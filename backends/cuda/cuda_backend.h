@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
                                   Tensor d_pre) override;
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
+  absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
                                Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,

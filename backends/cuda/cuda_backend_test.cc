@@ -247,7 +247,7 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
     EXPECT_TRUE(gpu->MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
                                      (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(true, hook).ok());
+    EXPECT_TRUE((*mlp)->Backward(0, hook).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     return grads;
@@ -260,6 +260,50 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   });
   EXPECT_EQ(spans, 3);
   EXPECT_LT(RelativeError(chunked, whole), 1e-3);
+}
+
+// On the GPU too, deferred accumulation (per-micro-batch fp16 gradients summed on the last
+// micro-batch) must equal adding each micro-batch's gradients as it comes.
+TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
+  REQUIRE_GPUS(1);
+  v1::ModelSpec model;
+  model.set_input_dim(512);
+  model.add_hidden_dims(256);
+  model.set_output_dim(64);
+  const int64_t batch = 32, accumulation = 4;
+  std::vector<std::vector<float>> results;
+  for (int64_t budget : {int64_t{0}, Mlp::kDeferredBudgetBytes}) {
+    auto gpu = SingleRankBackend();
+    auto mlp = Mlp::Create(gpu.get(), model, DType::kF16, batch, accumulation, budget);
+    ASSERT_TRUE(mlp.ok());
+    ASSERT_EQ((*mlp)->defers_accumulation(), budget > 0);
+    std::mt19937 generator(5);
+    std::normal_distribution<float> normal;
+    std::vector<float> params((*mlp)->layout().total);
+    for (float& v : params) v = 0.05f * normal(generator);
+    ASSERT_TRUE(gpu->Upload(params.data(), (*mlp)->params()).ok());
+    ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
+    StepState unit;
+    unit.scale = 4096;
+    Tensor state = *gpu->AllocateStepState(unit);
+    Tensor x = *gpu->Allocate(DType::kF32, batch, 512);
+    Tensor y = *gpu->Allocate(DType::kF32, batch, 64);
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      std::vector<float> xs(batch * 512), ys(batch * 64);
+      for (float& v : xs) v = normal(generator);
+      for (float& v : ys) v = normal(generator);
+      ASSERT_TRUE(gpu->Upload(xs.data(), x).ok());
+      ASSERT_TRUE(gpu->Upload(ys.data(), y).ok());
+      ASSERT_TRUE((*mlp)->Forward(x).ok());
+      ASSERT_TRUE(gpu->MseLossBackward((*mlp)->output(), y, accumulation, state,
+                                       (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
+      ASSERT_TRUE((*mlp)->Backward(micro).ok());
+    }
+    std::vector<float> grads((*mlp)->layout().total + 1);
+    ASSERT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
+    results.push_back(grads);
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 }  // namespace

@@ -114,6 +114,34 @@ __global__ void accumulate_f32_vec8_kernel(const T* src, float* acc, int64_t n8,
   }
 }
 
+template <typename T>
+__global__ void sum_rows_kernel(const T* rows, int64_t row_count, int64_t cols, int64_t ld,
+                                float* out) {
+  GRID_STRIDE(c, cols) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < row_count; ++r) sum += ToFloat<T>(rows[r * ld + c]);
+    out[c] = sum;
+  }
+}
+
+// Eight columns per thread: 16-byte loads of each row, two float4 stores.
+template <typename T>
+__global__ void sum_rows_vec8_kernel(const T* rows, int64_t row_count, int64_t cols8, int64_t ld,
+                                     float* out) {
+  GRID_STRIDE(c8, cols8) {
+    float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t r = 0; r < row_count; ++r) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(rows + r * ld + c8 * 8);
+      const T* values = reinterpret_cast<const T*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sums[j] += ToFloat<T>(values[j]);
+    }
+    float4* dst = reinterpret_cast<float4*>(out + c8 * 8);
+    dst[0] = make_float4(sums[0], sums[1], sums[2], sums[3]);
+    dst[1] = make_float4(sums[4], sums[5], sums[6], sums[7]);
+  }
+}
+
 // One thread per column: consecutive threads read consecutive columns (coalesced).
 template <typename T>
 __global__ void bias_gradient_kernel(const T* dy, int64_t rows, int64_t cols, float* db_acc) {
@@ -204,7 +232,7 @@ __global__ void finalize_step_kernel(StepConfig config, const double* partials,
 }
 
 // Phase 3: SGD on the unscaled gradients (inv_scale of the scale the step used) unless
-// skipped, the low-precision copy of each updated parameter, and zeroed gradients.
+// skipped, and the low-precision copy of each updated parameter.
 template <typename T>
 __global__ void sgd_update_kernel(StepConfig config, float* params, float* grads, float* momentum,
                                   T* params_low, int64_t n, const StepState* state) {
@@ -298,6 +326,25 @@ cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, b
     using T = decltype(tag);
     accumulate_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), acc,
                                                                   n, overwrite ? 0.0f : 1.0f);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t SumRowsToF32(const void* rows, DType dtype, int64_t row_count, int64_t cols,
+                         int64_t ld, float* out, cudaStream_t stream) {
+  const bool aligned = reinterpret_cast<uintptr_t>(rows) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0 && cols % 8 == 0 && ld % 8 == 0;
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      if (aligned) {
+        sum_rows_vec8_kernel<T><<<Blocks(cols / 8), kThreads, 0, stream>>>(
+            static_cast<const T*>(rows), row_count, cols / 8, ld, out);
+        return cudaGetLastError();
+      }
+    }
+    sum_rows_kernel<T><<<Blocks(cols), kThreads, 0, stream>>>(static_cast<const T*>(rows),
+                                                              row_count, cols, ld, out);
     return cudaGetLastError();
   });
 }

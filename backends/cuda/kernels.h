@@ -29,6 +29,9 @@ cudaError_t ActivationBackward(ActivationKind act, const void* pre, const void* 
 // acc f32 += f32(src dtype), n elements; with `overwrite`, acc = f32(src) (acc not read).
 cudaError_t AccumulateF32(const void* src, DType dtype, float* acc, int64_t n, bool overwrite,
                           cudaStream_t stream);
+// out[c] = Σ_r f32(rows[r * ld + c]) in row order, for r < row_count and c < cols.
+cudaError_t SumRowsToF32(const void* rows, DType dtype, int64_t row_count, int64_t cols,
+                         int64_t ld, float* out, cudaStream_t stream);
 // db_acc[c] += f32(round(Σ_r dy[r, c])) for dy [rows, cols] of dtype.
 cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols, float* db_acc,
                          cudaStream_t stream);
