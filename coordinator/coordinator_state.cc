@@ -425,6 +425,17 @@ absl::Status CoordinatorState::Heartbeat(const std::string& worker_id, uint64_t 
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorState::DeregisterWorker(const std::string& worker_id, uint64_t incarnation,
+                                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto worker = FindLiveWorker(worker_id, incarnation);
+  if (!worker.ok()) return worker.status();
+  MarkWorkerLost(*worker, absl::StrCat("worker ", worker_id, " (", (*worker)->info.host(),
+                                       ") left: ", reason.empty() ? "shut down" : reason));
+  TrySchedule();
+  return absl::OkStatus();
+}
+
 void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& why) {
   worker->info.set_state(v1::LOST);
   spdlog::warn("{}", why);

@@ -84,6 +84,9 @@ class CoordinatorState {
       const v1::RegisterWorkerRequest& request);
   // NOT_FOUND: unknown worker, lost worker or stale incarnation.
   absl::Status Heartbeat(const std::string& worker_id, uint64_t incarnation);
+  // The daemon is shutting down: LOST now, its jobs fail. NOT_FOUND: as Heartbeat.
+  absl::Status DeregisterWorker(const std::string& worker_id, uint64_t incarnation,
+                                const std::string& reason);
   // Long-poll: blocks up to wait_ms while there is nothing to start or stop.
   // NOT_FOUND: as Heartbeat.
   absl::StatusOr<v1::PollAssignmentsResponse> PollAssignments(

@@ -485,5 +485,19 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   EXPECT_EQ(status.failures_size(), 2);
 }
 
+TEST_F(CoordinatorStateTest, DeregisteredWorker_IsLostAtOnce_AndItsJobFails) {
+  std::string job = Submit(1);
+  std::string worker = Register("w", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  ASSERT_TRUE(state_->DeregisterWorker(worker, 1, "SIGTERM").ok());
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_NE(status.error().find("left: SIGTERM"), std::string::npos) << status.error();
+  EXPECT_EQ(state_->ListWorkers()[0].state(), v1::LOST);
+  std::string next = Submit(1);
+  EXPECT_EQ(StateOf(next), v1::PENDING) << "nothing is placed on a deregistered worker";
+  EXPECT_EQ(state_->DeregisterWorker(worker, 1, "again").code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace mptrain

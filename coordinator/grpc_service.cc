@@ -89,6 +89,13 @@ grpc::Status WorkerControlService::Heartbeat(grpc::ServerContext*,
   return ToGrpcStatus(state_->Heartbeat(request->worker_id(), request->incarnation()));
 }
 
+grpc::Status WorkerControlService::DeregisterWorker(grpc::ServerContext*,
+                                                    const v1::DeregisterWorkerRequest* request,
+                                                    v1::DeregisterWorkerResponse*) {
+  return ToGrpcStatus(
+      state_->DeregisterWorker(request->worker_id(), request->incarnation(), request->reason()));
+}
+
 grpc::Status WorkerControlService::PollAssignments(grpc::ServerContext* context,
                                                    const v1::PollAssignmentsRequest* request,
                                                    v1::PollAssignmentsResponse* response) {

@@ -37,6 +37,8 @@ class WorkerControlService final : public v1::WorkerControl::Service {
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest* request,
+                                v1::DeregisterWorkerResponse* response) override;
   grpc::Status PollAssignments(grpc::ServerContext* context,
                                const v1::PollAssignmentsRequest* request,
                                v1::PollAssignmentsResponse* response) override;

@@ -195,5 +195,30 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
   EXPECT_NE(status.output.find("restarts:   1"), std::string::npos) << status.output;
 }
 
+TEST(Faults, WorkerDaemonSigterm_StopsItsRanksDeregistersAndExitsCleanly) {
+  LocalCluster::Options options;
+  options.workers = 3;  // One spare: the others take the next job.
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = cluster.Submit(LongJobSpec(2));
+  auto running = WaitForStep(cluster, job_id, 1);
+  ASSERT_TRUE(running.ok());
+  const std::string leaving = running->placement(1).worker_id();
+  const int index = leaving[1] - '0';
+  kill(cluster.worker_pid(index), SIGTERM);
+  EXPECT_EQ(cluster.WaitForWorkerExit(index, 10), 0) << "the daemon exits cleanly";
+  auto job = cluster.WaitForEnd(job_id, 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->error().find(leaving + " (127.0.0.1) left: the daemon was asked to stop"),
+            std::string::npos)
+      << job->error();
+  EXPECT_NE(job->error().find("rank 1"), std::string::npos) << job->error();
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 5));
+  CommandResult workers = cluster.Trainctl("--output=json workers");
+  EXPECT_NE(workers.output.find("\"LOST\""), std::string::npos) << workers.output;
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
 }  // namespace
 }  // namespace mptrain::testing

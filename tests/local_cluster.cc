@@ -74,9 +74,13 @@ LocalCluster::LocalCluster(Options options) : options_(options) {
 }
 
 LocalCluster::~LocalCluster() {
-  for (pid_t pid : worker_pids_) kill(pid, SIGKILL);
+  for (pid_t pid : worker_pids_) {
+    if (pid > 0) kill(pid, SIGKILL);
+  }
   if (coordinator_pid_ > 0) kill(coordinator_pid_, SIGKILL);
-  for (pid_t pid : worker_pids_) waitpid(pid, nullptr, 0);
+  for (pid_t pid : worker_pids_) {
+    if (pid > 0) waitpid(pid, nullptr, 0);
+  }
   if (coordinator_pid_ > 0) waitpid(coordinator_pid_, nullptr, 0);
 }
 
@@ -134,6 +138,20 @@ absl::Status LocalCluster::Start() {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   return absl::UnavailableError("workers did not register; see " + dir_);
+}
+
+int LocalCluster::WaitForWorkerExit(int index, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(worker_pids_[index], &status, WNOHANG) == worker_pids_[index]) {
+      worker_pids_[index] = -1;  // Reaped: nothing to kill at teardown.
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
 }
 
 std::vector<pid_t> LocalCluster::RankProcesses(const std::string& job_id, int rank) const {

@@ -53,6 +53,9 @@ class LocalCluster {
   v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }
+  // Waits up to timeout_s for worker `index` to exit; returns its exit code (-1 if it did not
+  // exit normally or in time).
+  int WaitForWorkerExit(int index, double timeout_s);
 
   // pids of this cluster's rank processes of `job_id` (of one rank, or all with rank < 0).
   std::vector<pid_t> RankProcesses(const std::string& job_id, int rank = -1) const;

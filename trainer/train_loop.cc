@@ -218,7 +218,8 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       RETURN_IF_ERROR(write_checkpoint(step));
     }
     if (observer->ShouldStop()) {
-      return absl::AbortedError(absl::StrCat("stopped at step ", step, ": the job ended"));
+      return absl::AbortedError(absl::StrCat("stopped at step ", step, ": ",
+                                             observer->StopReason()));
     }
   }
   while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());

@@ -21,8 +21,9 @@ class TrainingObserver {
   // asynchronous backends). `record` is set on telemetry steps (every telemetry_every, and
   // the last step) and null otherwise.
   virtual void OnStep(int64_t step, const v1::TelemetryRecord* record) = 0;
-  // Polled between optimizer steps: true stops the loop with ABORTED.
+  // Polled between optimizer steps: true stops the loop with ABORTED and StopReason().
   virtual bool ShouldStop() = 0;
+  virtual std::string StopReason() { return "a stop was requested"; }
   // Rank 0, after a checkpoint file is complete (renamed into place).
   virtual void OnCheckpoint(int64_t step, const std::string& path) {}
 };

@@ -59,6 +59,19 @@ void TelemetryReporter::OnCheckpoint(int64_t step, const std::string& path) {
   spdlog::info("checkpoint of step {} written to {}", step, path);
 }
 
+void TelemetryReporter::RequestStop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_reason_.empty()) stop_reason_ = reason;
+  }
+  abort_.store(true);
+}
+
+std::string TelemetryReporter::StopReason() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_reason_.empty() ? "a stop was requested" : stop_reason_;
+}
+
 void TelemetryReporter::SetAbortCallback(std::function<void()> callback) {
   std::lock_guard<std::mutex> lock(mu_);
   abort_callback_ = std::move(callback);
@@ -114,7 +127,8 @@ bool TelemetryReporter::SendBatch() {
                  status.error_message());
     return false;
   }
-  if (response.abort() && !abort_.exchange(true)) {
+  if (response.abort() && !abort_.load()) {
+    RequestStop("the coordinator ended the job");
     spdlog::warn("the coordinator ended this job: stopping");
     std::function<void()> callback;
     {

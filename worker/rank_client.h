@@ -50,10 +50,11 @@ class TelemetryReporter final : public TrainingObserver {
 
   void OnStep(int64_t step, const v1::TelemetryRecord* record) override;
   bool ShouldStop() override { return abort_.load(); }
+  std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
   // Called (from the reporter's thread) when the coordinator says the job ended.
   void SetAbortCallback(std::function<void()> callback);
-  void RequestStop() { abort_.store(true); }
+  void RequestStop(const std::string& reason);
   // Sends what is queued and stops the thread.
   void Flush();
 
@@ -71,6 +72,7 @@ class TelemetryReporter final : public TrainingObserver {
   int64_t checkpoint_step_ = 0;
   std::string checkpoint_path_;
   std::function<void()> abort_callback_;
+  std::string stop_reason_;
   bool stopping_ = false;
   std::atomic<bool> abort_{false};
   std::thread thread_;

@@ -66,7 +66,10 @@ void StartSignalThread() {
     }
     const int signal = byte;
     spdlog::warn("signal {}: aborting", signal);
-    if (TelemetryReporter* reporter = g_reporter.load()) reporter->RequestStop();
+    if (TelemetryReporter* reporter = g_reporter.load()) {
+      reporter->RequestStop(absl::StrCat("signal ", signal, " (", strsignal(signal),
+                                         "): the worker stopped this rank"));
+    }
     AbortBackend();
     std::this_thread::sleep_for(std::chrono::seconds(3));
     spdlog::error("did not stop within 3 s of signal {}: exiting", signal);

@@ -83,6 +83,21 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   return absl::CancelledError("stopped before registering");
 }
 
+void WorkerDaemon::Deregister(const std::string& reason) {
+  v1::DeregisterWorkerRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_incarnation(incarnation_);
+  request.set_reason(reason);
+  v1::DeregisterWorkerResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  grpc::Status status = stub_->DeregisterWorker(&context, request, &response);
+  if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
+}
+
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   while (!stop->load()) {
     int64_t interval_ms;
@@ -281,6 +296,9 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   heartbeat.join();
   reaper.join();
   spdlog::info("stopping: {} rank(s) running", running_.size());
+  // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
+  // places nothing new here while the ranks stop.
+  Deregister("the daemon was asked to stop");
   StopAll();
   return absl::OkStatus();
 }

@@ -53,6 +53,7 @@ class WorkerDaemon {
   void ReaperLoop(const std::atomic<bool>* stop);
   void ReapOnce();
   void ReportExit(const RunningRank& rank, int exit_code, int term_signal);
+  void Deregister(const std::string& reason);
 
   WorkerOptions options_;
   std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
