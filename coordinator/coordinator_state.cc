@@ -289,13 +289,36 @@ void CoordinatorState::CheckProgress(JobRecord* record, int64_t now) {
 void CoordinatorState::ReleaseSlots(JobRecord* record) {
   for (auto& [id, worker] : workers_) {
     for (auto it = worker.busy_slots.begin(); it != worker.busy_slots.end();) {
-      if (it->second.first == record->job.job_id()) {
-        it = worker.busy_slots.erase(it);
-      } else {
-        ++it;
-      }
+      const BusySlot& slot = it->second;
+      const bool gone = slot.job_id == record->job.job_id() && slot.attempt == record->attempt &&
+                        record->ranks[slot.rank].exited;
+      it = gone ? worker.busy_slots.erase(it) : std::next(it);
     }
   }
+}
+
+bool CoordinatorState::SlotIsCurrent(const BusySlot& slot) const {
+  const JobRecord* record = FindJob(slot.job_id);
+  return record != nullptr && record->job.state() == v1::RUNNING &&
+         record->attempt == slot.attempt;
+}
+
+bool CoordinatorState::FreeDrainingSlots(WorkerRecord* worker, const std::set<std::string>* running,
+                                         const std::string& exited_key) {
+  bool freed = false;
+  for (auto it = worker->busy_slots.begin(); it != worker->busy_slots.end();) {
+    const BusySlot& slot = it->second;
+    const std::string key = AssignmentKey(slot.job_id, slot.rank, slot.attempt);
+    const bool gone = !SlotIsCurrent(slot) &&
+                      (key == exited_key || (running != nullptr && !running->count(key)));
+    if (gone) {
+      it = worker->busy_slots.erase(it);
+      freed = true;
+    } else {
+      ++it;
+    }
+  }
+  return freed;
 }
 
 std::string CoordinatorState::DescribeRank(const JobRecord& record, int rank) const {
@@ -329,7 +352,8 @@ void CoordinatorState::TrySchedule() {
     record->job.clear_placement();
     for (const RankSlot& rank_slot : *placement) {
       WorkerRecord& worker = workers_.at(rank_slot.worker_id);
-      worker.busy_slots[rank_slot.slot] = {record->job.job_id(), rank_slot.rank};
+      worker.busy_slots[rank_slot.slot] =
+          BusySlot{record->job.job_id(), rank_slot.rank, record->attempt};
       v1::RankPlacement* out = record->job.add_placement();
       out->set_rank(rank_slot.rank);
       out->set_worker_id(rank_slot.worker_id);
@@ -439,19 +463,17 @@ absl::Status CoordinatorState::DeregisterWorker(const std::string& worker_id, ui
 void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& why) {
   worker->info.set_state(v1::LOST);
   spdlog::warn("{}", why);
-  std::set<std::string> affected;
-  for (const auto& [slot, job_rank] : worker->busy_slots) affected.insert(job_rank.first);
-  for (const std::string& job_id : affected) {
-    JobRecord* record = FindJob(job_id);
-    std::vector<int> ranks;
-    for (const auto& [slot, job_rank] : worker->busy_slots) {
-      if (job_rank.first == job_id) ranks.push_back(job_rank.second);
-    }
+  std::map<std::string, std::vector<int>> affected;  // job -> its ranks here
+  for (const auto& [index, slot] : worker->busy_slots) {
+    if (SlotIsCurrent(slot)) affected[slot.job_id].push_back(slot.rank);
+  }
+  // The worker's processes are gone with it (or will be): nothing here drains any more.
+  worker->busy_slots.clear();
+  for (const auto& [job_id, ranks] : affected) {
     std::string rank_list;
     for (int rank : ranks) absl::StrAppend(&rank_list, rank_list.empty() ? "" : ", ", rank);
-    FailJob(record, absl::StrCat(why, "; it held rank ", rank_list, " of this job"));
+    FailJob(FindJob(job_id), absl::StrCat(why, "; it held rank ", rank_list, " of this job"));
   }
-  worker->busy_slots.clear();
   changed_.notify_all();
 }
 
@@ -488,13 +510,13 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     const std::string& worker_id) const {
   std::vector<v1::Assignment> desired;
   const WorkerRecord& worker = workers_.at(worker_id);
-  for (const auto& [slot, job_rank] : worker.busy_slots) {
-    const JobRecord* record = FindJob(job_rank.first);
-    if (record == nullptr || record->job.state() != v1::RUNNING) continue;
-    if (record->ranks[job_rank.second].exited) continue;
+  for (const auto& [slot, busy] : worker.busy_slots) {
+    if (!SlotIsCurrent(busy)) continue;  // Draining.
+    const JobRecord* record = FindJob(busy.job_id);
+    if (record->ranks[busy.rank].exited) continue;
     v1::Assignment assignment;
     assignment.set_job_id(record->job.job_id());
-    assignment.set_rank(job_rank.second);
+    assignment.set_rank(busy.rank);
     assignment.set_world_size(record->job.spec().world_size());
     assignment.set_device_index(slot);
     *assignment.mutable_spec() = record->job.spec();
@@ -543,6 +565,12 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
         stop->set_attempt(assignment.attempt());
       }
     }
+    // Draining slots whose rank this worker no longer runs are free again.
+    if (FreeDrainingSlots(*worker, &running, "")) {
+      TrySchedule();
+      changed_.notify_all();
+      continue;  // The freed slots may have started something here.
+    }
     if (response.start_size() > 0 || response.stop_size() > 0 ||
         std::chrono::steady_clock::now() >= deadline) {
       return response;
@@ -555,16 +583,32 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
   std::lock_guard<std::mutex> lock(mu_);
   JobRecord* record = FindJob(request.job_id());
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  // Whatever the rank's job does next, its slot is free once its process is gone.
+  struct FreeSlotOnReturn {
+    CoordinatorState* state;
+    const v1::ReportRankExitRequest& request;
+    ~FreeSlotOnReturn() {
+      auto worker = state->workers_.find(request.worker_id());
+      if (worker == state->workers_.end()) return;
+      if (state->FreeDrainingSlots(
+              &worker->second, nullptr,
+              AssignmentKey(request.job_id(), request.rank(), request.attempt()))) {
+        state->TrySchedule();
+        state->changed_.notify_all();
+      }
+    }
+  } free_slot{this, request};
   if (request.attempt() != record->attempt || request.rank() < 0 ||
       request.rank() >= static_cast<int>(record->ranks.size())) {
     return absl::OkStatus();  // A late report from an earlier attempt: nothing to do.
   }
+  // A job waiting for a restart has no current ranks: this exit belongs to the failed attempt.
+  if (record->job.state() != v1::RUNNING) return absl::OkStatus();
   RankRecord& rank = record->ranks[request.rank()];
   rank.exited = true;
   changed_.notify_all();
   // A rank that reported its result (success or error) is accounted for.
   if (rank.result_reported) return absl::OkStatus();
-  if (IsTerminal(record->job.state())) return absl::OkStatus();
   std::string how =
       request.term_signal() != 0
           ? absl::StrCat("was killed by signal ", request.term_signal(), " (",
@@ -655,7 +699,7 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
   std::lock_guard<std::mutex> lock(mu_);
   JobRecord* record = FindJob(request.job_id());
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
-  if (record->attempt != request.attempt() || IsTerminal(record->job.state())) {
+  if (record->attempt != request.attempt() || record->job.state() != v1::RUNNING) {
     return absl::OkStatus();  // The attempt is over; the result no longer matters.
   }
   if (request.rank() < 0 || request.rank() >= static_cast<int>(record->ranks.size())) {

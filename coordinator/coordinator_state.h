@@ -117,10 +117,18 @@ class CoordinatorState {
   void WakeAll();
 
  private:
+  // A slot is busy from placement until its rank process is known to be gone: the worker
+  // reported its exit, or no longer lists it as running. After its job ends (or restarts) a
+  // slot whose rank is still stopping is draining: not desired, not free.
+  struct BusySlot {
+    std::string job_id;
+    int rank = 0;
+    int attempt = 0;
+  };
   struct WorkerRecord {
     v1::Worker info;
     std::string name;
-    std::map<int, std::pair<std::string, int>> busy_slots;  // slot -> (job_id, rank)
+    std::map<int, BusySlot> busy_slots;  // slot index -> its rank
   };
   struct RankRecord {
     bool result_reported = false;
@@ -154,7 +162,14 @@ class CoordinatorState {
   // its latest checkpoint.
   void FailJob(JobRecord* record, const std::string& error, bool restartable = true);
   void CheckProgress(JobRecord* record, int64_t now);
+  // Frees the job's slots whose rank process is gone; the others drain (see BusySlot).
   void ReleaseSlots(JobRecord* record);
+  // Whether `slot` belongs to the current attempt of a RUNNING job.
+  bool SlotIsCurrent(const BusySlot& slot) const;
+  // Frees draining slots of `worker` whose rank is not in `running`, or the one rank that just
+  // exited. Returns whether any slot was freed.
+  bool FreeDrainingSlots(WorkerRecord* worker, const std::set<std::string>* running,
+                         const std::string& exited_key);
   void MarkWorkerLost(WorkerRecord* worker, const std::string& why);
   void TrySchedule();
   void MaybeFinishJob(JobRecord* record);

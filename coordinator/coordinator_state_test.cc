@@ -155,15 +155,37 @@ TEST_F(CoordinatorStateTest, Scheduling_IsFifo_AndMatchesDeviceKind) {
   EXPECT_EQ(StateOf(small), v1::PENDING);
 }
 
-TEST_F(CoordinatorStateTest, EqualChecksums_Succeed_AndFreeSlots) {
+TEST_F(CoordinatorStateTest, EqualChecksums_Succeed_AndSlotsAreReusedOnceRanksExit) {
   std::string job = Submit(2);
   std::string next = Submit(2);
-  Register("w", 2);
+  std::string worker = Register("w", 2);
   ReportResult(job, 0, "abc");
   EXPECT_EQ(StateOf(job), v1::RUNNING);
   ReportResult(job, 1, "abc");
   EXPECT_EQ(StateOf(job), v1::SUCCEEDED);
+  EXPECT_EQ(StateOf(next), v1::PENDING) << "the ranks' processes still hold their slots";
+  ReportExit(worker, job, 0, 1, 0);
+  EXPECT_EQ(StateOf(next), v1::PENDING);
+  ReportExit(worker, job, 1, 1, 0);
   EXPECT_EQ(StateOf(next), v1::RUNNING) << "slots freed by the finished job are reused";
+}
+
+TEST_F(CoordinatorStateTest, CancelledJob_SlotsDrainUntilTheWorkerNoLongerRunsTheRanks) {
+  std::string job = Submit(1);
+  std::string worker = Register("w", 1);
+  v1::PollAssignmentsResponse started = Poll(worker);
+  ASSERT_EQ(started.start_size(), 1);
+  std::string next = Submit(1);
+  ASSERT_TRUE(state_->CancelJob(job).ok());
+  EXPECT_EQ(StateOf(next), v1::PENDING) << "the cancelled rank may still be on the GPU";
+  std::vector<v1::Assignment> running(started.start().begin(), started.start().end());
+  v1::PollAssignmentsResponse stop = Poll(worker, running);
+  EXPECT_EQ(stop.stop_size(), 1);
+  EXPECT_EQ(StateOf(next), v1::PENDING);
+  v1::PollAssignmentsResponse after = Poll(worker, {});  // The worker's rank is gone.
+  EXPECT_EQ(StateOf(next), v1::RUNNING);
+  ASSERT_EQ(after.start_size(), 1);
+  EXPECT_EQ(after.start(0).job_id(), next);
 }
 
 TEST_F(CoordinatorStateTest, DifferentChecksums_FailAsDiverged) {
@@ -462,19 +484,23 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
 
   ReportExit(worker, job, 1, 1, 9);
   v1::Job status = *state_->GetJob(job);
-  EXPECT_EQ(status.state(), v1::RUNNING) << "placed again at once on the free slots";
+  EXPECT_EQ(status.state(), v1::PENDING) << "queued again; rank 0 of attempt 1 still runs";
   EXPECT_EQ(status.restarts(), 1);
   ASSERT_EQ(status.failures_size(), 1);
   EXPECT_NE(status.failures(0).find("signal 9"), std::string::npos);
   EXPECT_EQ(status.error(), "");
+
+  // The worker still runs rank 0 of attempt 1: it is told to stop it; once it is gone, attempt
+  // 2 is placed and started.
+  std::vector<v1::Assignment> running = {first.start(0)};
+  v1::PollAssignmentsResponse stop = Poll(worker, running);
+  EXPECT_EQ(stop.stop_size(), 1);
+  ReportExit(worker, job, 0, 1, 15);
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
   EXPECT_EQ(state_->KeyValueGet(job, 2, "nccl_unique_id", 0).status().code(),
             absl::StatusCode::kDeadlineExceeded)
       << "the new attempt gets a fresh store (a fresh NCCL unique id)";
-
-  // The worker still runs attempt 1: it is told to stop it and to start attempt 2.
-  std::vector<v1::Assignment> running(first.start().begin(), first.start().end());
-  v1::PollAssignmentsResponse second = Poll(worker, running);
-  EXPECT_EQ(second.stop_size(), 2);
+  v1::PollAssignmentsResponse second = Poll(worker, {});
   ASSERT_EQ(second.start_size(), 2);
   EXPECT_EQ(second.start(0).attempt(), 2);
   EXPECT_EQ(second.start(0).resume_checkpoint(), "/ckpt/step-00000010.safetensors");

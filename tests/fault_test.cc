@@ -34,6 +34,8 @@ absl::StatusOr<v1::Job> WaitForStep(LocalCluster& cluster, const std::string& jo
   return cluster.WaitForJob(
       job_id,
       [step, checkpoint_step](const v1::Job& job) {
+        // PENDING: queued, or waiting for the previous job's ranks to leave their slots.
+        if (job.state() == v1::PENDING) return false;
         if (job.state() != v1::RUNNING) return true;
         for (const auto& progress : job.progress()) {
           if (progress.step() < step) return false;
@@ -172,7 +174,7 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
   CommandResult whole = cluster.Trainctl("submit " + spec("whole") + " --wait");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
 
-  const std::string job_id = cluster.Submit( spec("restarted"));
+  const std::string job_id = cluster.Submit(spec("restarted"));
   auto progressed = WaitForStep(cluster, job_id, 130, /*checkpoint_step=*/100);
   ASSERT_TRUE(progressed.ok()) << progressed.status();
   ASSERT_EQ(progressed->state(), v1::RUNNING) << "the job must still run when the rank is killed";
