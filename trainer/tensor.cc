@@ -4,7 +4,7 @@ namespace mptrain {
 
 Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
   Tensor view = *this;
-  view.data = static_cast<char*>(data) + first * cols * element_bytes;
+  view.data = static_cast<char*>(data) + first * ld() * element_bytes;
   view.rows = count;
   return view;
 }
