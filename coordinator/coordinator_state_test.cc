@@ -89,6 +89,19 @@ class CoordinatorStateTest : public ::testing::Test {
     ASSERT_TRUE(state_->ReportRankExit(exit).ok());
   }
 
+  // One second passes: the worker heartbeats, rank 0 reports `step`, liveness is checked.
+  void SecondPasses(const std::string& worker, const std::string& job_id, int64_t step) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+    v1::ReportTelemetryRequest report;
+    report.set_job_id(job_id);
+    report.set_attempt(1);
+    report.set_rank(0);
+    report.set_step(step);
+    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+    state_->CheckLiveness();
+  }
+
   std::atomic<int64_t> now_ms_{1'000'000};
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -414,17 +427,8 @@ TEST_F(CoordinatorStateTest, ProgressTimeout_NamesTheSilentRank) {
   request.mutable_spec()->set_progress_timeout_s(5);
   std::string job = state_->SubmitJob(request)->job_id();
   std::string worker = Register("w", 2);
-  for (int second = 1; second <= 6; ++second) {
-    now_ms_ += 1'000;
-    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
-    v1::ReportTelemetryRequest report;  // Rank 0 reports (stuck at step 3), rank 1 is silent.
-    report.set_job_id(job);
-    report.set_attempt(1);
-    report.set_rank(0);
-    report.set_step(3);
-    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
-    state_->CheckLiveness();
-  }
+  // Rank 0 reports (stuck at step 3), rank 1 is silent.
+  for (int second = 1; second <= 6; ++second) SecondPasses(worker, job, 3);
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_NE(status.error().find("rank 1 on worker"), std::string::npos) << status.error();
@@ -437,27 +441,9 @@ TEST_F(CoordinatorStateTest, ProgressTimeout_NamesAStalledRankThatStillReports) 
   request.mutable_spec()->set_progress_timeout_s(5);
   std::string job = state_->SubmitJob(request)->job_id();
   std::string worker = Register("w", 1);
-  for (int second = 1; second <= 6; ++second) {
-    now_ms_ += 1'000;
-    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
-    v1::ReportTelemetryRequest report;
-    report.set_job_id(job);
-    report.set_attempt(1);
-    report.set_step(second == 1 ? 1 : 2);
-    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
-    state_->CheckLiveness();
-  }
+  for (int second = 1; second <= 6; ++second) SecondPasses(worker, job, second == 1 ? 1 : 2);
   EXPECT_EQ(StateOf(job), v1::RUNNING) << "step 2 arrived 4 s ago: not yet";
-  for (int second = 7; second <= 8; ++second) {
-    now_ms_ += 1'000;
-    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
-    v1::ReportTelemetryRequest report;
-    report.set_job_id(job);
-    report.set_attempt(1);
-    report.set_step(2);
-    ASSERT_TRUE(state_->ReportTelemetry(report).ok());
-    state_->CheckLiveness();
-  }
+  for (int second = 7; second <= 8; ++second) SecondPasses(worker, job, 2);
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_NE(status.error().find("made no progress"), std::string::npos) << status.error();
