@@ -24,6 +24,10 @@ int ReportRpcError(const CommandContext& context, const std::string& what,
     case grpc::StatusCode::INVALID_ARGUMENT: code = "INVALID_ARGUMENT"; break;
     case grpc::StatusCode::NOT_FOUND: code = "NOT_FOUND"; break;
     case grpc::StatusCode::FAILED_PRECONDITION: code = "FAILED_PRECONDITION"; break;
+    case grpc::StatusCode::UNAUTHENTICATED: code = "UNAUTHENTICATED"; break;
+    case grpc::StatusCode::PERMISSION_DENIED: code = "PERMISSION_DENIED"; break;
+    case grpc::StatusCode::ALREADY_EXISTS: code = "ALREADY_EXISTS"; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = "RESOURCE_EXHAUSTED"; break;
     default: code = absl::StrCat("code ", static_cast<int>(status.error_code()));
   }
   *context.err << "trainctl: " << what << " failed: " << code << ": " << status.error_message()

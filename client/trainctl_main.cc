@@ -1,6 +1,7 @@
 // trainctl: the command-line client of the coordinator.
 //
-//   trainctl [--coordinator HOST:PORT] [--output table|json] COMMAND
+//   trainctl [--coordinator HOST:PORT] [--output table|json] [--tls_ca ca.pem]
+//            [--token_file FILE] COMMAND
 //     submit FILE [--wait] [--request_id ID]   queue a job (prints its id on the last line)
 //     status ID                                 the job's state, placement, progress, telemetry
 //     watch ID                                  live telemetry until the job ends
@@ -13,6 +14,8 @@
 #include "absl/flags/flag.h"
 #include "client/commands.h"
 #include "common/cli_flags.h"
+#include "common/client_channel.h"
+#include "common/client_security_flags.h"
 #include "grpcpp/grpcpp.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address HOST:PORT");
@@ -24,7 +27,9 @@ ABSL_FLAG(int64_t, timeout_ms, 10'000, "Deadline of each RPC (watch has none)");
 namespace {
 
 constexpr char kUsage[] =
-    "trainctl [--coordinator HOST:PORT] [--output table|json] COMMAND\n"
+    "trainctl [--coordinator HOST:PORT] [--output table|json] [--tls_ca FILE [--tls_cert FILE\n"
+    "          --tls_key FILE] [--tls_server_name NAME]] [--token_file FILE] COMMAND\n"
+    "  (the token may also come from the MPTRAIN_TOKEN environment variable)\n"
     "  submit FILE [--wait] [--request_id ID]\n"
     "  status ID\n"
     "  watch ID\n"
@@ -46,9 +51,12 @@ int main(int argc, char** argv) {
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "table" && output != "json") return Usage("--output must be table or json");
 
-  auto channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials());
-  std::unique_ptr<mptrain::v1::Coordinator::Stub> stub = mptrain::v1::Coordinator::NewStub(channel);
+  absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
+  if (!security.ok()) return Usage(std::string(security.status().message()));
+  auto channel = mptrain::MakeCoordinatorChannel(absl::GetFlag(FLAGS_coordinator), *security);
+  if (!channel.ok()) return Usage(std::string(channel.status().message()));
+  std::unique_ptr<mptrain::v1::Coordinator::Stub> stub =
+      mptrain::v1::Coordinator::NewStub(*channel);
   mptrain::CommandContext context;
   context.stub = stub.get();
   context.format = output == "json" ? mptrain::OutputFormat::kJson : mptrain::OutputFormat::kTable;

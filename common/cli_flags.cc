@@ -2,6 +2,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
 
 namespace mptrain {
 
@@ -26,6 +27,37 @@ std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& us
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(pointers.size()),
                                                          pointers.data());
   return std::vector<std::string>(positional.begin(), positional.end());
+}
+
+std::vector<std::string> RepeatedFlagValues(int argc, char** argv, const std::string& name) {
+  std::vector<std::string> values;
+  auto add = [&values](const std::string& list) {
+    for (absl::string_view value : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      values.emplace_back(value);
+    }
+  };
+  std::string dashed = name;
+  for (char& c : dashed) {
+    if (c == '_') c = '-';
+  }
+  const std::vector<std::string> flags =
+      dashed == name ? std::vector<std::string>{"--" + name}
+                     : std::vector<std::string>{"--" + name, "--" + dashed};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string& flag : flags) {
+      if (arg == flag && i + 1 < argc) {
+        add(argv[++i]);
+        break;
+      }
+      if (arg.rfind(flag + "=", 0) == 0) {
+        add(arg.substr(flag.size() + 1));
+        break;
+      }
+    }
+  }
+  return values;
 }
 
 }  // namespace mptrain

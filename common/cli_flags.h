@@ -12,4 +12,8 @@ namespace mptrain {
 // Returns the positional arguments, program name first.
 std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage);
 
+// Every value of a flag that may be given more than once (absl keeps only the last):
+// `--data_root=/a --data_root /b --data_root=/c,/d` gives {/a, /b, /c, /d}. Stops at `--`.
+std::vector<std::string> RepeatedFlagValues(int argc, char** argv, const std::string& name);
+
 }  // namespace mptrain

@@ -168,8 +168,13 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!IsValidName(spec.name())) {
+    // Echo a bounded prefix: the name may be megabytes.
+    const std::string shown = spec.name().size() > 64
+                                  ? absl::StrCat(spec.name().substr(0, 64), "... (",
+                                                 spec.name().size(), " bytes)")
+                                  : spec.name();
     return Invalid(absl::StrCat("name must be at most 128 characters of [A-Za-z0-9._-], got \"",
-                                spec.name(), "\""));
+                                shown, "\""));
   }
   if (spec.world_size() < 1 || spec.world_size() > kMaxWorldSize) {
     return Invalid(absl::StrCat("world_size must be in [1, ", kMaxWorldSize, "], got ",

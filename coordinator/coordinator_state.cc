@@ -7,7 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/job_spec.h"
+#include "common/path_rules.h"
+#include "common/secrets.h"
 #include "coordinator/placement.h"
 #include "spdlog/spdlog.h"
 
@@ -22,6 +25,58 @@ int64_t SystemNowMs() {
 
 std::string AssignmentKey(const std::string& job_id, int rank, int attempt) {
   return absl::StrCat(job_id, "/", rank, "/", attempt);
+}
+
+// Client-supplied identifiers echoed in errors are cut short (they may be megabytes).
+std::string Quote(const std::string& text) { return TruncateForError(text, 128); }
+
+bool IsWorkerName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == ':' || c == '@';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status CheckRoots(const char* field, const google::protobuf::RepeatedPtrField<std::string>& roots) {
+  if (roots.size() > kMaxRootsPerKind) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " may list at most ", kMaxRootsPerKind,
+                                                   " directories, got ", roots.size()));
+  }
+  for (int i = 0; i < roots.size(); ++i) {
+    if (absl::Status status = CheckPathSyntax(absl::StrCat(field, "[", i, "]"), roots[i]);
+        !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The path fields of a spec: (field, path, whether the rank writes it).
+struct SpecPath {
+  std::string field;
+  std::string path;
+  bool write = false;
+};
+
+std::vector<SpecPath> SpecPaths(const v1::JobSpec& spec) {
+  std::vector<SpecPath> paths;
+  if (spec.data().has_npy()) {
+    paths.push_back({"data.npy.features_path", spec.data().npy().features_path(), false});
+    paths.push_back({"data.npy.targets_path", spec.data().npy().targets_path(), false});
+  }
+  if (!spec.init_checkpoint().empty()) {
+    paths.push_back({"init_checkpoint", spec.init_checkpoint(), false});
+  }
+  if (!spec.output_checkpoint().empty()) {
+    paths.push_back({"output_checkpoint", spec.output_checkpoint(), true});
+  }
+  if (!spec.checkpoint_dir().empty()) {
+    paths.push_back({"checkpoint_dir", spec.checkpoint_dir(), true});
+  }
+  return paths;
 }
 
 }  // namespace
@@ -45,12 +100,18 @@ const CoordinatorState::JobRecord* CoordinatorState::FindJob(const std::string& 
 }
 
 absl::StatusOr<CoordinatorState::WorkerRecord*> CoordinatorState::FindLiveWorker(
-    const std::string& worker_id, uint64_t incarnation) {
+    const std::string& worker_id, uint64_t incarnation, const std::string& secret) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id, "; register again"));
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", Quote(worker_id), "; register again"));
   }
   WorkerRecord& worker = it->second;
+  // The secret first: without it nothing about the worker is revealed or changed.
+  if (!SecretsEqual(worker.secret, secret)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the worker secret does not match worker ", Quote(worker_id)));
+  }
   if (worker.info.incarnation() != incarnation) {
     return absl::NotFoundError(absl::StrCat("worker ", worker_id, " has incarnation ",
                                             worker.info.incarnation(), ", not ", incarnation,
@@ -68,12 +129,21 @@ absl::StatusOr<CoordinatorState::WorkerRecord*> CoordinatorState::FindLiveWorker
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
-    const v1::SubmitJobRequest& request) {
+    const v1::SubmitJobRequest& request, const std::string& owner) {
+  if (const size_t bytes = request.spec().ByteSizeLong(); bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec is ", bytes, " bytes; the limit is ", kMaxSpecBytes));
+  }
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is ", request.request_id().size(),
+                                                   " bytes; the limit is ", kMaxRequestIdBytes));
+  }
   v1::JobSpec spec = request.spec();
   ApplyJobSpecDefaults(&spec);
   if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
   if (!request.request_id().empty()) {
     auto it = job_by_request_id_.find(request.request_id());
     if (it != job_by_request_id_.end()) {
@@ -90,6 +160,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   record->job.set_state(v1::PENDING);
   record->job.set_submitted_unix_ms(options_.now_ms());
   record->job.set_request_id(request.request_id());
+  record->job.set_owner(owner);
   record->ranks.resize(spec.world_size());
   for (int rank = 0; rank < spec.world_size(); ++rank) {
     record->job.add_progress()->set_rank(rank);
@@ -112,7 +183,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
 absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   return record->job;
 }
 
@@ -123,15 +194,22 @@ std::vector<v1::Job> CoordinatorState::ListJobs() const {
   return jobs;
 }
 
-absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_id) {
+absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_id,
+                                                         const std::string& principal,
+                                                         bool admin) {
   std::lock_guard<std::mutex> lock(mu_);
   JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
+  if (!admin && record->job.owner() != principal) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job_id, " belongs to ", record->job.owner(), "; ", principal,
+                     " may not cancel it (cancelling another principal's job needs admin)"));
+  }
   if (IsTerminal(record->job.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " already ended as ", v1::JobState_Name(record->job.state())));
   }
-  SetJobState(record, v1::CANCELLED, "cancelled by user");
+  SetJobState(record, v1::CANCELLED, absl::StrCat("cancelled by ", principal));
   TrySchedule();
   return record->job.state();
 }
@@ -153,7 +231,7 @@ absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
     const std::string& job_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   v1::WatchJobEvent event;
   event.set_sequence(record->last_sequence);
   *event.mutable_snapshot() = record->job;
@@ -164,7 +242,7 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
     const std::string& job_id, int64_t after_sequence, int64_t wait_ms) const {
   std::unique_lock<std::mutex> lock(mu_);
   const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] {
     return record->last_sequence > after_sequence || IsTerminal(record->job.state());
   });
@@ -197,7 +275,7 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
     pending_.erase(std::remove(pending_.begin(), pending_.end(), record->job.job_id()),
                    pending_.end());
     ReleaseSlots(record);
-    record->kv.clear();
+    ClearKv(record);
   }
   if (state == v1::FAILED) {
     spdlog::warn("job {} FAILED: {}", record->job.job_id(), error);
@@ -227,7 +305,7 @@ void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool
     // attempt's ranks fall out of their workers' desired sets and are stopped.
     record->job.set_restarts(record->job.restarts() + 1);
     ReleaseSlots(record);
-    record->kv.clear();
+    ClearKv(record);
     record->job.set_state(v1::PENDING);
     pending_.push_front(record->job.job_id());
     const std::string note = absl::StrCat(
@@ -348,7 +426,9 @@ void CoordinatorState::TrySchedule() {
     if (!placement) return;  // Strict FIFO: later jobs wait behind the head of the queue.
     pending_.pop_front();
     record->attempt += 1;
-    record->kv.clear();
+    ClearKv(record);
+    std::vector<std::string>& secrets = record->rank_secrets[record->attempt];
+    for (int rank = 0; rank < spec.world_size(); ++rank) secrets.push_back(RandomSecret());
     record->job.clear_placement();
     for (const RankSlot& rank_slot : *placement) {
       WorkerRecord& worker = workers_.at(rank_slot.worker_id);
@@ -399,7 +479,7 @@ void CoordinatorState::MaybeFinishJob(JobRecord* record) {
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
+    const v1::RegisterWorkerRequest& request, const std::string& principal) {
   if (request.slots() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("slots must be >= 1, got ", request.slots()));
@@ -407,18 +487,34 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   if (request.device() != v1::CPU && request.device() != v1::CUDA) {
     return absl::InvalidArgumentError("device must be cpu or cuda");
   }
-  if (request.host().empty()) return absl::InvalidArgumentError("host must be set");
+  if (request.host().empty() || request.host().size() > 255) {
+    return absl::InvalidArgumentError("host must be set, at most 255 bytes");
+  }
+  std::string name = request.name().empty() ? request.host() : request.name();
+  if (!IsWorkerName(name)) {
+    return absl::InvalidArgumentError(
+        "name must be 1 to 128 characters of [A-Za-z0-9._:@-]");
+  }
+  if (absl::Status status = CheckRoots("data_roots", request.data_roots()); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckRoots("output_roots", request.output_roots()); !status.ok()) {
+    return status;
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
-  std::string name = request.name().empty() ? request.host() : request.name();
   for (auto& [id, worker] : workers_) {
     if (worker.name == name && worker.info.state() == v1::ALIVE) {
-      MarkWorkerLost(&worker, absl::StrCat("worker ", id, " restarted (new incarnation ",
-                                           request.incarnation(), ")"));
+      // Taking over a live worker's name would hand its ranks' slots to whoever asks.
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker name ", name, " is held by live worker ", id,
+          "; it frees when that worker deregisters or misses heartbeats for ",
+          options_.heartbeat_timeout_ms / 1000.0, " s"));
     }
   }
   WorkerRecord worker;
   worker.name = name;
+  worker.secret = RandomSecret();
   std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
   worker.info.set_worker_id(worker_id);
   worker.info.set_host(request.host());
@@ -428,6 +524,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   worker.info.set_incarnation(request.incarnation());
   worker.info.set_state(v1::ALIVE);
   worker.info.set_last_heartbeat_unix_ms(options_.now_ms());
+  *worker.info.mutable_data_roots() = request.data_roots();
+  *worker.info.mutable_output_roots() = request.output_roots();
+  worker.info.set_principal(principal);
+  const std::string secret = worker.secret;
   workers_[worker_id] = std::move(worker);
   spdlog::info("worker {} registered: host {}, {} {} slot(s)", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()));
@@ -438,24 +538,28 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   response.set_worker_id(worker_id);
   // A third of the timeout: two heartbeats can be lost before the worker is declared lost.
   response.set_heartbeat_interval_ms(std::max<int64_t>(100, options_.heartbeat_timeout_ms / 3));
+  response.set_worker_secret(secret);
   return response;
 }
 
-absl::Status CoordinatorState::Heartbeat(const std::string& worker_id, uint64_t incarnation) {
+absl::Status CoordinatorState::Heartbeat(const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto worker = FindLiveWorker(worker_id, incarnation);
+  auto worker =
+      FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
   (*worker)->info.set_last_heartbeat_unix_ms(options_.now_ms());
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorState::DeregisterWorker(const std::string& worker_id, uint64_t incarnation,
-                                               const std::string& reason) {
+absl::Status CoordinatorState::DeregisterWorker(const v1::DeregisterWorkerRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto worker = FindLiveWorker(worker_id, incarnation);
+  auto worker =
+      FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
-  MarkWorkerLost(*worker, absl::StrCat("worker ", worker_id, " (", (*worker)->info.host(),
-                                       ") left: ", reason.empty() ? "shut down" : reason));
+  const std::string& reason = request.reason();
+  MarkWorkerLost(*worker, absl::StrCat("worker ", request.worker_id(), " (",
+                                       (*worker)->info.host(), ") left: ",
+                                       reason.empty() ? "shut down" : TruncateForError(reason, 256)));
   TrySchedule();
   return absl::OkStatus();
 }
@@ -522,6 +626,7 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     *assignment.mutable_spec() = record->job.spec();
     assignment.set_attempt(record->attempt);
     assignment.set_resume_checkpoint(record->job.latest_checkpoint_path());
+    assignment.set_rank_secret(record->rank_secrets.at(record->attempt)[busy.rank]);
     desired.push_back(std::move(assignment));
   }
   return desired;
@@ -545,7 +650,8 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(request.wait_ms());
   while (true) {
-    auto worker = FindLiveWorker(request.worker_id(), request.incarnation());
+    auto worker =
+        FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
     if (!worker.ok()) return worker.status();
     v1::PollAssignmentsResponse response;
     std::set<std::string> desired_keys;
@@ -581,8 +687,22 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
 
 absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || !SecretsEqual(it->second.secret, request.worker_secret())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the worker secret does not match worker ", Quote(request.worker_id())));
+  }
+  // Only the worker that runs a rank speaks for its process.
+  bool placed_here = false;
+  for (const auto& [slot, busy] : it->second.busy_slots) {
+    placed_here |= busy.job_id == request.job_id() && busy.rank == request.rank() &&
+                   busy.attempt == request.attempt();
+  }
+  if (!placed_here) return absl::OkStatus();
   JobRecord* record = FindJob(request.job_id());
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
   // Whatever the rank's job does next, its slot is free once its process is gone.
   struct FreeSlotOnReturn {
     CoordinatorState* state;
@@ -624,34 +744,132 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
 // Key-value store, telemetry and results
 // ---------------------------------------------------------------------------------------------
 
-absl::Status CoordinatorState::KeyValueSet(const std::string& job_id, int attempt,
-                                           const std::string& key, const std::string& value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-  if (record->job.state() != v1::RUNNING || record->attempt != attempt) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " attempt ", attempt, " is not running"));
+absl::Status CoordinatorState::CheckRankSecret(const JobRecord& record, int attempt, int rank,
+                                               const std::string& secret) const {
+  auto secrets = record.rank_secrets.find(attempt);
+  if (secrets == record.rank_secrets.end() || rank < 0 ||
+      rank >= static_cast<int>(secrets->second.size()) ||
+      !SecretsEqual(secrets->second[rank], secret)) {
+    return absl::PermissionDeniedError(absl::StrCat("the rank secret does not match job ",
+                                                    record.job.job_id(), " attempt ", attempt,
+                                                    " rank ", rank));
   }
-  record->kv[key] = value;
+  return absl::OkStatus();
+}
+
+void CoordinatorState::ClearKv(JobRecord* record) {
+  record->kv.clear();
+  record->kv_bytes = 0;
+}
+
+std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, int attempt,
+                                                   int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return "";
+  auto secrets = record->rank_secrets.find(attempt);
+  if (secrets == record->rank_secrets.end() || rank < 0 ||
+      rank >= static_cast<int>(secrets->second.size())) {
+    return "";
+  }
+  return secrets->second[rank];
+}
+
+absl::Status CoordinatorState::CheckSpecPaths(const v1::JobSpec& spec) const {
+  std::vector<const WorkerRecord*> workers;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() == v1::ALIVE && worker.info.device() == spec.device()) {
+      workers.push_back(&worker);
+    }
+  }
+  for (const SpecPath& path : SpecPaths(spec)) {
+    if (absl::Status status = CheckPathSyntax(path.field, path.path); !status.ok()) {
+      return status;
+    }
+    // With no worker of this kind yet, the workers check when the job is placed.
+    if (workers.empty()) continue;
+    bool accepted = false;
+    for (const WorkerRecord* worker : workers) {
+      const auto& roots = path.write ? worker->info.output_roots() : worker->info.data_roots();
+      accepted |= IsUnderAnyRoot(path.path, {roots.begin(), roots.end()});
+    }
+    if (!accepted) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          path.field, " is outside the ", path.write ? "output" : "data",
+          " roots of every live ", v1::DeviceKind_Name(spec.device()),
+          " worker (see trainctl workers; a worker allows more with --",
+          path.write ? "output_root" : "data_root", ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request) {
+  if (request.key().empty() || request.key().size() > kMaxKvKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key must be 1 to ", kMaxKvKeyBytes,
+                                                   " bytes, got ", request.key().size()));
+  }
+  if (request.value().size() > kMaxKvValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value is ", request.value().size(),
+                                                   " bytes; the limit is ", kMaxKvValueBytes));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
+  if (absl::Status status =
+          CheckRankSecret(*record, request.attempt(), request.rank(), request.rank_secret());
+      !status.ok()) {
+    return status;
+  }
+  if (record->job.state() != v1::RUNNING || record->attempt != request.attempt()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", request.job_id(), " attempt ",
+                                                      request.attempt(), " is not running"));
+  }
+  auto existing = record->kv.find(request.key());
+  if (existing != record->kv.end()) {
+    // A retried set of the same value is fine; anything else would let one rank rewrite
+    // another's rendezvous data.
+    if (existing->second == request.value()) return absl::OkStatus();
+    return absl::AlreadyExistsError(absl::StrCat("key ", Quote(request.key()), " of job ",
+                                                 request.job_id(), " is already set"));
+  }
+  const size_t bytes = request.key().size() + request.value().size();
+  if (record->kv.size() >= options_.max_kv_keys_per_job ||
+      record->kv_bytes + bytes > options_.max_kv_bytes_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the key-value store of job ", request.job_id(), " is full (", record->kv.size(),
+        " keys, ", record->kv_bytes, " bytes; limits ", options_.max_kv_keys_per_job, " keys, ",
+        options_.max_kv_bytes_per_job, " bytes)"));
+  }
+  record->kv[request.key()] = request.value();
+  record->kv_bytes += bytes;
   changed_.notify_all();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const std::string& job_id, int attempt,
-                                                          const std::string& key,
+absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const v1::KeyValueGetRequest& request,
                                                           int64_t timeout_ms) const {
   std::unique_lock<std::mutex> lock(mu_);
+  const std::string& job_id = request.job_id();
+  const int attempt = request.attempt();
+  const std::string key = Quote(request.key());
   const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
+  if (absl::Status status =
+          CheckRankSecret(*record, attempt, request.rank(), request.rank_secret());
+      !status.ok()) {
+    return status;
+  }
   auto over = [&] { return record->job.state() != v1::RUNNING || record->attempt != attempt; };
   changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return over() || record->kv.count(key) > 0; });
+                    [&] { return over() || record->kv.count(request.key()) > 0; });
   if (over()) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", attempt,
                                            " ended while waiting for key ", key));
   }
-  auto it = record->kv.find(key);
+  auto it = record->kv.find(request.key());
   if (it == record->kv.end()) {
     return absl::DeadlineExceededError(
         absl::StrCat("key ", key, " of job ", job_id, " not set within ", timeout_ms, " ms"));
@@ -663,7 +881,14 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     const v1::ReportTelemetryRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   JobRecord* record = FindJob(request.job_id());
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
+  if (absl::Status status =
+          CheckRankSecret(*record, request.attempt(), request.rank(), request.rank_secret());
+      !status.ok()) {
+    return status;
+  }
   v1::ReportTelemetryResponse response;
   if (record->job.state() != v1::RUNNING || record->attempt != request.attempt()) {
     response.set_abort(true);
@@ -679,6 +904,13 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
   if (request.step() > rank.step) {
     rank.step = request.step();
     rank.last_progress_ms = now;
+  }
+  if (!request.checkpoint_path().empty() &&
+      (record->job.spec().checkpoint_dir().empty() ||
+       !IsUnderRoot(request.checkpoint_path(), record->job.spec().checkpoint_dir()) ||
+       !CheckPathSyntax("checkpoint_path", request.checkpoint_path()).ok())) {
+    // The next attempt's rank 0 reads this path: it must be one of the job's own checkpoints.
+    return absl::InvalidArgumentError("checkpoint_path must lie in the job's checkpoint_dir");
   }
   if (!request.checkpoint_path().empty() &&
       request.checkpoint_step() > record->job.latest_checkpoint_step()) {
@@ -698,7 +930,14 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
 absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   JobRecord* record = FindJob(request.job_id());
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", request.job_id()));
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
+  if (absl::Status status =
+          CheckRankSecret(*record, request.attempt(), request.rank(), request.rank_secret());
+      !status.ok()) {
+    return status;
+  }
   if (record->attempt != request.attempt() || record->job.state() != v1::RUNNING) {
     return absl::OkStatus();  // The attempt is over; the result no longer matters.
   }
@@ -709,17 +948,18 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
   rank.result_reported = true;
   v1::RankProgress* progress = record->job.mutable_progress(request.rank());
   if (request.result_case() == v1::ReportRankResultRequest::kError) {
-    progress->set_error(request.error());
+    progress->set_error(TruncateForError(request.error(), 4096));
     if (request.collective_failure()) {
       if (record->consequence_error.empty()) {
         record->consequence_error =
-            absl::StrCat(DescribeRank(*record, request.rank()), " failed: ", request.error());
+            absl::StrCat(DescribeRank(*record, request.rank()), " failed: ",
+                         TruncateForError(request.error(), 4096));
         record->consequence_deadline_ms = options_.now_ms() + options_.heartbeat_timeout_ms;
       }
       return absl::OkStatus();
     }
     FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " failed: ",
-                                 request.error()));
+                                 TruncateForError(request.error(), 4096)));
     TrySchedule();
     return absl::OkStatus();
   }

@@ -19,6 +19,11 @@
 //      ("parameters diverged across ranks"); any rank error, a rank process that exits without
 //      a result, or a worker silent past the heartbeat timeout -> FAILED naming rank and worker.
 //      A terminal job's ranks appear in their workers' stop lists, and its slots are freed.
+//
+// Capabilities: RegisterWorker hands out a worker secret that the worker's later calls must
+// carry; each placement hands every rank of the attempt a fresh rank secret, which the rank's
+// store, telemetry and result calls must carry. Roles (who may call which RPC at all) are
+// checked before any of this, by the gRPC layer (coordinator/auth.h).
 
 #include <condition_variable>
 #include <cstdint>
@@ -45,7 +50,17 @@ struct CoordinatorOptions {
   size_t max_events_per_job = 10'000;
   // Returns milliseconds since the Unix epoch; tests replace it.
   std::function<int64_t()> now_ms;
+  // Job-scoped key-value store bounds (per job; freed when the attempt ends).
+  size_t max_kv_keys_per_job = 10'000;
+  size_t max_kv_bytes_per_job = 64 << 20;
 };
+
+// Sizes of what clients send, answered with INVALID_ARGUMENT naming the limit.
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+inline constexpr size_t kMaxKvValueBytes = 1 << 20;
+inline constexpr size_t kMaxKvKeyBytes = 256;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+inline constexpr int kMaxRootsPerKind = 32;
 
 class CoordinatorState {
  public:
@@ -53,14 +68,20 @@ class CoordinatorState {
 
   // ---- User-facing ----
 
-  // INVALID_ARGUMENT: the spec breaks a rule (message names the field).
-  // A repeated non-empty request_id returns the job created by the first call.
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
+  // INVALID_ARGUMENT: the spec breaks a rule or a size limit (message names the field).
+  // PERMISSION_DENIED: a path field lies outside the roots of every live worker of the job's
+  // device kind. A repeated non-empty request_id returns the job created by the first call.
+  // `owner` is the caller's principal.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request,
+                                                  const std::string& owner = "anonymous");
   // NOT_FOUND: unknown job id.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
   std::vector<v1::Job> ListJobs() const;
   // NOT_FOUND: unknown job id. FAILED_PRECONDITION: the job already ended.
-  absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id);
+  // PERMISSION_DENIED: `principal` does not own the job and is not an admin.
+  absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id,
+                                         const std::string& principal = "anonymous",
+                                         bool admin = true);
   std::vector<v1::Worker> ListWorkers() const;
 
   // Watch support. Returns the snapshot event (sequence = the job's latest sequence) to start a
@@ -78,34 +99,43 @@ class CoordinatorState {
 
   // ---- Worker-facing ----
 
-  // INVALID_ARGUMENT: no slots or no device kind. A registration under a name already held by
-  // another incarnation replaces (and loses) the old worker.
+  // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
+  // ALREADY_EXISTS: a live worker holds the name (it frees when that worker is lost or
+  // deregisters). `principal` is the caller's. The answer carries the worker secret.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
-      const v1::RegisterWorkerRequest& request);
+      const v1::RegisterWorkerRequest& request, const std::string& principal = "anonymous");
   // NOT_FOUND: unknown worker, lost worker or stale incarnation.
-  absl::Status Heartbeat(const std::string& worker_id, uint64_t incarnation);
+  // PERMISSION_DENIED: the worker secret does not match (also for every call below that
+  // carries one).
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   // The daemon is shutting down: LOST now, its jobs fail. NOT_FOUND: as Heartbeat.
-  absl::Status DeregisterWorker(const std::string& worker_id, uint64_t incarnation,
-                                const std::string& reason);
+  absl::Status DeregisterWorker(const v1::DeregisterWorkerRequest& request);
   // Long-poll: blocks up to wait_ms while there is nothing to start or stop.
   // NOT_FOUND: as Heartbeat.
   absl::StatusOr<v1::PollAssignmentsResponse> PollAssignments(
       const v1::PollAssignmentsRequest& request);
+  // An exit of a rank that was never placed on the calling worker is ignored.
   absl::Status ReportRankExit(const v1::ReportRankExitRequest& request);
 
+  // Rank calls: PERMISSION_DENIED when the rank secret does not match (job, attempt, rank).
   // NOT_FOUND: unknown job. FAILED_PRECONDITION: the attempt is over (job ended or restarted).
-  absl::Status KeyValueSet(const std::string& job_id, int attempt, const std::string& key,
-                           const std::string& value);
+  // ALREADY_EXISTS: the key holds another value (keys are write-once per attempt).
+  // INVALID_ARGUMENT: key or value over its limit. RESOURCE_EXHAUSTED: the job's store is full.
+  absl::Status KeyValueSet(const v1::KeyValueSetRequest& request);
   // Blocks until the key is set or timeout_ms passes. DEADLINE_EXCEEDED: not set in time.
   // ABORTED: the job ended while waiting. NOT_FOUND: unknown job.
-  absl::StatusOr<std::string> KeyValueGet(const std::string& job_id, int attempt,
-                                          const std::string& key, int64_t timeout_ms) const;
+  absl::StatusOr<std::string> KeyValueGet(const v1::KeyValueGetRequest& request,
+                                          int64_t timeout_ms) const;
 
   // NOT_FOUND: unknown job. The response says abort when the attempt is over.
+  // INVALID_ARGUMENT: a checkpoint path outside the job's checkpoint_dir.
   absl::StatusOr<v1::ReportTelemetryResponse> ReportTelemetry(
       const v1::ReportTelemetryRequest& request);
   // NOT_FOUND: unknown job.
   absl::Status ReportRankResult(const v1::ReportRankResultRequest& request);
+
+  // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
+  std::string RankSecretForTesting(const std::string& job_id, int attempt, int rank) const;
 
   // ---- Housekeeping ----
 
@@ -128,6 +158,7 @@ class CoordinatorState {
   struct WorkerRecord {
     v1::Worker info;
     std::string name;
+    std::string secret;
     std::map<int, BusySlot> busy_slots;  // slot index -> its rank
   };
   struct RankRecord {
@@ -142,7 +173,11 @@ class CoordinatorState {
     v1::Job job;
     int attempt = 0;
     std::vector<RankRecord> ranks;
-    std::map<std::string, std::string> kv;  // Cleared on each new attempt.
+    std::map<std::string, std::string> kv;  // Cleared on each new attempt and at the end.
+    size_t kv_bytes = 0;
+    // Rank secrets of every attempt (attempt -> rank -> secret), so that a late call of an
+    // earlier attempt is recognised as such and anything else is refused.
+    std::map<int, std::vector<std::string>> rank_secrets;
     std::deque<v1::WatchJobEvent> events;
     int64_t last_sequence = 0;
     // A rank's collective failure, held back while a root cause may still arrive.
@@ -153,7 +188,14 @@ class CoordinatorState {
   bool IsTerminal(v1::JobState state) const;
   JobRecord* FindJob(const std::string& job_id);
   const JobRecord* FindJob(const std::string& job_id) const;
-  absl::StatusOr<WorkerRecord*> FindLiveWorker(const std::string& worker_id, uint64_t incarnation);
+  absl::StatusOr<WorkerRecord*> FindLiveWorker(const std::string& worker_id, uint64_t incarnation,
+                                               const std::string& secret);
+  // PERMISSION_DENIED unless `secret` is the rank secret of (attempt, rank) of this job.
+  absl::Status CheckRankSecret(const JobRecord& record, int attempt, int rank,
+                               const std::string& secret) const;
+  // Path fields of `spec` against the roots of live workers of its device kind.
+  absl::Status CheckSpecPaths(const v1::JobSpec& spec) const;
+  void ClearKv(JobRecord* record);
 
   // All of these require mu_ to be held.
   void AppendEvent(JobRecord* record, v1::WatchJobEvent event);

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_state.h"
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -27,7 +28,52 @@ class CoordinatorStateTest : public ::testing::Test {
     request.set_incarnation(incarnation);
     auto response = state_->RegisterWorker(request);
     EXPECT_TRUE(response.ok()) << response.status();
+    worker_secrets_[response->worker_id()] = response->worker_secret();
     return response->worker_id();
+  }
+
+  absl::Status Heartbeat(const std::string& worker_id, uint64_t incarnation = 1) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    request.set_incarnation(incarnation);
+    request.set_worker_secret(worker_secrets_[worker_id]);
+    return state_->Heartbeat(request);
+  }
+
+  absl::Status Deregister(const std::string& worker_id, const std::string& reason) {
+    v1::DeregisterWorkerRequest request;
+    request.set_worker_id(worker_id);
+    request.set_incarnation(1);
+    request.set_reason(reason);
+    request.set_worker_secret(worker_secrets_[worker_id]);
+    return state_->DeregisterWorker(request);
+  }
+
+  std::string RankSecret(const std::string& job_id, int rank, int attempt = 1) {
+    return state_->RankSecretForTesting(job_id, attempt, rank);
+  }
+
+  absl::Status KvSet(const std::string& job_id, int attempt, const std::string& key,
+                     const std::string& value, int rank = 0) {
+    v1::KeyValueSetRequest request;
+    request.set_job_id(job_id);
+    request.set_attempt(attempt);
+    request.set_rank(rank);
+    request.set_rank_secret(RankSecret(job_id, rank, attempt));
+    request.set_key(key);
+    request.set_value(value);
+    return state_->KeyValueSet(request);
+  }
+
+  absl::StatusOr<std::string> KvGet(const std::string& job_id, int attempt,
+                                    const std::string& key, int64_t timeout_ms, int rank = 0) {
+    v1::KeyValueGetRequest request;
+    request.set_job_id(job_id);
+    request.set_attempt(attempt);
+    request.set_rank(rank);
+    request.set_rank_secret(RankSecret(job_id, rank, attempt));
+    request.set_key(key);
+    return state_->KeyValueGet(request, timeout_ms);
   }
 
   static v1::JobSpec Spec(int world_size, v1::DeviceKind device = v1::CPU) {
@@ -61,6 +107,7 @@ class CoordinatorStateTest : public ::testing::Test {
     v1::PollAssignmentsRequest request;
     request.set_worker_id(worker_id);
     request.set_incarnation(incarnation);
+    request.set_worker_secret(worker_secrets_[worker_id]);
     for (const auto& assignment : running) *request.add_running() = assignment;
     request.set_wait_ms(0);
     auto response = state_->PollAssignments(request);
@@ -75,6 +122,7 @@ class CoordinatorStateTest : public ::testing::Test {
     request.set_rank(rank);
     request.set_attempt(attempt);
     request.set_parameter_checksum(checksum);
+    request.set_rank_secret(RankSecret(job_id, rank, attempt));
     ASSERT_TRUE(state_->ReportRankResult(request).ok());
   }
 
@@ -86,22 +134,25 @@ class CoordinatorStateTest : public ::testing::Test {
     exit.set_rank(rank);
     exit.set_attempt(attempt);
     exit.set_term_signal(term_signal);
+    exit.set_worker_secret(worker_secrets_[worker]);
     ASSERT_TRUE(state_->ReportRankExit(exit).ok());
   }
 
   // One second passes: the worker heartbeats, rank 0 reports `step`, liveness is checked.
   void SecondPasses(const std::string& worker, const std::string& job_id, int64_t step) {
     now_ms_ += 1'000;
-    ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+    ASSERT_TRUE(Heartbeat(worker, 1).ok());
     v1::ReportTelemetryRequest report;
     report.set_job_id(job_id);
     report.set_attempt(1);
     report.set_rank(0);
     report.set_step(step);
+    report.set_rank_secret(RankSecret(job_id, 0));
     ASSERT_TRUE(state_->ReportTelemetry(report).ok());
     state_->CheckLiveness();
   }
 
+  std::map<std::string, std::string> worker_secrets_;  // worker id -> its secret
   std::atomic<int64_t> now_ms_{1'000'000};
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -219,6 +270,7 @@ TEST_F(CoordinatorStateTest, RankError_FailsJobNamingRankAndWorker) {
   request.set_rank(1);
   request.set_attempt(1);
   request.set_error("cannot open /data/x.npy");
+  request.set_rank_secret(RankSecret(job, 1));
   ASSERT_TRUE(state_->ReportRankResult(request).ok());
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
@@ -264,30 +316,44 @@ TEST_F(CoordinatorStateTest, SilentWorker_IsLost_AndItsJobFailsNamingIt) {
   std::string chatty = Register("chatty", 1);
   ASSERT_EQ(StateOf(job), v1::RUNNING);
   now_ms_ += 6'000;
-  ASSERT_TRUE(state_->Heartbeat(chatty, 1).ok());
+  ASSERT_TRUE(Heartbeat(chatty, 1).ok());
   state_->CheckLiveness();
   EXPECT_EQ(StateOf(job), v1::RUNNING);
   now_ms_ += 6'000;
-  ASSERT_TRUE(state_->Heartbeat(chatty, 1).ok());
+  ASSERT_TRUE(Heartbeat(chatty, 1).ok());
   state_->CheckLiveness();
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_NE(status.error().find("worker " + quiet), std::string::npos) << status.error();
   EXPECT_NE(status.error().find("no heartbeat"), std::string::npos);
   EXPECT_NE(status.error().find("rank"), std::string::npos);
-  EXPECT_EQ(state_->Heartbeat(quiet, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Heartbeat(quiet, 1).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(CoordinatorStateTest, NewIncarnation_ReplacesWorker_AndFailsItsJobs) {
+TEST_F(CoordinatorStateTest, NameOfLiveWorker_CannotBeTakenOver_UntilItIsLost) {
   std::string job = Submit(1);
   std::string old_id = Register("w", 1, v1::CPU, /*incarnation=*/1);
   ASSERT_EQ(StateOf(job), v1::RUNNING);
+  v1::RegisterWorkerRequest takeover;
+  takeover.set_host("10.0.0.66");
+  takeover.set_name("w");
+  takeover.set_device(v1::CPU);
+  takeover.set_slots(1);
+  takeover.set_incarnation(2);
+  auto refused = state_->RegisterWorker(takeover);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(refused.status().message().find("held by live worker " + old_id), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "the live worker and its job are untouched";
+
+  // Once the old worker misses its heartbeats, the name is free again.
+  now_ms_ += 11'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(StateOf(job), v1::FAILED);
   std::string new_id = Register("w", 1, v1::CPU, /*incarnation=*/2);
   EXPECT_NE(old_id, new_id);
-  EXPECT_EQ(StateOf(job), v1::FAILED);
-  EXPECT_NE(state_->GetJob(job)->error().find("restarted"), std::string::npos);
-  EXPECT_EQ(state_->Heartbeat(old_id, 1).code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(state_->Heartbeat(new_id, 2).ok());
+  EXPECT_EQ(Heartbeat(old_id, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Heartbeat(new_id, 2).ok());
 }
 
 TEST_F(CoordinatorStateTest, CancelJob_CancelsOnce_ThenFailedPrecondition) {
@@ -305,9 +371,9 @@ TEST_F(CoordinatorStateTest, KeyValueGet_BlocksUntilSet) {
   Register("w", 2);
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_TRUE(state_->KeyValueSet(job, 1, "nccl_unique_id", std::string(128, 'x')).ok());
+    ASSERT_TRUE(KvSet(job, 1, "nccl_unique_id", std::string(128, 'x')).ok());
   });
-  auto value = state_->KeyValueGet(job, 1, "nccl_unique_id", 5'000);
+  auto value = KvGet(job, 1, "nccl_unique_id", 5'000);
   setter.join();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(value->size(), 128u);
@@ -316,16 +382,16 @@ TEST_F(CoordinatorStateTest, KeyValueGet_BlocksUntilSet) {
 TEST_F(CoordinatorStateTest, KeyValueGet_TimesOut_OrAbortsWhenJobEnds) {
   std::string job = Submit(1);
   Register("w", 1);
-  EXPECT_EQ(state_->KeyValueGet(job, 1, "missing", 50).status().code(),
+  EXPECT_EQ(KvGet(job, 1, "missing", 50).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   std::thread canceller([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ASSERT_TRUE(state_->CancelJob(job).ok());
   });
-  EXPECT_EQ(state_->KeyValueGet(job, 1, "missing", 10'000).status().code(),
+  EXPECT_EQ(KvGet(job, 1, "missing", 10'000).status().code(),
             absl::StatusCode::kAborted);
   canceller.join();
-  EXPECT_EQ(state_->KeyValueSet(job, 1, "k", "v").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(KvSet(job, 1, "k", "v").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToTheEnd) {
@@ -339,6 +405,7 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   telemetry.set_job_id(job);
   telemetry.set_attempt(1);
   telemetry.set_step(2);
+  telemetry.set_rank_secret(RankSecret(job, 0));
   for (int step = 1; step <= 2; ++step) {
     v1::TelemetryRecord* record = telemetry.add_records();
     record->set_step(step);
@@ -373,6 +440,7 @@ TEST_F(CoordinatorStateTest, PollAssignments_LongPollWakesOnNewJob) {
   v1::PollAssignmentsRequest request;
   request.set_worker_id(worker);
   request.set_incarnation(1);
+  request.set_worker_secret(worker_secrets_[worker]);
   request.set_wait_ms(10'000);
   auto start = std::chrono::steady_clock::now();
   auto response = state_->PollAssignments(request);
@@ -391,6 +459,7 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
   consequence.set_attempt(1);
   consequence.set_error("gloo allreduce failed: connection reset");
   consequence.set_collective_failure(true);
+  consequence.set_rank_secret(RankSecret(job, 0));
   ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
   EXPECT_EQ(StateOf(job), v1::RUNNING) << "a peer failure waits for its root cause";
   ReportExit(worker, job, 1, 1, 9);
@@ -409,13 +478,14 @@ TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) 
   consequence.set_attempt(1);
   consequence.set_error("rendezvous timed out");
   consequence.set_collective_failure(true);
+  consequence.set_rank_secret(RankSecret(job, 0));
   ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
   now_ms_ += 5'000;
-  ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+  ASSERT_TRUE(Heartbeat(worker, 1).ok());
   state_->CheckLiveness();
   EXPECT_EQ(StateOf(job), v1::RUNNING);
   now_ms_ += 6'000;
-  ASSERT_TRUE(state_->Heartbeat(worker, 1).ok());
+  ASSERT_TRUE(Heartbeat(worker, 1).ok());
   state_->CheckLiveness();
   EXPECT_EQ(StateOf(job), v1::FAILED);
   EXPECT_NE(state_->GetJob(job)->error().find("rendezvous timed out"), std::string::npos);
@@ -453,6 +523,8 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   v1::SubmitJobRequest request;
   *request.mutable_spec() = Spec(2);
   request.mutable_spec()->set_max_restarts(1);
+  request.mutable_spec()->set_checkpoint_every(10);
+  request.mutable_spec()->set_checkpoint_dir("/ckpt");
   std::string job = state_->SubmitJob(request)->job_id();
   std::string worker = Register("w", 2);
   v1::PollAssignmentsResponse first = Poll(worker);
@@ -465,8 +537,9 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   report.set_step(10);
   report.set_checkpoint_step(10);
   report.set_checkpoint_path("/ckpt/step-00000010.safetensors");
+  report.set_rank_secret(RankSecret(job, 0));
   ASSERT_TRUE(state_->ReportTelemetry(report).ok());
-  ASSERT_TRUE(state_->KeyValueSet(job, 1, "nccl_unique_id", "old").ok());
+  ASSERT_TRUE(KvSet(job, 1, "nccl_unique_id", "old").ok());
 
   ReportExit(worker, job, 1, 1, 9);
   v1::Job status = *state_->GetJob(job);
@@ -483,7 +556,7 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   EXPECT_EQ(stop.stop_size(), 1);
   ReportExit(worker, job, 0, 1, 15);
   EXPECT_EQ(StateOf(job), v1::RUNNING);
-  EXPECT_EQ(state_->KeyValueGet(job, 2, "nccl_unique_id", 0).status().code(),
+  EXPECT_EQ(KvGet(job, 2, "nccl_unique_id", 0).status().code(),
             absl::StatusCode::kDeadlineExceeded)
       << "the new attempt gets a fresh store (a fresh NCCL unique id)";
   v1::PollAssignmentsResponse second = Poll(worker, {});
@@ -501,15 +574,261 @@ TEST_F(CoordinatorStateTest, DeregisteredWorker_IsLostAtOnce_AndItsJobFails) {
   std::string job = Submit(1);
   std::string worker = Register("w", 1);
   ASSERT_EQ(StateOf(job), v1::RUNNING);
-  ASSERT_TRUE(state_->DeregisterWorker(worker, 1, "SIGTERM").ok());
+  ASSERT_TRUE(Deregister(worker, "SIGTERM").ok());
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_NE(status.error().find("left: SIGTERM"), std::string::npos) << status.error();
   EXPECT_EQ(state_->ListWorkers()[0].state(), v1::LOST);
   std::string next = Submit(1);
   EXPECT_EQ(StateOf(next), v1::PENDING) << "nothing is placed on a deregistered worker";
-  EXPECT_EQ(state_->DeregisterWorker(worker, 1, "again").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Deregister(worker, "again").code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
+// ---- Capabilities: what a client with a valid role but no (or the wrong) secret can do ----
+
+TEST_F(CoordinatorStateTest, WorkerCalls_WrongSecret_PermissionDeniedAndNothingChanges) {
+  std::string job = Submit(1);
+  std::string worker = Register("w", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  worker_secrets_[worker] = "forged";
+  EXPECT_EQ(Heartbeat(worker).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Deregister(worker, "forged").code(), absl::StatusCode::kPermissionDenied);
+  v1::PollAssignmentsRequest poll;
+  poll.set_worker_id(worker);
+  poll.set_incarnation(1);  // Public: ListWorkers shows it.
+  EXPECT_EQ(state_->PollAssignments(poll).status().code(), absl::StatusCode::kPermissionDenied);
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_attempt(1);
+  exit.set_term_signal(9);
+  EXPECT_EQ(state_->ReportRankExit(exit).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+  EXPECT_EQ(state_->ListWorkers()[0].state(), v1::ALIVE);
+}
+
+TEST_F(CoordinatorStateTest, ReportRankExit_RankOfAnotherWorker_IsIgnored) {
+  std::string job = Submit(1);
+  std::string holder = Register("holder", 1);
+  std::string other = Register("other", 1);
+  ASSERT_EQ(state_->GetJob(job)->placement(0).worker_id(), holder);
+  ReportExit(other, job, 0, 1, 9);  // A valid worker secret, but not the rank's worker.
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+  ReportExit(holder, job, 0, 1, 9);
+  EXPECT_EQ(StateOf(job), v1::FAILED);
+}
+
+TEST_F(CoordinatorStateTest, RankCalls_WrongOtherRanksOrStaleSecret_PermissionDenied) {
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = Spec(2);
+  submit.mutable_spec()->set_max_restarts(1);
+  std::string job = state_->SubmitJob(submit)->job_id();
+  std::string worker = Register("w", 2);
+  const std::string stale = RankSecret(job, 1, 1);
+  // Restart: attempt 2 gets fresh secrets.
+  ReportExit(worker, job, 1, 1, 9);
+  ReportExit(worker, job, 0, 1, 15);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  ASSERT_EQ(state_->GetJob(job)->restarts(), 1);
+  const std::string rank0 = RankSecret(job, 0, 2);
+  ASSERT_FALSE(rank0.empty());
+  ASSERT_NE(rank0, RankSecret(job, 1, 2));
+  ASSERT_NE(stale, RankSecret(job, 1, 2));
+
+  for (const std::string& secret : {std::string(), std::string("forged"), rank0, stale}) {
+    SCOPED_TRACE("secret '" + secret + "' used as rank 1 of attempt 2");
+    v1::ReportRankResultRequest result;
+    result.set_job_id(job);
+    result.set_rank(1);
+    result.set_attempt(2);
+    result.set_parameter_checksum("forged");
+    result.set_rank_secret(secret);
+    EXPECT_EQ(state_->ReportRankResult(result).code(), absl::StatusCode::kPermissionDenied);
+    result.set_error("forged failure");
+    EXPECT_EQ(state_->ReportRankResult(result).code(), absl::StatusCode::kPermissionDenied);
+    v1::ReportTelemetryRequest telemetry;
+    telemetry.set_job_id(job);
+    telemetry.set_rank(1);
+    telemetry.set_attempt(2);
+    telemetry.set_step(123456789);
+    telemetry.add_records()->set_loss(-42);
+    telemetry.set_rank_secret(secret);
+    EXPECT_EQ(state_->ReportTelemetry(telemetry).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    v1::KeyValueSetRequest set;
+    set.set_job_id(job);
+    set.set_attempt(2);
+    set.set_rank(1);
+    set.set_key("k");
+    set.set_value("v");
+    set.set_rank_secret(secret);
+    EXPECT_EQ(state_->KeyValueSet(set).code(), absl::StatusCode::kPermissionDenied);
+    v1::KeyValueGetRequest get;
+    get.set_job_id(job);
+    get.set_attempt(2);
+    get.set_rank(1);
+    get.set_key("k");
+    get.set_rank_secret(secret);
+    EXPECT_EQ(state_->KeyValueGet(get, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::RUNNING);
+  EXPECT_EQ(status.progress(1).step(), 0);
+  EXPECT_FALSE(status.latest_telemetry().loss() < 0);
+  // The stale secret still speaks for its own attempt, which is over: abort, no effect.
+  v1::ReportTelemetryRequest late;
+  late.set_job_id(job);
+  late.set_rank(1);
+  late.set_attempt(1);
+  late.set_rank_secret(stale);
+  EXPECT_TRUE(state_->ReportTelemetry(late)->abort());
+  // The right secrets finish the job.
+  ReportResult(job, 0, "same", 2);
+  ReportResult(job, 1, "same", 2);
+  EXPECT_EQ(StateOf(job), v1::SUCCEEDED);
+}
+
+TEST_F(CoordinatorStateTest, KeyValueSet_IsWriteOncePerAttempt) {
+  std::string job = Submit(2);
+  Register("w", 2);
+  ASSERT_TRUE(KvSet(job, 1, "nccl_unique_id", "id").ok());
+  EXPECT_TRUE(KvSet(job, 1, "nccl_unique_id", "id", /*rank=*/1).ok()) << "a retry is fine";
+  absl::Status overwrite = KvSet(job, 1, "nccl_unique_id", "attacker", /*rank=*/1);
+  EXPECT_EQ(overwrite.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*KvGet(job, 1, "nccl_unique_id", 0), "id");
+}
+
+TEST_F(CoordinatorStateTest, KeyValueSet_Limits_NameTheLimit) {
+  std::string job = Submit(1);
+  Register("w", 1);
+  absl::Status big = KvSet(job, 1, "k", std::string(kMaxKvValueBytes + 1, 'x'));
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.message().find("the limit is 1048576"), std::string::npos) << big;
+  EXPECT_EQ(KvSet(job, 1, std::string(kMaxKvKeyBytes + 1, 'k'), "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvSet(job, 1, "", "v").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorStateTest, KeyValueStore_IsBoundedPerJob) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_kv_keys_per_job = 3;
+  options.max_kv_bytes_per_job = 1 << 20;
+  state_ = std::make_unique<CoordinatorState>(options);
+  std::string job = Submit(1);
+  Register("w", 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(KvSet(job, 1, "k" + std::to_string(i), "v").ok());
+  absl::Status full = KvSet(job, 1, "k3", "v");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("limits 3 keys"), std::string::npos) << full;
+  EXPECT_EQ(KvSet(job, 1, "k4", std::string(1 << 20, 'x')).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(CoordinatorStateTest, CancelJob_OnlyOwnerOrAdmin) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  std::string job = state_->SubmitJob(request, "alice")->job_id();
+  EXPECT_EQ(state_->GetJob(job)->owner(), "alice");
+  auto denied = state_->CancelJob(job, "bob", /*admin=*/false);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.status().message().find("belongs to alice"), std::string::npos);
+  EXPECT_EQ(StateOf(job), v1::PENDING);
+  EXPECT_TRUE(state_->CancelJob(job, "alice", false).ok());
+  std::string second = state_->SubmitJob(request, "alice")->job_id();
+  EXPECT_TRUE(state_->CancelJob(second, "root", /*admin=*/true).ok());
+  EXPECT_NE(state_->GetJob(second)->error().find("cancelled by root"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, SubmitJob_OversizedSpecOrRequestId_InvalidArgumentNamingLimit) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  request.mutable_spec()->set_name(std::string(kMaxSpecBytes + 1, 'a'));
+  auto big = state_->SubmitJob(request);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("the limit is 1048576"), std::string::npos);
+  EXPECT_LT(big.status().message().size(), 200u);
+  *request.mutable_spec() = Spec(1);
+  request.mutable_spec()->set_name(std::string(8'000, 'n'));
+  auto long_name = state_->SubmitJob(request);
+  EXPECT_EQ(long_name.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(long_name.status().message().size(), 400u) << "the name is not echoed in full";
+  *request.mutable_spec() = Spec(1);
+  request.set_request_id(std::string(1'000, 'r'));
+  EXPECT_EQ(state_->SubmitJob(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorStateTest, SubmitJob_PathsOutsideEveryWorkersRoots_Refused) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  worker.add_data_roots("/srv/data");
+  worker.add_output_roots("/srv/out");
+  ASSERT_TRUE(state_->RegisterWorker(worker).ok());
+  auto submit = [&](auto edit) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = Spec(1);
+    edit(request.mutable_spec());
+    return state_->SubmitJob(request).status();
+  };
+  absl::Status dotdot = submit([](v1::JobSpec* s) { s->set_output_checkpoint("/srv/out/../x"); });
+  EXPECT_EQ(dotdot.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dotdot.message().find("output_checkpoint"), std::string::npos) << dotdot;
+  absl::Status relative = submit([](v1::JobSpec* s) { s->set_init_checkpoint("init.st"); });
+  EXPECT_EQ(relative.code(), absl::StatusCode::kInvalidArgument);
+  absl::Status outside = submit([](v1::JobSpec* s) { s->set_init_checkpoint("/etc/shadow"); });
+  EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(outside.message().find("init_checkpoint"), std::string::npos) << outside;
+  absl::Status write_to_data =
+      submit([](v1::JobSpec* s) { s->set_output_checkpoint("/srv/data/x.st"); });
+  EXPECT_EQ(write_to_data.code(), absl::StatusCode::kPermissionDenied);
+  absl::Status dir = submit([](v1::JobSpec* s) {
+    s->set_checkpoint_every(1);
+    s->set_checkpoint_dir("/tmp/elsewhere");
+  });
+  EXPECT_EQ(dir.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(dir.message().find("checkpoint_dir"), std::string::npos);
+  EXPECT_TRUE(submit([](v1::JobSpec* s) {
+                s->set_init_checkpoint("/srv/data/init.st");
+                s->set_output_checkpoint("/srv/out/final.st");
+              }).ok());
+}
+
+TEST_F(CoordinatorStateTest, ReportTelemetry_CheckpointOutsideCheckpointDir_Refused) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  request.mutable_spec()->set_checkpoint_every(1);
+  request.mutable_spec()->set_checkpoint_dir("/ckpt");
+  std::string job = state_->SubmitJob(request)->job_id();
+  Register("w", 1);
+  v1::ReportTelemetryRequest report;
+  report.set_job_id(job);
+  report.set_attempt(1);
+  report.set_rank_secret(RankSecret(job, 0));
+  report.set_checkpoint_step(5);
+  for (const char* path : {"/etc/passwd", "/ckpt/../etc/passwd", "relative"}) {
+    report.set_checkpoint_path(path);
+    EXPECT_EQ(state_->ReportTelemetry(report).status().code(),
+              absl::StatusCode::kInvalidArgument) << path;
+  }
+  EXPECT_EQ(state_->GetJob(job)->latest_checkpoint_path(), "");
+}
+
+TEST_F(CoordinatorStateTest, RegisterWorker_BadNameOrRoots_InvalidArgument) {
+  v1::RegisterWorkerRequest request;
+  request.set_host("127.0.0.1");
+  request.set_device(v1::CPU);
+  request.set_slots(1);
+  request.set_name("bad name/with slash");
+  EXPECT_EQ(state_->RegisterWorker(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.set_name("w");
+  request.add_data_roots("relative/dir");
+  auto relative = state_->RegisterWorker(request);
+  EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(relative.status().message().find("data_roots[0]"), std::string::npos);
+}
+
 }  // namespace mptrain

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace mptrain {
@@ -10,6 +11,8 @@ namespace {
 // Long-polls are cut into slices so that a cancelled or expired call is noticed promptly.
 constexpr int64_t kWaitSliceMs = 500;
 constexpr int64_t kMaxPollWaitMs = 30'000;
+// A rendezvous wait is bounded too: a waiting call holds a server thread.
+constexpr int64_t kMaxKeyValueWaitMs = 600'000;
 
 // Copies an OK StatusOr into *out; returns the gRPC status either way.
 template <typename T>
@@ -21,10 +24,10 @@ grpc::Status Answer(const absl::StatusOr<T>& result, T* out) {
 
 }  // namespace
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                            const v1::SubmitJobRequest* request,
                                            v1::SubmitJobResponse* response) {
-  return Answer(state_->SubmitJob(*request), response);
+  return Answer(state_->SubmitJob(*request, auth_->Identify(*context).principal), response);
 }
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
@@ -38,10 +41,11 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJo
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
                                            const v1::CancelJobRequest* request,
                                            v1::CancelJobResponse* response) {
-  auto state = state_->CancelJob(request->job_id());
+  const CallerIdentity caller = auth_->Identify(*context);
+  auto state = state_->CancelJob(request->job_id(), caller.principal, caller.admin);
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
   return grpc::Status::OK;
@@ -77,23 +81,22 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
   return grpc::Status::CANCELLED;
 }
 
-grpc::Status WorkerControlService::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerControlService::RegisterWorker(grpc::ServerContext* context,
                                                   const v1::RegisterWorkerRequest* request,
                                                   v1::RegisterWorkerResponse* response) {
-  return Answer(state_->RegisterWorker(*request), response);
+  return Answer(state_->RegisterWorker(*request, auth_->Identify(*context).principal), response);
 }
 
 grpc::Status WorkerControlService::Heartbeat(grpc::ServerContext*,
                                              const v1::HeartbeatRequest* request,
                                              v1::HeartbeatResponse*) {
-  return ToGrpcStatus(state_->Heartbeat(request->worker_id(), request->incarnation()));
+  return ToGrpcStatus(state_->Heartbeat(*request));
 }
 
 grpc::Status WorkerControlService::DeregisterWorker(grpc::ServerContext*,
                                                     const v1::DeregisterWorkerRequest* request,
                                                     v1::DeregisterWorkerResponse*) {
-  return ToGrpcStatus(
-      state_->DeregisterWorker(request->worker_id(), request->incarnation(), request->reason()));
+  return ToGrpcStatus(state_->DeregisterWorker(*request));
 }
 
 grpc::Status WorkerControlService::PollAssignments(grpc::ServerContext* context,
@@ -123,18 +126,16 @@ grpc::Status WorkerControlService::ReportRankExit(grpc::ServerContext*,
 grpc::Status WorkerControlService::KeyValueSet(grpc::ServerContext*,
                                                const v1::KeyValueSetRequest* request,
                                                v1::KeyValueSetResponse*) {
-  return ToGrpcStatus(state_->KeyValueSet(request->job_id(), request->attempt(), request->key(),
-                                          request->value()));
+  return ToGrpcStatus(state_->KeyValueSet(*request));
 }
 
 grpc::Status WorkerControlService::KeyValueGet(grpc::ServerContext* context,
                                                const v1::KeyValueGetRequest* request,
                                                v1::KeyValueGetResponse* response) {
-  int64_t remaining_ms = std::max<int64_t>(0, request->timeout_ms());
+  int64_t remaining_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKeyValueWaitMs);
   while (true) {
     int64_t slice_ms = std::min(remaining_ms, kWaitSliceMs);
-    auto value = state_->KeyValueGet(request->job_id(), request->attempt(), request->key(),
-                                     slice_ms);
+    auto value = state_->KeyValueGet(*request, slice_ms);
     remaining_ms -= slice_ms;
     if (value.ok()) {
       response->set_value(*value);
@@ -142,10 +143,10 @@ grpc::Status WorkerControlService::KeyValueGet(grpc::ServerContext* context,
     }
     if (value.status().code() != absl::StatusCode::kDeadlineExceeded || remaining_ms <= 0) {
       if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
-        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                            "key " + request->key() + " of job " + request->job_id() +
-                                " not set within " + std::to_string(request->timeout_ms()) +
-                                " ms");
+        return ToGrpcStatus(absl::DeadlineExceededError(
+            absl::StrCat("key ", TruncateForError(request->key(), 128), " of job ",
+                         TruncateForError(request->job_id(), 128), " not set within ",
+                         request->timeout_ms(), " ms")));
       }
       return ToGrpcStatus(value.status());
     }

@@ -1,8 +1,12 @@
 #pragma once
 
 // The thin gRPC layer: each handler unpacks a request, calls CoordinatorState and packs the
-// answer. No decisions are made here.
+// answer. No decisions are made here. Which roles may call a method was decided before the
+// handler runs (TokenAuthProcessor); handlers only pass the caller's principal on.
 
+#include <memory>
+
+#include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
 #include "proto/mptrain.grpc.pb.h"
 
@@ -10,7 +14,8 @@ namespace mptrain {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(CoordinatorState* state) : state_(state) {}
+  CoordinatorService(CoordinatorState* state, std::shared_ptr<const Authenticator> auth)
+      : state_(state), auth_(std::move(auth)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -27,11 +32,13 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
  private:
   CoordinatorState* state_;
+  std::shared_ptr<const Authenticator> auth_;  // Who is calling (the gate already ran).
 };
 
 class WorkerControlService final : public v1::WorkerControl::Service {
  public:
-  explicit WorkerControlService(CoordinatorState* state) : state_(state) {}
+  WorkerControlService(CoordinatorState* state, std::shared_ptr<const Authenticator> auth)
+      : state_(state), auth_(std::move(auth)) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
@@ -55,6 +62,7 @@ class WorkerControlService final : public v1::WorkerControl::Service {
 
  private:
   CoordinatorState* state_;
+  std::shared_ptr<const Authenticator> auth_;  // Who is calling (the gate already ran).
 };
 
 }  // namespace mptrain

@@ -1,7 +1,9 @@
 // coordinator: the gRPC server that queues jobs, places ranks on workers and collects results.
 //
 //   coordinator --listen 0.0.0.0:50051 --heartbeat-timeout 10
+//       --tls_cert server.pem --tls_key server.key [--tls_client_ca ca.pem] --token_file tokens
 //
+// Off loopback it refuses to start without TLS and tokens unless --insecure is given.
 // With port 0 the kernel picks a free port; --port-file receives it (tests use this).
 
 #include <csignal>
@@ -13,6 +15,7 @@
 #include "common/logging.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/grpc_service.h"
+#include "coordinator/server_security.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -21,6 +24,18 @@ ABSL_FLAG(double, heartbeat_timeout, 10.0,
           "Seconds without a heartbeat after which a worker is lost and its jobs fail");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written to this file");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of this server (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, token_file, "",
+          "Bearer tokens, one `ROLE PRINCIPAL TOKEN` a line (roles: admin, user, worker)");
+ABSL_FLAG(bool, insecure, false,
+          "Allow listening off loopback without TLS and tokens (warns at every start)");
+
+// gRPC's default receive limit is 4 MiB; the largest legitimate message (a 1 MiB spec or key
+// value) is far below it, and each RPC checks its own fields' limits with a clear error.
+constexpr int kMaxReceiveMessageBytes = 4 << 20;
 
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv, "coordinator --listen HOST:PORT [--heartbeat-timeout SECONDS]");
@@ -40,14 +55,29 @@ int main(int argc, char** argv) {
   }
   mptrain::CoordinatorOptions options;
   options.heartbeat_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  mptrain::ServerSecurityOptions security_options;
+  security_options.listen = absl::GetFlag(FLAGS_listen);
+  security_options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security_options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security_options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  security_options.token_file = absl::GetFlag(FLAGS_token_file);
+  security_options.insecure = absl::GetFlag(FLAGS_insecure);
+  absl::StatusOr<mptrain::ServerSecurity> security = mptrain::MakeServerSecurity(security_options);
+  if (!security.ok()) {
+    spdlog::error("{}", std::string(security.status().message()));
+    return 2;
+  }
+  for (const std::string& warning : security->warnings) spdlog::warn("{}", warning);
+
   mptrain::CoordinatorState state(options);
-  mptrain::CoordinatorService coordinator_service(&state);
-  mptrain::WorkerControlService worker_service(&state);
+  mptrain::CoordinatorService coordinator_service(&state, security->authenticator);
+  mptrain::WorkerControlService worker_service(&state, security->authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), security->credentials, &port);
+  builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -55,8 +85,8 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
     return 1;
   }
-  spdlog::info("coordinator listening on {} (port {}), heartbeat timeout {} s",
-               absl::GetFlag(FLAGS_listen), port, timeout_s);
+  spdlog::info("coordinator listening on {} (port {}; {}), heartbeat timeout {} s",
+               absl::GetFlag(FLAGS_listen), port, security->summary, timeout_s);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
     std::ofstream(tmp) << port << "\n";

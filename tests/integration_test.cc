@@ -169,6 +169,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   v1::PollAssignmentsRequest poll;
   poll.set_worker_id(registered.worker_id());
   poll.set_incarnation(42);
+  poll.set_worker_secret(registered.worker_secret());
   poll.set_wait_ms(5'000);
   v1::PollAssignmentsResponse assignments;
   {
@@ -179,6 +180,10 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   ASSERT_EQ(assignments.start_size(), 2);
   EXPECT_EQ(assignments.start(1).device_index(), 1);
   const int attempt = assignments.start(0).attempt();
+  const std::string secret0 = assignments.start(0).rank_secret();
+  const std::string secret1 = assignments.start(1).rank_secret();
+  ASSERT_EQ(secret0.size(), 32u);
+  ASSERT_NE(secret0, secret1) << "every rank has its own capability";
 
   // Rank 1 blocks on the unique id until rank 0 publishes its 128 bytes.
   std::string unique_id(128, '\0');
@@ -191,6 +196,8 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     get.set_attempt(attempt);
     get.set_key("nccl_unique_id");
     get.set_timeout_ms(10'000);
+    get.set_rank(1);
+    get.set_rank_secret(secret1);
     grpc::ClientContext context;
     context.set_deadline(deadline() + std::chrono::seconds(10));
     get_status = stub->KeyValueGet(&context, get, &fetched);
@@ -202,6 +209,8 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     set.set_attempt(attempt);
     set.set_key("nccl_unique_id");
     set.set_value(unique_id);
+    set.set_rank(0);
+    set.set_rank_secret(secret0);
     v1::KeyValueSetResponse response;
     grpc::ClientContext context;
     context.set_deadline(deadline());
@@ -218,6 +227,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     get.set_attempt(attempt);
     get.set_key("never");
     get.set_timeout_ms(300);
+    get.set_rank_secret(secret0);
     grpc::ClientContext context;
     context.set_deadline(deadline());
     v1::KeyValueGetResponse response;
@@ -229,6 +239,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   telemetry.set_job_id(job_id);
   telemetry.set_attempt(attempt);
   telemetry.set_step(1);
+  telemetry.set_rank_secret(secret0);
   telemetry.add_records()->set_step(1);
   telemetry.mutable_records(0)->set_loss(0.25);
   {
@@ -244,6 +255,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     result.set_rank(rank);
     result.set_attempt(attempt);
     result.set_parameter_checksum("same");
+    result.set_rank_secret(rank == 0 ? secret0 : secret1);
     v1::ReportRankResultResponse response;
     grpc::ClientContext context;
     context.set_deadline(deadline());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -106,10 +107,11 @@ pid_t LocalCluster::Spawn(const std::vector<std::string>& argv, const std::strin
 
 absl::Status LocalCluster::Start() {
   const std::string port_file = dir_ + "/port";
-  coordinator_pid_ = Spawn({RunfilePath("coordinator/coordinator"), "--listen=127.0.0.1:0",
-                            "--port_file=" + port_file,
-                            absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s)},
-                           dir_ + "/coordinator.log");
+  std::vector<std::string> coordinator_argv = {
+      RunfilePath("coordinator/coordinator"), "--listen=127.0.0.1:0", "--port_file=" + port_file,
+      absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s)};
+  for (const std::string& flag : options_.coordinator_flags) coordinator_argv.push_back(flag);
+  coordinator_pid_ = Spawn(coordinator_argv, dir_ + "/coordinator.log");
   int port = 0;
   for (int i = 0; i < 200 && port == 0; ++i) {
     std::ifstream(port_file) >> port;
@@ -117,15 +119,18 @@ absl::Status LocalCluster::Start() {
   }
   if (port == 0) return absl::UnavailableError("the coordinator did not start; see " + dir_);
   address_ = absl::StrCat("127.0.0.1:", port);
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto channel = Channel(options_.client);
   coordinator_stub_ = v1::Coordinator::NewStub(channel);
   worker_stub_ = v1::WorkerControl::NewStub(channel);
+  const std::string roots = options_.roots.empty() ? TestTempDir() : options_.roots;
   for (int i = 0; i < options_.workers; ++i) {
-    worker_pids_.push_back(Spawn(
-        {RunfilePath("worker/worker"), "--coordinator=" + address_, "--device=cpu",
-         absl::StrCat("--slots=", options_.slots_per_worker), absl::StrCat("--name=w", i),
-         absl::StrCat("--work_dir=", dir_, "/w", i)},
-        absl::StrCat(dir_, "/worker", i, ".log")));
+    std::vector<std::string> argv = {
+        RunfilePath("worker/worker"), "--coordinator=" + address_, "--device=cpu",
+        absl::StrCat("--slots=", options_.slots_per_worker), absl::StrCat("--name=w", i),
+        absl::StrCat("--work_dir=", dir_, "/w", i), "--data_root=" + roots,
+        "--output_root=" + roots};
+    for (const std::string& flag : options_.worker_flags) argv.push_back(flag);
+    worker_pids_.push_back(Spawn(argv, absl::StrCat(dir_, "/worker", i, ".log")));
   }
   for (int attempt = 0; attempt < 200; ++attempt) {
     v1::ListWorkersResponse response;
@@ -163,7 +168,13 @@ std::vector<pid_t> LocalCluster::RankProcesses(const std::string& job_id, int ra
 
 CommandResult LocalCluster::Trainctl(const std::string& arguments) {
   return RunCommand(absl::StrCat(RunfilePath("client/trainctl"), " --coordinator=", address_, " ",
-                                 arguments));
+                                 absl::StrJoin(options_.trainctl_flags, " "), " ", arguments));
+}
+
+std::shared_ptr<grpc::Channel> LocalCluster::Channel(const ClientSecurity& security) const {
+  auto channel = MakeCoordinatorChannel(address_, security);
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok() ? *channel : grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
 }
 
 std::string LocalCluster::Submit(const std::string& spec_file) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/client_channel.h"
 #include "proto/mptrain.grpc.pb.h"
 
 namespace mptrain::testing {
@@ -43,6 +44,15 @@ class LocalCluster {
     double heartbeat_timeout_s = 10;
     int workers = 2;
     int slots_per_worker = 1;
+    // Extra flags, e.g. TLS and tokens: the coordinator's, each worker daemon's (its ranks
+    // inherit them) and trainctl's.
+    std::vector<std::string> coordinator_flags;
+    std::vector<std::string> worker_flags;
+    std::vector<std::string> trainctl_flags;
+    // How the test's own stubs (coordinator(), worker_control()) connect.
+    ClientSecurity client;
+    // Worker data and output roots; default: the test's scratch directory.
+    std::string roots;
   };
   explicit LocalCluster(Options options);
   ~LocalCluster();
@@ -50,6 +60,8 @@ class LocalCluster {
   // Starts the coordinator and the workers; waits until every worker has registered.
   absl::Status Start();
   std::string address() const { return address_; }
+  // The directory holding the coordinator's and workers' logs.
+  std::string dir() const { return dir_; }
   v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }
@@ -60,8 +72,10 @@ class LocalCluster {
   // pids of this cluster's rank processes of `job_id` (of one rank, or all with rank < 0).
   std::vector<pid_t> RankProcesses(const std::string& job_id, int rank = -1) const;
 
-  // Runs trainctl against this cluster with the given arguments.
+  // Runs trainctl against this cluster with the given arguments (after trainctl_flags).
   CommandResult Trainctl(const std::string& arguments);
+  // Opens another channel to the coordinator, e.g. as another principal.
+  std::shared_ptr<grpc::Channel> Channel(const ClientSecurity& security) const;
   // `trainctl submit FILE`, expecting success; returns the job id.
   std::string Submit(const std::string& spec_file);
   // Polls GetJob until `predicate` holds or timeout; returns the last job seen.

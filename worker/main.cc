@@ -1,6 +1,7 @@
 // worker: the daemon that runs ranks of training jobs on this machine.
 //
 //   worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N] [--host ADDRESS]
+//          [--data_root DIR]... [--output_root DIR]... [--tls_ca ca.pem] [--token_file F]
 //
 // The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
 
@@ -13,10 +14,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/cli_flags.h"
+#include "common/client_security_flags.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer/backend_registry.h"
+#include "worker/path_policy.h"
 #include "worker/rank_process.h"
 #include "worker/worker_daemon.h"
 
@@ -29,6 +33,12 @@ ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
 ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignment file");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "Directory ranks may read data and init checkpoints from (repeatable; default: the "
+          "current directory)");
+ABSL_FLAG(std::vector<std::string>, output_root, {},
+          "Directory ranks may write checkpoints into (repeatable; default: the current "
+          "directory)");
 
 namespace {
 
@@ -62,14 +72,32 @@ absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
 
 }  // namespace
 
+// The --data_root / --output_root directories (every occurrence), resolved; the current
+// directory when none is given, so the README's demo works from the repository root.
+absl::StatusOr<mptrain::PathPolicy> RootsFromFlags(int argc, char** argv) {
+  std::vector<std::string> data = mptrain::RepeatedFlagValues(argc, argv, "data_root");
+  std::vector<std::string> output = mptrain::RepeatedFlagValues(argc, argv, "output_root");
+  const std::string cwd = std::filesystem::current_path().string();
+  if (data.empty()) data.push_back(cwd);
+  if (output.empty()) output.push_back(cwd);
+  return mptrain::PathPolicy::Create(data, output);
+}
+
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv,
                       "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
+  absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags(argc, argv);
+  absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
   if (!absl::GetFlag(FLAGS_run_rank).empty()) {
     mptrain::RankProcessOptions rank;
     rank.assignment_file = absl::GetFlag(FLAGS_run_rank);
     rank.coordinator = absl::GetFlag(FLAGS_coordinator);
     rank.host = absl::GetFlag(FLAGS_host);
+    if (roots.ok()) {
+      rank.data_roots = roots->data_roots();
+      rank.output_roots = roots->output_roots();
+    }
+    rank.security = security.ok() ? *security : mptrain::ClientSecurity{};
     return mptrain::RunRankProcess(rank);
   }
 
@@ -91,6 +119,19 @@ int main(int argc, char** argv) {
     spdlog::error("{}", status.ToString());
     return 2;
   }
+  if (!roots.ok()) {
+    spdlog::error("{}", std::string(roots.status().message()));
+    return 2;
+  }
+  if (!security.ok()) {
+    spdlog::error("{}", std::string(security.status().message()));
+    return 2;
+  }
+  options.data_roots = roots->data_roots();
+  options.output_roots = roots->output_roots();
+  options.security = *security;
+  spdlog::info("ranks read under [{}] and write under [{}]",
+               absl::StrJoin(options.data_roots, ", "), absl::StrJoin(options.output_roots, ", "));
   options.rank_executable = std::filesystem::read_symlink("/proc/self/exe").string();
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (options.work_dir.empty()) {
@@ -114,8 +155,12 @@ int main(int argc, char** argv) {
   });
   signal_waiter.detach();
 
-  auto channel = grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials());
-  mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(channel));
+  auto channel = mptrain::MakeCoordinatorChannel(options.coordinator, options.security);
+  if (!channel.ok()) {
+    spdlog::error("{}", std::string(channel.status().message()));
+    return 2;
+  }
+  mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&stop);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     spdlog::error("{}", status.ToString());

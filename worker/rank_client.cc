@@ -21,6 +21,8 @@ absl::Status GrpcKeyValueStore::Set(const std::string& key, const std::string& v
   v1::KeyValueSetRequest request;
   request.set_job_id(identity_.job_id);
   request.set_attempt(identity_.attempt);
+  request.set_rank(identity_.rank);
+  request.set_rank_secret(identity_.secret);
   request.set_key(key);
   request.set_value(value);
   v1::KeyValueSetResponse response;
@@ -33,6 +35,8 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64
   v1::KeyValueGetRequest request;
   request.set_job_id(identity_.job_id);
   request.set_attempt(identity_.attempt);
+  request.set_rank(identity_.rank);
+  request.set_rank_secret(identity_.secret);
   request.set_key(key);
   request.set_timeout_ms(timeout_ms);
   v1::KeyValueGetResponse response;
@@ -112,6 +116,7 @@ bool TelemetryReporter::SendBatch() {
     request.set_job_id(identity_.job_id);
     request.set_rank(identity_.rank);
     request.set_attempt(identity_.attempt);
+    request.set_rank_secret(identity_.secret);
     request.set_step(step_);
     for (auto& record : queued_) *request.add_records() = std::move(record);
     queued_.clear();
@@ -156,6 +161,7 @@ absl::Status ReportRankResult(v1::WorkerControl::StubInterface* stub, const Rank
   request.set_job_id(identity.job_id);
   request.set_rank(identity.rank);
   request.set_attempt(identity.attempt);
+  request.set_rank_secret(identity.secret);
   if (checksum.ok()) {
     request.set_parameter_checksum(*checksum);
   } else {

@@ -22,6 +22,7 @@ struct RankIdentity {
   std::string job_id;
   int rank = 0;
   int attempt = 0;
+  std::string secret;  // The assignment's rank secret: every call of this rank carries it.
 };
 
 // KeyValueStore over KeyValueSet / KeyValueGet (blocking get with timeout on the server).

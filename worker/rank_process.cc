@@ -13,11 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/status_macros.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/backend_registry.h"
 #include "trainer/train_loop.h"
+#include "worker/path_policy.h"
 #include "worker/rank_client.h"
 
 namespace mptrain {
@@ -77,11 +79,54 @@ void StartSignalThread() {
   }).detach();
 }
 
+// Checks every path of the spec against the worker's roots before anything is opened, and
+// replaces each by its resolved form (so a symlink swapped in later is not followed: the
+// readers also refuse a symlink as the final component). Only rank 0 writes.
+absl::Status ConfinePaths(const RankProcessOptions& options, int rank, v1::JobSpec* spec,
+                          std::string* resume_checkpoint) {
+  absl::StatusOr<PathPolicy> policy = PathPolicy::Create(options.data_roots, options.output_roots);
+  if (!policy.ok()) return policy.status();
+  auto confine = [](absl::StatusOr<std::string> resolved, std::string* path) {
+    if (!resolved.ok()) return resolved.status();
+    *path = *resolved;
+    return absl::OkStatus();
+  };
+  if (spec->data().has_npy()) {
+    v1::NpyData* npy = spec->mutable_data()->mutable_npy();
+    RETURN_IF_ERROR(confine(policy->CheckRead("data.npy.features_path", npy->features_path()),
+                            npy->mutable_features_path()));
+    RETURN_IF_ERROR(confine(policy->CheckRead("data.npy.targets_path", npy->targets_path()),
+                            npy->mutable_targets_path()));
+  }
+  if (!spec->init_checkpoint().empty()) {
+    RETURN_IF_ERROR(confine(policy->CheckRead("init_checkpoint", spec->init_checkpoint()),
+                            spec->mutable_init_checkpoint()));
+  }
+  if (!resume_checkpoint->empty()) {
+    RETURN_IF_ERROR(confine(policy->CheckRead("resume checkpoint", *resume_checkpoint,
+                                              ReadScope::kDataOrOutput),
+                            resume_checkpoint));
+  }
+  if (rank != 0) return absl::OkStatus();
+  if (!spec->output_checkpoint().empty()) {
+    RETURN_IF_ERROR(confine(policy->CheckWrite("output_checkpoint", spec->output_checkpoint(),
+                                               spec->overwrite_output()),
+                            spec->mutable_output_checkpoint()));
+  }
+  if (!spec->checkpoint_dir().empty()) {
+    RETURN_IF_ERROR(confine(policy->CheckOutputDirectory("checkpoint_dir", spec->checkpoint_dir()),
+                            spec->mutable_checkpoint_dir()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
                                   TrainingObserver* observer) {
   v1::JobSpec spec = assignment.spec();
   ApplyJobSpecDefaults(&spec);
+  std::string resume_checkpoint = assignment.resume_checkpoint();
+  RETURN_IF_ERROR(ConfinePaths(options, assignment.rank(), &spec, &resume_checkpoint));
   auto entry = FindBackend(spec.device());
   if (!entry.ok()) return entry.status();
   BackendOptions backend_options;
@@ -97,11 +142,8 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                assignment.device_index(), spec.steps(), spec.accumulation_steps(),
                spec.micro_batch_size());
   g_backend.store(backend->get());
-  if (!assignment.resume_checkpoint().empty()) {
-    spdlog::info("resuming from {}", assignment.resume_checkpoint());
-  }
-  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer,
-                            assignment.resume_checkpoint());
+  if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
+  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint);
   g_backend.store(nullptr);
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
@@ -119,9 +161,14 @@ int RunRankProcess(const RankProcessOptions& options) {
     return 1;
   }
   InitLogging(absl::StrCat(assignment->job_id(), "/rank", assignment->rank()));
-  RankIdentity identity{assignment->job_id(), assignment->rank(), assignment->attempt()};
-  std::shared_ptr<v1::WorkerControl::StubInterface> stub = v1::WorkerControl::NewStub(
-      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  RankIdentity identity{assignment->job_id(), assignment->rank(), assignment->attempt(),
+                        assignment->rank_secret()};
+  auto channel = MakeCoordinatorChannel(options.coordinator, options.security);
+  if (!channel.ok()) {
+    spdlog::error("{}", channel.status().ToString());
+    return 1;
+  }
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub = v1::WorkerControl::NewStub(*channel);
   GrpcKeyValueStore store(stub, identity);
   absl::StatusOr<std::string> checksum;
   {

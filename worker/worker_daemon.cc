@@ -1,10 +1,14 @@
 #include "worker/worker_daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include <chrono>
-#include <fstream>
 #include <random>
 #include <thread>
 
@@ -28,6 +32,31 @@ int64_t NowMs() {
 uint64_t RandomIncarnation() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device() ^ static_cast<uint64_t>(getpid());
+}
+
+// Owner-only, created fresh: the file carries the rank's secret.
+absl::Status WriteAssignmentFile(const std::string& path, const v1::Assignment& assignment) {
+  std::string bytes;
+  if (!assignment.SerializeToString(&bytes)) {
+    return absl::InternalError("cannot serialize the assignment");
+  }
+  std::remove(path.c_str());  // A leftover of a crashed daemon with the same work dir.
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", strerror(errno)));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      std::remove(path.c_str());
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  close(fd);
+  return absl::OkStatus();
 }
 
 std::string Key(const v1::Assignment& assignment) {
@@ -56,6 +85,8 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   *request.mutable_devices() = {options_.devices.begin(), options_.devices.end()};
   request.set_incarnation(incarnation_);
   request.set_name(options_.name);
+  *request.mutable_data_roots() = {options_.data_roots.begin(), options_.data_roots.end()};
+  *request.mutable_output_roots() = {options_.output_roots.begin(), options_.output_roots.end()};
   int64_t backoff_ms = 200;
   while (!stop->load()) {
     v1::RegisterWorkerResponse response;
@@ -65,6 +96,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       worker_id_ = response.worker_id();
+      worker_secret_ = response.worker_secret();
       heartbeat_interval_ms_ = response.heartbeat_interval_ms();
       must_register_.store(false);
       spdlog::info("registered as {} (incarnation {:x}), {} {} slot(s), heartbeat every {} ms",
@@ -72,7 +104,10 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
                    v1::DeviceKind_Name(options_.device), heartbeat_interval_ms_);
       return absl::OkStatus();
     }
-    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      // Retrying cannot fix a bad flag or a wrong token.
       return FromGrpcStatus(status);
     }
     spdlog::warn("cannot register with {}: {}; retrying in {} ms", options_.coordinator,
@@ -88,6 +123,7 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.set_worker_id(worker_id_);
+    request.set_worker_secret(worker_secret_);
   }
   request.set_incarnation(incarnation_);
   request.set_reason(reason);
@@ -106,6 +142,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       std::lock_guard<std::mutex> lock(mu_);
       interval_ms = heartbeat_interval_ms_;
       request.set_worker_id(worker_id_);
+      request.set_worker_secret(worker_secret_);
     }
     request.set_incarnation(incarnation_);
     if (!must_register_.load()) {
@@ -113,7 +150,8 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
       grpc::Status status = stub_->Heartbeat(&context, request, &response);
-      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+          status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         spdlog::warn("coordinator no longer knows this worker ({}); registering again",
                      status.error_message());
         must_register_.store(true);
@@ -155,7 +193,16 @@ void WorkerDaemon::ReapOnce() {
       }
     }
   }
-  for (const auto& [rank, child] : finished) ReportExit(rank, child.exit_code, child.term_signal);
+  for (const auto& [rank, child] : finished) {
+    ReportExit(rank, child.exit_code, child.term_signal);
+    // The rank read it at start; it holds the rank's secret, so it does not outlive the rank.
+    std::remove(AssignmentFile(rank.assignment).c_str());
+  }
+}
+
+std::string WorkerDaemon::AssignmentFile(const v1::Assignment& assignment) const {
+  return absl::StrCat(options_.work_dir, "/", assignment.job_id(), "-rank", assignment.rank(),
+                      "-attempt", assignment.attempt(), ".assignment");
 }
 
 void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_signal) {
@@ -173,6 +220,7 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.set_worker_id(worker_id_);
+    request.set_worker_secret(worker_secret_);
   }
   request.set_job_id(assignment.job_id());
   request.set_rank(assignment.rank());
@@ -188,28 +236,29 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
 
 void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   const std::string key = Key(assignment);
-  const std::string file = absl::StrCat(options_.work_dir, "/", assignment.job_id(), "-rank",
-                                        assignment.rank(), "-attempt", assignment.attempt(),
-                                        ".assignment");
-  {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    if (!out || !assignment.SerializeToOstream(&out)) {
-      spdlog::error("cannot write {}", file);
-      RunningRank failed{assignment, 0, 0};
-      ReportExit(failed, 126, 0);
-      return;
-    }
+  const std::string file = AssignmentFile(assignment);
+  if (absl::Status written = WriteAssignmentFile(file, assignment); !written.ok()) {
+    spdlog::error("{}", written.ToString());
+    RunningRank failed{assignment, 0, 0};
+    ReportExit(failed, 126, 0);
+    return;
   }
   std::vector<std::string> argv = {options_.rank_executable,
                                    "--run_rank=" + file,
                                    "--coordinator=" + options_.coordinator,
                                    "--host=" + options_.host};
+  for (const std::string& flag : TlsFlagsFor(options_.security)) argv.push_back(flag);
+  for (const std::string& root : options_.data_roots) argv.push_back("--data_root=" + root);
+  for (const std::string& root : options_.output_roots) argv.push_back("--output_root=" + root);
   // CPU ranks share the cores of this machine: give each its share for BLAS threads.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> env = {
       absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
+  // The environment, unlike a command line, is readable only by the rank's own user.
+  if (!options_.security.token.empty()) env.push_back("MPTRAIN_TOKEN=" + options_.security.token);
   auto pid = RankLauncher::Launch(argv, env);
   if (!pid.ok()) {
+    std::remove(file.c_str());
     spdlog::error("cannot start rank {} of {}: {}", assignment.rank(), assignment.job_id(),
                   pid.status().ToString());
     RunningRank failed{assignment, 0, 0};
@@ -264,6 +313,10 @@ absl::Status WorkerDaemon::PollOnce() {
   }
   request.set_incarnation(incarnation_);
   request.set_wait_ms(kPollWaitMs);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_secret(worker_secret_);
+  }
   v1::PollAssignmentsResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline +
@@ -286,7 +339,8 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
       if (!Register(stop).ok()) break;
     }
     absl::Status status = PollOnce();
-    if (status.code() == absl::StatusCode::kNotFound) {
+    if (status.code() == absl::StatusCode::kNotFound ||
+        status.code() == absl::StatusCode::kPermissionDenied) {
       must_register_.store(true);
     } else if (!status.ok()) {
       spdlog::warn("polling for assignments failed: {}", status.ToString());

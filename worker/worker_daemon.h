@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/client_channel.h"
 #include "proto/mptrain.grpc.pb.h"
 
 namespace mptrain {
@@ -23,8 +24,15 @@ struct WorkerOptions {
   std::vector<v1::DeviceInfo> devices;
   std::string host = "127.0.0.1";  // Advertised to peers (collectives listen here).
   std::string name;                // Stable name; a restart registers a new incarnation.
-  std::string work_dir;            // Assignment files.
+  std::string work_dir;            // Assignment files (mode 0600: they hold rank secrets).
   std::string rank_executable;     // Started as `rank_executable --run_rank=FILE ...`.
+  // Where ranks may read and write (resolved absolute directories), reported at registration
+  // and passed to every rank, which checks each path of its spec against them.
+  std::vector<std::string> data_roots;
+  std::vector<std::string> output_roots;
+  // How ranks reach the coordinator: TLS flags on their command line, the token in their
+  // environment.
+  ClientSecurity security;
   int64_t stop_grace_ms = 3'000;   // SIGTERM, then SIGKILL after this.
 };
 
@@ -53,6 +61,7 @@ class WorkerDaemon {
   void ReaperLoop(const std::atomic<bool>* stop);
   void ReapOnce();
   void ReportExit(const RunningRank& rank, int exit_code, int term_signal);
+  std::string AssignmentFile(const v1::Assignment& assignment) const;
   void Deregister(const std::string& reason);
 
   WorkerOptions options_;
@@ -60,6 +69,7 @@ class WorkerDaemon {
   const uint64_t incarnation_;
   std::mutex mu_;
   std::string worker_id_;
+  std::string worker_secret_;
   int64_t heartbeat_interval_ms_ = 1'000;
   std::atomic<bool> must_register_{true};
   std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process

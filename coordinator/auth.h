@@ -1,0 +1,106 @@
+#pragma once
+
+// Who may call what. The coordinator's --token_file holds one `ROLE PRINCIPAL TOKEN` a line
+// (roles: admin, user, worker; '#' starts a comment). Clients send
+// `authorization: Bearer TOKEN`. The one check of every call is TokenAuthProcessor, which gRPC
+// runs before any handler: UNAUTHENTICATED for a missing or unknown token, PERMISSION_DENIED
+// for a role that may not call the method. Handlers that need the caller's name (the owner of
+// a submitted job, a cancel of someone else's job) ask Authenticator::Identify.
+//
+// Capabilities finer than roles (which worker, which rank of which attempt) are secrets handed
+// out by the coordinator state itself: see WorkerRegistry and the rank secrets of assignments.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/security/auth_metadata_processor.h"
+#include "grpcpp/server_context.h"
+
+namespace mptrain {
+
+enum class Role { kAdmin, kUser, kWorker };
+
+absl::string_view RoleName(Role role);
+
+struct Principal {
+  std::string name;
+  Role role = Role::kUser;
+};
+
+class TokenTable {
+ public:
+  // `source` names the file in errors. INVALID_ARGUMENT names the line: an unknown role, a
+  // principal outside [A-Za-z0-9._@-]{1,64}, a token shorter than 16 or longer than 256
+  // characters or with spaces, a repeated token.
+  static absl::StatusOr<TokenTable> Parse(absl::string_view text, const std::string& source);
+  // Reads and parses a file of at most 1 MiB. NOT_FOUND / INVALID_ARGUMENT name the file.
+  static absl::StatusOr<TokenTable> Load(const std::string& path);
+
+  // The principal holding `token`, or nullptr. Compares against every entry in constant time
+  // per entry, so timing does not reveal how much of a guess was right.
+  const Principal* Find(absl::string_view token) const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::string token;
+    Principal principal;
+  };
+  std::vector<Entry> entries_;
+};
+
+// Which callers a method admits, by its full name ("/mptrain.v1.Coordinator/SubmitJob").
+enum class MethodAccess {
+  kPublic,  // No token needed (health checks).
+  kUser,    // Roles user and admin.
+  kWorker,  // Role worker.
+  kDenied,  // Unknown methods.
+};
+MethodAccess AccessFor(absl::string_view method);
+
+struct CallerIdentity {
+  std::string principal;
+  bool admin = false;
+};
+
+class Authenticator {
+ public:
+  // Without a table, authentication is off: every caller is the admin "anonymous".
+  explicit Authenticator(std::optional<TokenTable> tokens) : tokens_(std::move(tokens)) {}
+
+  bool enabled() const { return tokens_.has_value(); }
+
+  // The gate: OK, UNAUTHENTICATED or PERMISSION_DENIED for a call of `method` with this
+  // `authorization` header value (empty when absent).
+  absl::Status Authorize(absl::string_view method, absl::string_view authorization) const;
+
+  // The caller of an admitted call (its token was checked by Authorize already).
+  CallerIdentity Identify(const grpc::ServerContext& context) const;
+
+ private:
+  const Principal* PrincipalOf(absl::string_view authorization) const;
+
+  std::optional<TokenTable> tokens_;
+};
+
+// gRPC's hook for Authorize: runs on every call before the handler, on TLS and on local
+// (loopback) credentials. Never blocks.
+class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenAuthProcessor(std::shared_ptr<const Authenticator> authenticator)
+      : authenticator_(std::move(authenticator)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override;
+
+ private:
+  std::shared_ptr<const Authenticator> authenticator_;
+};
+
+}  // namespace mptrain
