@@ -75,6 +75,7 @@ std::string FormatJobDetail(const v1::Job& job) {
   std::string out;
   absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
   absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
+  if (!job.owner().empty()) absl::StrAppend(&out, "owner:      ", job.owner(), "\n");
   if (!job.error().empty()) absl::StrAppend(&out, "error:      ", job.error(), "\n");
   if (job.restarts() > 0 || job.spec().max_restarts() > 0) {
     absl::StrAppend(&out, "restarts:   ", job.restarts(), " of ", job.spec().max_restarts(), "\n");

@@ -5,15 +5,18 @@
 #
 #   bash scripts/run_example.sh            # auto: CUDA with 2 GPUs, CPU otherwise
 #   bash scripts/run_example.sh --cpu      # force the CPU backend
+#   bash scripts/run_example.sh --secure   # mutual TLS and tokens, made on the spot (openssl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEVICE=auto
+SECURE=0
 for arg in "$@"; do
   case "$arg" in
     --cpu) DEVICE=cpu ;;
     --cuda) DEVICE=cuda ;;
-    *) echo "usage: $0 [--cpu|--cuda]" >&2; exit 2 ;;
+    --secure) SECURE=1 ;;
+    *) echo "usage: $0 [--cpu|--cuda] [--secure]" >&2; exit 2 ;;
   esac
 done
 
@@ -51,6 +54,10 @@ echo "run_example: $GPUS GPU(s) visible: running $SPEC"
 
 source scripts/lib/local_cluster.sh
 trap stop_cluster EXIT
+if [ "$SECURE" = 1 ]; then
+  secure_cluster
+  echo "run_example: mutual TLS and tokens (CA, certificates and tokens in $CLUSTER_DIR/pki)"
+fi
 start_coordinator
 echo "coordinator on $ADDRESS (logs in $CLUSTER_DIR)"
 for i in 0 1; do
@@ -58,15 +65,15 @@ for i in 0 1; do
   else start_worker "worker$i" "" "${WORKER_ARGS[@]}"; fi
 done
 wait_for_workers 2
-"$TRAINCTL" --coordinator="$ADDRESS" workers
+"$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" workers
 
 echo "submitting $SPEC"
 set +e
-"$TRAINCTL" --coordinator="$ADDRESS" submit "$SPEC" --wait | tee "$CLUSTER_DIR/submit.out"
+"$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" submit "$SPEC" --wait | tee "$CLUSTER_DIR/submit.out"
 STATUS=${PIPESTATUS[0]}
 set -e
 JOB=$(tail -n 1 "$CLUSTER_DIR/submit.out")
-"$TRAINCTL" --coordinator="$ADDRESS" status "$JOB"
+"$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" status "$JOB"
 if [ "$STATUS" -eq 0 ]; then
   echo "run_example: $JOB SUCCEEDED; the coordinator found identical parameters on every rank"
 else

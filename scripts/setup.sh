@@ -12,6 +12,7 @@ PACKAGES=(
   libgloo-dev libopenblas-dev               # CPU backend: collectives and GEMMs
   libxxhash-dev nlohmann-json3-dev          # checksums, safetensors headers
   libgtest-dev libgmock-dev                 # tests
+  openssl                                   # certificates for the secure demo and tests
 )
 
 missing=()

@@ -268,6 +268,19 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   EXPECT_NE(status.output.find("loss 0.250000"), std::string::npos) << status.output;
 }
 
+TEST(Integration, PlaintextLoopbackWithoutTokens_SeedJobSucceeds) {
+  // The quick start: no TLS, no tokens, loopback only. Capabilities still apply.
+  LocalCluster::Options options;
+  options.secure = false;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  CommandResult result =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  CommandResult status = cluster.Trainctl("--output=json status " + LastLine(result.output));
+  EXPECT_NE(status.output.find("\"owner\": \"anonymous\""), std::string::npos) << status.output;
+}
+
 TEST(Integration, InvalidSpec_IsRefusedNamingTheField) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());

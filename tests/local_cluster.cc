@@ -105,8 +105,43 @@ pid_t LocalCluster::Spawn(const std::vector<std::string>& argv, const std::strin
   return pid;
 }
 
+ClientSecurity LocalCluster::SecurityFor(const std::string& principal) const {
+  ClientSecurity security;
+  if (!options_.secure) return security;
+  security.tls_ca = pki() + "/ca.pem";
+  security.tls_cert = pki() + "/client.pem";
+  security.tls_key = pki() + "/client.key";
+  if (!principal.empty()) {
+    auto token = LoadClientToken(pki() + "/" + principal + ".token");
+    EXPECT_TRUE(token.ok()) << token.status();
+    if (token.ok()) security.token = *token;
+  }
+  return security;
+}
+
 absl::Status LocalCluster::Start() {
   const std::string port_file = dir_ + "/port";
+  if (options_.secure) {
+    CommandResult pki_made = RunCommand("bash " + RunfilePath("scripts/make_pki.sh") + " " + pki());
+    if (pki_made.exit_code != 0) {
+      return absl::InternalError("make_pki.sh failed: " + pki_made.output);
+    }
+    const std::string p = pki();
+    for (const std::string& flag :
+         {"--tls_cert=" + p + "/server.pem", "--tls_key=" + p + "/server.key",
+          "--tls_client_ca=" + p + "/ca.pem", "--token_file=" + p + "/tokens"}) {
+      options_.coordinator_flags.push_back(flag);
+    }
+    const std::vector<std::string> tls = {"--tls_ca=" + p + "/ca.pem",
+                                          "--tls_cert=" + p + "/client.pem",
+                                          "--tls_key=" + p + "/client.key"};
+    for (const std::string& flag : tls) {
+      options_.worker_flags.push_back(flag);
+      options_.trainctl_flags.push_back(flag);
+    }
+    options_.worker_flags.push_back("--token_file=" + p + "/worker.token");
+    options_.trainctl_flags.push_back("--token_file=" + p + "/alice.token");
+  }
   std::vector<std::string> coordinator_argv = {
       RunfilePath("coordinator/coordinator"), "--listen=127.0.0.1:0", "--port_file=" + port_file,
       absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s)};
@@ -119,9 +154,8 @@ absl::Status LocalCluster::Start() {
   }
   if (port == 0) return absl::UnavailableError("the coordinator did not start; see " + dir_);
   address_ = absl::StrCat("127.0.0.1:", port);
-  auto channel = Channel(options_.client);
-  coordinator_stub_ = v1::Coordinator::NewStub(channel);
-  worker_stub_ = v1::WorkerControl::NewStub(channel);
+  coordinator_stub_ = v1::Coordinator::NewStub(Channel(SecurityFor("alice")));
+  worker_stub_ = v1::WorkerControl::NewStub(Channel(SecurityFor("worker")));
   const std::string roots = options_.roots.empty() ? TestTempDir() : options_.roots;
   for (int i = 0; i < options_.workers; ++i) {
     std::vector<std::string> argv = {

@@ -44,13 +44,15 @@ class LocalCluster {
     double heartbeat_timeout_s = 10;
     int workers = 2;
     int slots_per_worker = 1;
-    // Extra flags, e.g. TLS and tokens: the coordinator's, each worker daemon's (its ranks
-    // inherit them) and trainctl's.
+    // Mutual TLS and tokens everywhere (a fresh CA, certificates and tokens from
+    // scripts/make_pki.sh): trainctl and coordinator() act as the user alice, worker_control()
+    // and the daemons as the worker principal. Off: plaintext loopback without tokens.
+    bool secure = true;
+    // Extra flags: the coordinator's, each worker daemon's (its ranks inherit them) and
+    // trainctl's.
     std::vector<std::string> coordinator_flags;
     std::vector<std::string> worker_flags;
     std::vector<std::string> trainctl_flags;
-    // How the test's own stubs (coordinator(), worker_control()) connect.
-    ClientSecurity client;
     // Worker data and output roots; default: the test's scratch directory.
     std::string roots;
   };
@@ -62,6 +64,11 @@ class LocalCluster {
   std::string address() const { return address_; }
   // The directory holding the coordinator's and workers' logs.
   std::string dir() const { return dir_; }
+  // Where the CA, certificates and tokens are (secure clusters).
+  std::string pki() const { return dir_ + "/pki"; }
+  // How a client holding `principal`'s token connects (admin, alice, bob, worker; "" = no
+  // token), with the cluster's CA and client certificate when secure.
+  ClientSecurity SecurityFor(const std::string& principal) const;
   v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }

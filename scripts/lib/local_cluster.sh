@@ -4,10 +4,30 @@
 
 CLUSTER_PIDS=()
 CLUSTER_DIR=${CLUSTER_DIR:-$(mktemp -d)}
+# Flags every trainctl call of these helpers passes (e.g. TLS and a token; see secure_cluster).
+TRAINCTL_FLAGS=()
+# Flags every worker started here gets.
+WORKER_FLAGS=()
+# Flags the coordinator gets.
+COORDINATOR_FLAGS=()
+
+# secure_cluster: a fresh CA, certificates and tokens (scripts/make_pki.sh) in
+# $CLUSTER_DIR/pki, and the flags that turn on mutual TLS and tokens everywhere: trainctl acts
+# as the user alice, the workers as the worker principal.
+secure_cluster() {
+  local pki=$CLUSTER_DIR/pki
+  bash "$(dirname "${BASH_SOURCE[0]}")/../make_pki.sh" "$pki"
+  local tls=(--tls_ca="$pki/ca.pem" --tls_cert="$pki/client.pem" --tls_key="$pki/client.key")
+  COORDINATOR_FLAGS+=(--tls_cert="$pki/server.pem" --tls_key="$pki/server.key"
+                      --tls_client_ca="$pki/ca.pem" --token_file="$pki/tokens")
+  WORKER_FLAGS+=("${tls[@]}" --token_file="$pki/worker.token")
+  TRAINCTL_FLAGS+=("${tls[@]}" --token_file="$pki/alice.token")
+}
 
 # start_coordinator [extra coordinator flags...]: sets ADDRESS=127.0.0.1:PORT.
 start_coordinator() {
-  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$CLUSTER_DIR/port" "$@" \
+  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$CLUSTER_DIR/port" \
+    "${COORDINATOR_FLAGS[@]}" "$@" \
     >"$CLUSTER_DIR/coordinator.log" 2>&1 &
   CLUSTER_PIDS+=($!)
   for _ in $(seq 200); do [ -s "$CLUSTER_DIR/port" ] && break; sleep 0.05; done
@@ -24,10 +44,10 @@ start_worker() {
   shift 2
   if [ -n "$gpu" ]; then
     CUDA_VISIBLE_DEVICES=$gpu "$WORKER" --coordinator="$ADDRESS" --name="$name" \
-      --work_dir="$CLUSTER_DIR/$name" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
+      --work_dir="$CLUSTER_DIR/$name" "${WORKER_FLAGS[@]}" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
   else
-    "$WORKER" --coordinator="$ADDRESS" --name="$name" --work_dir="$CLUSTER_DIR/$name" "$@" \
-      >"$CLUSTER_DIR/$name.log" 2>&1 &
+    "$WORKER" --coordinator="$ADDRESS" --name="$name" --work_dir="$CLUSTER_DIR/$name" \
+      "${WORKER_FLAGS[@]}" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
   fi
   CLUSTER_PIDS+=($!)
 }
@@ -35,7 +55,8 @@ start_worker() {
 # wait_for_workers COUNT: until COUNT workers are ALIVE (10 s at most).
 wait_for_workers() {
   for _ in $(seq 200); do
-    if [ "$("$TRAINCTL" --coordinator="$ADDRESS" --output=json workers | grep -c '"ALIVE"')" -ge "$1" ]; then
+    if [ "$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" --output=json workers |
+          grep -c '"ALIVE"')" -ge "$1" ]; then
       return 0
     fi
     sleep 0.05

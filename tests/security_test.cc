@@ -1,0 +1,361 @@
+// A hostile client on the coordinator's network, tried against a real secured cluster (mutual
+// TLS, tokens, worker and rank secrets): every abuse of the control plane is refused with the
+// right code, and the job under attack still ends SUCCEEDED with matching checksums. Then path
+// escapes through job specs: refused at submit where the coordinator can tell, by the rank
+// before any I/O otherwise, and nothing is written.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/local_cluster.h"
+
+namespace mptrain::testing {
+namespace {
+
+auto Deadline() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+// The assignment a worker daemon wrote for one of its ranks (the test runs as root, as an
+// attacker who stole a rank's file would).
+v1::Assignment StealAssignment(const LocalCluster& cluster, const v1::Job& job, int rank) {
+  v1::Assignment assignment;
+  for (const v1::RankPlacement& placement : job.placement()) {
+    if (placement.rank() != rank) continue;
+    const std::string worker = placement.worker_id().substr(0, placement.worker_id().find('#'));
+    std::ifstream in(absl::StrCat(cluster.dir(), "/", worker, "/", job.job_id(), "-rank", rank,
+                                  "-attempt1.assignment"),
+                     std::ios::binary);
+    EXPECT_TRUE(assignment.ParseFromIstream(&in)) << "no assignment file for rank " << rank;
+  }
+  return assignment;
+}
+
+// Runs one unary call and returns its code.
+template <typename Stub, typename Request, typename Response>
+grpc::StatusCode Call(Stub* stub,
+                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                   Response*),
+                      const Request& request) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  Response response;
+  return (stub->*method)(&context, request, &response).error_code();
+}
+
+TEST(Security, HostileClients_AreRefused_AndTheJobUnderAttackSucceeds) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string spec = WriteSpec("victim", R"({
+    "name": "victim", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+    "data": {"synthetic": {"seed": 1}}, "micro_batch_size": 32, "accumulation_steps": 2,
+    "steps": 4000, "optimizer": {"lr": 0.001}, "telemetry_every": 50})");
+  const std::string job_id = cluster.Submit(spec);
+  auto running = cluster.WaitForJob(
+      job_id,
+      [](const v1::Job& job) {
+        return job.state() != v1::PENDING &&
+               (job.state() != v1::RUNNING || job.progress(1).step() >= 1);
+      },
+      30);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING);
+  const v1::Assignment rank0 = StealAssignment(cluster, *running, 0);
+  ASSERT_EQ(rank0.rank_secret().size(), 32u);
+
+  auto anonymous = cluster.Channel(cluster.SecurityFor(""));  // TLS, no token
+  auto bob = cluster.Channel(cluster.SecurityFor("bob"));     // another user
+  auto worker_token = cluster.Channel(cluster.SecurityFor("worker"));  // no secrets
+  auto anon_user = v1::Coordinator::NewStub(anonymous);
+  auto anon_worker = v1::WorkerControl::NewStub(anonymous);
+  auto bob_user = v1::Coordinator::NewStub(bob);
+  auto bob_worker = v1::WorkerControl::NewStub(bob);
+  auto rogue = v1::WorkerControl::NewStub(worker_token);
+  using C = v1::Coordinator::Stub;
+  using W = v1::WorkerControl::Stub;
+
+  // Forged results, telemetry and rendezvous data, as the abuses of the issue list them.
+  v1::ReportRankResultRequest forged_success;
+  forged_success.set_job_id(job_id);
+  forged_success.set_attempt(1);
+  forged_success.set_parameter_checksum("0000000000000000");
+  v1::ReportRankResultRequest forged_failure = forged_success;
+  forged_failure.set_error("forged failure");
+  v1::ReportTelemetryRequest forged_telemetry;
+  forged_telemetry.set_job_id(job_id);
+  forged_telemetry.set_attempt(1);
+  forged_telemetry.set_step(123456789);
+  forged_telemetry.add_records()->set_step(123456789);
+  forged_telemetry.mutable_records(0)->set_loss(-42);
+  v1::KeyValueSetRequest forged_key;
+  forged_key.set_job_id(job_id);
+  forged_key.set_attempt(1);
+  forged_key.set_key("gloo/0");
+  forged_key.set_value("attacker");
+  v1::KeyValueGetRequest peek;
+  peek.set_job_id(job_id);
+  peek.set_attempt(1);
+  peek.set_key("gloo/0");
+
+  SCOPED_TRACE("without a token");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = running->spec();
+  EXPECT_EQ(Call<C>(anon_user.get(), &C::SubmitJob, submit), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call<C>(anon_user.get(), &C::ListJobs, v1::ListJobsRequest()),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call<W>(anon_worker.get(), &W::ReportRankResult, forged_success),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call<W>(anon_worker.get(), &W::KeyValueSet, forged_key),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  SCOPED_TRACE("with a user's token (wrong role, or not the owner)");
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id);
+  EXPECT_EQ(Call<C>(bob_user.get(), &C::CancelJob, cancel), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Call<W>(bob_worker.get(), &W::ReportRankResult, forged_success),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Call<W>(bob_worker.get(), &W::ReportTelemetry, forged_telemetry),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Call<W>(bob_worker.get(), &W::KeyValueSet, forged_key),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegisterWorkerRequest fake_worker;
+  fake_worker.set_host("127.0.0.1");
+  fake_worker.set_device(v1::CPU);
+  fake_worker.set_slots(8);
+  fake_worker.set_name("fake");
+  EXPECT_EQ(Call<W>(bob_worker.get(), &W::RegisterWorker, fake_worker),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  SCOPED_TRACE("with the worker role but no secret, another rank's secret or a stale one");
+  for (int rank = 0; rank < 2; ++rank) {
+    forged_success.set_rank(rank);
+    forged_failure.set_rank(rank);
+    forged_telemetry.set_rank(rank);
+    EXPECT_EQ(Call<W>(rogue.get(), &W::ReportRankResult, forged_success),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(Call<W>(rogue.get(), &W::ReportRankResult, forged_failure),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(Call<W>(rogue.get(), &W::ReportTelemetry, forged_telemetry),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(Call<W>(rogue.get(), &W::KeyValueSet, forged_key),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Call<W>(rogue.get(), &W::KeyValueGet, peek), grpc::StatusCode::PERMISSION_DENIED);
+  // Rank 0's stolen secret does not speak for rank 1, nor for another attempt.
+  forged_success.set_rank(1);
+  forged_success.set_rank_secret(rank0.rank_secret());
+  EXPECT_EQ(Call<W>(rogue.get(), &W::ReportRankResult, forged_success),
+            grpc::StatusCode::PERMISSION_DENIED);
+  forged_telemetry.set_rank(1);
+  forged_telemetry.set_rank_secret(rank0.rank_secret());
+  EXPECT_EQ(Call<W>(rogue.get(), &W::ReportTelemetry, forged_telemetry),
+            grpc::StatusCode::PERMISSION_DENIED);
+  for (int attempt : {0, 2}) {
+    forged_success.set_rank(0);
+    forged_success.set_attempt(attempt);
+    EXPECT_EQ(Call<W>(rogue.get(), &W::ReportRankResult, forged_success),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << "attempt " << attempt;
+  }
+  // A live worker's name cannot be taken over, nor can it be deregistered by its public
+  // incarnation alone.
+  v1::ListWorkersResponse workers;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    ASSERT_TRUE(cluster.coordinator()->ListWorkers(&context, {}, &workers).ok());
+  }
+  ASSERT_EQ(workers.workers_size(), 2);
+  fake_worker.set_name("w0");
+  EXPECT_EQ(Call<W>(rogue.get(), &W::RegisterWorker, fake_worker),
+            grpc::StatusCode::ALREADY_EXISTS);
+  for (const v1::Worker& worker : workers.workers()) {
+    v1::DeregisterWorkerRequest deregister;
+    deregister.set_worker_id(worker.worker_id());
+    deregister.set_incarnation(worker.incarnation());
+    EXPECT_EQ(Call<W>(rogue.get(), &W::DeregisterWorker, deregister),
+              grpc::StatusCode::PERMISSION_DENIED);
+    v1::ReportRankExitRequest exit;
+    exit.set_worker_id(worker.worker_id());
+    exit.set_job_id(job_id);
+    exit.set_attempt(1);
+    exit.set_term_signal(9);
+    EXPECT_EQ(Call<W>(rogue.get(), &W::ReportRankExit, exit), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // A hostile-sized name is refused with a bounded message, not a transport error.
+  submit.mutable_spec()->set_name(std::string(8'000, 'n'));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    v1::SubmitJobResponse response;
+    grpc::Status status = cluster.coordinator()->SubmitJob(&context, submit, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_LT(status.error_message().size(), 400u);
+  }
+
+  // The attacks landed while the job was training (else they would prove little).
+  auto during = cluster.WaitForJob(job_id, [](const v1::Job&) { return true; }, 5);
+  ASSERT_TRUE(during.ok());
+  EXPECT_EQ(during->state(), v1::RUNNING) << "the victim job ended before the attacks did";
+  auto ended = cluster.WaitForEnd(job_id, 120);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->error();
+  EXPECT_EQ(ended->owner(), "alice");
+  ASSERT_EQ(ended->progress_size(), 2);
+  EXPECT_EQ(ended->progress(0).step(), 4000);
+  EXPECT_NE(ended->progress(0).parameter_checksum(), "0000000000000000");
+  EXPECT_EQ(ended->progress(0).parameter_checksum(), ended->progress(1).parameter_checksum());
+  EXPECT_EQ(ended->latest_telemetry().step(), 4000);
+  EXPECT_GE(ended->latest_telemetry().loss(), 0);
+  // Workers do not keep a finished rank's assignment (it held the rank's secret): the files
+  // go once the rank processes are reaped.
+  const std::string leftovers = absl::StrCat("ls ", cluster.dir(), "/w*/ | grep -c ", job_id);
+  for (int i = 0; i < 100 && LastLine(RunCommand(leftovers).output) != "0"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(LastLine(RunCommand(leftovers).output), "0");
+}
+
+TEST(Security, WrongCaMissingClientCertificateOrToken_AreRefused) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string trainctl = RunfilePath("client/trainctl") + " --coordinator=" +
+                               cluster.address() + " --timeout_ms=3000 ";
+  const std::string pki = cluster.pki();
+  const std::string client_cert =
+      " --tls_cert=" + pki + "/client.pem --tls_key=" + pki + "/client.key";
+  CommandResult wrong_ca = RunCommand(trainctl + "--tls_ca=" + pki + "/other-ca.pem" +
+                                      client_cert + " --token_file=" + pki + "/alice.token list");
+  EXPECT_EQ(wrong_ca.exit_code, 1) << wrong_ca.output;
+  EXPECT_NE(wrong_ca.output.find("UNAVAILABLE"), std::string::npos) << wrong_ca.output;
+  CommandResult plaintext = RunCommand(trainctl + "--token_file=" + pki + "/alice.token list");
+  EXPECT_EQ(plaintext.exit_code, 1) << plaintext.output;
+  CommandResult no_client_cert = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem --token_file=" +
+                                            pki + "/alice.token list");
+  EXPECT_EQ(no_client_cert.exit_code, 1) << "mutual TLS: " << no_client_cert.output;
+  CommandResult no_token = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem" + client_cert +
+                                      " list");
+  EXPECT_EQ(no_token.exit_code, 1) << no_token.output;
+  EXPECT_NE(no_token.output.find("UNAUTHENTICATED"), std::string::npos) << no_token.output;
+  CommandResult ok = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem" + client_cert +
+                                " --token_file=" + pki + "/alice.token list");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
+TEST(Security, NetworkListenWithoutTlsAndTokens_RefusesToStart) {
+  CommandResult refused = RunCommand(RunfilePath("coordinator/coordinator") +
+                                     " --listen=0.0.0.0:0");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--insecure"), std::string::npos) << refused.output;
+}
+
+class PathEscape : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = TestTempDir() + "/roots";
+    outside_ = TestTempDir() + "/outside";
+    RunCommand("rm -rf " + root_ + " " + outside_ + " && mkdir -p " + root_ + " " + outside_);
+    std::ofstream(outside_ + "/secret.txt") << "top secret";
+    std::ofstream(root_ + "/existing.safetensors") << "keep me";
+    ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/link").c_str()), 0);
+    ASSERT_EQ(symlink((outside_ + "/secret.txt").c_str(), (root_ + "/final.safetensors").c_str()),
+              0);
+    LocalCluster::Options options;
+    options.roots = root_;
+    cluster_ = std::make_unique<LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start().ok());
+  }
+
+  std::string Spec(const std::string& name, const std::string& extra) {
+    return WriteSpec(name, absl::StrCat(R"({
+      "name": ")", name, R"(", "world_size": 2, "device": "cpu",
+      "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 0}},
+      "micro_batch_size": 2, "accumulation_steps": 1, "steps": 2, "optimizer": {"lr": 0.1})",
+                                         extra, "}"));
+  }
+
+  // Submits and expects the job to fail naming `field` and `reason`.
+  void ExpectJobFails(const std::string& name, const std::string& extra, const std::string& field,
+                      const std::string& reason) {
+    SCOPED_TRACE(name);
+    const std::string job_id = cluster_->Submit(Spec(name, extra));
+    auto ended = cluster_->WaitForEnd(job_id, 60);
+    ASSERT_TRUE(ended.ok()) << ended.status();
+    EXPECT_EQ(ended->state(), v1::FAILED);
+    EXPECT_NE(ended->error().find(field), std::string::npos) << ended->error();
+    EXPECT_NE(ended->error().find(reason), std::string::npos) << ended->error();
+    EXPECT_EQ(ended->error().find("top secret"), std::string::npos) << ended->error();
+  }
+
+  std::string root_, outside_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_F(PathEscape, LexicalEscapes_RefusedAtSubmit_SameAnswerWhetherTheFileExists) {
+  CommandResult dotdot = cluster_->Trainctl(
+      "submit " + Spec("dotdot", R"(, "output_checkpoint": ")" + root_ + R"(/../outside/x")"));
+  EXPECT_EQ(dotdot.exit_code, 1);
+  EXPECT_NE(dotdot.output.find("INVALID_ARGUMENT: output_checkpoint"), std::string::npos)
+      << dotdot.output;
+  CommandResult relative =
+      cluster_->Trainctl("submit " + Spec("relative", R"(, "init_checkpoint": "init.st")"));
+  EXPECT_NE(relative.output.find("INVALID_ARGUMENT: init_checkpoint"), std::string::npos)
+      << relative.output;
+  CommandResult dir = cluster_->Trainctl("submit " + Spec("dir", R"(, "checkpoint_every": 1,
+      "checkpoint_dir": ")" + outside_ + R"(")"));
+  EXPECT_NE(dir.output.find("PERMISSION_DENIED: checkpoint_dir"), std::string::npos)
+      << dir.output;
+  CommandResult exists =
+      cluster_->Trainctl("submit " + Spec("a", R"(, "init_checkpoint": "/etc/passwd")"));
+  CommandResult missing =
+      cluster_->Trainctl("submit " + Spec("b", R"(, "init_checkpoint": "/etc/no-such-file")"));
+  EXPECT_NE(exists.output.find("PERMISSION_DENIED: init_checkpoint"), std::string::npos)
+      << exists.output;
+  EXPECT_EQ(absl::StrReplaceAll(exists.output, {{"/etc/passwd", "P"}, {"a.json", "S"}}),
+            absl::StrReplaceAll(missing.output, {{"/etc/no-such-file", "P"}, {"b.json", "S"}}))
+      << "whether a file outside the roots exists must not show";
+  EXPECT_NE(exists.output.find("outside the data roots"), std::string::npos) << exists.output;
+}
+
+TEST_F(PathEscape, SymlinksAndExistingOutputs_FailTheJobAndNothingIsWritten) {
+  ExpectJobFails("middle", R"(, "init_checkpoint": ")" + root_ + R"(/link/secret.txt")",
+                 "init_checkpoint", "symbolic link");
+  ExpectJobFails("final", R"(, "output_checkpoint": ")" + root_ + R"(/final.safetensors")",
+                 "output_checkpoint", "symbolic link");
+  ExpectJobFails("existing", R"(, "output_checkpoint": ")" + root_ +
+                                 R"(/existing.safetensors")",
+                 "output_checkpoint", "overwrite_output");
+  ExpectJobFails("ckptdir", R"(, "checkpoint_every": 1, "checkpoint_dir": ")" + root_ +
+                                R"(/link/ckpt")",
+                 "checkpoint_dir", "symbolic link");
+  EXPECT_EQ(ReadFile(outside_ + "/secret.txt"), "top secret");
+  EXPECT_EQ(ReadFile(root_ + "/existing.safetensors"), "keep me");
+  struct stat info {};
+  EXPECT_NE(stat((outside_ + "/ckpt").c_str(), &info), 0) << "nothing created outside";
+
+  // The workers are fine, and an explicit overwrite is honoured.
+  const std::string job_id = cluster_->Submit(Spec(
+      "overwrite", R"(, "overwrite_output": true, "output_checkpoint": ")" + root_ +
+                       R"(/existing.safetensors")"));
+  auto ended = cluster_->WaitForEnd(job_id, 60);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->error();
+  EXPECT_NE(ReadFile(root_ + "/existing.safetensors"), "keep me");
+}
+
+}  // namespace
+}  // namespace mptrain::testing
