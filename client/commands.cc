@@ -9,6 +9,8 @@
 namespace mptrain {
 namespace {
 
+constexpr int kListPageSize = 500;
+
 void SetDeadline(const CommandContext& context, grpc::ClientContext* rpc) {
   rpc->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(context.rpc_timeout_ms));
@@ -132,15 +134,33 @@ int WatchCommand(const CommandContext& context, const std::string& job_id) {
   return exit_code;
 }
 
-int ListCommand(const CommandContext& context) {
-  v1::ListJobsResponse response;
-  grpc::ClientContext rpc;
-  SetDeadline(context, &rpc);
-  grpc::Status status = context.stub->ListJobs(&rpc, v1::ListJobsRequest(), &response);
-  if (!status.ok()) return ReportRpcError(context, "list", status);
-  *context.out << (context.format == OutputFormat::kJson
-                       ? ToJson(response) + "\n"
-                       : FormatJobTable({response.jobs().begin(), response.jobs().end()}));
+int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit) {
+  // Page by page (each answer stays small however many jobs there are), up to `limit` jobs.
+  v1::ListJobsRequest request;
+  request.set_state(state);
+  std::vector<v1::Job> jobs;
+  int64_t listed = 0;
+  while (true) {
+    request.set_page_size(
+        static_cast<int>(limit > 0 ? std::min<int64_t>(kListPageSize, limit - listed)
+                                   : kListPageSize));
+    v1::ListJobsResponse page;
+    grpc::ClientContext rpc;
+    SetDeadline(context, &rpc);
+    grpc::Status status = context.stub->ListJobs(&rpc, request, &page);
+    if (!status.ok()) return ReportRpcError(context, "list", status);
+    for (v1::Job& job : *page.mutable_jobs()) {
+      ++listed;
+      if (context.format == OutputFormat::kJson) {
+        *context.out << ToJson(job, false) << "\n";  // One job a line: any number of them.
+      } else {
+        jobs.push_back(std::move(job));
+      }
+    }
+    if (page.next_page_token().empty() || (limit > 0 && listed >= limit)) break;
+    request.set_page_token(page.next_page_token());
+  }
+  if (context.format == OutputFormat::kTable) *context.out << FormatJobTable(jobs);
   return 0;
 }
 

@@ -25,7 +25,9 @@ int SubmitCommand(const CommandContext& context, const std::string& spec_file, b
                   const std::string& request_id);
 int StatusCommand(const CommandContext& context, const std::string& job_id);
 int WatchCommand(const CommandContext& context, const std::string& job_id);
-int ListCommand(const CommandContext& context);
+// Every job (or those in `state`, unless UNSPECIFIED), oldest first, fetched a page at a time;
+// at most `limit` when > 0. JSON output is one job a line.
+int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit);
 int CancelCommand(const CommandContext& context, const std::string& job_id);
 int WorkersCommand(const CommandContext& context);
 

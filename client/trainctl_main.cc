@@ -5,13 +5,14 @@
 //     submit FILE [--wait] [--request_id ID]   queue a job (prints its id on the last line)
 //     status ID                                 the job's state, placement, progress, telemetry
 //     watch ID                                  live telemetry until the job ends
-//     list                                      all jobs
+//     list [--state S] [--limit N]               jobs, oldest first, fetched a page at a time
 //     cancel ID                                 cancel a pending or running job
 //     workers                                   registered workers
 
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "client/commands.h"
 #include "common/cli_flags.h"
 #include "common/client_channel.h"
@@ -23,6 +24,8 @@ ABSL_FLAG(std::string, output, "table", "table or json");
 ABSL_FLAG(bool, wait, false, "submit: follow the job and exit 0 only if it SUCCEEDED");
 ABSL_FLAG(std::string, request_id, "", "submit: makes a retried submit idempotent");
 ABSL_FLAG(int64_t, timeout_ms, 10'000, "Deadline of each RPC (watch has none)");
+ABSL_FLAG(std::string, state, "", "list: only jobs in this state (e.g. running)");
+ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs, oldest first (0 = all)");
 
 namespace {
 
@@ -33,7 +36,7 @@ constexpr char kUsage[] =
     "  submit FILE [--wait] [--request_id ID]\n"
     "  status ID\n"
     "  watch ID\n"
-    "  list\n"
+    "  list [--state STATE] [--limit N]\n"
     "  cancel ID\n"
     "  workers";
 
@@ -73,7 +76,15 @@ int main(int argc, char** argv) {
     if (command == "watch") return mptrain::WatchCommand(context, args[2]);
     return mptrain::CancelCommand(context, args[2]);
   }
-  if (command == "list" && args.size() == 2) return mptrain::ListCommand(context);
+  if (command == "list" && args.size() == 2) {
+    mptrain::v1::JobState state = mptrain::v1::JOB_STATE_UNSPECIFIED;
+    const std::string wanted = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_state));
+    if (!wanted.empty() && !mptrain::v1::JobState_Parse(wanted, &state)) {
+      return Usage("--state must be pending, running, succeeded, failed or cancelled");
+    }
+    if (absl::GetFlag(FLAGS_limit) < 0) return Usage("--limit must be >= 0");
+    return mptrain::ListCommand(context, state, absl::GetFlag(FLAGS_limit));
+  }
   if (command == "workers" && args.size() == 2) return mptrain::WorkersCommand(context);
   return Usage("unknown command or arguments: " + command);
 }

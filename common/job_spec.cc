@@ -17,6 +17,9 @@ constexpr int kMaxLayers = 64;
 constexpr int kMaxWorldSize = 1024;
 constexpr int64_t kMaxMicroBatch = int64_t{1} << 24;
 constexpr int kMaxRestarts = 100;
+constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 16;
+constexpr int64_t kMaxSteps = 1'000'000'000;
+constexpr double kMaxQueueTimeoutS = 30.0 * 24 * 3600;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -196,12 +199,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
                                 spec.micro_batch_size()));
   }
-  if (spec.accumulation_steps() < 1) {
-    return Invalid(absl::StrCat("accumulation_steps must be >= 1, got ",
-                                spec.accumulation_steps()));
+  if (spec.accumulation_steps() < 1 || spec.accumulation_steps() > kMaxAccumulationSteps) {
+    return Invalid(absl::StrCat("accumulation_steps must be in [1, ", kMaxAccumulationSteps,
+                                "], got ", spec.accumulation_steps()));
   }
-  if (spec.steps() < 1) {
-    return Invalid(absl::StrCat("steps must be >= 1, got ", spec.steps()));
+  if (spec.steps() < 1 || spec.steps() > kMaxSteps) {
+    return Invalid(absl::StrCat("steps must be in [1, ", kMaxSteps, "], got ", spec.steps()));
   }
   if (spec.precision() != v1::FP16 && spec.precision() != v1::BF16 &&
       spec.precision() != v1::FP32) {
@@ -228,6 +231,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (spec.checkpoint_every() > 0 && spec.checkpoint_dir().empty()) {
     return Invalid("checkpoint_dir must be set when checkpoint_every > 0");
+  }
+  if (!std::isfinite(spec.queue_timeout_s()) || spec.queue_timeout_s() < 0 ||
+      spec.queue_timeout_s() > kMaxQueueTimeoutS) {
+    return Invalid(absl::StrCat("queue_timeout_s must be in [0, ", Num(kMaxQueueTimeoutS),
+                                "] (0 = no limit), got ", Num(spec.queue_timeout_s())));
   }
   if (spec.max_restarts() < 0 || spec.max_restarts() > kMaxRestarts) {
     return Invalid(absl::StrCat("max_restarts must be in [0, ", kMaxRestarts, "], got ",

@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include <cmath>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -182,16 +183,28 @@ TEST(ValidateJobSpec, MicroBatch_MustBePositive) {
   ExpectInvalid(spec, "micro_batch_size must be in [1, 16777216], got 0");
 }
 
-TEST(ValidateJobSpec, AccumulationSteps_MustBePositive) {
+TEST(ValidateJobSpec, AccumulationSteps_MustBeInRange) {
   v1::JobSpec spec = ValidSpec();
   spec.set_accumulation_steps(0);
-  ExpectInvalid(spec, "accumulation_steps must be >= 1, got 0");
+  ExpectInvalid(spec, "accumulation_steps must be in [1, 65536], got 0");
+  spec.set_accumulation_steps(65537);
+  ExpectInvalid(spec, "accumulation_steps must be in [1, 65536], got 65537");
 }
 
-TEST(ValidateJobSpec, Steps_MustBePositive) {
+TEST(ValidateJobSpec, Steps_MustBeInRange) {
   v1::JobSpec spec = ValidSpec();
   spec.set_steps(-5);
-  ExpectInvalid(spec, "steps must be >= 1, got -5");
+  ExpectInvalid(spec, "steps must be in [1, 1000000000], got -5");
+  spec.set_steps(int64_t{1} << 40);
+  ExpectInvalid(spec, "steps must be in [1, 1000000000], got 1099511627776");
+}
+
+TEST(ValidateJobSpec, QueueTimeout_MustBeFiniteAndNonNegative) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_queue_timeout_s(-1);
+  ExpectInvalid(spec, "queue_timeout_s must be in [0, 2.592e+06] (0 = no limit), got -1");
+  spec.set_queue_timeout_s(std::nan(""));
+  ExpectInvalid(spec, "queue_timeout_s must be in");
 }
 
 TEST(ValidateJobSpec, Precision_MustBeKnown) {

@@ -4,12 +4,16 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <limits>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/path_rules.h"
+#include "common/resource_estimate.h"
 #include "common/secrets.h"
 #include "coordinator/placement.h"
 #include "spdlog/spdlog.h"
@@ -142,6 +146,8 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   ApplyJobSpecDefaults(&spec);
   if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
 
+  const RankMemoryEstimate memory = EstimateRankMemory(spec);
+
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
   if (!request.request_id().empty()) {
@@ -153,21 +159,47 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
       return response;
     }
   }
+  EvictOldRecords(options_.now_ms());
+  if (pending_.size() >= options_.max_pending_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the queue is full (", pending_.size(), " jobs wait; the limit is ",
+        options_.max_pending_jobs, "): try again when some have been placed"));
+  }
+  // A job no live worker could ever hold is refused now rather than queued for ever. (With no
+  // worker of its kind yet, it waits: workers may still come.)
+  int64_t largest = -1;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device()) continue;
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = SlotMemory(worker, slot);
+      largest = capacity == 0 ? std::numeric_limits<int64_t>::max() : std::max(largest, capacity);
+    }
+  }
+  if (largest >= 0 && memory.total > largest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model does not fit: a rank needs about ", memory.Describe(), "; the largest ",
+        v1::DeviceKind_Name(spec.device()), " worker offers ", FormatBytes(largest),
+        " per rank (model, micro_batch_size and accumulation_steps set the need)"));
+  }
   auto record = std::make_unique<JobRecord>();
-  std::string job_id = absl::StrFormat("job-%04d", next_job_number_++);
+  record->number = next_job_number_++;
+  record->queued_since_ms = options_.now_ms();
+  record->rank_memory_bytes = memory.total;
+  std::string job_id = absl::StrFormat("job-%04d", record->number);
   record->job.set_job_id(job_id);
   *record->job.mutable_spec() = spec;
   record->job.set_state(v1::PENDING);
   record->job.set_submitted_unix_ms(options_.now_ms());
   record->job.set_request_id(request.request_id());
   record->job.set_owner(owner);
+  record->job.set_estimated_rank_memory_bytes(memory.total);
   record->ranks.resize(spec.world_size());
   for (int rank = 0; rank < spec.world_size(); ++rank) {
     record->job.add_progress()->set_rank(rank);
   }
   if (!request.request_id().empty()) job_by_request_id_[request.request_id()] = job_id;
+  job_order_[record->number] = job_id;
   jobs_[job_id] = std::move(record);
-  job_order_.push_back(job_id);
   pending_.push_back(job_id);
   spdlog::info("job {} submitted: {} ranks on {}", job_id, spec.world_size(),
                v1::DeviceKind_Name(spec.device()));
@@ -187,11 +219,43 @@ absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id) cons
   return record->job;
 }
 
-std::vector<v1::Job> CoordinatorState::ListJobs() const {
+absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
+    const v1::ListJobsRequest& request) const {
+  if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size must be in [0, ", kMaxListPageSize,
+                                                   "] (0 = ", kDefaultListPageSize, "), got ",
+                                                   request.page_size()));
+  }
+  const int page_size = request.page_size() == 0 ? kDefaultListPageSize : request.page_size();
+  // The token is the number of the last job of the previous page.
+  int64_t after = 0;
+  if (!request.page_token().empty() &&
+      (request.page_token().size() > 18 ||
+       request.page_token().find_first_not_of("0123456789") != std::string::npos ||
+       !absl::SimpleAtoi(request.page_token(), &after))) {
+    return absl::InvalidArgumentError("page_token is malformed: pass next_page_token back as is");
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<v1::Job> jobs;
-  for (const std::string& job_id : job_order_) jobs.push_back(jobs_.at(job_id)->job);
-  return jobs;
+  v1::ListJobsResponse response;
+  for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
+    const v1::Job& job = jobs_.at(it->second)->job;
+    if (request.state() != v1::JOB_STATE_UNSPECIFIED && job.state() != request.state()) continue;
+    if (response.jobs_size() == page_size) {
+      response.set_next_page_token(std::to_string(std::prev(it)->first));
+      break;
+    }
+    v1::Job* listed = response.add_jobs();
+    *listed = job;
+    // A spec may be a megabyte; a listing shows a few of its fields (GetJob has it all).
+    v1::JobSpec brief;
+    brief.set_name(job.spec().name());
+    brief.set_world_size(job.spec().world_size());
+    brief.set_device(job.spec().device());
+    brief.set_steps(job.spec().steps());
+    brief.set_precision(job.spec().precision());
+    *listed->mutable_spec() = std::move(brief);
+  }
+  return response;
 }
 
 absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_id,
@@ -241,11 +305,19 @@ absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
 absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
     const std::string& job_id, int64_t after_sequence, int64_t wait_ms) const {
   std::unique_lock<std::mutex> lock(mu_);
-  const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
+  if (FindJob(job_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
+  }
+  // Looked up again after every wake-up: a finished job may be evicted meanwhile.
   changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] {
-    return record->last_sequence > after_sequence || IsTerminal(record->job.state());
+    const JobRecord* record = FindJob(job_id);
+    return record == nullptr || record->last_sequence > after_sequence ||
+           IsTerminal(record->job.state());
   });
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job ", Quote(job_id), " was evicted"));
+  }
   WatchBatch batch;
   for (const v1::WatchJobEvent& event : record->events) {
     if (event.sequence() > after_sequence) batch.events.push_back(event);
@@ -270,12 +342,14 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
   record->job.set_state(state);
   if (!error.empty()) record->job.set_error(error);
   if (state == v1::RUNNING) record->job.set_started_unix_ms(options_.now_ms());
+  if (state != v1::PENDING) record->job.clear_pending_reason();
   if (IsTerminal(state)) {
     record->job.set_finished_unix_ms(options_.now_ms());
     pending_.erase(std::remove(pending_.begin(), pending_.end(), record->job.job_id()),
                    pending_.end());
     ReleaseSlots(record);
     ClearKv(record);
+    finished_.push_back(record->job.job_id());
   }
   if (state == v1::FAILED) {
     spdlog::warn("job {} FAILED: {}", record->job.job_id(), error);
@@ -287,6 +361,13 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
   event.mutable_state_change()->set_state(state);
   event.mutable_state_change()->set_error(error);
   AppendEvent(record, std::move(event));
+  if (IsTerminal(state)) {
+    // Nobody reports to a finished job any more: keep its recent history only.
+    while (record->events.size() > options_.max_events_per_finished_job) {
+      record->events.pop_front();
+    }
+    // Not this job: callers still hold it. Older ones go at the next housekeeping pass.
+  }
 }
 
 void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool restartable) {
@@ -307,6 +388,7 @@ void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool
     ReleaseSlots(record);
     ClearKv(record);
     record->job.set_state(v1::PENDING);
+    record->queued_since_ms = options_.now_ms();
     pending_.push_front(record->job.job_id());
     const std::string note = absl::StrCat(
         "restart ", record->job.restarts(), " of ", record->job.spec().max_restarts(),
@@ -409,22 +491,71 @@ std::string CoordinatorState::DescribeRank(const JobRecord& record, int rank) co
   return absl::StrCat("rank ", rank);
 }
 
+int64_t CoordinatorState::SlotMemory(const WorkerRecord& worker, int slot) const {
+  if (worker.info.device() == v1::CUDA) {
+    for (const v1::DeviceInfo& device : worker.info.devices()) {
+      if (device.index() == slot) return device.memory_bytes();
+    }
+    return 0;
+  }
+  // CPU ranks of one worker share its memory.
+  return worker.info.memory_bytes() / std::max(1, worker.info.slots());
+}
+
+std::string CoordinatorState::PendingReason(const JobRecord& record) const {
+  const v1::JobSpec& spec = record.job.spec();
+  const std::string kind = absl::AsciiStrToLower(v1::DeviceKind_Name(spec.device()));
+  int total = 0, free = 0, too_small = 0, workers = 0;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device()) continue;
+    ++workers;
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = SlotMemory(worker, slot);
+      if (capacity != 0 && capacity < record.rank_memory_bytes) {
+        ++too_small;
+        continue;
+      }
+      ++total;
+      if (!worker.busy_slots.count(slot)) ++free;
+    }
+  }
+  if (workers == 0) return absl::StrCat("no live ", kind, " worker");
+  const std::string small =
+      too_small == 0 ? ""
+                     : absl::StrCat(" (", too_small, " more have less than the ",
+                                    FormatBytes(record.rank_memory_bytes), " a rank needs)");
+  if (total < spec.world_size()) {
+    return absl::StrCat("needs ", spec.world_size(), " ", kind, " slots; ", total, " exist",
+                        small);
+  }
+  return absl::StrCat("needs ", spec.world_size(), " free ", kind, " slots; ", free, " of ",
+                      total, " are free", small);
+}
+
 void CoordinatorState::TrySchedule() {
-  while (!pending_.empty()) {
-    JobRecord* record = FindJob(pending_.front());
+  // First-in first-out among the jobs that can be placed now: a job that must wait for slots
+  // (or for workers that do not exist yet) does not hold back the jobs behind it.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    JobRecord* record = FindJob(*it);
     const v1::JobSpec& spec = record->job.spec();
     std::vector<WorkerSlots> candidates;
     for (const auto& [id, worker] : workers_) {
       if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device()) continue;
       WorkerSlots slots{id, {}};
       for (int slot = 0; slot < worker.info.slots(); ++slot) {
-        if (!worker.busy_slots.count(slot)) slots.free_slots.push_back(slot);
+        const int64_t capacity = SlotMemory(worker, slot);
+        const bool fits = capacity == 0 || capacity >= record->rank_memory_bytes;
+        if (fits && !worker.busy_slots.count(slot)) slots.free_slots.push_back(slot);
       }
       candidates.push_back(std::move(slots));
     }
     auto placement = PlaceRanks(spec.world_size(), candidates);
-    if (!placement) return;  // Strict FIFO: later jobs wait behind the head of the queue.
-    pending_.pop_front();
+    if (!placement) {
+      record->job.set_pending_reason(PendingReason(*record));
+      ++it;
+      continue;
+    }
+    it = pending_.erase(it);
     record->attempt += 1;
     ClearKv(record);
     std::vector<std::string>& secrets = record->rank_secrets[record->attempt];
@@ -452,6 +583,43 @@ void CoordinatorState::TrySchedule() {
     record->consequence_error.clear();
     record->consequence_deadline_ms = 0;
     SetJobState(record, v1::RUNNING, "");
+  }
+}
+
+void CoordinatorState::ExpireQueuedJobs(int64_t now) {
+  std::vector<JobRecord*> expired;
+  for (const std::string& job_id : pending_) {
+    JobRecord* record = FindJob(job_id);
+    const double timeout_s = record->job.spec().queue_timeout_s();
+    if (timeout_s > 0 && now - record->queued_since_ms > static_cast<int64_t>(timeout_s * 1000)) {
+      expired.push_back(record);
+    }
+  }
+  for (JobRecord* record : expired) {
+    FailJob(record,
+            absl::StrFormat("not placed within queue_timeout_s %g: %s",
+                            record->job.spec().queue_timeout_s(), PendingReason(*record)),
+            /*restartable=*/false);
+  }
+}
+
+void CoordinatorState::EvictOldRecords(int64_t now) {
+  while (!finished_.empty()) {
+    const JobRecord* oldest = FindJob(finished_.front());
+    if (oldest != nullptr && finished_.size() <= options_.max_finished_jobs &&
+        now - oldest->job.finished_unix_ms() <= options_.finished_job_retention_ms) {
+      break;
+    }
+    if (oldest != nullptr) {
+      if (!oldest->job.request_id().empty()) job_by_request_id_.erase(oldest->job.request_id());
+      job_order_.erase(oldest->number);
+      jobs_.erase(finished_.front());
+    }
+    finished_.pop_front();
+  }
+  while (lost_workers_.size() > options_.max_lost_workers) {
+    workers_.erase(lost_workers_.front());
+    lost_workers_.pop_front();
   }
 }
 
@@ -526,6 +694,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   worker.info.set_last_heartbeat_unix_ms(options_.now_ms());
   *worker.info.mutable_data_roots() = request.data_roots();
   *worker.info.mutable_output_roots() = request.output_roots();
+  worker.info.set_memory_bytes(std::max<int64_t>(0, request.memory_bytes()));
   worker.info.set_principal(principal);
   const std::string secret = worker.secret;
   workers_[worker_id] = std::move(worker);
@@ -566,6 +735,7 @@ absl::Status CoordinatorState::DeregisterWorker(const v1::DeregisterWorkerReques
 
 void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& why) {
   worker->info.set_state(v1::LOST);
+  lost_workers_.push_back(worker->info.worker_id());
   spdlog::warn("{}", why);
   std::map<std::string, std::vector<int>> affected;  // job -> its ranks here
   for (const auto& [index, slot] : worker->busy_slots) {
@@ -607,7 +777,9 @@ void CoordinatorState::CheckLiveness() {
     CheckProgress(record.get(), now);
     if (record->job.state() != v1::RUNNING) lost_any = true;
   }
+  ExpireQueuedJobs(now);
   if (lost_any) TrySchedule();
+  EvictOldRecords(now);
 }
 
 std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
@@ -862,13 +1034,19 @@ absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const v1::KeyValueGetR
       !status.ok()) {
     return status;
   }
-  auto over = [&] { return record->job.state() != v1::RUNNING || record->attempt != attempt; };
+  // Looked up again after every wake-up: a finished job may be evicted meanwhile.
+  auto over = [&] {
+    const JobRecord* current = FindJob(job_id);
+    return current == nullptr || current->job.state() != v1::RUNNING ||
+           current->attempt != attempt;
+  };
   changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return over() || record->kv.count(request.key()) > 0; });
+                    [&] { return over() || FindJob(job_id)->kv.count(request.key()) > 0; });
   if (over()) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", attempt,
                                            " ended while waiting for key ", key));
   }
+  record = FindJob(job_id);
   auto it = record->kv.find(request.key());
   if (it == record->kv.end()) {
     return absl::DeadlineExceededError(

@@ -6,9 +6,11 @@
 //
 // The protocol, step by step:
 //   1. A worker daemon registers (host, device kind, slots, random incarnation) and heartbeats.
-//   2. SubmitJob validates the spec and queues the job (PENDING). Jobs are placed in FIFO order
-//      as soon as world_size free slots of the job's device kind exist on live workers; the job
-//      becomes RUNNING and its attempt number grows by one.
+//   2. SubmitJob validates the spec (and that some worker could hold a rank, by the memory
+//      estimate) and queues the job (PENDING). Queued jobs are placed first-in first-out among
+//      those that can be placed now: a job waiting for slots does not hold back a smaller one
+//      behind it (backfill), and shows why it waits (pending_reason). A placed job becomes
+//      RUNNING and its attempt number grows by one.
 //   3. Each worker long-polls PollAssignments with the ranks it runs; the answer is the
 //      difference between what it runs and what it should run (start / stop lists), so a lost
 //      answer is repaired by the next poll.
@@ -53,7 +55,19 @@ struct CoordinatorOptions {
   // Job-scoped key-value store bounds (per job; freed when the attempt ends).
   size_t max_kv_keys_per_job = 10'000;
   size_t max_kv_bytes_per_job = 64 << 20;
+  // Queued jobs beyond this are refused (RESOURCE_EXHAUSTED).
+  size_t max_pending_jobs = 10'000;
+  // Finished jobs kept for GetJob/ListJobs: the newest this many, none older than this.
+  size_t max_finished_jobs = 1'000;
+  int64_t finished_job_retention_ms = int64_t{7} * 24 * 3600 * 1000;
+  // Events (telemetry, state changes) kept of a finished job.
+  size_t max_events_per_finished_job = 1'000;
+  // Lost workers kept for ListWorkers (the newest).
+  size_t max_lost_workers = 1'000;
 };
+
+inline constexpr int kDefaultListPageSize = 100;
+inline constexpr int kMaxListPageSize = 1'000;
 
 // Sizes of what clients send, answered with INVALID_ARGUMENT naming the limit.
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
@@ -76,7 +90,9 @@ class CoordinatorState {
                                                   const std::string& owner = "anonymous");
   // NOT_FOUND: unknown job id.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
-  std::vector<v1::Job> ListJobs() const;
+  // A page of jobs, oldest first, specs trimmed to what a listing shows.
+  // INVALID_ARGUMENT: page_size outside [0, 1000] or a malformed page_token.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
   // NOT_FOUND: unknown job id. FAILED_PRECONDITION: the job already ended.
   // PERMISSION_DENIED: `principal` does not own the job and is not an admin.
   absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id,
@@ -171,6 +187,9 @@ class CoordinatorState {
   };
   struct JobRecord {
     v1::Job job;
+    int64_t number = 0;           // job-<number>: the order of submission.
+    int64_t queued_since_ms = 0;  // When it last entered the queue (submit or restart).
+    int64_t rank_memory_bytes = 0;
     int attempt = 0;
     std::vector<RankRecord> ranks;
     std::map<std::string, std::string> kv;  // Cleared on each new attempt and at the end.
@@ -213,7 +232,15 @@ class CoordinatorState {
   bool FreeDrainingSlots(WorkerRecord* worker, const std::set<std::string>* running,
                          const std::string& exited_key);
   void MarkWorkerLost(WorkerRecord* worker, const std::string& why);
+  // Places every queued job that fits, oldest first; records why the others wait.
   void TrySchedule();
+  // Memory one rank may use on `worker`'s `slot` (0: the worker did not say).
+  int64_t SlotMemory(const WorkerRecord& worker, int slot) const;
+  std::string PendingReason(const JobRecord& record) const;
+  // Fails queued jobs past their queue_timeout_s.
+  void ExpireQueuedJobs(int64_t now);
+  // Drops the oldest finished jobs beyond the retention bounds, and old lost workers.
+  void EvictOldRecords(int64_t now);
   void MaybeFinishJob(JobRecord* record);
   std::vector<v1::Assignment> DesiredAssignments(const std::string& worker_id) const;
   bool RankIsFinishing(const v1::Assignment& assignment) const;
@@ -224,8 +251,10 @@ class CoordinatorState {
   mutable std::condition_variable changed_;
   std::map<std::string, WorkerRecord> workers_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
-  std::vector<std::string> job_order_;  // Submission order.
-  std::deque<std::string> pending_;     // FIFO queue of PENDING jobs.
+  std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
+  std::deque<std::string> pending_;           // PENDING jobs, oldest first.
+  std::deque<std::string> finished_;          // Terminal jobs in the order they ended.
+  std::deque<std::string> lost_workers_;      // In the order they were lost.
   std::map<std::string, std::string> job_by_request_id_;
   int64_t next_job_number_ = 1;
   int64_t next_worker_number_ = 1;

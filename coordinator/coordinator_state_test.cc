@@ -165,7 +165,7 @@ TEST_F(CoordinatorStateTest, SubmitJob_InvalidSpec_IsInvalidArgumentNamingField)
   EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(response.status().message()).find("model.hidden_dims[0]"),
             std::string::npos);
-  EXPECT_TRUE(state_->ListJobs().empty()) << "a refused job must not be recorded";
+  EXPECT_TRUE(state_->ListJobs({})->jobs().empty()) << "a refused job must not be recorded";
 }
 
 TEST_F(CoordinatorStateTest, SubmitJob_NoWorkers_StaysPending) {
@@ -181,7 +181,7 @@ TEST_F(CoordinatorStateTest, SubmitJob_SameRequestId_ReturnsSameJob) {
   auto second = state_->SubmitJob(request);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first->job_id(), second->job_id());
-  EXPECT_EQ(state_->ListJobs().size(), 1u);
+  EXPECT_EQ(state_->ListJobs({})->jobs_size(), 1);
 }
 
 TEST_F(CoordinatorStateTest, RegisterWorker_PlacesPendingJob_AndPollDeliversRanks) {
@@ -206,17 +206,25 @@ TEST_F(CoordinatorStateTest, RegisterWorker_PlacesPendingJob_AndPollDeliversRank
   EXPECT_EQ(again.stop_size(), 0);
 }
 
-TEST_F(CoordinatorStateTest, Scheduling_IsFifo_AndMatchesDeviceKind) {
+TEST_F(CoordinatorStateTest, Scheduling_MatchesDeviceKind_OldestPlaceableFirst) {
   std::string big = Submit(3);
   std::string small = Submit(1);
+  std::string second_small = Submit(1);
   Register("gpu", 4, v1::CUDA);
   EXPECT_EQ(StateOf(big), v1::PENDING) << "a CUDA worker must not take a CPU job";
-  Register("cpu", 2, v1::CPU);
-  EXPECT_EQ(StateOf(big), v1::PENDING);
-  EXPECT_EQ(StateOf(small), v1::PENDING) << "strict FIFO: the small job waits behind the big one";
-  Register("cpu2", 1, v1::CPU);
-  EXPECT_EQ(StateOf(big), v1::RUNNING);
   EXPECT_EQ(StateOf(small), v1::PENDING);
+  std::string cpu = Register("cpu", 1, v1::CPU);
+  EXPECT_EQ(StateOf(big), v1::PENDING);
+  EXPECT_EQ(StateOf(small), v1::RUNNING) << "the oldest job that fits, behind one that does not";
+  EXPECT_EQ(StateOf(second_small), v1::PENDING);
+  state_->CancelJob(small).IgnoreError();
+  ReportExit(cpu, small, 0, 1, 15);  // Its slot is free once the rank is gone.
+  EXPECT_EQ(StateOf(second_small), v1::RUNNING);
+  state_->CancelJob(second_small).IgnoreError();
+  ReportExit(cpu, second_small, 0, 1, 15);
+  Register("cpu2", 2, v1::CPU);
+  EXPECT_EQ(StateOf(big), v1::RUNNING) << "once it fits, the job that waited runs";
+  EXPECT_EQ(StateOf(Submit(1)), v1::PENDING);
 }
 
 TEST_F(CoordinatorStateTest, EqualChecksums_Succeed_AndSlotsAreReusedOnceRanksExit) {
@@ -829,6 +837,160 @@ TEST_F(CoordinatorStateTest, RegisterWorker_BadNameOrRoots_InvalidArgument) {
   auto relative = state_->RegisterWorker(request);
   EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(relative.status().message().find("data_roots[0]"), std::string::npos);
+}
+
+// ---- Scheduling, resources and bounds ----
+
+TEST_F(CoordinatorStateTest, UnplaceableJob_DoesNotHoldBackPlaceableOnes_AndSaysWhyItWaits) {
+  Register("w", 2);
+  std::string big = Submit(3);
+  std::string small = Submit(2);
+  EXPECT_EQ(StateOf(big), v1::PENDING);
+  EXPECT_EQ(StateOf(small), v1::RUNNING) << "backfill: the job behind an unplaceable one runs";
+  EXPECT_EQ(state_->GetJob(big)->pending_reason(), "needs 3 cpu slots; 2 exist");
+  std::string waits = Submit(1);
+  EXPECT_EQ(state_->GetJob(waits)->pending_reason(), "needs 1 free cpu slots; 0 of 2 are free");
+  EXPECT_EQ(state_->GetJob(small)->pending_reason(), "");
+  std::string gpu = Submit(1, v1::CUDA);
+  EXPECT_EQ(state_->GetJob(gpu)->pending_reason(), "no live cuda worker");
+}
+
+TEST_F(CoordinatorStateTest, QueueTimeout_FailsAWaitingJobWithItsReason) {
+  Register("w", 1);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(2);
+  request.mutable_spec()->set_queue_timeout_s(30);
+  std::string job = state_->SubmitJob(request)->job_id();
+  for (int second = 0; second < 30; ++second) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(Heartbeat("w#1").ok());
+    state_->CheckLiveness();
+  }
+  EXPECT_EQ(StateOf(job), v1::PENDING);
+  now_ms_ += 1'001;
+  state_->CheckLiveness();
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_EQ(status.error(), "not placed within queue_timeout_s 30: needs 2 cpu slots; 1 exist");
+}
+
+TEST_F(CoordinatorStateTest, ModelBiggerThanEveryWorker_RefusedAtSubmitWithEstimate) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("small");
+  worker.set_device(v1::CPU);
+  worker.set_slots(2);
+  worker.set_memory_bytes(int64_t{8} << 30);  // 4 GiB per rank
+  ASSERT_TRUE(state_->RegisterWorker(worker).ok());
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  for (int i = 0; i < 2; ++i) request.mutable_spec()->mutable_model()->add_hidden_dims(1 << 20);
+  auto refused = state_->SubmitJob(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("a rank needs about"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("TiB"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("offers 4.0 GiB per rank"), std::string::npos)
+      << refused.status();
+  *request.mutable_spec() = Spec(1);
+  request.mutable_spec()->mutable_model()->set_input_dim(1024);
+  request.mutable_spec()->set_micro_batch_size(1 << 24);
+  EXPECT_EQ(state_->SubmitJob(request).status().code(), absl::StatusCode::kInvalidArgument);
+  *request.mutable_spec() = Spec(1);
+  auto fits = state_->SubmitJob(request);
+  ASSERT_TRUE(fits.ok());
+  EXPECT_GT(state_->GetJob(fits->job_id())->estimated_rank_memory_bytes(), 0);
+}
+
+TEST_F(CoordinatorStateTest, QueueIsBounded) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_pending_jobs = 3;
+  state_ = std::make_unique<CoordinatorState>(options);
+  for (int i = 0; i < 3; ++i) Submit(1);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  auto full = state_->SubmitJob(request);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("the limit is 3"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, FinishedJobs_AreEvictedByCountAndAge_AndTheirEventsTrimmed) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_finished_jobs = 2;
+  options.finished_job_retention_ms = 60'000;
+  options.max_events_per_finished_job = 3;
+  state_ = std::make_unique<CoordinatorState>(options);
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(Submit(1));
+    ASSERT_TRUE(state_->CancelJob(jobs.back()).ok());
+  }
+  state_->CheckLiveness();
+  EXPECT_EQ(state_->GetJob(jobs[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_->GetJob(jobs[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(state_->GetJob(jobs[3]).ok());
+  EXPECT_EQ(state_->ListJobs({})->jobs_size(), 2);
+  now_ms_ += 61'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(state_->ListJobs({})->jobs_size(), 0) << "too old";
+
+  // A long job's telemetry history shrinks when it ends.
+  std::string job = Submit(1);
+  Register("w", 1);
+  v1::ReportTelemetryRequest report;
+  report.set_job_id(job);
+  report.set_attempt(1);
+  report.set_rank_secret(RankSecret(job, 0));
+  for (int step = 1; step <= 10; ++step) report.add_records()->set_step(step);
+  ASSERT_TRUE(state_->ReportTelemetry(report).ok());
+  ReportResult(job, 0, "x");
+  auto batch = state_->WaitForJobEvents(job, 0, 0);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->events.size(), 3u);
+  EXPECT_TRUE(batch->finished);
+}
+
+TEST_F(CoordinatorStateTest, ListJobs_PagesFiltersAndTrimsSpecs) {
+  Register("w", 1);
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 5; ++i) jobs.push_back(Submit(1));  // 1 running, 4 pending
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto response = state_->ListJobs(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_LE(response->jobs_size(), 2);
+    for (const v1::Job& job : response->jobs()) {
+      seen.push_back(job.job_id());
+      EXPECT_EQ(job.spec().world_size(), 1);
+      EXPECT_FALSE(job.spec().has_model()) << "specs are trimmed in listings";
+    }
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, jobs);
+  v1::ListJobsRequest pending;
+  pending.set_state(v1::PENDING);
+  EXPECT_EQ(state_->ListJobs(pending)->jobs_size(), 4);
+  v1::ListJobsRequest bad;
+  bad.set_page_token("abc");
+  EXPECT_EQ(state_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.set_page_token("");
+  bad.set_page_size(5000);
+  EXPECT_EQ(state_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorStateTest, LostWorkers_AreBounded) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_lost_workers = 2;
+  state_ = std::make_unique<CoordinatorState>(options);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Deregister(Register("w" + std::to_string(i), 1), "bye").ok());
+  state_->CheckLiveness();
+  EXPECT_EQ(state_->ListWorkers().size(), 2u);
 }
 
 }  // namespace mptrain

@@ -35,10 +35,9 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRe
   return Answer(state_->GetJob(request->job_id()), response->mutable_job());
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                           v1::ListJobsResponse* response) {
-  for (v1::Job& job : state_->ListJobs()) *response->add_jobs() = std::move(job);
-  return grpc::Status::OK;
+  return Answer(state_->ListJobs(*request), response);
 }
 
 grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,

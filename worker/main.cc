@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(security.status().message()));
     return 2;
   }
+  options.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   options.data_roots = roots->data_roots();
   options.output_roots = roots->output_roots();
   options.security = *security;

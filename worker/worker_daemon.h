@@ -34,6 +34,7 @@ struct WorkerOptions {
   // environment.
   ClientSecurity security;
   int64_t stop_grace_ms = 3'000;   // SIGTERM, then SIGKILL after this.
+  int64_t memory_bytes = 0;        // Host memory, reported so jobs too big for it are refused.
 };
 
 class WorkerDaemon {

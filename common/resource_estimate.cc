@@ -1,0 +1,89 @@
+#include "common/resource_estimate.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/job_spec.h"
+
+namespace mptrain {
+namespace {
+
+// CUDA context, cuBLASLt workspace (64 MiB) and NCCL's buffers; a CPU rank's process, gloo
+// and OpenBLAS buffers.
+constexpr double kCudaWorkspaceBytes = 1.0 * (1 << 30);
+constexpr double kCpuWorkspaceBytes = 128.0 * (1 << 20);
+// trainer/mlp.h: per-micro-batch low-precision gradients are kept only within this budget.
+constexpr double kDeferredGradientBudgetBytes = 8.0 * (int64_t{1} << 30);
+
+int64_t Saturate(double bytes) {
+  constexpr double kMax = static_cast<double>(std::numeric_limits<int64_t>::max());
+  return bytes >= kMax ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 6) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%d B", bytes) : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+std::string RankMemoryEstimate::Describe() const {
+  return absl::StrFormat("%s (parameters %s, gradients %s, optimizer %s, activations %s, "
+                         "workspace %s)",
+                         FormatBytes(total), FormatBytes(parameters), FormatBytes(gradients),
+                         FormatBytes(optimizer), FormatBytes(activations), FormatBytes(workspace));
+}
+
+RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
+  // Doubles: a hostile spec (three layers 2^20 wide) is ~10^13 bytes, far from double's limits,
+  // and nothing here can overflow.
+  const std::vector<int64_t> widths = LayerWidths(spec.model());
+  double n = 0, largest_layer = 0, outputs = 0, gelu_outputs = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const double weights = static_cast<double>(widths[i]) * widths[i + 1];
+    n += weights + widths[i + 1];
+    largest_layer = std::max(largest_layer, weights);
+    outputs += widths[i + 1];
+    const bool hidden = i + 2 < widths.size();
+    if (hidden && spec.model().activation() == v1::GELU) gelu_outputs += widths[i + 1];
+  }
+  const double element = spec.precision() == v1::FP32 ? 4 : 2;  // the compute dtype
+  const double batch = static_cast<double>(spec.micro_batch_size());
+  const double accumulation = static_cast<double>(spec.accumulation_steps());
+
+  double gradient_slots = 0;
+  if (spec.precision() != v1::FP32 && accumulation > 1 &&
+      accumulation * n * element <= kDeferredGradientBudgetBytes) {
+    gradient_slots = accumulation * n * element;
+  }
+  const double in = static_cast<double>(widths.front());
+  const double out = static_cast<double>(widths.back());
+  const double activations =
+      batch * in * element                          // the input cast to the compute dtype
+      + batch * (2 * outputs + gelu_outputs) * element  // outputs, their gradients, pre-GELU
+      + 2 * batch * (in + out) * 4;                 // the fp32 micro-batch and its data
+  const double workspace = spec.device() == v1::CUDA
+                               ? kCudaWorkspaceBytes
+                               : kCpuWorkspaceBytes + 4 * largest_layer;  // GEMM scratch
+
+  RankMemoryEstimate estimate;
+  estimate.parameters = Saturate(n * (4 + element));
+  estimate.gradients = Saturate((n + 1) * 4 + gradient_slots);
+  estimate.optimizer = Saturate(n * 4);
+  estimate.activations = Saturate(activations);
+  estimate.workspace = Saturate(workspace);
+  estimate.total = Saturate(n * (4 + element) + (n + 1) * 4 + gradient_slots + n * 4 +
+                            activations + workspace);
+  return estimate;
+}
+
+}  // namespace mptrain
