@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/resource_estimate.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace mptrain {
@@ -76,6 +77,9 @@ std::string FormatJobDetail(const v1::Job& job) {
   absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
   absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
   if (!job.owner().empty()) absl::StrAppend(&out, "owner:      ", job.owner(), "\n");
+  if (!job.pending_reason().empty()) {
+    absl::StrAppend(&out, "waiting:    ", job.pending_reason(), "\n");
+  }
   if (!job.error().empty()) absl::StrAppend(&out, "error:      ", job.error(), "\n");
   if (job.restarts() > 0 || job.spec().max_restarts() > 0) {
     absl::StrAppend(&out, "restarts:   ", job.restarts(), " of ", job.spec().max_restarts(), "\n");
@@ -95,6 +99,10 @@ std::string FormatJobDetail(const v1::Job& job) {
                   Precision(spec), ", ", spec.world_size(), " x ", Device(spec.device()), "\n");
   absl::StrAppend(&out, "schedule:   ", spec.steps(), " steps x ", spec.accumulation_steps(),
                   " micro-batches of ", spec.micro_batch_size(), " per rank\n");
+  if (job.estimated_rank_memory_bytes() > 0) {
+    absl::StrAppend(&out, "memory:     about ", FormatBytes(job.estimated_rank_memory_bytes()),
+                    " per rank\n");
+  }
   if (job.placement_size() > 0) {
     std::vector<std::vector<std::string>> rows = {
         {"RANK", "WORKER", "HOST", "DEVICE", "STEP", "CHECKSUM", "ERROR"}};

@@ -1,93 +1,493 @@
 #include "io/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <regex>
+#include <new>
+#include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 namespace mptrain {
 namespace {
 
+// The data is copied byte for byte into host integers and floats.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .npy readers assume little-endian");
+
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicSize = 6;
+// numpy refuses headers over 10,000 bytes by default; 64 KiB leaves room for other writers
+// while a corrupt length field can make us read or allocate no more than that.
+constexpr uint64_t kMaxHeaderBytes = 64 * 1024;
 
-absl::Status Bad(const std::string& path, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": not a 2-D float32 .npy file: ", why));
+constexpr char kMatrixKind[] = "2-D float32";
+constexpr char kLabelsKind[] = "int64/int32 label";
+
+// ---------------------------------------------------------------------------------------------
+// Opening and reading without blocking, following links or throwing. (safetensors.cc has the
+// same few functions: io/ has no shared file library yet.)
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct RegularFile {
+  ScopedFd fd;
+  uint64_t size = 0;
+};
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a plain file";
 }
 
-}  // namespace
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one
+  // (it has no effect on the regular files we go on to read). O_NOFOLLOW: a link as the last
+  // component fails with ELOOP rather than reading whatever it points to.
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int error = errno;
+    switch (error) {
+      case ENOENT:
+      case ENOTDIR:
+        return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+      case ELOOP:
+        return absl::PermissionDeniedError(absl::StrCat(path, ": is a symbolic link"));
+      default:
+        return absl::Status(absl::ErrnoToStatusCode(error),
+                            absl::StrCat(path, ": cannot open: ", std::strerror(error)));
+    }
+  }
+  RegularFile file{ScopedFd(fd), 0};
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat(path, ": cannot stat: ", std::strerror(error)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file (it is ", FileTypeName(st.st_mode), ")"));
+  }
+  file.size = static_cast<uint64_t>(st.st_size);
+  return file;
+}
 
-absl::StatusOr<NpyMatrix> ReadNpyMatrix(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (bytes.size() < kMagicSize + 4 || bytes.compare(0, kMagicSize, kMagic, kMagicSize) != 0) {
-    return Bad(path, "missing the \\x93NUMPY magic");
+// Reads exactly `size` bytes at `offset`. The caller has checked them against fstat's size, so
+// running out means that the file shrank while we read it.
+absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset,
+                    void* out, uint64_t size) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const size_t chunk = size < (uint64_t{1} << 30) ? static_cast<size_t>(size) : size_t{1} << 30;
+    const ssize_t n = pread(file.fd.get(), p, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      return absl::Status(absl::ErrnoToStatusCode(error),
+                          absl::StrCat(path, ": read failed at byte ", offset, ": ",
+                                       std::strerror(error)));
+    }
+    if (n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ended at byte ", offset, ", before its size at open (", file.size,
+          " bytes); was it changed while being read?"));
+    }
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<uint64_t>(n);
   }
-  const uint8_t major = static_cast<uint8_t>(bytes[6]);
-  size_t header_len = 0;
-  size_t header_start = 0;
-  if (major == 1) {
-    header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
-    header_start = 10;
-  } else if (major == 2 || major == 3) {
-    if (bytes.size() < 12) return Bad(path, "truncated header");
-    uint32_t len32 = 0;
-    std::memcpy(&len32, bytes.data() + 8, 4);
-    header_len = len32;
-    header_start = 12;
-  } else {
-    return Bad(path, absl::StrCat("unsupported format version ", int{major}));
-  }
-  if (header_start + header_len > bytes.size()) return Bad(path, "truncated header");
-  const std::string header = bytes.substr(header_start, header_len);
+  return absl::OkStatus();
+}
 
-  std::smatch match;
-  if (!std::regex_search(header, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) {
-    return Bad(path, "header has no 'descr'");
+// Runs a reader, turning an exception (an allocation the size of a huge but genuine file is
+// the only one expected) into a status, so that nothing escapes to terminate the rank.
+template <typename Fn>
+auto NoThrow(const std::string& path, Fn fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory while reading"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
   }
-  const std::string descr = match[1];
-  if (descr != "<f4" && descr != "=f4") {
-    return Bad(path, absl::StrCat("dtype is '", descr, "', expected '<f4' (float32)"));
-  }
-  if (!std::regex_search(header, match, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) {
-    return Bad(path, "header has no 'fortran_order'");
-  }
-  if (match[1] == "True") return Bad(path, "Fortran order; save it in C order");
-  if (!std::regex_search(header, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) {
-    return Bad(path, "header has no 'shape'");
-  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The header: a Python dict literal such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and a newline. numpy reads it with ast.literal_eval; we accept the subset
+// that numpy writes, and refuse everything else with the reason.
+
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
   std::vector<int64_t> shape;
-  const std::string dims = match[1];
-  std::regex number(R"(\d+)");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    shape.push_back(std::stoll(it->str()));
+  uint64_t data_offset = 0;  // From the start of the file.
+};
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  if (shape.size() == 1) return absl::StrCat("(", shape[0], ",)");
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+// At most 40 characters of `text`, for error messages about hostile headers.
+std::string Excerpt(absl::string_view text) {
+  if (text.size() <= 40) return std::string(text);
+  return absl::StrCat(text.substr(0, 37), "...");
+}
+
+class HeaderParser {
+ public:
+  explicit HeaderParser(absl::string_view text) : text_(text) {}
+
+  // INVALID_ARGUMENT with the reason only; the caller adds the path.
+  absl::Status Parse(NpyHeader* header) {
+    SkipSpace();
+    if (!Consume('{')) return Error("the header is not a dict literal (no '{')");
+    bool has_descr = false, has_fortran_order = false, has_shape = false;
+    SkipSpace();
+    while (!Consume('}')) {
+      absl::StatusOr<std::string> key = QuotedString("a key");
+      if (!key.ok()) return key.status();
+      SkipSpace();
+      if (!Consume(':')) return Error(absl::StrCat("no ':' after the key '", *key, "'"));
+      SkipSpace();
+      if (*key == "descr") {
+        if (has_descr) return Error("the key 'descr' appears twice");
+        has_descr = true;
+        if (AtEnd() || (Peek() != '\'' && Peek() != '"')) {
+          return Error("'descr' is not a string (structured dtypes are not supported)");
+        }
+        absl::StatusOr<std::string> descr = QuotedString("'descr'");
+        if (!descr.ok()) return descr.status();
+        header->descr = *std::move(descr);
+      } else if (*key == "fortran_order") {
+        if (has_fortran_order) return Error("the key 'fortran_order' appears twice");
+        has_fortran_order = true;
+        absl::StatusOr<bool> fortran_order = Boolean("'fortran_order'");
+        if (!fortran_order.ok()) return fortran_order.status();
+        header->fortran_order = *fortran_order;
+      } else if (*key == "shape") {
+        if (has_shape) return Error("the key 'shape' appears twice");
+        has_shape = true;
+        absl::Status status = Shape(&header->shape);
+        if (!status.ok()) return status;
+      } else {
+        return Error(absl::StrCat("unexpected key '", Excerpt(*key),
+                                  "' (only 'descr', 'fortran_order' and 'shape' are allowed)"));
+      }
+      SkipSpace();
+      if (Consume(',')) {
+        SkipSpace();
+        continue;
+      }
+      if (Consume('}')) break;
+      return Error(absl::StrCat("no ',' or '}' after the value of '", *key, "'"));
+    }
+    SkipSpace();
+    if (!AtEnd()) {
+      return Error(absl::StrCat("unexpected text after the header dict: '",
+                                Excerpt(text_.substr(pos_)), "'"));
+    }
+    if (!has_descr) return Error("the header has no 'descr'");
+    if (!has_fortran_order) return Error("the header has no 'fortran_order'");
+    if (!has_shape) return Error("the header has no 'shape'");
+    return absl::OkStatus();
   }
-  if (shape.size() != 2) {
-    return Bad(path, absl::StrCat("shape has ", shape.size(), " dimensions, expected 2"));
+
+ private:
+  static absl::Status Error(const std::string& why) { return absl::InvalidArgumentError(why); }
+  static bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+  bool AtEnd() const { return pos_ >= text_.size(); }
+  char Peek() const { return text_[pos_]; }
+  void SkipSpace() {
+    while (!AtEnd() && IsSpace(Peek())) ++pos_;
   }
+  bool Consume(char c) {
+    if (AtEnd() || Peek() != c) return false;
+    ++pos_;
+    return true;
+  }
+
+  // A '...' or "..." string of printable ASCII without escapes.
+  absl::StatusOr<std::string> QuotedString(const char* what) {
+    if (AtEnd() || (Peek() != '\'' && Peek() != '"')) {
+      return Error(absl::StrCat("expected a quoted string for ", what, " at '",
+                                Excerpt(text_.substr(std::min(pos_, text_.size()))), "'"));
+    }
+    const char quote = text_[pos_++];
+    const size_t start = pos_;
+    while (!AtEnd() && Peek() != quote) {
+      const unsigned char c = static_cast<unsigned char>(Peek());
+      if (c == '\\' || c < 0x20 || c >= 0x7f) {
+        return Error(absl::StrCat("the string for ", what, " has an escape or a non-ASCII byte"));
+      }
+      ++pos_;
+    }
+    if (AtEnd()) return Error(absl::StrCat("the string for ", what, " is not closed"));
+    std::string value(text_.substr(start, pos_ - start));
+    ++pos_;
+    return value;
+  }
+
+  absl::StatusOr<bool> Boolean(const char* what) {
+    for (const auto& [word, value] : {std::pair<absl::string_view, bool>{"True", true},
+                                      std::pair<absl::string_view, bool>{"False", false}}) {
+      if (text_.substr(pos_, word.size()) == word) {
+        pos_ += word.size();
+        return value;
+      }
+    }
+    return Error(absl::StrCat(what, " is not True or False"));
+  }
+
+  // A tuple of dimensions: (), (N,), (N, M), ... with an optional trailing comma.
+  absl::Status Shape(std::vector<int64_t>* shape) {
+    if (!Consume('(')) return Error("'shape' is not a tuple");
+    bool comma_after_last = false;
+    while (true) {
+      SkipSpace();
+      if (Consume(')')) break;
+      if (AtEnd()) return Error("'shape' is not closed");
+      const size_t start = pos_;
+      while (!AtEnd() && !IsSpace(Peek()) && Peek() != ',' && Peek() != ')') ++pos_;
+      const absl::string_view token = text_.substr(start, pos_ - start);
+      if (token.empty()) return Error("'shape' has an empty element");
+      absl::StatusOr<int64_t> dimension = Dimension(token, shape->size());
+      if (!dimension.ok()) return dimension.status();
+      shape->push_back(*dimension);
+      SkipSpace();
+      if (Consume(',')) {
+        comma_after_last = true;
+        continue;
+      }
+      if (Consume(')')) {
+        comma_after_last = false;
+        break;
+      }
+      return Error(absl::StrCat("'shape'[", shape->size() - 1, "] is not followed by ',' or ')'"));
+    }
+    if (shape->size() == 1 && !comma_after_last) {
+      return Error("'shape' is a parenthesised number, not a tuple (a 1-D shape is written (N,))");
+    }
+    return absl::OkStatus();
+  }
+
+  // A decimal integer > 0 that fits in int64, parsed with overflow checks.
+  static absl::StatusOr<int64_t> Dimension(absl::string_view token, size_t index) {
+    const std::string field = absl::StrCat("'shape'[", index, "]");
+    if (token[0] == '-') {
+      return Error(absl::StrCat(field, " is ", Excerpt(token),
+                                ": negative; every dimension must be > 0"));
+    }
+    const bool leading_zero = token.size() > 1 && token[0] == '0';
+    for (char c : token) {
+      if (c < '0' || c > '9' || leading_zero) {
+        return Error(absl::StrCat(field, " is '", Excerpt(token),
+                                  "', not a decimal integer"));
+      }
+    }
+    int64_t value = 0;
+    for (char c : token) {
+      if (__builtin_mul_overflow(value, int64_t{10}, &value) ||
+          __builtin_add_overflow(value, int64_t{c - '0'}, &value)) {
+        return Error(absl::StrCat(field, " is ", Excerpt(token), ": too large for int64"));
+      }
+    }
+    if (value == 0) return Error(absl::StrCat(field, " is 0; every dimension must be > 0"));
+    return value;
+  }
+
+  absl::string_view text_;
+  size_t pos_ = 0;
+};
+
+absl::Status Bad(const std::string& path, const char* kind, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a ", kind, " .npy file: ", why));
+}
+
+// Reads the preamble and parses the header, reading no more than the header's declared length
+// after checking it against the cap and the file size.
+absl::StatusOr<NpyHeader> ReadHeader(const RegularFile& file, const std::string& path,
+                                     const char* kind) {
+  unsigned char preamble[12] = {};
+  const uint64_t preamble_read = file.size < sizeof(preamble) ? file.size : sizeof(preamble);
+  absl::Status status = ReadAt(file, path, 0, preamble, preamble_read);
+  if (!status.ok()) return status;
+  if (preamble_read < kMagicSize + 4 || std::memcmp(preamble, kMagic, kMagicSize) != 0) {
+    return Bad(path, kind, "missing the \\x93NUMPY magic");
+  }
+  const int major = preamble[6];
+  const int minor = preamble[7];
+  uint64_t header_start = 0;
+  uint64_t header_len = 0;
+  if (major == 1 && minor == 0) {
+    header_start = 10;
+    header_len = uint64_t{preamble[8]} | (uint64_t{preamble[9]} << 8);
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    if (preamble_read < 12) return Bad(path, kind, "the file ends inside the preamble");
+    header_start = 12;
+    header_len = uint64_t{preamble[8]} | (uint64_t{preamble[9]} << 8) |
+                 (uint64_t{preamble[10]} << 16) | (uint64_t{preamble[11]} << 24);
+  } else {
+    return Bad(path, kind,
+               absl::StrCat("unsupported format version ", major, ".", minor,
+                            " (1.0, 2.0 and 3.0 are supported)"));
+  }
+  if (header_len > kMaxHeaderBytes) {
+    return Bad(path, kind,
+               absl::StrCat("header length ", header_len, " exceeds the limit of ",
+                            kMaxHeaderBytes, " bytes"));
+  }
+  if (header_len > file.size - header_start) {
+    return Bad(path, kind,
+               absl::StrCat("header length ", header_len, " runs past the end of the file (",
+                            file.size, " bytes)"));
+  }
+  std::string text(header_len, '\0');
+  status = ReadAt(file, path, header_start, text.data(), header_len);
+  if (!status.ok()) return status;
+  NpyHeader header;
+  status = HeaderParser(text).Parse(&header);
+  if (!status.ok()) return Bad(path, kind, status.message());
+  header.data_offset = header_start + header_len;
+  return header;
+}
+
+// The element count of `header.shape`, after checking that the data after the header holds
+// exactly count * item_size bytes. Every product is overflow-checked: a shape whose byte size
+// wraps around must not pass as a small one.
+absl::StatusOr<uint64_t> CheckDataSize(const RegularFile& file, const std::string& path,
+                                       const char* kind, const NpyHeader& header,
+                                       uint64_t item_size) {
+  uint64_t count = 1;
+  for (int64_t dimension : header.shape) {
+    if (__builtin_mul_overflow(count, static_cast<uint64_t>(dimension), &count)) {
+      return Bad(path, kind,
+                 absl::StrCat("'shape' ", ShapeText(header.shape),
+                              " has more elements than fit in 64 bits"));
+    }
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(count, item_size, &bytes)) {
+    return Bad(path, kind,
+               absl::StrCat("'shape' ", ShapeText(header.shape), " of ", item_size,
+                            "-byte elements needs more bytes than fit in 64 bits"));
+  }
+  const uint64_t available = file.size - header.data_offset;
+  if (available < bytes) {
+    return Bad(path, kind,
+               absl::StrCat("truncated: shape ", ShapeText(header.shape), " needs ", bytes,
+                            " bytes of data, the file has ", available));
+  }
+  if (available > bytes) {
+    return Bad(path, kind,
+               absl::StrCat("shape ", ShapeText(header.shape), " needs ", bytes,
+                            " bytes of data, the file has ", available,
+                            " (extra bytes after the array)"));
+  }
+  return count;
+}
+
+absl::StatusOr<NpyMatrix> ReadNpyMatrixOrThrow(const std::string& path) {
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<NpyHeader> header = ReadHeader(*file, path, kMatrixKind);
+  if (!header.ok()) return header.status();
+  if (header->descr != "<f4") {
+    return Bad(path, kMatrixKind,
+               absl::StrCat("dtype is '", Excerpt(header->descr), "', expected '<f4' (float32)"));
+  }
+  if (header->fortran_order) return Bad(path, kMatrixKind, "Fortran order; save it in C order");
+  if (header->shape.size() != 2) {
+    return Bad(path, kMatrixKind,
+               absl::StrCat("'shape' ", ShapeText(header->shape), " has ", header->shape.size(),
+                            " dimensions, expected 2"));
+  }
+  absl::StatusOr<uint64_t> count = CheckDataSize(*file, path, kMatrixKind, *header, sizeof(float));
+  if (!count.ok()) return count.status();
   NpyMatrix matrix;
-  matrix.rows = shape[0];
-  matrix.cols = shape[1];
-  const size_t data_start = header_start + header_len;
-  const size_t expected = static_cast<size_t>(matrix.rows) * matrix.cols * sizeof(float);
-  if (bytes.size() - data_start < expected) {
-    return Bad(path, absl::StrCat("truncated: shape (", matrix.rows, ", ", matrix.cols,
-                                  ") needs ", expected, " bytes of data, file has ",
-                                  bytes.size() - data_start));
-  }
-  matrix.values.resize(static_cast<size_t>(matrix.rows) * matrix.cols);
-  std::memcpy(matrix.values.data(), bytes.data() + data_start, expected);
+  matrix.rows = header->shape[0];
+  matrix.cols = header->shape[1];
+  matrix.values.resize(*count);
+  absl::Status status =
+      ReadAt(*file, path, header->data_offset, matrix.values.data(), *count * sizeof(float));
+  if (!status.ok()) return status;
   return matrix;
 }
 
-absl::Status WriteNpyMatrix(const std::string& path, const NpyMatrix& matrix) {
-  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (",
-                                    matrix.rows, ", ", matrix.cols, "), }");
-  // Pad so that the data starts on a 64-byte boundary, ending the header with '\n'.
-  size_t total = kMagicSize + 4 + header.size() + 1;
+absl::StatusOr<NpyLabels> ReadNpyLabelsOrThrow(const std::string& path) {
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<NpyHeader> header = ReadHeader(*file, path, kLabelsKind);
+  if (!header.ok()) return header.status();
+  const bool is_int64 = header->descr == "<i8";
+  if (!is_int64 && header->descr != "<i4") {
+    return Bad(path, kLabelsKind,
+               absl::StrCat("dtype is '", Excerpt(header->descr),
+                            "', expected '<i8' (int64) or '<i4' (int32)"));
+  }
+  if (header->fortran_order) return Bad(path, kLabelsKind, "Fortran order; save it in C order");
+  const std::vector<int64_t>& shape = header->shape;
+  if (!(shape.size() == 1 || (shape.size() == 2 && shape[1] == 1))) {
+    return Bad(path, kLabelsKind,
+               absl::StrCat("'shape' is ", ShapeText(shape), ", expected (N,) or (N, 1)"));
+  }
+  const uint64_t item_size = is_int64 ? sizeof(int64_t) : sizeof(int32_t);
+  absl::StatusOr<uint64_t> count = CheckDataSize(*file, path, kLabelsKind, *header, item_size);
+  if (!count.ok()) return count.status();
+  NpyLabels labels;
+  labels.count = shape[0];
+  labels.values.resize(*count);
+  if (is_int64) {
+    absl::Status status = ReadAt(*file, path, header->data_offset, labels.values.data(),
+                                 *count * sizeof(int64_t));
+    if (!status.ok()) return status;
+  } else {
+    std::vector<int32_t> narrow(*count);
+    absl::Status status =
+        ReadAt(*file, path, header->data_offset, narrow.data(), *count * sizeof(int32_t));
+    if (!status.ok()) return status;
+    std::copy(narrow.begin(), narrow.end(), labels.values.begin());
+  }
+  return labels;
+}
+
+// Format version 1.0: magic, version, 2-byte header length, header padded with spaces and a
+// newline so that the data starts on a 64-byte boundary (as numpy writes it).
+absl::Status WriteNpy(const std::string& path, const char* descr, const std::string& shape,
+                      const void* data, size_t bytes) {
+  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ",
+                                    shape, ", }");
+  const size_t total = kMagicSize + 4 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
@@ -100,10 +500,43 @@ absl::Status WriteNpyMatrix(const std::string& path, const NpyMatrix& matrix) {
                              static_cast<char>(header_len >> 8)};
   file.write(len_bytes, 2);
   file.write(header.data(), header.size());
-  file.write(reinterpret_cast<const char*>(matrix.values.data()),
-             matrix.values.size() * sizeof(float));
+  file.write(static_cast<const char*>(data), bytes);
+  file.close();
   if (!file) return absl::DataLossError(absl::StrCat("short write to ", path));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<NpyMatrix> ReadNpyMatrix(const std::string& path) {
+  return NoThrow(path, [&] { return ReadNpyMatrixOrThrow(path); });
+}
+
+absl::StatusOr<NpyLabels> ReadNpyLabels(const std::string& path) {
+  return NoThrow(path, [&] { return ReadNpyLabelsOrThrow(path); });
+}
+
+absl::Status WriteNpyMatrix(const std::string& path, const NpyMatrix& matrix) {
+  int64_t count = 0;
+  if (matrix.rows < 0 || matrix.cols < 0 ||
+      __builtin_mul_overflow(matrix.rows, matrix.cols, &count) ||
+      static_cast<uint64_t>(count) != matrix.values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write a ", matrix.rows, " x ",
+                                                   matrix.cols, " matrix from ",
+                                                   matrix.values.size(), " values"));
+  }
+  return WriteNpy(path, "<f4", ShapeText({matrix.rows, matrix.cols}), matrix.values.data(),
+                  matrix.values.size() * sizeof(float));
+}
+
+absl::Status WriteNpyLabels(const std::string& path, const NpyLabels& labels) {
+  if (labels.count < 0 || static_cast<uint64_t>(labels.count) != labels.values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write ", labels.count,
+                                                   " labels from ", labels.values.size(),
+                                                   " values"));
+  }
+  return WriteNpy(path, "<i8", ShapeText({labels.count}), labels.values.data(),
+                  labels.values.size() * sizeof(int64_t));
 }
 
 }  // namespace mptrain

@@ -1,7 +1,19 @@
 #pragma once
 
-// Reading and writing 2-D float32 .npy files (C order), bounds-checked: a truncated or malformed
-// file, another dtype, Fortran order or a wrong shape gives an error naming the file.
+// Reading and writing .npy files: 2-D float32 matrices (features, targets) and 1-D int64/int32
+// labels. The readers are total: any file — a directory, a FIFO, a device, a symbolic link, a
+// hostile or truncated header, a shape whose size overflows — gives an error naming the file,
+// never an exception, a crash or a blocked rank.
+//
+// What a reader accepts: a regular file (not a symbolic link) holding format version 1.0, 2.0 or
+// 3.0; a header of at most 64 KiB that is a Python dict literal with exactly the keys 'descr',
+// 'fortran_order' and 'shape'; fortran_order False; every dimension a decimal integer > 0; and
+// exactly as many data bytes as the shape and dtype need.
+//
+// Errors of every reader: NOT_FOUND when the file does not exist; PERMISSION_DENIED when it is
+// a symbolic link ("<path>: is a symbolic link") or cannot be read; INVALID_ARGUMENT when it is
+// not a regular file ("<path>: not a regular file") or its contents are not what the reader
+// accepts (the message names the file and the header field or the byte counts at fault).
 
 #include <cstdint>
 #include <string>
@@ -17,11 +29,24 @@ struct NpyMatrix {
   std::vector<float> values;  // rows * cols, row-major.
 };
 
-// INVALID_ARGUMENT for anything but a 2-D little-endian float32 C-order array;
-// NOT_FOUND when the file cannot be opened.
+struct NpyLabels {
+  int64_t count = 0;
+  std::vector<int64_t> values;  // count class indices; their range is the caller's to check.
+};
+
+// A 2-D array of dtype '<f4' (little-endian float32) in C order.
 absl::StatusOr<NpyMatrix> ReadNpyMatrix(const std::string& path);
 
-// Writes a 2-D float32 array (format version 1.0).
+// A 1-D array of shape (N,), or a 2-D one of shape (N, 1), of dtype '<i8' or '<i4' (int32
+// values are widened); any other dtype is refused.
+absl::StatusOr<NpyLabels> ReadNpyLabels(const std::string& path);
+
+// Writes a 2-D float32 array (format version 1.0). INVALID_ARGUMENT when values.size() is not
+// rows * cols.
 absl::Status WriteNpyMatrix(const std::string& path, const NpyMatrix& matrix);
+
+// Writes a 1-D '<i8' array of shape (count,) (format version 1.0). INVALID_ARGUMENT when
+// values.size() is not count.
+absl::Status WriteNpyLabels(const std::string& path, const NpyLabels& labels);
 
 }  // namespace mptrain

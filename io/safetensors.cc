@@ -1,19 +1,37 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>  // renameat2, RENAME_NOREPLACE (glibc >= 2.28 with _GNU_SOURCE).
 #include <cstring>
-#include <fstream>
+#include <new>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace mptrain {
 namespace {
 
+using json = nlohmann::json;
+
+// The data is copied byte for byte into host floats.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the safetensors reader assumes little-endian");
+
 // A header larger than this is taken as a corrupt length field.
 constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;
+constexpr int64_t kMaxTensors = 100000;
+// Bounds what a hostile header can make the JSON parser allocate: a shape of millions of 1s
+// would pass every other check.
+constexpr int64_t kMaxArrayElements = 64;
 
 absl::Status Bad(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", why));
@@ -26,87 +44,427 @@ std::string DirectoryOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// Opening and reading without blocking, following links or throwing. (npy.cc has the same few
+// functions: io/ has no shared file library yet.)
 
-absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
-                                          std::map<std::string, std::string>* metadata) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) return Bad(path, "shorter than the 8-byte header length");
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, bytes.data(), 8);
-  if (header_len > kMaxHeaderBytes || 8 + header_len > bytes.size()) {
-    return Bad(path, absl::StrCat("header length ", header_len, " exceeds the file"));
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
   }
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_len,
-                                                nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) return Bad(path, "header is not JSON");
-  const size_t data_start = 8 + header_len;
-  const size_t data_size = bytes.size() - data_start;
-  TensorMap tensors;
-  for (auto& [name, info] : header.items()) {
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct RegularFile {
+  ScopedFd fd;
+  uint64_t size = 0;
+};
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a plain file";
+}
+
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one
+  // (it has no effect on the regular files we go on to read). O_NOFOLLOW: a link as the last
+  // component fails with ELOOP rather than reading whatever it points to.
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int error = errno;
+    switch (error) {
+      case ENOENT:
+      case ENOTDIR:
+        return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+      case ELOOP:
+        return absl::PermissionDeniedError(absl::StrCat(path, ": is a symbolic link"));
+      default:
+        return absl::Status(absl::ErrnoToStatusCode(error),
+                            absl::StrCat(path, ": cannot open: ", std::strerror(error)));
+    }
+  }
+  RegularFile file{ScopedFd(fd), 0};
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat(path, ": cannot stat: ", std::strerror(error)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file (it is ", FileTypeName(st.st_mode), ")"));
+  }
+  file.size = static_cast<uint64_t>(st.st_size);
+  return file;
+}
+
+// Reads exactly `size` bytes at `offset`. The caller has checked them against fstat's size, so
+// running out means that the file shrank while we read it.
+absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset,
+                    void* out, uint64_t size) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const size_t chunk = size < (uint64_t{1} << 30) ? static_cast<size_t>(size) : size_t{1} << 30;
+    const ssize_t n = pread(file.fd.get(), p, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      return absl::Status(absl::ErrnoToStatusCode(error),
+                          absl::StrCat(path, ": read failed at byte ", offset, ": ",
+                                       std::strerror(error)));
+    }
+    if (n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ended at byte ", offset, ", before its size at open (", file.size,
+          " bytes); was it changed while being read?"));
+    }
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Runs `fn`, turning an exception into a status so that nothing escapes to terminate the rank.
+// Every JSON access is type-checked first; this is the last resort (and catches bad_alloc).
+template <typename Fn>
+auto NoThrow(const std::string& path, Fn fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The header.
+
+// A first, SAX pass over the header that builds nothing and stops at the first problem. It
+// catches what the DOM parse cannot or should not see: nlohmann::json keeps the last of
+// duplicate keys without a word, and would build whatever a 100 MiB header describes. A valid
+// header nests no deeper than {name: {field: [numbers]}}, has at most kMaxTensors tensors and
+// short arrays, so after this pass the DOM is small. (The DOM parser's own callback could do
+// this, but it rescans the parent object after every member: quadratic in the tensor count.)
+class HeaderPrecheck {
+ public:
+  using string_t = json::string_t;
+
+  // Empty when the header passed.
+  const std::string& problem() const { return problem_; }
+
+  bool null() { return Value(); }
+  bool boolean(bool) { return Value(); }
+  bool number_integer(json::number_integer_t) { return Value(); }
+  bool number_unsigned(json::number_unsigned_t) { return Value(); }
+  bool number_float(json::number_float_t, const string_t&) { return Value(); }
+  bool string(string_t&) { return Value(); }
+  bool binary(json::binary_t&) { return Value(); }
+
+  bool start_object(std::size_t) {
+    if (frames_.size() >= 2) return Refuse(absl::StrCat(Where(), " nests objects too deeply"));
+    frames_.push_back(Frame{true, {}, 0});
+    return true;
+  }
+  bool key(string_t& key) {
+    Frame& frame = frames_.back();
+    if (frames_.size() == 1) {
+      top_key_ = key;
+      field_key_.clear();
+      if (key != "__metadata__" && ++tensors_ > kMaxTensors) {
+        return Refuse(absl::StrCat("more than ", kMaxTensors, " tensors"));
+      }
+    } else {
+      field_key_ = key;
+    }
+    if (!frame.keys.insert(key).second) {
+      return Refuse(frames_.size() == 1
+                        ? absl::StrCat("the key '", key, "' appears twice")
+                        : absl::StrCat("'", top_key_, "' has the key '", key, "' twice"));
+    }
+    return true;
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (frames_.empty()) return Refuse("the header is a JSON array, expected an object");
+    if (frames_.size() == 1) {
+      return Refuse(absl::StrCat("'", top_key_, "' is a JSON array, expected an object"));
+    }
+    if (frames_.size() >= 3) return Refuse(absl::StrCat(Where(), " nests arrays too deeply"));
+    frames_.push_back(Frame{false, {}, 0});
+    return true;
+  }
+  bool end_array() {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    return Refuse(absl::StrCat("the header is not valid JSON (at byte ", position, ")"));
+  }
+
+ private:
+  struct Frame {
+    bool is_object;
+    std::set<std::string> keys;  // Of an object.
+    int64_t elements;            // Of an array.
+  };
+
+  bool Value() {
+    if (!frames_.empty() && !frames_.back().is_object &&
+        ++frames_.back().elements > kMaxArrayElements) {
+      return Refuse(absl::StrCat(Where(), " has more than ", kMaxArrayElements, " elements"));
+    }
+    return true;
+  }
+  bool Refuse(std::string problem) {
+    if (problem_.empty()) problem_ = std::move(problem);
+    return false;
+  }
+  std::string Where() const {
+    return field_key_.empty() ? absl::StrCat("'", top_key_, "'")
+                              : absl::StrCat("'", top_key_, "' field '", field_key_, "'");
+  }
+
+  std::vector<Frame> frames_;
+  std::string top_key_, field_key_;
+  int64_t tensors_ = 0;
+  std::string problem_;
+};
+
+// Where a tensor's bytes lie within the data section.
+struct TensorEntry {
+  std::string name;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  NamedTensor tensor;  // Shape only until the data is read.
+};
+
+// Checks one tensor's header entry against the data size.
+absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& name,
+                                             const json& info, uint64_t data_size) {
+  const std::string tensor = absl::StrCat("tensor '", name, "'");
+  if (!info.is_object()) {
+    return Bad(path, absl::StrCat(tensor, " is a JSON ", info.type_name(), ", expected an object"));
+  }
+  auto dtype = info.find("dtype");
+  auto shape = info.find("shape");
+  auto offsets = info.find("data_offsets");
+  if (dtype == info.end() || shape == info.end() || offsets == info.end()) {
+    return Bad(path, absl::StrCat(tensor, " lacks ",
+                                  dtype == info.end()   ? "dtype"
+                                  : shape == info.end() ? "shape"
+                                                        : "data_offsets"));
+  }
+  if (!dtype->is_string() || dtype->get_ref<const std::string&>() != "F32") {
+    return Bad(path, absl::StrCat(tensor, " has dtype ", dtype->dump(), ", expected \"F32\""));
+  }
+  if (!shape->is_array()) {
+    return Bad(path, absl::StrCat(tensor, " has a shape that is a JSON ", shape->type_name(),
+                                  ", expected an array"));
+  }
+  TensorEntry entry;
+  entry.name = name;
+  uint64_t count = 1;
+  for (size_t i = 0; i < shape->size(); ++i) {
+    const json& dim = (*shape)[i];
+    const std::string field = absl::StrCat(tensor, " shape[", i, "]");
+    if (dim.is_number_integer() && !dim.is_number_unsigned()) {
+      return Bad(path, absl::StrCat(field, " is ", dim.get<int64_t>(), ", negative"));
+    }
+    if (!dim.is_number_unsigned()) {
+      return Bad(path, absl::StrCat(field, " is ", dim.dump(), ", not a non-negative integer"));
+    }
+    const uint64_t value = dim.get<uint64_t>();
+    if (value > static_cast<uint64_t>(INT64_MAX)) {
+      return Bad(path, absl::StrCat(field, " is ", value, ", too large for int64"));
+    }
+    if (__builtin_mul_overflow(count, value, &count)) {
+      return Bad(path, absl::StrCat(tensor, " shape ", shape->dump(),
+                                    " has more elements than fit in 64 bits"));
+    }
+    entry.tensor.shape.push_back(static_cast<int64_t>(value));
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(count, uint64_t{sizeof(float)}, &bytes)) {
+    return Bad(path, absl::StrCat(tensor, " shape ", shape->dump(),
+                                  " needs more bytes than fit in 64 bits"));
+  }
+  if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+      !(*offsets)[1].is_number_unsigned()) {
+    return Bad(path, absl::StrCat(tensor, " has data_offsets ", offsets->dump(),
+                                  ", expected [begin, end] of non-negative integers"));
+  }
+  entry.begin = (*offsets)[0].get<uint64_t>();
+  entry.end = (*offsets)[1].get<uint64_t>();
+  if (entry.begin > entry.end || entry.end > data_size) {
+    return Bad(path, absl::StrCat(tensor, " data_offsets [", entry.begin, ", ", entry.end,
+                                  "] lie outside the ", data_size, " bytes of data"));
+  }
+  if (entry.end - entry.begin != bytes) {
+    return Bad(path, absl::StrCat(tensor, " data_offsets [", entry.begin, ", ", entry.end,
+                                  "] hold ", entry.end - entry.begin, " bytes, its shape ",
+                                  shape->dump(), " needs ", bytes));
+  }
+  return entry;
+}
+
+absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const std::string& path,
+                                                 std::map<std::string, std::string>* metadata,
+                                                 const SafetensorsReadOptions& options) {
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (!file.ok()) return file.status();
+  if (file->size < 8) {
+    return Bad(path, absl::StrCat("its ", file->size,
+                                  " bytes are shorter than the 8-byte header length"));
+  }
+  uint64_t header_len = 0;
+  absl::Status status = ReadAt(*file, path, 0, &header_len, 8);
+  if (!status.ok()) return status;
+  if (header_len > kMaxHeaderBytes || header_len > file->size - 8) {
+    return Bad(path, absl::StrCat("header length ", header_len, " exceeds the file (",
+                                  file->size, " bytes) or the limit of ", kMaxHeaderBytes));
+  }
+  std::string text(header_len, '\0');
+  status = ReadAt(*file, path, 8, text.data(), header_len);
+  if (!status.ok()) return status;
+
+  HeaderPrecheck precheck;
+  if (!json::sax_parse(text.begin(), text.end(), &precheck)) {
+    return Bad(path, precheck.problem().empty() ? "the header is not valid JSON"
+                                                : precheck.problem());
+  }
+  const json header = json::parse(text.begin(), text.end(), /*cb=*/nullptr,
+                                  /*allow_exceptions=*/false);
+  if (header.is_discarded()) return Bad(path, "the header is not valid JSON");
+  if (!header.is_object()) {
+    return Bad(path, absl::StrCat("the header is a JSON ", header.type_name(),
+                                  ", expected an object"));
+  }
+  text = std::string();  // The parsed header replaces it.
+
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file->size - data_start;
+  std::map<std::string, std::string> entries;
+  std::vector<TensorEntry> tensors;
+  for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
-      if (metadata != nullptr && info.is_object()) {
-        for (auto& [key, value] : info.items()) {
-          if (value.is_string()) (*metadata)[key] = value.get<std::string>();
+      if (!info.is_object()) {
+        return Bad(path, absl::StrCat("__metadata__ is a JSON ", info.type_name(),
+                                      ", expected an object of strings"));
+      }
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string()) {
+          return Bad(path, absl::StrCat("__metadata__ '", key, "' is a JSON ", value.type_name(),
+                                        ", expected a string"));
         }
+        entries[key] = value.get_ref<const std::string&>();
       }
       continue;
     }
-    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
-        !info.contains("data_offsets")) {
-      return Bad(path, absl::StrCat("tensor ", name, " lacks dtype, shape or data_offsets"));
-    }
-    if (info["dtype"] != "F32") {
-      return Bad(path, absl::StrCat("tensor ", name, " has dtype ", info["dtype"].dump(),
-                                    ", expected F32"));
-    }
-    NamedTensor tensor;
-    int64_t count = 1;
-    for (const auto& dim : info["shape"]) {
-      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
-        return Bad(path, absl::StrCat("tensor ", name, " has a bad shape"));
-      }
-      tensor.shape.push_back(dim.get<int64_t>());
-      count *= dim.get<int64_t>();
-    }
-    const auto& offsets = info["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned()) {
-      return Bad(path, absl::StrCat("tensor ", name, " has bad data_offsets"));
-    }
-    uint64_t begin = offsets[0].get<uint64_t>();
-    uint64_t end = offsets[1].get<uint64_t>();
-    if (begin > end || end > data_size || end - begin != count * sizeof(float)) {
-      return Bad(path, absl::StrCat("tensor ", name, " data_offsets [", begin, ", ", end,
-                                    ") do not fit its shape or the file"));
-    }
-    tensor.values.resize(count);
-    std::memcpy(tensor.values.data(), bytes.data() + data_start + begin, end - begin);
-    tensors[name] = std::move(tensor);
+    absl::StatusOr<TensorEntry> entry = ParseTensorEntry(path, name, info, data_size);
+    if (!entry.ok()) return entry.status();
+    tensors.push_back(*std::move(entry));
   }
-  return tensors;
+
+  // No byte may belong to two tensors (empty tensors hold none).
+  std::vector<const TensorEntry*> by_offset;
+  for (const TensorEntry& entry : tensors) {
+    if (entry.end > entry.begin) by_offset.push_back(&entry);
+  }
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorEntry* a, const TensorEntry* b) {
+    return a->begin < b->begin;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorEntry& before = *by_offset[i - 1];
+    const TensorEntry& after = *by_offset[i];
+    if (after.begin < before.end) {
+      return Bad(path, absl::StrCat("tensor '", before.name, "' [", before.begin, ", ",
+                                    before.end, "] and tensor '", after.name, "' [",
+                                    after.begin, ", ", after.end, "] overlap"));
+    }
+  }
+
+  // Every allocation below is bounded by the file's size: the ranges fit in it and are disjoint.
+  TensorMap result;
+  for (TensorEntry& entry : tensors) {
+    NamedTensor& tensor = entry.tensor;
+    tensor.values.resize((entry.end - entry.begin) / sizeof(float));
+    status = ReadAt(*file, path, data_start + entry.begin, tensor.values.data(),
+                    entry.end - entry.begin);
+    if (!status.ok()) return status;
+    if (options.require_finite) {
+      for (size_t i = 0; i < tensor.values.size(); ++i) {
+        if (!std::isfinite(tensor.values[i])) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": tensor '", entry.name, "' holds ", tensor.values[i],
+                           " at index ", i, "; its values must be finite"));
+        }
+      }
+    }
+    result[entry.name] = std::move(tensor);
+  }
+  if (metadata != nullptr) *metadata = std::move(entries);
+  return result;
 }
 
-absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
+absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& tensors,
+                                     const std::map<std::string, std::string>& metadata,
+                                     const SafetensorsWriteOptions& options) {
+  json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    uint64_t bytes = tensor.values.size() * sizeof(float);
+    if (name == "__metadata__") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a tensor cannot be named __metadata__"));
+    }
+    uint64_t count = 1;
+    bool fits = true;
+    for (int64_t dim : tensor.shape) {
+      fits = fits && dim >= 0 && !__builtin_mul_overflow(count, static_cast<uint64_t>(dim), &count);
+    }
+    if (!fits || count != tensor.values.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", name, "' has shape [", absl::StrJoin(tensor.shape, ", "),
+                       "] but ", tensor.values.size(), " values"));
+    }
+    const uint64_t bytes = count * sizeof(float);
     header[name] = {{"dtype", "F32"},
                     {"shape", tensor.shape},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
+  // Throws (caught at the boundary) on a name or value that is not UTF-8.
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // Align the data to 8 bytes.
   uint64_t header_len = header_text.size();
 
+  struct stat existing;
+  if (!options.replace_existing && lstat(path.c_str(), &existing) == 0) {
+    // Early, to spare writing a file that cannot be placed; the rename below decides.
+    return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
+  }
+
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ",
                                                     std::strerror(errno)));
@@ -132,20 +490,48 @@ absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,
   ok = ok && fsync(fd) == 0;
   ok = (close(fd) == 0) && ok;
   if (!ok) {
+    const int error = errno;
     unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("writing ", tmp, " failed: ", std::strerror(errno)));
+    return absl::DataLossError(absl::StrCat("writing ", tmp, " failed: ", std::strerror(error)));
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
+  int renamed;
+  if (options.replace_existing) {
+    renamed = rename(tmp.c_str(), path.c_str());
+  } else {
+    renamed = renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
+    if (renamed != 0 && (errno == EINVAL || errno == ENOSYS)) {
+      // A filesystem without RENAME_NOREPLACE: link(2) also refuses an existing target.
+      renamed = link(tmp.c_str(), path.c_str());
+      if (renamed == 0) unlink(tmp.c_str());
+    }
+  }
+  if (renamed != 0) {
+    const int error = errno;
     unlink(tmp.c_str());
+    if (error == EEXIST) return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
     return absl::DataLossError(absl::StrCat("renaming ", tmp, " to ", path, " failed: ",
-                                            std::strerror(errno)));
+                                            std::strerror(error)));
   }
-  int dir = open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY);
+  int dir = open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     fsync(dir);
     close(dir);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
+                                          std::map<std::string, std::string>* metadata,
+                                          const SafetensorsReadOptions& options) {
+  return NoThrow(path, [&] { return ReadSafetensorsOrThrow(path, metadata, options); });
+}
+
+absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,
+                              const std::map<std::string, std::string>& metadata,
+                              const SafetensorsWriteOptions& options) {
+  return NoThrow(path, [&] { return WriteSafetensorsOrThrow(path, tensors, metadata, options); });
 }
 
 }  // namespace mptrain

@@ -20,15 +20,41 @@ struct NamedTensor {
 
 using TensorMap = std::map<std::string, NamedTensor>;
 
-// NOT_FOUND when the file cannot be opened; INVALID_ARGUMENT for a malformed file or a tensor
-// that is not F32, naming the file and the tensor.
+struct SafetensorsReadOptions {
+  // Refuse a tensor holding NaN or ±Inf (naming it and the first such index): for weights that
+  // a run starts or resumes from, where one NaN would silently poison every step.
+  bool require_finite = false;
+};
+
+struct SafetensorsWriteOptions {
+  // false: fail with ALREADY_EXISTS instead of replacing a file at `path` (the final rename is
+  // renameat2(RENAME_NOREPLACE), so two writers cannot both win).
+  bool replace_existing = true;
+};
+
+// The reader is total: no file makes it throw, crash or block, and it allocates no more than
+// the file's size plus the parsed JSON header (at most 100 MiB of text, checked before parsing).
+//
+// NOT_FOUND when the file does not exist; PERMISSION_DENIED when it is a symbolic link
+// ("<path>: is a symbolic link") or unreadable; INVALID_ARGUMENT, naming the file (and the
+// tensor or field), when it is not a regular file ("<path>: not a regular file"), or the header
+// length exceeds the file or 100 MiB, or the header is not a JSON object, has a duplicate key,
+// more than 100,000 tensors, a __metadata__ that is not an object of strings, a tensor that is
+// not F32, has a shape that is not non-negative integers or whose size overflows, data_offsets
+// outside the data or not matching its shape, or overlapping another tensor's; or, with
+// `options.require_finite`, a tensor holds a non-finite value.
 // `metadata`, when given, receives the header's "__metadata__" entries.
 absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
-                                          std::map<std::string, std::string>* metadata = nullptr);
+                                          std::map<std::string, std::string>* metadata = nullptr,
+                                          const SafetensorsReadOptions& options = {});
 
 // Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory.
 // `metadata` goes into the header's "__metadata__" (string values only, per the format).
+// INVALID_ARGUMENT when a tensor's values do not match its shape or a tensor is named
+// "__metadata__"; ALREADY_EXISTS "<path> exists" when `options.replace_existing` is false and
+// `path` exists; PERMISSION_DENIED / DATA_LOSS when creating, writing or renaming fails.
 absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              const SafetensorsWriteOptions& options = {});
 
 }  // namespace mptrain

@@ -1,7 +1,17 @@
 #include "io/safetensors.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -11,20 +21,56 @@ std::string TempPath(const std::string& name) {
   return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+// A safetensors file with the given header text and `data_bytes` bytes of data.
+std::string Raw(const std::string& header, size_t data_bytes) {
+  uint64_t length = header.size();
+  return std::string(reinterpret_cast<const char*>(&length), 8) + header +
+         std::string(data_bytes, '\0');
+}
+
+void WriteRaw(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Expects `status` to have `code` and a message naming `path` and containing `fragment`.
+void ExpectError(const absl::Status& status, absl::StatusCode code, const std::string& path,
+                 const std::string& fragment = "") {
+  EXPECT_EQ(status.code(), code) << status;
+  const std::string message(status.message());
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find(fragment), std::string::npos) << "no '" << fragment << "' in " << message;
+}
+
+// Writes a file with `header` and `data_bytes` of data and expects ReadSafetensors to refuse it
+// as INVALID_ARGUMENT naming the file and `fragment`.
+void ExpectRefused(const std::string& name, const std::string& header, size_t data_bytes,
+                   const std::string& fragment) {
+  const std::string path = TempPath(name);
+  WriteRaw(path, Raw(header, data_bytes));
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path, fragment);
+}
+
 TEST(Safetensors, WriteThenRead_RoundTrips) {
   TensorMap tensors;
   tensors["layers.0.weight"] = {{2, 3}, {1, 2, 3, 4, 5, 6}};
   tensors["layers.0.bias"] = {{2}, {-1, 0.5f}};
+  tensors["empty"] = {{0, 3}, {}};
   std::string path = TempPath("ckpt.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {{"step", "7"}}).ok());
   std::map<std::string, std::string> metadata;
   auto read = ReadSafetensors(path, &metadata);
   ASSERT_TRUE(read.ok()) << read.status();
-  ASSERT_EQ(read->size(), 2u);
+  ASSERT_EQ(read->size(), 3u);
   EXPECT_EQ(metadata["step"], "7");
   EXPECT_EQ(read->at("layers.0.weight").shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(read->at("layers.0.weight").values, tensors["layers.0.weight"].values);
   EXPECT_EQ(read->at("layers.0.bias").values, tensors["layers.0.bias"].values);
+  EXPECT_EQ(read->at("empty").shape, (std::vector<int64_t>{0, 3}));
 }
 
 TEST(Safetensors, HeaderLayout_MatchesTheFormat) {
@@ -32,8 +78,7 @@ TEST(Safetensors, HeaderLayout_MatchesTheFormat) {
   tensors["a"] = {{1}, {3.0f}};
   std::string path = TempPath("layout.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
-  std::ifstream file(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::string bytes = ReadAll(path);
   uint64_t header_len = 0;
   memcpy(&header_len, bytes.data(), 8);
   EXPECT_EQ(header_len % 8, 0u);
@@ -48,24 +93,265 @@ TEST(Safetensors, Truncated_IsInvalidNamingFile) {
   tensors["a"] = {{4}, {1, 2, 3, 4}};
   std::string path = TempPath("trunc.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 3);
-  auto read = ReadSafetensors(path);
-  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(read.status().message()).find(path), std::string::npos);
+  std::string bytes = ReadAll(path);
+  WriteRaw(path, bytes.substr(0, bytes.size() - 3));
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "tensor 'a' data_offsets [0, 16] lie outside the 13 bytes of data");
 }
 
 TEST(Safetensors, HugeHeaderLength_IsInvalid) {
-  std::string path = TempPath("huge.safetensors");
-  std::string bytes(8, '\xff');
-  std::ofstream(path, std::ios::binary) << bytes << "{}";
-  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = TempPath("huge.safetensors");
+  WriteRaw(path, std::string(8, '\xff') + "{}");
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "header length 18446744073709551615 exceeds the file");
+}
+
+TEST(Safetensors, ReadSafetensors_HeaderLengthOneBeyondFile_IsInvalid) {
+  const std::string path = TempPath("header_past_end.safetensors");
+  std::string bytes = Raw("{}", 0);
+  bytes[0] = 3;
+  WriteRaw(path, bytes);
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "header length 3 exceeds the file (10 bytes)");
+}
+
+TEST(Safetensors, ReadSafetensors_ShorterThanLengthField_IsInvalid) {
+  const std::string path = TempPath("short.safetensors");
+  WriteRaw(path, "abc");
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "shorter than the 8-byte header length");
 }
 
 TEST(Safetensors, MissingFile_IsNotFound) {
-  EXPECT_EQ(ReadSafetensors("/nonexistent.safetensors").status().code(),
-            absl::StatusCode::kNotFound);
+  ExpectError(ReadSafetensors("/nonexistent.safetensors").status(), absl::StatusCode::kNotFound,
+              "/nonexistent.safetensors");
+}
+
+TEST(Safetensors, ReadSafetensors_Directory_IsInvalidNotARegularFile) {
+  const std::string path = TempPath("dir.safetensors");
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "not a regular file");
+}
+
+TEST(Safetensors, ReadSafetensors_FifoWithoutWriter_ReturnsAtOnceAsNotARegularFile) {
+  const std::string path = TempPath("fifo.safetensors");
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0);
+  auto read = std::async(std::launch::async, [&] { return ReadSafetensors(path).status(); });
+  if (read.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    // The reader is blocked in open() or read(): give it a writer and EOF so the test ends.
+    int writer = open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+    ADD_FAILURE() << "ReadSafetensors blocked on a FIFO";
+  }
+  ExpectError(read.get(), absl::StatusCode::kInvalidArgument, path, "not a regular file");
+}
+
+TEST(Safetensors, ReadSafetensors_DevZero_IsInvalidNotARegularFile) {
+  ExpectError(ReadSafetensors("/dev/zero").status(), absl::StatusCode::kInvalidArgument,
+              "/dev/zero", "not a regular file");
+}
+
+TEST(Safetensors, ReadSafetensors_Symlink_IsPermissionDenied) {
+  const std::string target = TempPath("target.safetensors");
+  ASSERT_TRUE(WriteSafetensors(target, {}).ok());
+  const std::string path = TempPath("link.safetensors");
+  ASSERT_EQ(symlink(target.c_str(), path.c_str()), 0);
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kPermissionDenied, path,
+              "is a symbolic link");
+}
+
+TEST(Safetensors, ReadSafetensors_HeaderNotJson_IsInvalid) {
+  ExpectRefused("not_json.safetensors", "{\"a\": ", 0, "the header is not valid JSON");
+  ExpectRefused("binary.safetensors", std::string("\x01\x02\xff{", 4), 0,
+                "the header is not valid JSON");
+}
+
+TEST(Safetensors, ReadSafetensors_HeaderJsonArray_IsInvalid) {
+  ExpectRefused("array.safetensors", "[1, 2, 3]", 0,
+                "the header is a JSON array, expected an object");
+  ExpectRefused("number.safetensors", "42", 0, "the header is a JSON number, expected an object");
+}
+
+TEST(Safetensors, ReadSafetensors_NegativeShape_IsInvalidNamingTensor) {
+  ExpectRefused("negative_shape.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [-3, 4], "data_offsets": [0, 48]}})", 48,
+                "tensor 'w' shape[0] is -3, negative");
+}
+
+TEST(Safetensors, ReadSafetensors_NonIntegerShape_IsInvalidNamingTensor) {
+  ExpectRefused("float_shape.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}})", 4,
+                "tensor 'w' shape[0] is 1.5, not a non-negative integer");
+  ExpectRefused("string_shape.safetensors",
+                R"({"w": {"dtype": "F32", "shape": "[1]", "data_offsets": [0, 4]}})", 4,
+                "tensor 'w' has a shape that is a JSON string");
+}
+
+TEST(Safetensors, ReadSafetensors_ShapeOverflow_IsInvalidNamingTensor) {
+  // 2^32 * 2^32 elements = 2^64: wraps to 0, which [0, 0] would match if unchecked.
+  ExpectRefused("overflow.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], )"
+                R"("data_offsets": [0, 0]}})",
+                0, "tensor 'w' shape [4294967296,4294967296] has more elements than fit");
+  // 2^62 elements of 4 bytes.
+  ExpectRefused("overflow_bytes.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [4611686018427387904], )"
+                R"("data_offsets": [0, 0]}})",
+                0, "tensor 'w' shape [4611686018427387904] needs more bytes than fit");
+}
+
+TEST(Safetensors, ReadSafetensors_OffsetsOutOfRange_IsInvalidNamingTensor) {
+  ExpectRefused("out_of_range.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 8,
+                "tensor 'w' data_offsets [4, 12] lie outside the 8 bytes of data");
+  ExpectRefused("reversed.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}})", 8,
+                "tensor 'w' data_offsets [8, 4] lie outside");
+  ExpectRefused("negative_offset.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}})", 8,
+                "tensor 'w' has data_offsets [-4,0], expected [begin, end]");
+}
+
+TEST(Safetensors, ReadSafetensors_OverlappingTensors_IsInvalidNamingBoth) {
+  ExpectRefused("overlap.safetensors",
+                R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+                R"( "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                12, "tensor 'a' [0, 8] and tensor 'b' [4, 12] overlap");
+}
+
+TEST(Safetensors, ReadSafetensors_OffsetsDisagreeWithShape_IsInvalidNamingTensor) {
+  ExpectRefused("wrong_size.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
+                "tensor 'w' data_offsets [0, 8] hold 8 bytes, its shape [3] needs 12");
+}
+
+TEST(Safetensors, ReadSafetensors_OtherDtype_IsInvalidNamingTensor) {
+  ExpectRefused("f16.safetensors",
+                R"({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", 4,
+                "tensor 'w' has dtype \"F16\", expected \"F32\"");
+}
+
+TEST(Safetensors, ReadSafetensors_MissingField_IsInvalidNamingIt) {
+  ExpectRefused("no_offsets.safetensors", R"({"w": {"dtype": "F32", "shape": [1]}})", 4,
+                "tensor 'w' lacks data_offsets");
+  ExpectRefused("not_object.safetensors", R"({"w": 3})", 0,
+                "tensor 'w' is a JSON number, expected an object");
+}
+
+TEST(Safetensors, ReadSafetensors_DuplicateKeys_AreInvalid) {
+  ExpectRefused("dup_tensor.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                8, "the key 'w' appears twice");
+  ExpectRefused("dup_field.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [1], "shape": [2], "data_offsets": [0, 4]}})",
+                8, "'w' has the key 'shape' twice");
+}
+
+TEST(Safetensors, ReadSafetensors_MetadataWithNonString_IsInvalidNamingKey) {
+  ExpectRefused("meta_number.safetensors", R"({"__metadata__": {"step": 7}})", 0,
+                "__metadata__ 'step' is a JSON number, expected a string");
+  ExpectRefused("meta_array.safetensors", R"({"__metadata__": ["a"]})", 0,
+                "'__metadata__' is a JSON array, expected an object");
+  ExpectRefused("meta_string.safetensors", R"({"__metadata__": "x"})", 0,
+                "__metadata__ is a JSON string, expected an object of strings");
+}
+
+TEST(Safetensors, ReadSafetensors_DeepNesting_IsInvalid) {
+  ExpectRefused("deep.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [[[[1]]]], "data_offsets": [0, 4]}})", 4,
+                "'w' field 'shape' nests arrays too deeply");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ExpectRefused("very_deep.safetensors", "{\"w\": {\"x\": " + deep + "}}", 0,
+                "nests arrays too deeply");
+}
+
+TEST(Safetensors, ReadSafetensors_LongShape_IsInvalid) {
+  std::string shape = "1";
+  for (int i = 0; i < 100; ++i) shape += ", 1";
+  ExpectRefused("long_shape.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [)" + shape + R"(], "data_offsets": [0, 4]}})",
+                4, "'w' field 'shape' has more than 64 elements");
+}
+
+// A header of `count` empty tensors and a __metadata__.
+std::string ManyTensors(int count) {
+  std::string header = R"({"__metadata__":{"k":"v"})";
+  for (int i = 0; i < count; ++i) {
+    absl::StrAppend(&header, ",\"t", i, R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})");
+  }
+  return header + "}";
+}
+
+TEST(Safetensors, ReadSafetensors_TooManyTensors_IsInvalid) {
+  ExpectRefused("many.safetensors", ManyTensors(100001), 0, "more than 100000 tensors");
+}
+
+TEST(Safetensors, ReadSafetensors_TensorCountAtTheCap_IsRead) {
+  const std::string path = TempPath("at_cap.safetensors");
+  WriteRaw(path, Raw(ManyTensors(100000), 0));
+  auto read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 100000u);
+}
+
+TEST(Safetensors, ReadSafetensors_NonFiniteWithRequireFinite_IsInvalidNamingTensorAndIndex) {
+  TensorMap tensors;
+  tensors["ok"] = {{2}, {1, 2}};
+  tensors["w"] = {{3}, {1, 2, std::numeric_limits<float>::quiet_NaN()}};
+  const std::string path = TempPath("nan.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  EXPECT_TRUE(ReadSafetensors(path).ok()) << "NaN is allowed unless refused";
+  SafetensorsReadOptions options;
+  options.require_finite = true;
+  ExpectError(ReadSafetensors(path, nullptr, options).status(),
+              absl::StatusCode::kInvalidArgument, path, "tensor 'w' holds nan at index 2");
+
+  tensors["w"].values[0] = -std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  ExpectError(ReadSafetensors(path, nullptr, options).status(),
+              absl::StatusCode::kInvalidArgument, path, "tensor 'w' holds -inf at index 0");
+}
+
+TEST(Safetensors, WriteSafetensors_NoReplaceOverExistingFile_IsAlreadyExistsAndKeepsIt) {
+  const std::string path = TempPath("existing.safetensors");
+  TensorMap first;
+  first["a"] = {{1}, {1}};
+  ASSERT_TRUE(WriteSafetensors(path, first).ok());
+  TensorMap second;
+  second["a"] = {{1}, {2}};
+  SafetensorsWriteOptions options;
+  options.replace_existing = false;
+  absl::Status status = WriteSafetensors(path, second, {}, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  EXPECT_EQ(status.message(), path + " exists");
+  auto read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->at("a").values, (std::vector<float>{1}));
+
+  // The default replaces, as before.
+  ASSERT_TRUE(WriteSafetensors(path, second).ok());
+  EXPECT_EQ(ReadSafetensors(path)->at("a").values, (std::vector<float>{2}));
+}
+
+TEST(Safetensors, WriteSafetensors_NoReplaceToNewPath_Writes) {
+  const std::string path = TempPath("fresh.safetensors");
+  TensorMap tensors;
+  tensors["a"] = {{1}, {5}};
+  SafetensorsWriteOptions options;
+  options.replace_existing = false;
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {}, options).ok());
+  EXPECT_EQ(ReadSafetensors(path)->at("a").values, (std::vector<float>{5}));
+}
+
+TEST(Safetensors, WriteSafetensors_ValuesDoNotMatchShape_IsInvalidNamingTensor) {
+  const std::string path = TempPath("mismatch.safetensors");
+  TensorMap tensors;
+  tensors["w"] = {{2, 2}, {1, 2, 3}};
+  ExpectError(WriteSafetensors(path, tensors), absl::StatusCode::kInvalidArgument, path,
+              "tensor 'w' has shape [2, 2] but 3 values");
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "nothing is written";
 }
 
 }  // namespace

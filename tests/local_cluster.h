@@ -72,6 +72,7 @@ class LocalCluster {
   v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }
+  pid_t coordinator_pid() const { return coordinator_pid_; }
   // Waits up to timeout_s for worker `index` to exit; returns its exit code (-1 if it did not
   // exit normally or in time).
   int WaitForWorkerExit(int index, double timeout_s);

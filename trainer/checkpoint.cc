@@ -1,8 +1,11 @@
 #include "trainer/checkpoint.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -15,13 +18,86 @@ constexpr char kFormat[] = "mptrain-checkpoint-v1";
 
 std::string HexFloat(double value) { return absl::StrFormat("%a", value); }
 
-absl::StatusOr<double> ParseHexFloat(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == nullptr || *end != '\0') {
-    return absl::InvalidArgumentError(absl::StrCat("metadata ", what, " is not a number"));
+// The __metadata__ of one checkpoint file, each value parsed strictly: a value that does not
+// parse whole, overflows or is out of range is an error naming the file and the key, never a
+// silently clamped number or an exception.
+class MetadataFields {
+ public:
+  MetadataFields(const std::string& path, const std::map<std::string, std::string>& metadata)
+      : path_(path), metadata_(metadata) {}
+
+  absl::StatusOr<std::string> String(const std::string& key) const {
+    auto it = metadata_.find(key);
+    if (it == metadata_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": not a training checkpoint (no ", key, " in __metadata__)"));
+    }
+    return it->second;
   }
-  return value;
+
+  // A decimal integer ('-' and digits only: no spaces, '+' or hex) in [min, max].
+  absl::StatusOr<int64_t> Integer(const std::string& key, int64_t min, int64_t max) const {
+    absl::StatusOr<std::string> text = String(key);
+    if (!text.ok()) return text.status();
+    const std::string& s = *text;
+    const bool negative = !s.empty() && s[0] == '-';
+    const size_t first = negative ? 1 : 0;
+    if (s.size() == first || s.size() > 40) return Malformed(key, s, "not a decimal integer");
+    int64_t value = 0;
+    for (size_t i = first; i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9') return Malformed(key, s, "not a decimal integer");
+      const int64_t digit = s[i] - '0';
+      // Accumulated with the sign, so that INT64_MIN parses too.
+      if (__builtin_mul_overflow(value, int64_t{10}, &value) ||
+          (negative ? __builtin_sub_overflow(value, digit, &value)
+                    : __builtin_add_overflow(value, digit, &value))) {
+        return Malformed(key, s, "too large for int64");
+      }
+    }
+    if (value < min || value > max) {
+      return Malformed(key, s, absl::StrCat("out of range [", min, ", ", max, "]"));
+    }
+    return value;
+  }
+
+  // A finite float > 0, written as C99 hex (or decimal) floating point.
+  absl::StatusOr<float> PositiveFloat(const std::string& key) const {
+    absl::StatusOr<std::string> text = String(key);
+    if (!text.ok()) return text.status();
+    const std::string& s = *text;
+    // strtod would skip leading spaces; refuse them as the integers do.
+    if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) {
+      return Malformed(key, s, "not a number");
+    }
+    errno = 0;
+    char* end = nullptr;
+    const double value = std::strtod(s.c_str(), &end);
+    if (end != s.c_str() + s.size()) return Malformed(key, s, "not a number");
+    // Range-checked before narrowing: a double beyond FLT_MAX has no float value.
+    if (errno == ERANGE || !std::isfinite(value) || !(value > 0) ||
+        value > std::numeric_limits<float>::max() ||
+        static_cast<float>(value) == 0) {
+      return Malformed(key, s, "expected a finite float > 0");
+    }
+    return static_cast<float>(value);
+  }
+
+ private:
+  absl::Status Malformed(const std::string& key, const std::string& text,
+                         const std::string& why) const {
+    const std::string shown = text.size() <= 40 ? text : text.substr(0, 37) + "...";
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": __metadata__ ", key, " is '", shown, "': ", why));
+  }
+
+  const std::string& path_;
+  const std::map<std::string, std::string>& metadata_;
+};
+
+SafetensorsReadOptions FiniteOnly() {
+  SafetensorsReadOptions options;
+  options.require_finite = true;
+  return options;
 }
 
 }  // namespace
@@ -31,7 +107,8 @@ std::string CheckpointPath(const std::string& directory, int64_t step) {
 }
 
 absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
-                                     const TrainingCheckpoint& checkpoint) {
+                                     const TrainingCheckpoint& checkpoint,
+                                     const SafetensorsWriteOptions& options) {
   TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
   for (auto& [name, tensor] : ParametersToTensors(layout, checkpoint.momentum)) {
     tensors["momentum." + name] = std::move(tensor);
@@ -46,22 +123,16 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
       {"skipped_total", absl::StrCat(state.skipped_total)},
       {"steps_done", absl::StrCat(state.steps_done)},
   };
-  return WriteSafetensors(path, tensors, metadata);
+  return WriteSafetensors(path, tensors, metadata, options);
 }
 
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& path,
                                                           const ParameterLayout& layout) {
   std::map<std::string, std::string> metadata;
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata));
-  auto field = [&](const std::string& key) -> absl::StatusOr<std::string> {
-    auto it = metadata.find(key);
-    if (it == metadata.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": not a training checkpoint (no ", key, " in __metadata__)"));
-    }
-    return it->second;
-  };
-  ASSIGN_OR_RETURN(std::string format, field("format"));
+  // A resumed run must not inherit NaN weights or momentum: they would poison every step.
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly()));
+  const MetadataFields fields(path, metadata);
+  ASSIGN_OR_RETURN(std::string format, fields.String("format"));
   if (format != kFormat) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": format ", format, ", expected ",
                                                    kFormat));
@@ -73,23 +144,23 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& pat
     if (name.rfind("momentum.", 0) == 0) momentum[name.substr(9)] = tensor;
   }
   ASSIGN_OR_RETURN(checkpoint.momentum, TensorsToParameters(layout, momentum, path + " (momentum)"));
-  int64_t growth_tracker = 0;
-  bool ok = true;
-  ASSIGN_OR_RETURN(std::string step, field("step"));
-  ASSIGN_OR_RETURN(std::string cursor, field("data_cursor"));
-  ASSIGN_OR_RETURN(std::string tracker, field("growth_tracker"));
-  ASSIGN_OR_RETURN(std::string skipped, field("skipped_total"));
-  ASSIGN_OR_RETURN(std::string steps_done, field("steps_done"));
-  ASSIGN_OR_RETURN(std::string scale_text, field("scale"));
-  ok = absl::SimpleAtoi(step, &checkpoint.step) && absl::SimpleAtoi(cursor, &checkpoint.data_cursor) &&
-       absl::SimpleAtoi(tracker, &growth_tracker) &&
-       absl::SimpleAtoi(skipped, &checkpoint.step_state.skipped_total) &&
-       absl::SimpleAtoi(steps_done, &checkpoint.step_state.steps_done);
-  if (!ok) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed metadata"));
-  ASSIGN_OR_RETURN(double scale, ParseHexFloat(scale_text, "scale"));
-  checkpoint.step_state.scale = static_cast<float>(scale);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(checkpoint.step, fields.Integer("step", 0, kMax));
+  ASSIGN_OR_RETURN(checkpoint.data_cursor, fields.Integer("data_cursor", 0, kMax));
+  ASSIGN_OR_RETURN(int64_t growth_tracker,
+                   fields.Integer("growth_tracker", 0, std::numeric_limits<int32_t>::max()));
   checkpoint.step_state.growth_tracker = static_cast<int32_t>(growth_tracker);
+  ASSIGN_OR_RETURN(checkpoint.step_state.skipped_total, fields.Integer("skipped_total", 0, kMax));
+  ASSIGN_OR_RETURN(checkpoint.step_state.steps_done, fields.Integer("steps_done", 0, kMax));
+  ASSIGN_OR_RETURN(checkpoint.step_state.scale, fields.PositiveFloat("scale"));
   return checkpoint;
+}
+
+absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
+                                                         const ParameterLayout& layout) {
+  // A run started from NaN weights would report every step as skipped or diverged, not fail.
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly()));
+  return TensorsToParameters(layout, tensors, path);
 }
 
 }  // namespace mptrain

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "io/safetensors.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/step_math.h"
 
@@ -27,12 +28,24 @@ struct TrainingCheckpoint {
 // The file of step `step` in `directory`: <directory>/step-00000100.safetensors.
 std::string CheckpointPath(const std::string& directory, int64_t step);
 
+// `options.replace_existing = false` makes an existing file at `path` an ALREADY_EXISTS error
+// instead of being replaced; otherwise the errors of WriteSafetensors.
 absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
-                                     const TrainingCheckpoint& checkpoint);
+                                     const TrainingCheckpoint& checkpoint,
+                                     const SafetensorsWriteOptions& options = {});
 
-// NOT_FOUND / INVALID_ARGUMENT naming the file when it is missing, malformed or does not fit
-// the model.
+// The errors of ReadSafetensors (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT naming the
+// file), and INVALID_ARGUMENT naming the file and the tensor or metadata key when a tensor is
+// missing, has the wrong shape or holds a NaN or Inf (parameters or momentum), or a metadata
+// value is missing or malformed: step, data_cursor, skipped_total and steps_done must be
+// decimal integers >= 0, growth_tracker one in [0, 2^31), scale a finite float > 0.
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& path,
                                                           const ParameterLayout& layout);
+
+// The parameters a run starts from (JobSpec.init_checkpoint): layers.{i}.weight / .bias of the
+// shapes in `layout`, all finite. The errors of ReadSafetensors, and INVALID_ARGUMENT naming
+// the file and the tensor when one is missing, has the wrong shape or holds a NaN or Inf.
+absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
+                                                         const ParameterLayout& layout);
 
 }  // namespace mptrain

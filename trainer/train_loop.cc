@@ -73,8 +73,7 @@ absl::StatusOr<std::vector<float>> InitialParameters(const v1::JobSpec& spec,
   if (spec.init_checkpoint().empty()) {
     return InitializeParameters(layout, static_cast<uint64_t>(spec.seed()));
   }
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(spec.init_checkpoint()));
-  return TensorsToParameters(layout, tensors, spec.init_checkpoint());
+  return ReadInitialParameters(spec.init_checkpoint(), layout);
 }
 
 }  // namespace
@@ -147,7 +146,11 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     RETURN_IF_ERROR(
         backend->Download(step_state, reinterpret_cast<float*>(&checkpoint.step_state)));
     const std::string path = CheckpointPath(spec.checkpoint_dir(), step);
-    RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint));
+    // A resumed run may write again a step file its failed attempt already wrote; a fresh run
+    // never replaces a file it did not write, unless the spec says so.
+    SafetensorsWriteOptions write;
+    write.replace_existing = spec.overwrite_output() || !resume_checkpoint.empty();
+    RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     return absl::OkStatus();
   };
@@ -233,9 +236,12 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   result.skipped_steps = last.state.skipped_total;
   result.final_loss_scale = last.state.scale;
   if (rank == 0 && !spec.output_checkpoint().empty()) {
+    SafetensorsWriteOptions write;
+    write.replace_existing = spec.overwrite_output();  // Checked before training, enforced here.
     RETURN_IF_ERROR(WriteSafetensors(spec.output_checkpoint(),
                                      ParametersToTensors(mlp->layout(), result.parameters),
-                                     {{"format", "pt"}, {"steps", std::to_string(spec.steps())}}));
+                                     {{"format", "pt"}, {"steps", std::to_string(spec.steps())}},
+                                     write));
   }
   return result;
 }

@@ -1,0 +1,236 @@
+// Careless or hostile input on real processes: impossible models are refused at submit, a job
+// that cannot be placed does not block the queue, hostile data and checkpoint files fail their
+// job with a reason naming the file (never a crash or a hang of the rank), and a flood of jobs
+// keeps the coordinator small and `trainctl list` working. After each, the workers are alive
+// and take the next job.
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "tests/local_cluster.h"
+
+namespace mptrain::testing {
+namespace {
+
+// A float32 .npy file with a header written by hand (so it can lie).
+void WriteRawNpy(const std::string& path, const std::string& dict, size_t data_bytes) {
+  std::string header = dict;
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00';
+  out.put(static_cast<char>(header.size() & 0xff));
+  out.put(static_cast<char>(header.size() >> 8));
+  out << header << std::string(data_bytes, '\0');
+}
+
+int64_t RssKiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+class BadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TestTempDir() + "/bad";
+    RunCommand("rm -rf " + dir_ + " && mkdir -p " + dir_);
+    LocalCluster::Options options;
+    options.roots = dir_;
+    options.worker_flags = {"--data_root=/dev"};  // So /dev/zero passes the roots check.
+    cluster_ = std::make_unique<LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start().ok());
+    NpyMatrix features{8, 4, std::vector<float>(32, 0.5f)};
+    NpyMatrix targets{8, 2, std::vector<float>(16, 0.25f)};
+    ASSERT_TRUE(WriteNpyMatrix(dir_ + "/features.npy", features).ok());
+    ASSERT_TRUE(WriteNpyMatrix(dir_ + "/targets.npy", targets).ok());
+  }
+
+  std::string Spec(const std::string& name, const std::string& fields) {
+    return WriteSpec(name, absl::StrCat(R"({"name": ")", name, R"(", "world_size": 2,
+      "device": "cpu", "model": {"input_dim": 4, "output_dim": 2}, "micro_batch_size": 2,
+      "accumulation_steps": 1, "steps": 2, "optimizer": {"lr": 0.1}, "progress_timeout_s": 60)",
+                                        fields, "}"));
+  }
+
+  std::string NpyData(const std::string& features, const std::string& targets = "") {
+    return absl::StrCat(R"(, "data": {"npy": {"features_path": ")", features,
+                        R"(", "targets_path": ")",
+                        targets.empty() ? dir_ + "/targets.npy" : targets, R"("}})");
+  }
+
+  // The job fails within a bounded time naming `what`, and the workers take the next job.
+  void ExpectFailsNaming(const std::string& name, const std::string& fields,
+                         const std::vector<std::string>& what) {
+    SCOPED_TRACE(name);
+    const std::string job_id = cluster_->Submit(Spec(name, fields));
+    auto ended = cluster_->WaitForEnd(job_id, 30);
+    ASSERT_TRUE(ended.ok()) << ended.status() << " (a hostile file must not hang the rank)";
+    EXPECT_EQ(ended->state(), v1::FAILED);
+    for (const std::string& text : what) {
+      EXPECT_NE(ended->error().find(text), std::string::npos)
+          << "the reason must name " << text << ": " << ended->error();
+    }
+    EXPECT_EQ(ended->error().find("signal"), std::string::npos) << ended->error();
+  }
+
+  void ExpectNextJobSucceeds() {
+    CommandResult next = cluster_->Trainctl(
+        "submit " + Spec("next", NpyData(dir_ + "/features.npy")) + " --wait");
+    EXPECT_EQ(next.exit_code, 0) << next.output;
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(kill(cluster_->worker_pid(i), 0), 0) << "worker died";
+  }
+
+  std::string dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_F(BadInput, ImpossibleModels_RefusedAtSubmitWithTheEstimate) {
+  CommandResult wide = cluster_->Trainctl(
+      "submit " + WriteSpec("wide", R"({"name": "wide", "world_size": 1, "device": "cpu",
+        "model": {"input_dim": 1048576, "hidden_dims": [1048576, 1048576], "output_dim": 1048576},
+        "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 1, "accumulation_steps": 1,
+        "steps": 1, "optimizer": {"lr": 0.1}})"));
+  EXPECT_EQ(wide.exit_code, 1);
+  EXPECT_NE(wide.output.find("INVALID_ARGUMENT: the model does not fit"), std::string::npos)
+      << wide.output;
+  EXPECT_NE(wide.output.find("per rank"), std::string::npos) << wide.output;
+  CommandResult batch = cluster_->Trainctl(
+      "submit " + WriteSpec("batch", R"({"name": "batch", "world_size": 1, "device": "cpu",
+        "model": {"input_dim": 1024, "output_dim": 16}, "data": {"synthetic": {"seed": 0}},
+        "micro_batch_size": 16777216, "accumulation_steps": 1, "steps": 1,
+        "optimizer": {"lr": 0.1}})"));
+  EXPECT_EQ(batch.exit_code, 1);
+  EXPECT_NE(batch.output.find("does not fit"), std::string::npos) << batch.output;
+  CommandResult steps = cluster_->Trainctl("submit " + Spec("steps", R"(, "steps": 99999999999,
+      "data": {"synthetic": {"seed": 0}})"));
+  EXPECT_NE(steps.output.find("steps must be in [1, 1000000000]"), std::string::npos)
+      << steps.output;
+  ExpectNextJobSucceeds();
+}
+
+TEST_F(BadInput, UnplaceableJob_DoesNotBlockTheQueue) {
+  const std::string wide =
+      cluster_->Submit(Spec("three", R"(, "world_size": 3, "data": {"synthetic": {"seed": 0}})"));
+  CommandResult status = cluster_->Trainctl("status " + wide);
+  EXPECT_NE(status.output.find("needs 3 cpu slots; 2 exist"), std::string::npos)
+      << status.output;
+  const auto start = std::chrono::steady_clock::now();
+  ExpectNextJobSucceeds();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  auto still = cluster_->WaitForJob(wide, [](const v1::Job&) { return true; }, 5);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->state(), v1::PENDING);
+  // With a queue timeout it gives up by itself, saying why.
+  const std::string timed = cluster_->Submit(Spec(
+      "timed", R"(, "world_size": 3, "queue_timeout_s": 1, "data": {"synthetic": {"seed": 0}})"));
+  auto ended = cluster_->WaitForEnd(timed, 20);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::FAILED);
+  EXPECT_NE(ended->error().find("not placed within queue_timeout_s 1: needs 3 cpu slots"),
+            std::string::npos)
+      << ended->error();
+}
+
+TEST_F(BadInput, HostileDataFiles_FailTheJobNamingTheFile) {
+  mkdir((dir_ + "/a_directory.npy").c_str(), 0755);
+  mkfifo((dir_ + "/fifo.npy").c_str(), 0644);
+  WriteRawNpy(dir_ + "/negative.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (-3, 4), }", 48);
+  WriteRawNpy(dir_ + "/huge.npy",
+              "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999, 4), }", 16);
+  WriteRawNpy(dir_ + "/wraps.npy",
+              "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", 0);
+  WriteRawNpy(dir_ + "/truncated.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (8, 4), }", 20);
+  WriteRawNpy(dir_ + "/fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (8, 4), }", 128);
+  WriteRawNpy(dir_ + "/float64.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (8, 4), }", 256);
+  struct Case {
+    std::string file;
+    std::string reason;
+  };
+  int index = 0;
+  for (const Case& c : std::vector<Case>{{dir_ + "/a_directory.npy", "not a regular file"},
+                                         {dir_ + "/fifo.npy", "not a regular file"},
+                                         {"/dev/zero", "not a regular file"},
+                                         {dir_ + "/negative.npy", "-3"},
+                                         {dir_ + "/huge.npy", "99999999999999999999"},
+                                         {dir_ + "/wraps.npy", ""},
+                                         {dir_ + "/truncated.npy", ""},
+                                         {dir_ + "/fortran.npy", "ortran"},
+                                         {dir_ + "/float64.npy", "<f8"}}) {
+    ExpectFailsNaming(absl::StrCat("hostile", index++), NpyData(c.file), {c.file, c.reason});
+  }
+  ExpectNextJobSucceeds();
+}
+
+TEST_F(BadInput, HostileInitCheckpoints_FailTheJobNamingTheFile) {
+  TensorMap nan;
+  nan["layers.0.weight"] = {{2, 4}, std::vector<float>(8, std::nanf(""))};
+  nan["layers.0.bias"] = {{2}, std::vector<float>(2, 0.0f)};
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/nan.safetensors", nan).ok());
+  mkdir((dir_ + "/dir.safetensors").c_str(), 0755);
+  std::ofstream(dir_ + "/garbage.safetensors") << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8)
+                                               << "not json";
+  const std::string synthetic = R"(, "data": {"synthetic": {"seed": 0}})";
+  ExpectFailsNaming("nan", synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/nan.safetensors")",
+                    {"nan.safetensors", "layers.0.weight"});
+  ExpectFailsNaming("dir", synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/dir.safetensors")",
+                    {"dir.safetensors", "not a regular file"});
+  ExpectFailsNaming("garbage",
+                    synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/garbage.safetensors")",
+                    {"garbage.safetensors"});
+  ExpectNextJobSucceeds();
+}
+
+TEST_F(BadInput, FiveThousandQueuedJobs_CoordinatorStaysSmallAndListWorks) {
+  // Jobs for a device kind nobody has: they all wait.
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_name("flood");
+  request.mutable_spec()->set_world_size(1);
+  request.mutable_spec()->set_device(v1::CUDA);
+  request.mutable_spec()->mutable_model()->set_input_dim(4);
+  request.mutable_spec()->mutable_model()->set_output_dim(2);
+  request.mutable_spec()->mutable_data()->mutable_synthetic()->set_seed(0);
+  request.mutable_spec()->set_micro_batch_size(2);
+  request.mutable_spec()->set_accumulation_steps(1);
+  request.mutable_spec()->set_steps(1);
+  request.mutable_spec()->mutable_optimizer()->set_lr(0.1);
+  const int64_t rss_before = RssKiB(cluster_->coordinator_pid());
+  for (int i = 0; i < 5000; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::SubmitJobResponse response;
+    ASSERT_TRUE(cluster_->coordinator()->SubmitJob(&context, request, &response).ok()) << i;
+  }
+  const int64_t rss_after = RssKiB(cluster_->coordinator_pid());
+  EXPECT_LT(rss_after - rss_before, 200 * 1024) << "KiB grown for 5,000 queued jobs";
+  CommandResult list = cluster_->Trainctl("list");
+  EXPECT_EQ(list.exit_code, 0) << list.output.substr(0, 1000);
+  std::vector<std::string> lines = absl::StrSplit(list.output, '\n', absl::SkipEmpty());
+  EXPECT_EQ(lines.size(), 5001u) << "a header and 5,000 jobs";
+  CommandResult pending = cluster_->Trainctl("--state=pending --limit=10 list");
+  EXPECT_EQ(pending.exit_code, 0);
+  lines = absl::StrSplit(pending.output, '\n', absl::SkipEmpty());
+  EXPECT_EQ(lines.size(), 11u);
+  CommandResult status = cluster_->Trainctl("status job-5000");
+  EXPECT_NE(status.output.find("no live cuda worker"), std::string::npos) << status.output;
+  std::cout << "coordinator RSS " << rss_before << " KiB -> " << rss_after
+            << " KiB after 5,000 jobs\n";
+}
+
+}  // namespace
+}  // namespace mptrain::testing

@@ -1,0 +1,201 @@
+#include "trainer/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "io/safetensors.h"
+#include "trainer/parameter_layout.h"
+
+namespace mptrain {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+}
+
+// One Linear layer 3 -> 2: weight [2, 3] at 0, bias [2] at 6.
+ParameterLayout SmallLayout() {
+  ParameterLayout layout;
+  layout.layers.push_back(LayerLayout{3, 2, 0, 6});
+  layout.total = 8;
+  return layout;
+}
+
+TrainingCheckpoint SmallCheckpoint() {
+  TrainingCheckpoint checkpoint;
+  checkpoint.step = 12;
+  checkpoint.data_cursor = 5;
+  checkpoint.parameters = {0.5f, -1, 2, 3, 4, 5, 6, 7};
+  checkpoint.momentum = {0.25f, 0, 0, 1, 0, 0, 0, -2};
+  checkpoint.step_state.scale = 0x1.8p+14f;
+  checkpoint.step_state.growth_tracker = 3;
+  checkpoint.step_state.skipped_total = 2;
+  checkpoint.step_state.steps_done = 12;
+  return checkpoint;
+}
+
+// The metadata WriteTrainingCheckpoint writes for SmallCheckpoint(), for tests to spoil.
+std::map<std::string, std::string> ValidMetadata() {
+  return {{"format", "mptrain-checkpoint-v1"}, {"step", "12"},         {"data_cursor", "5"},
+          {"scale", "0x1.8p+14"},              {"growth_tracker", "3"}, {"skipped_total", "2"},
+          {"steps_done", "12"}};
+}
+
+// Writes SmallCheckpoint()'s tensors with `metadata`; returns the path.
+std::string WriteWithMetadata(const std::string& name,
+                              const std::map<std::string, std::string>& metadata) {
+  const ParameterLayout layout = SmallLayout();
+  const TrainingCheckpoint checkpoint = SmallCheckpoint();
+  TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
+  for (auto& [tensor_name, tensor] : ParametersToTensors(layout, checkpoint.momentum)) {
+    tensors["momentum." + tensor_name] = tensor;
+  }
+  const std::string path = TempPath(name);
+  EXPECT_TRUE(WriteSafetensors(path, tensors, metadata).ok());
+  return path;
+}
+
+void ExpectInvalid(const absl::Status& status, const std::string& path,
+                   const std::string& fragment) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  const std::string message(status.message());
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find(fragment), std::string::npos) << "no '" << fragment << "' in " << message;
+}
+
+// Expects ReadTrainingCheckpoint to refuse the checkpoint whose metadata `key` is `value`.
+void ExpectMetadataRefused(const std::string& key, const std::string& value,
+                           const std::string& fragment) {
+  std::map<std::string, std::string> metadata = ValidMetadata();
+  metadata[key] = value;
+  const std::string path = WriteWithMetadata("bad_" + key + ".safetensors", metadata);
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path, fragment);
+}
+
+TEST(Checkpoint, WriteThenRead_RoundTripsEverything) {
+  const std::string path = TempPath("roundtrip.safetensors");
+  const TrainingCheckpoint written = SmallCheckpoint();
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), written).ok());
+  auto read = ReadTrainingCheckpoint(path, SmallLayout());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->step, 12);
+  EXPECT_EQ(read->data_cursor, 5);
+  EXPECT_EQ(read->parameters, written.parameters);
+  EXPECT_EQ(read->momentum, written.momentum);
+  EXPECT_EQ(read->step_state.scale, written.step_state.scale);
+  EXPECT_EQ(read->step_state.growth_tracker, 3);
+  EXPECT_EQ(read->step_state.skipped_total, 2);
+  EXPECT_EQ(read->step_state.steps_done, 12);
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTensor) {
+  TrainingCheckpoint checkpoint = SmallCheckpoint();
+  checkpoint.parameters[7] = std::numeric_limits<float>::quiet_NaN();  // bias[1]
+  const std::string path = TempPath("nan_parameter.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
+                "tensor 'layers.0.bias' holds nan at index 1");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor) {
+  TrainingCheckpoint checkpoint = SmallCheckpoint();
+  checkpoint.momentum[4] = std::numeric_limits<float>::infinity();  // weight[1][1]
+  const std::string path = TempPath("inf_momentum.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
+                "tensor 'momentum.layers.0.weight' holds inf at index 4");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_Directory_IsInvalidNotARegularFile) {
+  const std::string path = TempPath("checkpoint_dir.safetensors");
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path, "not a regular file");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_MissingKey_IsInvalidNamingIt) {
+  std::map<std::string, std::string> metadata = ValidMetadata();
+  metadata.erase("data_cursor");
+  const std::string path = WriteWithMetadata("no_cursor.safetensors", metadata);
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
+                "no data_cursor in __metadata__");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_NegativeStepOrCursor_IsInvalid) {
+  ExpectMetadataRefused("step", "-1", "__metadata__ step is '-1': out of range");
+  ExpectMetadataRefused("data_cursor", "-5", "__metadata__ data_cursor is '-5': out of range");
+  ExpectMetadataRefused("skipped_total", "-2", "__metadata__ skipped_total is '-2'");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_MalformedInteger_IsInvalidNamingKey) {
+  ExpectMetadataRefused("step", "12abc", "__metadata__ step is '12abc': not a decimal integer");
+  ExpectMetadataRefused("step", " 12", "__metadata__ step is ' 12': not a decimal integer");
+  ExpectMetadataRefused("step", "+12", "__metadata__ step is '+12': not a decimal integer");
+  ExpectMetadataRefused("step", "", "__metadata__ step is '': not a decimal integer");
+  ExpectMetadataRefused("steps_done", "1e3", "__metadata__ steps_done is '1e3'");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_IntegerOverflow_IsInvalidNamingKey) {
+  ExpectMetadataRefused("step", "99999999999999999999",
+                        "__metadata__ step is '99999999999999999999': too large for int64");
+  ExpectMetadataRefused("growth_tracker", "2147483648",
+                        "__metadata__ growth_tracker is '2147483648': out of range");
+}
+
+TEST(Checkpoint, ReadTrainingCheckpoint_BadScale_IsInvalidNamingKey) {
+  ExpectMetadataRefused("scale", "nan", "__metadata__ scale is 'nan'");
+  ExpectMetadataRefused("scale", "inf", "__metadata__ scale is 'inf'");
+  ExpectMetadataRefused("scale", "0x0p+0", "__metadata__ scale is '0x0p+0'");
+  ExpectMetadataRefused("scale", "-0x1p+0", "__metadata__ scale is '-0x1p+0'");
+  ExpectMetadataRefused("scale", "0x1p+200", "finite float > 0");  // Overflows float.
+  ExpectMetadataRefused("scale", "0x1p+0junk", "__metadata__ scale is '0x1p+0junk': not a number");
+}
+
+TEST(Checkpoint, WriteTrainingCheckpoint_NoReplaceOverExisting_IsAlreadyExists) {
+  const std::string path = TempPath("no_replace.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), SmallCheckpoint()).ok());
+  SafetensorsWriteOptions options;
+  options.replace_existing = false;
+  absl::Status status = WriteTrainingCheckpoint(path, SmallLayout(), SmallCheckpoint(), options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  EXPECT_NE(std::string(status.message()).find(path), std::string::npos) << status;
+}
+
+TEST(Checkpoint, ReadInitialParameters_Finite_ReturnsFlatParameters) {
+  const std::vector<float> parameters = {1, 2, 3, 4, 5, 6, -7, 8};
+  const std::string path = TempPath("init.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, ParametersToTensors(SmallLayout(), parameters)).ok());
+  auto read = ReadInitialParameters(path, SmallLayout());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, parameters);
+}
+
+TEST(Checkpoint, ReadInitialParameters_NaN_IsInvalidNamingFileAndTensor) {
+  std::vector<float> parameters = {1, 2, 3, 4, 5, 6, 7, 8};
+  parameters[2] = std::numeric_limits<float>::quiet_NaN();  // weight[0][2]
+  const std::string path = TempPath("init_nan.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, ParametersToTensors(SmallLayout(), parameters)).ok());
+  ExpectInvalid(ReadInitialParameters(path, SmallLayout()).status(), path,
+                "tensor 'layers.0.weight' holds nan at index 2");
+}
+
+TEST(Checkpoint, ReadInitialParameters_Directory_IsInvalidNotARegularFile) {
+  const std::string path = TempPath("init_dir.safetensors");
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  ExpectInvalid(ReadInitialParameters(path, SmallLayout()).status(), path, "not a regular file");
+}
+
+TEST(Checkpoint, ReadInitialParameters_WrongShape_IsInvalidNamingTensor) {
+  TensorMap tensors = ParametersToTensors(SmallLayout(), std::vector<float>(8, 1));
+  tensors["layers.0.bias"] = {{3}, {1, 2, 3}};
+  const std::string path = TempPath("init_shape.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  ExpectInvalid(ReadInitialParameters(path, SmallLayout()).status(), path,
+                "tensor layers.0.bias has shape [3]");
+}
+
+}  // namespace
+}  // namespace mptrain
