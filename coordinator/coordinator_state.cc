@@ -89,6 +89,165 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options) : options_(std::m
   if (!options_.now_ms) options_.now_ms = SystemNowMs;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mutations and the job store
+// ---------------------------------------------------------------------------------------------
+
+void CoordinatorState::FinishMutation() {
+  if (schedule_) {
+    schedule_ = false;
+    TrySchedule();
+  }
+  if (options_.store != nullptr && (!dirty_jobs_.empty() || !pending_batch_.empty())) {
+    for (const std::string& job_id : dirty_jobs_) {
+      if (const JobRecord* record = FindJob(job_id)) {
+        pending_batch_.jobs.push_back(ToStored(*record));
+      }
+    }
+    if (absl::Status status = options_.store->Commit(pending_batch_); !status.ok()) {
+      // The state in memory is still right; what a restart would lose is said loudly.
+      spdlog::error("could not write the job store (a coordinator restart would lose the "
+                    "last changes): {}",
+                    status.ToString());
+    }
+  }
+  dirty_jobs_.clear();
+  pending_batch_ = JobStore::Batch();
+  if (wake_) {
+    wake_ = false;
+    changed_.notify_all();
+  }
+}
+
+store::StoredJob CoordinatorState::ToStored(const JobRecord& record) const {
+  store::StoredJob stored;
+  *stored.mutable_job() = record.job;
+  stored.mutable_job()->clear_spec();  // Written once, when the job was new.
+  stored.set_number(record.number);
+  stored.set_queued_since_ms(record.queued_since_ms);
+  stored.set_rank_memory_bytes(record.rank_memory_bytes);
+  stored.set_attempt(record.attempt);
+  for (const auto& [attempt, secrets] : record.rank_secrets) {
+    auto& out = (*stored.mutable_rank_secrets())[attempt];
+    for (const std::string& secret : secrets) out.add_secret(secret);
+  }
+  for (const auto& [key, value] : record.kv.values()) (*stored.mutable_kv())[key] = value;
+  stored.set_last_sequence(record.events.last_sequence());
+  return stored;
+}
+
+absl::Status CoordinatorState::Restore() {
+  if (options_.store == nullptr) return absl::OkStatus();
+  absl::StatusOr<JobStore::Snapshot> snapshot = options_.store->Load();
+  if (!snapshot.ok()) return snapshot.status();
+  Mutation mutation(this);
+  const int64_t now = options_.now_ms();
+  next_job_number_ = std::max<int64_t>(next_job_number_, snapshot->next_job_number);
+  std::vector<JobRecord*> finished;
+  int running = 0;
+  for (store::StoredJob& stored : snapshot->jobs) {
+    auto record = std::make_unique<JobRecord>(options_);
+    record->job = stored.job();
+    *record->job.mutable_spec() = snapshot->specs[stored.number()];
+    record->number = stored.number();
+    record->queued_since_ms = stored.queued_since_ms();
+    record->rank_memory_bytes = stored.rank_memory_bytes();
+    record->attempt = stored.attempt();
+    for (const auto& [attempt, secrets] : stored.rank_secrets()) {
+      record->rank_secrets[attempt].assign(secrets.secret().begin(), secrets.secret().end());
+    }
+    for (const auto& [key, value] : stored.kv()) record->kv.Set(key, value).IgnoreError();
+    auto& events = snapshot->events[stored.number()];
+    record->events.Restore(std::move(events), stored.last_sequence());
+    record->ranks.resize(record->job.spec().world_size());
+    for (const v1::RankProgress& progress : record->job.progress()) {
+      if (progress.rank() < 0 || progress.rank() >= static_cast<int>(record->ranks.size())) {
+        continue;
+      }
+      RankRecord& rank = record->ranks[progress.rank()];
+      rank.result_reported = progress.finished() || !progress.error().empty();
+      rank.checksum = progress.parameter_checksum();
+      rank.step = progress.step();
+      rank.last_report_ms = rank.last_progress_ms = now;
+    }
+    next_job_number_ = std::max(next_job_number_, record->number + 1);
+    const std::string job_id = record->job.job_id();
+    if (!record->job.request_id().empty()) job_by_request_id_[record->job.request_id()] = job_id;
+    job_order_[record->number] = job_id;
+    JobRecord* raw = record.get();
+    jobs_[job_id] = std::move(record);
+    if (raw->job.state() == v1::PENDING) {
+      pending_.push_back(job_id);
+    } else if (IsTerminal(raw->job.state())) {
+      finished.push_back(raw);
+    } else if (raw->job.state() == v1::RUNNING) {
+      // Its ranks may well be training still: their workers will report them.
+      ++running;
+      for (size_t rank = 0; rank < raw->ranks.size(); ++rank) {
+        if (!raw->ranks[rank].result_reported) raw->awaiting_adoption.insert(rank);
+      }
+      raw->adopt_deadline_ms = now + options_.adopt_grace_ms;
+    }
+  }
+  std::sort(finished.begin(), finished.end(), [](const JobRecord* a, const JobRecord* b) {
+    return a->job.finished_unix_ms() < b->job.finished_unix_ms();
+  });
+  for (const JobRecord* record : finished) finished_.push_back(record->job.job_id());
+  spdlog::info("restored {} job(s) from the job store: {} running (awaiting their ranks for up "
+               "to {} s), {} pending, {} ended; next job number {}",
+               jobs_.size(), running, options_.adopt_grace_ms / 1000.0, pending_.size(),
+               finished_.size(), next_job_number_);
+  return absl::OkStatus();
+}
+
+void CoordinatorState::AdoptRunningRanks(WorkerRecord* worker,
+                                         const v1::PollAssignmentsRequest& request) {
+  for (const v1::Assignment& running : request.running()) {
+    JobRecord* record = FindJob(running.job_id());
+    if (record == nullptr || record->job.state() != v1::RUNNING ||
+        record->attempt != running.attempt() ||
+        !record->awaiting_adoption.count(running.rank()) ||
+        // Proof that this worker runs the rank: it holds the rank's secret.
+        !CheckRankSecret(*record, running.attempt(), running.rank(), running.rank_secret())
+             .ok()) {
+      continue;
+    }
+    const int slot = running.device_index();
+    if (slot < 0 || slot >= worker->info.slots() || worker->busy_slots.count(slot)) continue;
+    worker->busy_slots[slot] = BusySlot{record->job.job_id(), running.rank(), record->attempt};
+    for (v1::RankPlacement& placement : *record->job.mutable_placement()) {
+      if (placement.rank() != running.rank()) continue;
+      placement.set_worker_id(worker->info.worker_id());
+      placement.set_host(worker->info.host());
+      placement.set_device_index(slot);
+    }
+    record->awaiting_adoption.erase(running.rank());
+    spdlog::info("job {}: rank {} re-adopted on worker {}{}", record->job.job_id(),
+                 running.rank(), worker->info.worker_id(),
+                 record->awaiting_adoption.empty() ? " (every rank is back)" : "");
+    Touch(record);
+  }
+}
+
+void CoordinatorState::ExpireAdoptions(int64_t now) {
+  for (auto& [id, record] : jobs_) {
+    if (record->job.state() != v1::RUNNING || record->awaiting_adoption.empty() ||
+        now < record->adopt_deadline_ms) {
+      continue;
+    }
+    std::string ranks;
+    for (int rank : record->awaiting_adoption) {
+      absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", rank);
+    }
+    record->awaiting_adoption.clear();
+    FailJob(record.get(),
+            absl::StrFormat("rank %s did not come back within adopt_grace_s %g after the "
+                            "coordinator restarted",
+                            ranks, options_.adopt_grace_ms / 1000.0));
+    schedule_ = true;
+  }
+}
+
 bool CoordinatorState::IsTerminal(v1::JobState state) const {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
@@ -148,7 +307,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
 
   const RankMemoryEstimate memory = EstimateRankMemory(spec);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
   if (!request.request_id().empty()) {
     auto it = job_by_request_id_.find(request.request_id());
@@ -181,7 +340,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
         v1::DeviceKind_Name(spec.device()), " worker offers ", FormatBytes(largest),
         " per rank (model, micro_batch_size and accumulation_steps set the need)"));
   }
-  auto record = std::make_unique<JobRecord>();
+  auto record = std::make_unique<JobRecord>(options_);
   record->number = next_job_number_++;
   record->queued_since_ms = options_.now_ms();
   record->rank_memory_bytes = memory.total;
@@ -203,8 +362,11 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   pending_.push_back(job_id);
   spdlog::info("job {} submitted: {} ranks on {}", job_id, spec.world_size(),
                v1::DeviceKind_Name(spec.device()));
-  TrySchedule();
-  changed_.notify_all();
+  JobRecord* created = FindJob(job_id);
+  pending_batch_.new_specs[created->number] = spec;
+  pending_batch_.next_job_number = next_job_number_;
+  Touch(created);
+  TrySchedule();  // Now, so that the answer says whether it was placed.
 
   v1::SubmitJobResponse response;
   response.set_job_id(job_id);
@@ -261,7 +423,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
 absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_id,
                                                          const std::string& principal,
                                                          bool admin) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   if (!admin && record->job.owner() != principal) {
@@ -274,7 +436,7 @@ absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_
         "job ", job_id, " already ended as ", v1::JobState_Name(record->job.state())));
   }
   SetJobState(record, v1::CANCELLED, absl::StrCat("cancelled by ", principal));
-  TrySchedule();
+  schedule_ = true;
   return record->job.state();
 }
 
@@ -297,7 +459,7 @@ absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   v1::WatchJobEvent event;
-  event.set_sequence(record->last_sequence);
+  event.set_sequence(record->events.last_sequence());
   *event.mutable_snapshot() = record->job;
   return event;
 }
@@ -311,7 +473,7 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
   // Looked up again after every wake-up: a finished job may be evicted meanwhile.
   changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] {
     const JobRecord* record = FindJob(job_id);
-    return record == nullptr || record->last_sequence > after_sequence ||
+    return record == nullptr || record->events.last_sequence() > after_sequence ||
            IsTerminal(record->job.state());
   });
   const JobRecord* record = FindJob(job_id);
@@ -319,21 +481,22 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
     return absl::NotFoundError(absl::StrCat("job ", Quote(job_id), " was evicted"));
   }
   WatchBatch batch;
-  for (const v1::WatchJobEvent& event : record->events) {
-    if (event.sequence() > after_sequence) batch.events.push_back(event);
-  }
+  batch.events = record->events.Since(after_sequence);
   // The terminal state change is always the job's last event.
   batch.finished = IsTerminal(record->job.state()) &&
-                   (batch.events.empty() || batch.events.back().sequence() ==
-                                                record->last_sequence);
+                   (batch.events.empty() ||
+                    batch.events.back().sequence() == record->events.last_sequence());
   return batch;
 }
 
 void CoordinatorState::AppendEvent(JobRecord* record, v1::WatchJobEvent event) {
-  event.set_sequence(++record->last_sequence);
-  record->events.push_back(std::move(event));
-  while (record->events.size() > options_.max_events_per_job) record->events.pop_front();
-  changed_.notify_all();
+  pending_batch_.events.push_back({record->number, record->events.Append(std::move(event))});
+  Touch(record);
+}
+
+void CoordinatorState::Touch(JobRecord* record) {
+  dirty_jobs_.insert(record->job.job_id());
+  wake_ = true;
 }
 
 void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
@@ -348,7 +511,7 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
     pending_.erase(std::remove(pending_.begin(), pending_.end(), record->job.job_id()),
                    pending_.end());
     ReleaseSlots(record);
-    ClearKv(record);
+    record->kv.Clear();
     finished_.push_back(record->job.job_id());
   }
   if (state == v1::FAILED) {
@@ -363,9 +526,10 @@ void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
   AppendEvent(record, std::move(event));
   if (IsTerminal(state)) {
     // Nobody reports to a finished job any more: keep its recent history only.
-    while (record->events.size() > options_.max_events_per_finished_job) {
-      record->events.pop_front();
-    }
+    record->events.Shrink(options_.max_events_per_finished_job);
+    pending_batch_.keep_events_after[record->number] = std::max<int64_t>(
+        0, record->events.last_sequence() -
+               static_cast<int64_t>(options_.max_events_per_finished_job));
     // Not this job: callers still hold it. Older ones go at the next housekeeping pass.
   }
 }
@@ -386,7 +550,7 @@ void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool
     // attempt's ranks fall out of their workers' desired sets and are stopped.
     record->job.set_restarts(record->job.restarts() + 1);
     ReleaseSlots(record);
-    ClearKv(record);
+    record->kv.Clear();
     record->job.set_state(v1::PENDING);
     record->queued_since_ms = options_.now_ms();
     pending_.push_front(record->job.job_id());
@@ -557,7 +721,7 @@ void CoordinatorState::TrySchedule() {
     }
     it = pending_.erase(it);
     record->attempt += 1;
-    ClearKv(record);
+    record->kv.Clear();
     std::vector<std::string>& secrets = record->rank_secrets[record->attempt];
     for (int rank = 0; rank < spec.world_size(); ++rank) secrets.push_back(RandomSecret());
     record->job.clear_placement();
@@ -611,6 +775,8 @@ void CoordinatorState::EvictOldRecords(int64_t now) {
       break;
     }
     if (oldest != nullptr) {
+      pending_batch_.deleted.push_back(oldest->number);
+      dirty_jobs_.erase(oldest->job.job_id());
       if (!oldest->job.request_id().empty()) job_by_request_id_.erase(oldest->job.request_id());
       job_order_.erase(oldest->number);
       jobs_.erase(finished_.front());
@@ -639,7 +805,7 @@ void CoordinatorState::MaybeFinishJob(JobRecord* record) {
     }
   }
   SetJobState(record, v1::SUCCEEDED, "");
-  TrySchedule();
+  schedule_ = true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,7 +836,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
     return status;
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   for (auto& [id, worker] : workers_) {
     if (worker.name == name && worker.info.state() == v1::ALIVE) {
       // Taking over a live worker's name would hand its ranks' slots to whoever asks.
@@ -700,8 +866,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   workers_[worker_id] = std::move(worker);
   spdlog::info("worker {} registered: host {}, {} {} slot(s)", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()));
-  TrySchedule();
-  changed_.notify_all();
+  schedule_ = true;
+  wake_ = true;
 
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker_id);
@@ -712,7 +878,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
 }
 
 absl::Status CoordinatorState::Heartbeat(const v1::HeartbeatRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   auto worker =
       FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
@@ -721,7 +887,7 @@ absl::Status CoordinatorState::Heartbeat(const v1::HeartbeatRequest& request) {
 }
 
 absl::Status CoordinatorState::DeregisterWorker(const v1::DeregisterWorkerRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   auto worker =
       FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
@@ -729,7 +895,7 @@ absl::Status CoordinatorState::DeregisterWorker(const v1::DeregisterWorkerReques
   MarkWorkerLost(*worker, absl::StrCat("worker ", request.worker_id(), " (",
                                        (*worker)->info.host(), ") left: ",
                                        reason.empty() ? "shut down" : TruncateForError(reason, 256)));
-  TrySchedule();
+  schedule_ = true;
   return absl::OkStatus();
 }
 
@@ -748,11 +914,11 @@ void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& w
     for (int rank : ranks) absl::StrAppend(&rank_list, rank_list.empty() ? "" : ", ", rank);
     FailJob(FindJob(job_id), absl::StrCat(why, "; it held rank ", rank_list, " of this job"));
   }
-  changed_.notify_all();
+  wake_ = true;
 }
 
 void CoordinatorState::CheckLiveness() {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   int64_t now = options_.now_ms();
   bool lost_any = false;
   for (auto& [id, worker] : workers_) {
@@ -778,7 +944,8 @@ void CoordinatorState::CheckLiveness() {
     if (record->job.state() != v1::RUNNING) lost_any = true;
   }
   ExpireQueuedJobs(now);
-  if (lost_any) TrySchedule();
+  ExpireAdoptions(now);
+  if (lost_any) schedule_ = true;
   EvictOldRecords(now);
 }
 
@@ -815,7 +982,12 @@ bool CoordinatorState::RankIsFinishing(const v1::Assignment& assignment) const {
 
 absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
     const v1::PollAssignmentsRequest& request) {
-  std::unique_lock<std::mutex> lock(mu_);
+  Mutation mutation(this);
+  if (auto worker = FindLiveWorker(request.worker_id(), request.incarnation(),
+                                   request.worker_secret());
+      worker.ok()) {
+    AdoptRunningRanks(*worker, request);
+  }
   std::set<std::string> running;
   for (const v1::Assignment& assignment : request.running()) {
     running.insert(AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()));
@@ -846,19 +1018,20 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
     // Draining slots whose rank this worker no longer runs are free again.
     if (FreeDrainingSlots(*worker, &running, "")) {
       TrySchedule();
-      changed_.notify_all();
+      wake_ = true;
       continue;  // The freed slots may have started something here.
     }
     if (response.start_size() > 0 || response.stop_size() > 0 ||
         std::chrono::steady_clock::now() >= deadline) {
       return response;
     }
-    changed_.wait_until(lock, deadline);
+    FinishMutation();  // Persist and wake others before sleeping.
+    changed_.wait_until(mutation.lock(), deadline);
   }
 }
 
 absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   auto it = workers_.find(request.worker_id());
   if (it == workers_.end() || !SecretsEqual(it->second.secret, request.worker_secret())) {
     return absl::PermissionDeniedError(
@@ -885,8 +1058,8 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
       if (state->FreeDrainingSlots(
               &worker->second, nullptr,
               AssignmentKey(request.job_id(), request.rank(), request.attempt()))) {
-        state->TrySchedule();
-        state->changed_.notify_all();
+        state->schedule_ = true;
+        state->wake_ = true;
       }
     }
   } free_slot{this, request};
@@ -898,7 +1071,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
   if (record->job.state() != v1::RUNNING) return absl::OkStatus();
   RankRecord& rank = record->ranks[request.rank()];
   rank.exited = true;
-  changed_.notify_all();
+  wake_ = true;
   // A rank that reported its result (success or error) is accounted for.
   if (rank.result_reported) return absl::OkStatus();
   std::string how =
@@ -908,7 +1081,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
           : absl::StrCat("exited with code ", request.exit_code());
   FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " ", how,
                                " before reporting a result"));
-  TrySchedule();
+  schedule_ = true;
   return absl::OkStatus();
 }
 
@@ -927,11 +1100,6 @@ absl::Status CoordinatorState::CheckRankSecret(const JobRecord& record, int atte
                                                     " rank ", rank));
   }
   return absl::OkStatus();
-}
-
-void CoordinatorState::ClearKv(JobRecord* record) {
-  record->kv.clear();
-  record->kv_bytes = 0;
 }
 
 std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, int attempt,
@@ -985,7 +1153,7 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
     return absl::InvalidArgumentError(absl::StrCat("value is ", request.value().size(),
                                                    " bytes; the limit is ", kMaxKvValueBytes));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   JobRecord* record = FindJob(request.job_id());
   if (record == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
@@ -999,25 +1167,11 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
     return absl::FailedPreconditionError(absl::StrCat("job ", request.job_id(), " attempt ",
                                                       request.attempt(), " is not running"));
   }
-  auto existing = record->kv.find(request.key());
-  if (existing != record->kv.end()) {
-    // A retried set of the same value is fine; anything else would let one rank rewrite
-    // another's rendezvous data.
-    if (existing->second == request.value()) return absl::OkStatus();
-    return absl::AlreadyExistsError(absl::StrCat("key ", Quote(request.key()), " of job ",
-                                                 request.job_id(), " is already set"));
+  if (absl::Status status = record->kv.Set(request.key(), request.value()); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("job ", request.job_id(), ": ",
+                                                    status.message()));
   }
-  const size_t bytes = request.key().size() + request.value().size();
-  if (record->kv.size() >= options_.max_kv_keys_per_job ||
-      record->kv_bytes + bytes > options_.max_kv_bytes_per_job) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the key-value store of job ", request.job_id(), " is full (", record->kv.size(),
-        " keys, ", record->kv_bytes, " bytes; limits ", options_.max_kv_keys_per_job, " keys, ",
-        options_.max_kv_bytes_per_job, " bytes)"));
-  }
-  record->kv[request.key()] = request.value();
-  record->kv_bytes += bytes;
-  changed_.notify_all();
+  Touch(record);
   return absl::OkStatus();
 }
 
@@ -1041,23 +1195,23 @@ absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const v1::KeyValueGetR
            current->attempt != attempt;
   };
   changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return over() || FindJob(job_id)->kv.count(request.key()) > 0; });
+                    [&] { return over() || FindJob(job_id)->kv.Contains(request.key()); });
   if (over()) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", attempt,
                                            " ended while waiting for key ", key));
   }
   record = FindJob(job_id);
-  auto it = record->kv.find(request.key());
-  if (it == record->kv.end()) {
+  std::optional<std::string> value = record->kv.Get(request.key());
+  if (!value.has_value()) {
     return absl::DeadlineExceededError(
         absl::StrCat("key ", key, " of job ", job_id, " not set within ", timeout_ms, " ms"));
   }
-  return it->second;
+  return *value;
 }
 
 absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     const v1::ReportTelemetryRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   JobRecord* record = FindJob(request.job_id());
   if (record == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
@@ -1101,12 +1255,12 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     *event.mutable_telemetry() = telemetry;
     AppendEvent(record, std::move(event));
   }
-  changed_.notify_all();
+  Touch(record);
   return response;
 }
 
 absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Mutation mutation(this);
   JobRecord* record = FindJob(request.job_id());
   if (record == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
@@ -1127,6 +1281,7 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
   v1::RankProgress* progress = record->job.mutable_progress(request.rank());
   if (request.result_case() == v1::ReportRankResultRequest::kError) {
     progress->set_error(TruncateForError(request.error(), 4096));
+    Touch(record);
     if (request.collective_failure()) {
       if (record->consequence_error.empty()) {
         record->consequence_error =
@@ -1138,14 +1293,14 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
     }
     FailJob(record, absl::StrCat(DescribeRank(*record, request.rank()), " failed: ",
                                  TruncateForError(request.error(), 4096)));
-    TrySchedule();
+    schedule_ = true;
     return absl::OkStatus();
   }
   rank.checksum = request.parameter_checksum();
   progress->set_finished(true);
   progress->set_parameter_checksum(rank.checksum);
   MaybeFinishJob(record);
-  changed_.notify_all();
+  Touch(record);
   return absl::OkStatus();
 }
 

@@ -42,6 +42,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/job_event_log.h"
+#include "coordinator/job_kv.h"
+#include "coordinator/store/job_store.h"
 #include "proto/mptrain.pb.h"
 
 namespace mptrain {
@@ -64,6 +67,11 @@ struct CoordinatorOptions {
   size_t max_events_per_finished_job = 1'000;
   // Lost workers kept for ListWorkers (the newest).
   size_t max_lost_workers = 1'000;
+  // Where every mutation is written (not owned; null: nothing survives a restart).
+  JobStore* store = nullptr;
+  // After a restart, how long the ranks of a RUNNING job have to come back through their
+  // workers' polls before the job fails (and restarts per max_restarts).
+  int64_t adopt_grace_ms = 60'000;
 };
 
 inline constexpr int kDefaultListPageSize = 100;
@@ -79,6 +87,11 @@ inline constexpr int kMaxRootsPerKind = 32;
 class CoordinatorState {
  public:
   explicit CoordinatorState(CoordinatorOptions options);
+
+  // Loads the store's jobs (call once, before serving): PENDING jobs queue again, ended jobs
+  // keep their records and history, RUNNING jobs wait up to adopt_grace_ms for their ranks to
+  // be reported by re-registered workers. FAILED_PRECONDITION: the store cannot be read.
+  absl::Status Restore();
 
   // ---- User-facing ----
 
@@ -186,23 +199,48 @@ class CoordinatorState {
     int64_t last_progress_ms = 0;    // When `step` last advanced.
   };
   struct JobRecord {
+    JobRecord(const CoordinatorOptions& options)
+        : kv(options.max_kv_keys_per_job, options.max_kv_bytes_per_job),
+          events(options.max_events_per_job) {}
     v1::Job job;
     int64_t number = 0;           // job-<number>: the order of submission.
     int64_t queued_since_ms = 0;  // When it last entered the queue (submit or restart).
     int64_t rank_memory_bytes = 0;
     int attempt = 0;
     std::vector<RankRecord> ranks;
-    std::map<std::string, std::string> kv;  // Cleared on each new attempt and at the end.
-    size_t kv_bytes = 0;
+    JobKv kv;  // Cleared on each new attempt and at the end.
     // Rank secrets of every attempt (attempt -> rank -> secret), so that a late call of an
     // earlier attempt is recognised as such and anything else is refused.
     std::map<int, std::vector<std::string>> rank_secrets;
-    std::deque<v1::WatchJobEvent> events;
-    int64_t last_sequence = 0;
+    JobEventLog events;
+    // After a coordinator restart: the ranks of this RUNNING attempt not yet reported by a
+    // worker, and until when they may come back.
+    std::set<int> awaiting_adoption;
+    int64_t adopt_deadline_ms = 0;
     // A rank's collective failure, held back while a root cause may still arrive.
     std::string consequence_error;
     int64_t consequence_deadline_ms = 0;
   };
+
+  // Every change happens inside one: it holds the lock and, when it ends, places what can be
+  // placed, writes what changed to the store in one transaction and wakes the waiters, once.
+  class Mutation {
+   public:
+    explicit Mutation(CoordinatorState* state) : state_(state), lock_(state->mu_) {}
+    ~Mutation() { state_->FinishMutation(); }
+    std::unique_lock<std::mutex>& lock() { return lock_; }
+
+   private:
+    CoordinatorState* state_;
+    std::unique_lock<std::mutex> lock_;
+  };
+  void FinishMutation();
+  // The job changed: write it at the end of the mutation, and wake waiters.
+  void Touch(JobRecord* record);
+  store::StoredJob ToStored(const JobRecord& record) const;
+  // Re-binds the ranks a re-registered worker reports running to jobs awaiting adoption.
+  void AdoptRunningRanks(WorkerRecord* worker, const v1::PollAssignmentsRequest& request);
+  void ExpireAdoptions(int64_t now);
 
   bool IsTerminal(v1::JobState state) const;
   JobRecord* FindJob(const std::string& job_id);
@@ -214,7 +252,6 @@ class CoordinatorState {
                                const std::string& secret) const;
   // Path fields of `spec` against the roots of live workers of its device kind.
   absl::Status CheckSpecPaths(const v1::JobSpec& spec) const;
-  void ClearKv(JobRecord* record);
 
   // All of these require mu_ to be held.
   void AppendEvent(JobRecord* record, v1::WatchJobEvent event);
@@ -257,6 +294,11 @@ class CoordinatorState {
   std::deque<std::string> lost_workers_;      // In the order they were lost.
   std::map<std::string, std::string> job_by_request_id_;
   int64_t next_job_number_ = 1;
+  // The current mutation's effects (see Mutation).
+  bool schedule_ = false;
+  bool wake_ = false;
+  std::set<std::string> dirty_jobs_;
+  JobStore::Batch pending_batch_;
   int64_t next_worker_number_ = 1;
 };
 

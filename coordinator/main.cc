@@ -16,6 +16,7 @@
 #include "coordinator/coordinator_state.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/server_security.h"
+#include "coordinator/store/sqlite_job_store.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -30,6 +31,15 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
 ABSL_FLAG(std::string, token_file, "",
           "Bearer tokens, one `ROLE PRINCIPAL TOKEN` a line (roles: admin, user, worker)");
+ABSL_FLAG(std::string, state_dir, "mptrain-state",
+          "Directory of the job store (SQLite): jobs, their history and the id counter survive "
+          "a coordinator restart");
+ABSL_FLAG(bool, ephemeral, false, "Keep no state on disk (a restart forgets every job)");
+ABSL_FLAG(double, adopt_grace_s, 60,
+          "After a restart, how long a running job's ranks have to be reported again by their "
+          "workers before the job fails (and restarts per max_restarts)");
+ABSL_FLAG(int64_t, max_finished_jobs, 1000, "Ended jobs kept (the newest)");
+ABSL_FLAG(double, finished_job_retention_s, 7 * 24 * 3600.0, "Ended jobs older than this go");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -69,7 +79,31 @@ int main(int argc, char** argv) {
   }
   for (const std::string& warning : security->warnings) spdlog::warn("{}", warning);
 
+  std::unique_ptr<mptrain::SqliteJobStore> store;
+  if (!absl::GetFlag(FLAGS_ephemeral)) {
+    auto opened = mptrain::SqliteJobStore::Open(absl::GetFlag(FLAGS_state_dir));
+    if (!opened.ok()) {
+      spdlog::error("{}", std::string(opened.status().message()));
+      return 2;
+    }
+    store = std::move(*opened);
+    options.store = store.get();
+  }
+  if (!(absl::GetFlag(FLAGS_adopt_grace_s) >= 0) || absl::GetFlag(FLAGS_max_finished_jobs) < 0 ||
+      !(absl::GetFlag(FLAGS_finished_job_retention_s) >= 0)) {
+    spdlog::error("--adopt_grace_s, --max_finished_jobs and --finished_job_retention_s must be "
+                  ">= 0");
+    return 2;
+  }
+  options.adopt_grace_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_adopt_grace_s) * 1000);
+  options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
+  options.finished_job_retention_ms =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_finished_job_retention_s) * 1000);
   mptrain::CoordinatorState state(options);
+  if (absl::Status restored = state.Restore(); !restored.ok()) {
+    spdlog::error("{}", std::string(restored.message()));
+    return 2;
+  }
   mptrain::CoordinatorService coordinator_service(&state, security->authenticator);
   mptrain::WorkerControlService worker_service(&state, security->authenticator);
 

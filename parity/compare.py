@@ -92,11 +92,13 @@ def write_inputs(name, case, out_dir, world=2):
 class Cluster:
     """A coordinator, one CUDA worker per GPU and two CPU workers, from the bundle."""
 
-    def __init__(self, bin_dir, log_dir, gpus):
+    def __init__(self, bin_dir, log_dir, gpus, roots_dir):
         self.bin_dir, self.log_dir, self.processes = bin_dir, log_dir, []
         port_file = os.path.join(log_dir, "port")
         self._spawn("coordinator", [f"{bin_dir}/coordinator", "--listen=127.0.0.1:0",
-                                    f"--port_file={port_file}"])
+                                    f"--port_file={port_file}", f"--state_dir={log_dir}/state"])
+        # The cases' files (data, weights, outputs) live under --out: the workers' roots.
+        roots = [f"--data_root={roots_dir}", f"--output_root={roots_dir}"]
         for _ in range(200):
             if os.path.exists(port_file):
                 break
@@ -105,12 +107,12 @@ class Cluster:
         for gpu in range(gpus):
             self._spawn(f"gpu{gpu}", [f"{bin_dir}/worker", f"--coordinator={self.address}",
                                       "--device=cuda", "--slots=1", f"--name=gpu{gpu}",
-                                      f"--work_dir={log_dir}/gpu{gpu}"],
+                                      f"--work_dir={log_dir}/gpu{gpu}"] + roots,
                         env={"CUDA_VISIBLE_DEVICES": str(gpu)})
         for cpu in range(2):
             self._spawn(f"cpu{cpu}", [f"{bin_dir}/worker", f"--coordinator={self.address}",
                                       "--device=cpu", "--slots=1", f"--name=cpu{cpu}",
-                                      f"--work_dir={log_dir}/cpu{cpu}"])
+                                      f"--work_dir={log_dir}/cpu{cpu}"] + roots)
         time.sleep(1.0)
 
     def _spawn(self, name, argv, env=None):
@@ -191,7 +193,7 @@ def main():
         print(f"compare.py needs 2 GPUs, found {gpus}")
         return 2
     here = os.path.dirname(os.path.abspath(__file__))
-    cluster = Cluster(args.bin, args.out, gpus=2)
+    cluster = Cluster(args.bin, args.out, gpus=2, roots_dir=os.path.abspath(args.out))
     rows, failures = [], 0
     try:
         for name in args.cases.split(","):

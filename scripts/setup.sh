@@ -13,6 +13,7 @@ PACKAGES=(
   libxxhash-dev nlohmann-json3-dev          # checksums, safetensors headers
   libgtest-dev libgmock-dev                 # tests
   openssl                                   # certificates for the secure demo and tests
+  libsqlite3-dev                            # the coordinator's durable job store
 )
 
 missing=()

@@ -71,7 +71,7 @@ std::string LastLine(const std::string& text) {
 LocalCluster::LocalCluster(Options options) : options_(options) {
   static int counter = 0;
   dir_ = absl::StrCat(TestTempDir(), "/cluster", getpid(), "_", counter++);
-  RunCommand("mkdir -p " + dir_);
+  RunCommand("rm -rf " + dir_ + " && mkdir -p " + dir_);  // pids repeat across runs
 }
 
 LocalCluster::~LocalCluster() {
@@ -119,8 +119,40 @@ ClientSecurity LocalCluster::SecurityFor(const std::string& principal) const {
   return security;
 }
 
-absl::Status LocalCluster::Start() {
+absl::Status LocalCluster::StartCoordinator(int port) {
   const std::string port_file = dir_ + "/port";
+  std::remove(port_file.c_str());
+  std::vector<std::string> coordinator_argv = {
+      RunfilePath("coordinator/coordinator"), absl::StrCat("--listen=127.0.0.1:", port),
+      "--port_file=" + port_file,
+      absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s),
+      "--state_dir=" + dir_ + "/state"};
+  for (const std::string& flag : options_.coordinator_flags) coordinator_argv.push_back(flag);
+  coordinator_pid_ = Spawn(coordinator_argv, dir_ + "/coordinator.log");
+  int bound = 0;
+  for (int i = 0; i < 400 && bound == 0; ++i) {
+    std::ifstream(port_file) >> bound;
+    if (bound == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (bound == 0) return absl::UnavailableError("the coordinator did not start; see " + dir_);
+  address_ = absl::StrCat("127.0.0.1:", bound);
+  return absl::OkStatus();
+}
+
+void LocalCluster::KillCoordinator() {
+  if (coordinator_pid_ <= 0) return;
+  kill(coordinator_pid_, SIGKILL);
+  waitpid(coordinator_pid_, nullptr, 0);
+  coordinator_pid_ = 0;
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  const int port = std::stoi(address_.substr(address_.rfind(':') + 1));
+  KillCoordinator();
+  return StartCoordinator(port);
+}
+
+absl::Status LocalCluster::Start() {
   if (options_.secure) {
     CommandResult pki_made = RunCommand("bash " + RunfilePath("scripts/make_pki.sh") + " " + pki());
     if (pki_made.exit_code != 0) {
@@ -142,18 +174,7 @@ absl::Status LocalCluster::Start() {
     options_.worker_flags.push_back("--token_file=" + p + "/worker.token");
     options_.trainctl_flags.push_back("--token_file=" + p + "/alice.token");
   }
-  std::vector<std::string> coordinator_argv = {
-      RunfilePath("coordinator/coordinator"), "--listen=127.0.0.1:0", "--port_file=" + port_file,
-      absl::StrCat("--heartbeat_timeout=", options_.heartbeat_timeout_s)};
-  for (const std::string& flag : options_.coordinator_flags) coordinator_argv.push_back(flag);
-  coordinator_pid_ = Spawn(coordinator_argv, dir_ + "/coordinator.log");
-  int port = 0;
-  for (int i = 0; i < 200 && port == 0; ++i) {
-    std::ifstream(port_file) >> port;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (port == 0) return absl::UnavailableError("the coordinator did not start; see " + dir_);
-  address_ = absl::StrCat("127.0.0.1:", port);
+  if (absl::Status started = StartCoordinator(0); !started.ok()) return started;
   coordinator_stub_ = v1::Coordinator::NewStub(Channel(SecurityFor("alice")));
   worker_stub_ = v1::WorkerControl::NewStub(Channel(SecurityFor("worker")));
   const std::string roots = options_.roots.empty() ? TestTempDir() : options_.roots;

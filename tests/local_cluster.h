@@ -73,6 +73,10 @@ class LocalCluster {
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }
   pid_t worker_pid(int index) const { return worker_pids_[index]; }
   pid_t coordinator_pid() const { return coordinator_pid_; }
+  // kill -9 of the coordinator (workers and ranks keep running).
+  void KillCoordinator();
+  // kill -9, then a new coordinator on the same port and state directory.
+  absl::Status RestartCoordinator();
   // Waits up to timeout_s for worker `index` to exit; returns its exit code (-1 if it did not
   // exit normally or in time).
   int WaitForWorkerExit(int index, double timeout_s);
@@ -95,6 +99,7 @@ class LocalCluster {
 
  private:
   pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_file);
+  absl::Status StartCoordinator(int port);  // port 0: any free one
 
   Options options_;
   std::string dir_;

@@ -10,6 +10,12 @@ namespace mptrain {
 namespace {
 
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
+// While the coordinator is away (a restart), telemetry waits in a bounded queue (the oldest
+// records go first) and the final result is retried for this long: long enough for a
+// coordinator to come back and re-adopt the job.
+constexpr size_t kMaxQueuedRecords = 10'000;
+constexpr auto kResultRetryFor = std::chrono::seconds(180);
+constexpr auto kFinalFlushRetryFor = std::chrono::seconds(60);
 
 void SetDeadline(grpc::ClientContext* context, std::chrono::milliseconds extra = {}) {
   context->set_deadline(std::chrono::system_clock::now() + kRpcDeadline + extra);
@@ -103,7 +109,13 @@ void TelemetryReporter::Run() {
                    [&] { return stopping_; });
     bool stopping = stopping_;
     lock.unlock();
-    SendBatch();
+    bool sent = SendBatch();
+    // The last batch (before the result that ends the job) is worth waiting for.
+    const auto give_up = std::chrono::steady_clock::now() + kFinalFlushRetryFor;
+    while (stopping && !sent && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      sent = SendBatch();
+    }
     lock.lock();
     if (stopping) return;
   }
@@ -128,8 +140,15 @@ bool TelemetryReporter::SendBatch() {
   SetDeadline(&context);
   grpc::Status status = stub_->ReportTelemetry(&context, request, &response);
   if (!status.ok()) {
-    spdlog::warn("telemetry not delivered ({} records): {}", request.records_size(),
-                 status.error_message());
+    spdlog::warn("telemetry not delivered ({} records kept for the next try): {}",
+                 request.records_size(), status.error_message());
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::TelemetryRecord> kept(request.records().begin(), request.records().end());
+    for (auto& record : queued_) kept.push_back(std::move(record));
+    if (kept.size() > kMaxQueuedRecords) {
+      kept.erase(kept.begin(), kept.end() - kMaxQueuedRecords);
+    }
+    queued_ = std::move(kept);
     return false;
   }
   if (response.abort() && !abort_.load()) {
@@ -172,13 +191,19 @@ absl::Status ReportRankResult(v1::WorkerControl::StubInterface* stub, const Rank
         checksum.status().code() == absl::StatusCode::kDeadlineExceeded);
   }
   grpc::Status status;
-  for (int attempt = 0; attempt < 5; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + kResultRetryFor;
+  for (int attempt = 0;; ++attempt) {
     v1::ReportRankResultResponse response;
     grpc::ClientContext context;
     SetDeadline(&context);
     status = stub->ReportRankResult(&context, request, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200 << attempt));
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() >= give_up) {
+      break;
+    }
+    if (attempt == 0) spdlog::warn("the coordinator is unreachable; retrying the result");
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min(200 << std::min(attempt, 3), 1000)));
   }
   return FromGrpcStatus(status);
 }

@@ -114,7 +114,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
     spdlog::warn("cannot register with {}: {}; retrying in {} ms", options_.coordinator,
                  status.error_message(), backoff_ms);
     SleepUnless(stop, backoff_ms);
-    backoff_ms = std::min<int64_t>(backoff_ms * 2, 5'000);
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 2'000);
   }
   return absl::CancelledError("stopped before registering");
 }
@@ -310,6 +310,8 @@ absl::Status WorkerDaemon::PollOnce() {
       running->set_job_id(rank.assignment.job_id());
       running->set_rank(rank.assignment.rank());
       running->set_attempt(rank.assignment.attempt());
+      running->set_device_index(rank.assignment.device_index());
+      running->set_rank_secret(rank.assignment.rank_secret());
     }
   }
   request.set_incarnation(incarnation_);
@@ -335,8 +337,9 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   std::thread reaper([&] { ReaperLoop(stop); });
   while (!stop->load()) {
     if (must_register_.load()) {
-      // The coordinator failed this worker's ranks when it forgot it: stop them.
-      StopAll();
+      // The ranks keep running: a restarted coordinator re-adopts the ones it still wants
+      // (the next poll lists them, with their secrets as proof), and the poll's stop list ends
+      // the others.
       if (!Register(stop).ok()) break;
     }
     absl::Status status = PollOnce();

@@ -27,6 +27,7 @@ secure_cluster() {
 # start_coordinator [extra coordinator flags...]: sets ADDRESS=127.0.0.1:PORT.
 start_coordinator() {
   "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$CLUSTER_DIR/port" \
+    --state_dir="$CLUSTER_DIR/state" \
     "${COORDINATOR_FLAGS[@]}" "$@" \
     >"$CLUSTER_DIR/coordinator.log" 2>&1 &
   CLUSTER_PIDS+=($!)

@@ -1,0 +1,51 @@
+#pragma once
+
+// Where the coordinator keeps what must survive its own death: every job's record (spec,
+// state, attempts, placement, failures, checkpoints, request id, rank secrets, the current
+// attempt's key-value store), a trimmed history of its events (telemetry and state changes),
+// and the job id counter, so that ids never repeat.
+//
+// The interface is what a highly available coordinator would implement over an external store
+// (etcd, PostgreSQL): Load once at start, then one Commit per mutation of the coordinator
+// state, applied atomically. SqliteJobStore is the embedded default.
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/store/stored_job.pb.h"
+#include "proto/mptrain.pb.h"
+
+namespace mptrain {
+
+class JobStore {
+ public:
+  struct Snapshot {
+    int64_t next_job_number = 1;
+    std::vector<store::StoredJob> jobs;                      // In submission order.
+    std::map<int64_t, std::vector<v1::WatchJobEvent>> events;  // job number -> oldest first
+    std::map<int64_t, v1::JobSpec> specs;                    // job number -> its spec
+  };
+
+  // One atomic change: jobs written (the spec only when the job is new), events appended,
+  // event histories trimmed, jobs deleted, the counter.
+  struct Batch {
+    std::vector<store::StoredJob> jobs;
+    std::map<int64_t, v1::JobSpec> new_specs;
+    std::vector<std::pair<int64_t, v1::WatchJobEvent>> events;
+    std::map<int64_t, int64_t> keep_events_after;  // job number -> drop sequences <= this
+    std::vector<int64_t> deleted;
+    int64_t next_job_number = 0;  // 0: unchanged
+    bool empty() const {
+      return jobs.empty() && new_specs.empty() && events.empty() && keep_events_after.empty() &&
+             deleted.empty() && next_job_number == 0;
+    }
+  };
+
+  virtual ~JobStore() = default;
+  virtual absl::StatusOr<Snapshot> Load() = 0;
+  virtual absl::Status Commit(const Batch& batch) = 0;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,99 @@
+#include "coordinator/store/sqlite_job_store.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+std::string FreshDir(const std::string& name) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::string command = "rm -rf " + dir;
+  EXPECT_EQ(system(command.c_str()), 0);
+  return dir;
+}
+
+JobStore::Batch NewJob(int64_t number, const std::string& name) {
+  JobStore::Batch batch;
+  store::StoredJob job;
+  job.set_number(number);
+  job.set_attempt(1);
+  job.mutable_job()->set_job_id("job-" + std::to_string(number));
+  job.mutable_job()->set_state(v1::RUNNING);
+  (*job.mutable_rank_secrets())[1].add_secret("s0");
+  (*job.mutable_kv())["nccl_unique_id"] = std::string("\0\1\2", 3);
+  batch.jobs.push_back(job);
+  v1::JobSpec spec;
+  spec.set_name(name);
+  batch.new_specs[number] = spec;
+  batch.next_job_number = number + 1;
+  return batch;
+}
+
+TEST(SqliteJobStore, CommitThenReopen_LoadsEverything) {
+  const std::string dir = FreshDir("roundtrip");
+  {
+    auto store = SqliteJobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Commit(NewJob(1, "first")).ok());
+    ASSERT_TRUE((*store)->Commit(NewJob(2, "second")).ok());
+    JobStore::Batch events;
+    for (int sequence = 1; sequence <= 5; ++sequence) {
+      v1::WatchJobEvent event;
+      event.set_sequence(sequence);
+      event.mutable_telemetry()->set_step(sequence);
+      events.events.push_back({1, event});
+    }
+    store::StoredJob updated = NewJob(1, "").jobs[0];
+    updated.mutable_job()->set_state(v1::SUCCEEDED);
+    events.jobs.push_back(updated);
+    ASSERT_TRUE((*store)->Commit(events).ok());
+    JobStore::Batch trim;
+    trim.keep_events_after[1] = 3;
+    trim.deleted.push_back(2);
+    ASSERT_TRUE((*store)->Commit(trim).ok());
+  }
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snapshot = (*store)->Load();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(snapshot->next_job_number, 3);
+  ASSERT_EQ(snapshot->jobs.size(), 1u);
+  EXPECT_EQ(snapshot->jobs[0].job().state(), v1::SUCCEEDED);
+  EXPECT_EQ(snapshot->jobs[0].kv().at("nccl_unique_id"), std::string("\0\1\2", 3));
+  EXPECT_EQ(snapshot->jobs[0].rank_secrets().at(1).secret(0), "s0");
+  EXPECT_EQ(snapshot->specs.at(1).name(), "first");
+  ASSERT_EQ(snapshot->events[1].size(), 2u);
+  EXPECT_EQ(snapshot->events[1][0].telemetry().step(), 4);
+}
+
+TEST(SqliteJobStore, SecondOpenOfTheSameDirectory_IsRefusedAsLocked) {
+  const std::string dir = FreshDir("locked");
+  auto first = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(first.ok());
+  auto second = SqliteJobStore::Open(dir);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("locked"), std::string::npos) << second.status();
+}
+
+TEST(SqliteJobStore, CorruptDatabase_IsAClearErrorNamingTheFile) {
+  const std::string dir = FreshDir("corrupt");
+  ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+  std::ofstream(dir + "/state.db") << std::string(8192, 'x');
+  auto store = SqliteJobStore::Open(dir);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find("state.db"), std::string::npos) << store.status();
+}
+
+TEST(SqliteJobStore, StateDirIsAFile_IsAClearError) {
+  const std::string dir = FreshDir("afile");
+  std::ofstream(dir) << "x";
+  auto store = SqliteJobStore::Open(dir);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find("--state_dir"), std::string::npos) << store.status();
+}
+
+}  // namespace
+}  // namespace mptrain

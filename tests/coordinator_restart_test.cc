@@ -1,0 +1,141 @@
+// kill -9 of the coordinator at many points of a 2-worker CPU job, each time restarted on the
+// same port and state directory: workers keep their ranks running, register again and report
+// them; the coordinator re-adopts the job (or, where that is impossible, restarts it from its
+// latest checkpoint per max_restarts), and the job still ends SUCCEEDED with parameters
+// bit-identical to an uninterrupted run. Earlier jobs keep their records and telemetry, job ids
+// never repeat, and a job queued before a restart is placed after it.
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/local_cluster.h"
+
+namespace mptrain::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Spec(const std::string& name, const std::string& dir, int steps) {
+  return WriteSpec(name, absl::StrCat(R"({
+    "name": ")", name, R"(", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+    "data": {"synthetic": {"seed": 3}}, "micro_batch_size": 32, "accumulation_steps": 2,
+    "steps": )", steps, R"(, "optimizer": {"lr": 0.001, "momentum": 0.9}, "telemetry_every": 50,
+    "checkpoint_every": 400, "checkpoint_dir": ")", dir, "/", name, R"(", "max_restarts": 3,
+    "output_checkpoint": ")", dir, "/", name, R"(.safetensors"})"));
+}
+
+int64_t MinStep(const v1::Job& job) {
+  int64_t step = INT64_MAX;
+  for (const auto& progress : job.progress()) step = std::min(step, progress.step());
+  return job.progress().empty() ? 0 : step;
+}
+
+absl::StatusOr<v1::Job> Get(LocalCluster& cluster, const std::string& job_id) {
+  return cluster.WaitForJob(job_id, [](const v1::Job&) { return true; }, 10);
+}
+
+TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterruptedRun) {
+  const std::string dir = TestTempDir();
+  const int kSteps = 6000;
+  LocalCluster::Options options;
+  options.coordinator_flags = {"--adopt_grace_s=15"};
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+
+  // The reference: the same job, uninterrupted.
+  CommandResult whole = cluster.Trainctl("submit " + Spec("whole", dir, kSteps) + " --wait");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::string whole_id = LastLine(whole.output);
+
+  // A job queued behind a slot shortage, then the coordinator dies before it is placed.
+  const std::string interrupted_id = cluster.Submit(Spec("interrupted", dir, kSteps));
+  // And one queued behind it (both slots are taken): placed once the first ends.
+  const std::string queued_id = cluster.Submit(RunfilePath("examples/seed_cpu.json"));
+  int restarts = 0;
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());  // 1: right after submit (before placement)
+  ++restarts;
+  // 2-3: while the ranks start and rendezvous.
+  for (int i = 0; i < 2; ++i) {
+    auto running = cluster.WaitForJob(
+        interrupted_id, [](const v1::Job& job) { return job.state() == v1::RUNNING; }, 60);
+    ASSERT_TRUE(running.ok()) << running.status();
+    ASSERT_TRUE(cluster.RestartCoordinator().ok());
+    ++restarts;
+  }
+  // Then at points spread over its training (checkpoints every 400 steps fall between them):
+  // each time once the restarted coordinator has seen the job move on by kSteps / 25 steps.
+  std::vector<int64_t> seen_steps;
+  int64_t last_kill_step = -1;
+  const auto deadline = Clock::now() + std::chrono::seconds(240);
+  while (Clock::now() < deadline && restarts < 22) {
+    auto job = cluster.WaitForJob(
+        interrupted_id,
+        [&](const v1::Job& job) {
+          return job.state() != v1::RUNNING || MinStep(job) > last_kill_step + kSteps / 25;
+        },
+        60);
+    ASSERT_TRUE(job.ok()) << job.status();
+    if (job->state() != v1::RUNNING) break;
+    last_kill_step = MinStep(*job);
+    seen_steps.push_back(last_kill_step);
+    ASSERT_TRUE(cluster.RestartCoordinator().ok());
+    ++restarts;
+  }
+  auto ended = cluster.WaitForEnd(interrupted_id, 240);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  // After the results: once more, and the job keeps its record.
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+  ++restarts;
+  EXPECT_GE(restarts, 20);
+  std::cout << "coordinator restarts: " << restarts << "; job restarts " << ended->restarts()
+            << "; steps seen at kills:";
+  for (int64_t step : seen_steps) std::cout << " " << step;
+  std::cout << "\n";
+
+  ended = Get(cluster, interrupted_id);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->error();
+  for (const std::string& failure : ended->failures()) std::cout << "failure: " << failure << "\n";
+  EXPECT_LE(ended->restarts(), 3);
+  ASSERT_EQ(ended->progress_size(), 2);
+  EXPECT_EQ(ended->progress(0).parameter_checksum(), ended->progress(1).parameter_checksum());
+  CommandResult same = RunCommand(absl::StrCat("cmp ", dir, "/whole.safetensors ", dir,
+                                               "/interrupted.safetensors && echo identical"));
+  EXPECT_NE(same.output.find("identical"), std::string::npos) << same.output;
+
+  // The earlier job is still there with its telemetry; ids do not repeat; a new job runs.
+  auto earlier = Get(cluster, whole_id);
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  EXPECT_EQ(earlier->state(), v1::SUCCEEDED);
+  EXPECT_EQ(earlier->latest_telemetry().step(), kSteps);
+  CommandResult watch = cluster.Trainctl("watch " + whole_id);
+  EXPECT_NE(watch.output.find("SUCCEEDED"), std::string::npos) << watch.output;
+  CommandResult next =
+      cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_EQ(LastLine(next.output), "job-0004") << "job ids never repeat";
+  auto queued = Get(cluster, queued_id);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(queued->state(), v1::SUCCEEDED) << "queued before the restarts, placed after";
+}
+
+TEST(CoordinatorRestart, PendingJob_IsPlacedAfterTheRestart) {
+  LocalCluster::Options options;
+  options.workers = 0;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id =
+      cluster.Submit(RunfilePath("examples/seed_cpu.json"));  // No worker: it waits.
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+  auto job = Get(cluster, job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_EQ(job->pending_reason(), "no live cpu worker");
+}
+
+}  // namespace
+}  // namespace mptrain::testing
