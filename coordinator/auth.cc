@@ -147,7 +147,7 @@ absl::Status Authenticator::Authorize(absl::string_view method,
       "; it needs the role ", access == MethodAccess::kWorker ? "worker" : "user or admin"));
 }
 
-CallerIdentity Authenticator::Identify(const grpc::ServerContext& context) const {
+CallerIdentity Authenticator::Identify(const grpc::ServerContextBase& context) const {
   if (!enabled()) return {"anonymous", true};
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");

@@ -80,7 +80,7 @@ class Authenticator {
   absl::Status Authorize(absl::string_view method, absl::string_view authorization) const;
 
   // The caller of an admitted call (its token was checked by Authorize already).
-  CallerIdentity Identify(const grpc::ServerContext& context) const;
+  CallerIdentity Identify(const grpc::ServerContextBase& context) const;
 
  private:
   const Principal* PrincipalOf(absl::string_view authorization) const;

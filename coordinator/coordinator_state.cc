@@ -93,7 +93,7 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options) : options_(std::m
 // Mutations and the job store
 // ---------------------------------------------------------------------------------------------
 
-void CoordinatorState::FinishMutation() {
+std::vector<std::string> CoordinatorState::FinishMutation() {
   if (schedule_) {
     schedule_ = false;
     TrySchedule();
@@ -113,11 +113,16 @@ void CoordinatorState::FinishMutation() {
   }
   dirty_jobs_.clear();
   pending_batch_ = JobStore::Batch();
-  if (wake_) {
-    wake_ = false;
-    changed_.notify_all();
-  }
+  std::vector<std::string> keys(wake_keys_.begin(), wake_keys_.end());
+  wake_keys_.clear();
+  return keys;
 }
+
+std::string CoordinatorState::WorkerKey(const std::string& worker_id) {
+  return "worker:" + worker_id;
+}
+
+std::string CoordinatorState::JobKey(const std::string& job_id) { return "job:" + job_id; }
 
 store::StoredJob CoordinatorState::ToStored(const JobRecord& record) const {
   store::StoredJob stored;
@@ -464,22 +469,11 @@ absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
   return event;
 }
 
-absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::WaitForJobEvents(
-    const std::string& job_id, int64_t after_sequence, int64_t wait_ms) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (FindJob(job_id) == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
-  }
-  // Looked up again after every wake-up: a finished job may be evicted meanwhile.
-  changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] {
-    const JobRecord* record = FindJob(job_id);
-    return record == nullptr || record->events.last_sequence() > after_sequence ||
-           IsTerminal(record->job.state());
-  });
+absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
+    const std::string& job_id, int64_t after_sequence) const {
+  std::lock_guard<std::mutex> lock(mu_);
   const JobRecord* record = FindJob(job_id);
-  if (record == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job ", Quote(job_id), " was evicted"));
-  }
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   WatchBatch batch;
   batch.events = record->events.Since(after_sequence);
   // The terminal state change is always the job's last event.
@@ -496,7 +490,12 @@ void CoordinatorState::AppendEvent(JobRecord* record, v1::WatchJobEvent event) {
 
 void CoordinatorState::Touch(JobRecord* record) {
   dirty_jobs_.insert(record->job.job_id());
-  wake_ = true;
+  // Whoever waits on the job (a watch, a key-value get) and the workers that run it (their
+  // assignments may have changed) look again.
+  wake_keys_.insert(JobKey(record->job.job_id()));
+  for (const v1::RankPlacement& placement : record->job.placement()) {
+    wake_keys_.insert(WorkerKey(placement.worker_id()));
+  }
 }
 
 void CoordinatorState::SetJobState(JobRecord* record, v1::JobState state,
@@ -838,6 +837,18 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
 
   Mutation mutation(this);
   for (auto& [id, worker] : workers_) {
+    if (worker.name == name && worker.info.state() == v1::ALIVE &&
+        worker.info.incarnation() == request.incarnation() &&
+        !request.registration_nonce().empty() &&
+        SecretsEqual(worker.registration_nonce, request.registration_nonce())) {
+      // The same daemon again: its first answer was lost (a client-side deadline).
+      v1::RegisterWorkerResponse response;
+      response.set_worker_id(id);
+      response.set_heartbeat_interval_ms(
+          std::max<int64_t>(100, options_.heartbeat_timeout_ms / 3));
+      response.set_worker_secret(worker.secret);
+      return response;
+    }
     if (worker.name == name && worker.info.state() == v1::ALIVE) {
       // Taking over a live worker's name would hand its ranks' slots to whoever asks.
       return absl::AlreadyExistsError(absl::StrCat(
@@ -849,6 +860,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   WorkerRecord worker;
   worker.name = name;
   worker.secret = RandomSecret();
+  worker.registration_nonce = request.registration_nonce();
   std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
   worker.info.set_worker_id(worker_id);
   worker.info.set_host(request.host());
@@ -867,7 +879,6 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   spdlog::info("worker {} registered: host {}, {} {} slot(s)", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()));
   schedule_ = true;
-  wake_ = true;
 
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker_id);
@@ -914,7 +925,7 @@ void CoordinatorState::MarkWorkerLost(WorkerRecord* worker, const std::string& w
     for (int rank : ranks) absl::StrAppend(&rank_list, rank_list.empty() ? "" : ", ", rank);
     FailJob(FindJob(job_id), absl::StrCat(why, "; it held rank ", rank_list, " of this job"));
   }
-  wake_ = true;
+  wake_keys_.insert(WorkerKey(worker->info.worker_id()));  // Its poll answers NOT_FOUND now.
 }
 
 void CoordinatorState::CheckLiveness() {
@@ -992,7 +1003,6 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   for (const v1::Assignment& assignment : request.running()) {
     running.insert(AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()));
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(request.wait_ms());
   while (true) {
     auto worker =
         FindLiveWorker(request.worker_id(), request.incarnation(), request.worker_secret());
@@ -1018,15 +1028,9 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
     // Draining slots whose rank this worker no longer runs are free again.
     if (FreeDrainingSlots(*worker, &running, "")) {
       TrySchedule();
-      wake_ = true;
       continue;  // The freed slots may have started something here.
     }
-    if (response.start_size() > 0 || response.stop_size() > 0 ||
-        std::chrono::steady_clock::now() >= deadline) {
-      return response;
-    }
-    FinishMutation();  // Persist and wake others before sleeping.
-    changed_.wait_until(mutation.lock(), deadline);
+    return response;
   }
 }
 
@@ -1059,7 +1063,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
               &worker->second, nullptr,
               AssignmentKey(request.job_id(), request.rank(), request.attempt()))) {
         state->schedule_ = true;
-        state->wake_ = true;
+        state->wake_keys_.insert(WorkerKey(request.worker_id()));
       }
     }
   } free_slot{this, request};
@@ -1071,7 +1075,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
   if (record->job.state() != v1::RUNNING) return absl::OkStatus();
   RankRecord& rank = record->ranks[request.rank()];
   rank.exited = true;
-  wake_ = true;
+  Touch(record);
   // A rank that reported its result (success or error) is accounted for.
   if (rank.result_reported) return absl::OkStatus();
   std::string how =
@@ -1175,38 +1179,23 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const v1::KeyValueGetRequest& request,
-                                                          int64_t timeout_ms) const {
-  std::unique_lock<std::mutex> lock(mu_);
+absl::StatusOr<std::optional<std::string>> CoordinatorState::KeyValueGet(
+    const v1::KeyValueGetRequest& request) const {
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string& job_id = request.job_id();
-  const int attempt = request.attempt();
-  const std::string key = Quote(request.key());
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   if (absl::Status status =
-          CheckRankSecret(*record, attempt, request.rank(), request.rank_secret());
+          CheckRankSecret(*record, request.attempt(), request.rank(), request.rank_secret());
       !status.ok()) {
     return status;
   }
-  // Looked up again after every wake-up: a finished job may be evicted meanwhile.
-  auto over = [&] {
-    const JobRecord* current = FindJob(job_id);
-    return current == nullptr || current->job.state() != v1::RUNNING ||
-           current->attempt != attempt;
-  };
-  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return over() || FindJob(job_id)->kv.Contains(request.key()); });
-  if (over()) {
-    return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", attempt,
-                                           " ended while waiting for key ", key));
+  if (record->job.state() != v1::RUNNING || record->attempt != request.attempt()) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " attempt ", request.attempt(),
+                                           " ended while waiting for key ",
+                                           Quote(request.key())));
   }
-  record = FindJob(job_id);
-  std::optional<std::string> value = record->kv.Get(request.key());
-  if (!value.has_value()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("key ", key, " of job ", job_id, " not set within ", timeout_ms, " ms"));
-  }
-  return *value;
+  return record->kv.Get(request.key());
 }
 
 absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
@@ -1304,6 +1293,5 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
   return absl::OkStatus();
 }
 
-void CoordinatorState::WakeAll() { changed_.notify_all(); }
 
 }  // namespace mptrain

@@ -69,6 +69,9 @@ struct CoordinatorOptions {
   size_t max_lost_workers = 1'000;
   // Where every mutation is written (not owned; null: nothing survives a restart).
   JobStore* store = nullptr;
+  // Called after each mutation, outside the lock, with the keys (WorkerKey, JobKey) of what it
+  // changed: the server wakes exactly the calls waiting on them.
+  std::function<void(const std::vector<std::string>& keys)> notify;
   // After a restart, how long the ranks of a RUNNING job have to come back through their
   // workers' polls before the job fails (and restarts per max_restarts).
   int64_t adopt_grace_ms = 60'000;
@@ -116,15 +119,19 @@ class CoordinatorState {
   // Watch support. Returns the snapshot event (sequence = the job's latest sequence) to start a
   // watch. NOT_FOUND: unknown job id.
   absl::StatusOr<v1::WatchJobEvent> WatchSnapshot(const std::string& job_id) const;
-  // Blocks until the job has events after `after_sequence`, the job is terminal with none left,
-  // or `wait_ms` passes. Returns the events (possibly none) and whether the watch is complete
-  // (the terminal state change was among the returned or earlier events).
+  // The job's events after `after_sequence` (possibly none: wait on JobKey and ask again) and
+  // whether the watch is complete (the terminal state change was among them or earlier).
   struct WatchBatch {
     std::vector<v1::WatchJobEvent> events;
     bool finished = false;
   };
-  absl::StatusOr<WatchBatch> WaitForJobEvents(const std::string& job_id, int64_t after_sequence,
-                                              int64_t wait_ms) const;
+  absl::StatusOr<WatchBatch> JobEventsSince(const std::string& job_id,
+                                            int64_t after_sequence) const;
+
+  // Nothing here blocks. A long call that has nothing to answer yet waits (see WaitSet) on the
+  // key of what it waits for, and asks again when CoordinatorOptions::notify names that key.
+  static std::string WorkerKey(const std::string& worker_id);  // its assignments
+  static std::string JobKey(const std::string& job_id);        // its events and key-value store
 
   // ---- Worker-facing ----
 
@@ -139,7 +146,7 @@ class CoordinatorState {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   // The daemon is shutting down: LOST now, its jobs fail. NOT_FOUND: as Heartbeat.
   absl::Status DeregisterWorker(const v1::DeregisterWorkerRequest& request);
-  // Long-poll: blocks up to wait_ms while there is nothing to start or stop.
+  // What the worker should start and stop now (maybe nothing: the caller waits on WorkerKey).
   // NOT_FOUND: as Heartbeat.
   absl::StatusOr<v1::PollAssignmentsResponse> PollAssignments(
       const v1::PollAssignmentsRequest& request);
@@ -151,10 +158,10 @@ class CoordinatorState {
   // ALREADY_EXISTS: the key holds another value (keys are write-once per attempt).
   // INVALID_ARGUMENT: key or value over its limit. RESOURCE_EXHAUSTED: the job's store is full.
   absl::Status KeyValueSet(const v1::KeyValueSetRequest& request);
-  // Blocks until the key is set or timeout_ms passes. DEADLINE_EXCEEDED: not set in time.
-  // ABORTED: the job ended while waiting. NOT_FOUND: unknown job.
-  absl::StatusOr<std::string> KeyValueGet(const v1::KeyValueGetRequest& request,
-                                          int64_t timeout_ms) const;
+  // The value, or nullopt while the key is not set (the caller waits on JobKey).
+  // ABORTED: the attempt is over. NOT_FOUND: unknown job.
+  absl::StatusOr<std::optional<std::string>> KeyValueGet(
+      const v1::KeyValueGetRequest& request) const;
 
   // NOT_FOUND: unknown job. The response says abort when the attempt is over.
   // INVALID_ARGUMENT: a checkpoint path outside the job's checkpoint_dir.
@@ -172,8 +179,6 @@ class CoordinatorState {
   // calls it periodically; tests call it after moving the fake clock.
   void CheckLiveness();
 
-  // Wakes every blocked call (used at shutdown).
-  void WakeAll();
 
  private:
   // A slot is busy from placement until its rank process is known to be gone: the worker
@@ -188,6 +193,7 @@ class CoordinatorState {
     v1::Worker info;
     std::string name;
     std::string secret;
+    std::string registration_nonce;
     std::map<int, BusySlot> busy_slots;  // slot index -> its rank
   };
   struct RankRecord {
@@ -227,14 +233,19 @@ class CoordinatorState {
   class Mutation {
    public:
     explicit Mutation(CoordinatorState* state) : state_(state), lock_(state->mu_) {}
-    ~Mutation() { state_->FinishMutation(); }
+    ~Mutation() {
+      std::vector<std::string> keys = state_->FinishMutation();
+      lock_.unlock();
+      if (state_->options_.notify && !keys.empty()) state_->options_.notify(keys);
+    }
     std::unique_lock<std::mutex>& lock() { return lock_; }
 
    private:
     CoordinatorState* state_;
     std::unique_lock<std::mutex> lock_;
   };
-  void FinishMutation();
+  // Schedules, persists; returns the keys to notify.
+  std::vector<std::string> FinishMutation();
   // The job changed: write it at the end of the mutation, and wake waiters.
   void Touch(JobRecord* record);
   store::StoredJob ToStored(const JobRecord& record) const;
@@ -285,7 +296,6 @@ class CoordinatorState {
 
   CoordinatorOptions options_;
   mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
   std::map<std::string, WorkerRecord> workers_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
@@ -296,7 +306,7 @@ class CoordinatorState {
   int64_t next_job_number_ = 1;
   // The current mutation's effects (see Mutation).
   bool schedule_ = false;
-  bool wake_ = false;
+  std::set<std::string> wake_keys_;
   std::set<std::string> dirty_jobs_;
   JobStore::Batch pending_batch_;
   int64_t next_worker_number_ = 1;

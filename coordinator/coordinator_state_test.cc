@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -15,7 +17,16 @@ class CoordinatorStateTest : public ::testing::Test {
     CoordinatorOptions options;
     options.heartbeat_timeout_ms = 10'000;
     options.now_ms = [this] { return now_ms_.load(); };
+    options.notify = [this](const std::vector<std::string>& keys) {
+      std::lock_guard<std::mutex> lock(notified_mu_);
+      notified_.insert(keys.begin(), keys.end());
+    };
     state_ = std::make_unique<CoordinatorState>(options);
+  }
+
+  bool Notified(const std::string& key) {
+    std::lock_guard<std::mutex> lock(notified_mu_);
+    return notified_.count(key) > 0;
   }
 
   std::string Register(const std::string& name, int slots, v1::DeviceKind device = v1::CPU,
@@ -65,15 +76,15 @@ class CoordinatorStateTest : public ::testing::Test {
     return state_->KeyValueSet(request);
   }
 
-  absl::StatusOr<std::string> KvGet(const std::string& job_id, int attempt,
-                                    const std::string& key, int64_t timeout_ms, int rank = 0) {
+  absl::StatusOr<std::optional<std::string>> KvGet(const std::string& job_id, int attempt,
+                                                   const std::string& key, int rank = 0) {
     v1::KeyValueGetRequest request;
     request.set_job_id(job_id);
     request.set_attempt(attempt);
     request.set_rank(rank);
     request.set_rank_secret(RankSecret(job_id, rank, attempt));
     request.set_key(key);
-    return state_->KeyValueGet(request, timeout_ms);
+    return state_->KeyValueGet(request);
   }
 
   static v1::JobSpec Spec(int world_size, v1::DeviceKind device = v1::CPU) {
@@ -153,6 +164,8 @@ class CoordinatorStateTest : public ::testing::Test {
   }
 
   std::map<std::string, std::string> worker_secrets_;  // worker id -> its secret
+  std::mutex notified_mu_;
+  std::set<std::string> notified_;  // Keys the state asked to wake.
   std::atomic<int64_t> now_ms_{1'000'000};
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -374,31 +387,27 @@ TEST_F(CoordinatorStateTest, CancelJob_CancelsOnce_ThenFailedPrecondition) {
   EXPECT_EQ(state_->GetJob("job-9999").status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(CoordinatorStateTest, KeyValueGet_BlocksUntilSet) {
+TEST_F(CoordinatorStateTest, KeyValueGet_NotYetThenSet_AndTheSetWakesTheJobsWaiters) {
   std::string job = Submit(2);
   Register("w", 2);
-  std::thread setter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_TRUE(KvSet(job, 1, "nccl_unique_id", std::string(128, 'x')).ok());
-  });
-  auto value = KvGet(job, 1, "nccl_unique_id", 5'000);
-  setter.join();
+  auto before = KvGet(job, 1, "nccl_unique_id", 1);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_FALSE(before->has_value()) << "not set yet: the caller waits on JobKey";
+  notified_.clear();
+  ASSERT_TRUE(KvSet(job, 1, "nccl_unique_id", std::string(128, 'x')).ok());
+  EXPECT_TRUE(Notified(CoordinatorState::JobKey(job)));
+  auto value = KvGet(job, 1, "nccl_unique_id", 1);
   ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(value->size(), 128u);
+  EXPECT_EQ(value->value().size(), 128u);
 }
 
-TEST_F(CoordinatorStateTest, KeyValueGet_TimesOut_OrAbortsWhenJobEnds) {
+TEST_F(CoordinatorStateTest, KeyValueGet_AbortedWhenTheJobEnds) {
   std::string job = Submit(1);
   Register("w", 1);
-  EXPECT_EQ(KvGet(job, 1, "missing", 50).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_TRUE(state_->CancelJob(job).ok());
-  });
-  EXPECT_EQ(KvGet(job, 1, "missing", 10'000).status().code(),
-            absl::StatusCode::kAborted);
-  canceller.join();
+  notified_.clear();
+  ASSERT_TRUE(state_->CancelJob(job).ok());
+  EXPECT_TRUE(Notified(CoordinatorState::JobKey(job))) << "a waiting get looks again";
+  EXPECT_EQ(KvGet(job, 1, "missing").status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(KvSet(job, 1, "k", "v").code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -426,7 +435,7 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_EQ(state_->GetJob(job)->progress(0).step(), 2);
   ReportResult(job, 0, "abc");
 
-  auto batch = state_->WaitForJobEvents(job, snapshot->sequence(), 1'000);
+  auto batch = state_->JobEventsSince(job, snapshot->sequence());
   ASSERT_TRUE(batch.ok());
   ASSERT_EQ(batch->events.size(), 3u);
   EXPECT_EQ(batch->events[0].telemetry().step(), 1);
@@ -439,23 +448,18 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_TRUE(state_->ReportTelemetry(telemetry)->abort());
 }
 
-TEST_F(CoordinatorStateTest, PollAssignments_LongPollWakesOnNewJob) {
+TEST_F(CoordinatorStateTest, NewJob_WakesOnlyThePollsOfItsWorkers) {
   std::string worker = Register("w", 1);
-  std::thread submitter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    Submit(1);
-  });
-  v1::PollAssignmentsRequest request;
-  request.set_worker_id(worker);
-  request.set_incarnation(1);
-  request.set_worker_secret(worker_secrets_[worker]);
-  request.set_wait_ms(10'000);
-  auto start = std::chrono::steady_clock::now();
-  auto response = state_->PollAssignments(request);
-  submitter.join();
-  ASSERT_TRUE(response.ok());
-  EXPECT_EQ(response->start_size(), 1);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  std::string other = Register("other", 1, v1::CUDA);
+  EXPECT_EQ(Poll(worker).start_size(), 0) << "nothing yet: the poll waits on WorkerKey";
+  notified_.clear();
+  Submit(1);
+  EXPECT_TRUE(Notified(CoordinatorState::WorkerKey(worker)));
+  EXPECT_FALSE(Notified(CoordinatorState::WorkerKey(other))) << "no wake-up for everybody";
+  EXPECT_EQ(Poll(worker).start_size(), 1);
+  notified_.clear();
+  ASSERT_TRUE(Heartbeat(worker).ok());
+  EXPECT_TRUE(notified_.empty()) << "a heartbeat changes nothing anyone waits for";
 }
 
 TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) {
@@ -564,9 +568,9 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   EXPECT_EQ(stop.stop_size(), 1);
   ReportExit(worker, job, 0, 1, 15);
   EXPECT_EQ(StateOf(job), v1::RUNNING);
-  EXPECT_EQ(KvGet(job, 2, "nccl_unique_id", 0).status().code(),
-            absl::StatusCode::kDeadlineExceeded)
-      << "the new attempt gets a fresh store (a fresh NCCL unique id)";
+  auto fresh = KvGet(job, 2, "nccl_unique_id");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->has_value()) << "the new attempt gets a fresh store (a fresh NCCL id)";
   v1::PollAssignmentsResponse second = Poll(worker, {});
   ASSERT_EQ(second.start_size(), 2);
   EXPECT_EQ(second.start(0).attempt(), 2);
@@ -678,7 +682,7 @@ TEST_F(CoordinatorStateTest, RankCalls_WrongOtherRanksOrStaleSecret_PermissionDe
     get.set_rank(1);
     get.set_key("k");
     get.set_rank_secret(secret);
-    EXPECT_EQ(state_->KeyValueGet(get, 0).status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(state_->KeyValueGet(get).status().code(), absl::StatusCode::kPermissionDenied);
   }
   v1::Job status = *state_->GetJob(job);
   EXPECT_EQ(status.state(), v1::RUNNING);
@@ -704,7 +708,7 @@ TEST_F(CoordinatorStateTest, KeyValueSet_IsWriteOncePerAttempt) {
   EXPECT_TRUE(KvSet(job, 1, "nccl_unique_id", "id", /*rank=*/1).ok()) << "a retry is fine";
   absl::Status overwrite = KvSet(job, 1, "nccl_unique_id", "attacker", /*rank=*/1);
   EXPECT_EQ(overwrite.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(*KvGet(job, 1, "nccl_unique_id", 0), "id");
+  EXPECT_EQ(KvGet(job, 1, "nccl_unique_id")->value(), "id");
 }
 
 TEST_F(CoordinatorStateTest, KeyValueSet_Limits_NameTheLimit) {
@@ -823,6 +827,25 @@ TEST_F(CoordinatorStateTest, ReportTelemetry_CheckpointOutsideCheckpointDir_Refu
               absl::StatusCode::kInvalidArgument) << path;
   }
   EXPECT_EQ(state_->GetJob(job)->latest_checkpoint_path(), "");
+}
+
+TEST_F(CoordinatorStateTest, RegisterWorker_RetriedWithItsNonce_GetsTheSameAnswer) {
+  v1::RegisterWorkerRequest request;
+  request.set_host("127.0.0.1");
+  request.set_name("w");
+  request.set_device(v1::CPU);
+  request.set_slots(1);
+  request.set_incarnation(7);
+  request.set_registration_nonce("private-nonce-0123456789");
+  auto first = state_->RegisterWorker(request);
+  ASSERT_TRUE(first.ok());
+  auto retry = state_->RegisterWorker(request);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->worker_id(), first->worker_id());
+  EXPECT_EQ(retry->worker_secret(), first->worker_secret());
+  EXPECT_EQ(state_->ListWorkers().size(), 1u);
+  request.set_registration_nonce("guessed-nonce-0123456789");  // Name and incarnation are public.
+  EXPECT_EQ(state_->RegisterWorker(request).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(CoordinatorStateTest, RegisterWorker_BadNameOrRoots_InvalidArgument) {
@@ -946,7 +969,7 @@ TEST_F(CoordinatorStateTest, FinishedJobs_AreEvictedByCountAndAge_AndTheirEvents
   for (int step = 1; step <= 10; ++step) report.add_records()->set_step(step);
   ASSERT_TRUE(state_->ReportTelemetry(report).ok());
   ReportResult(job, 0, "x");
-  auto batch = state_->WaitForJobEvents(job, 0, 0);
+  auto batch = state_->JobEventsSince(job, 0);
   ASSERT_TRUE(batch.ok());
   EXPECT_EQ(batch->events.size(), 3u);
   EXPECT_TRUE(batch->finished);

@@ -1,6 +1,9 @@
 #include "coordinator/grpc_service.h"
 
 #include <algorithm>
+#include <deque>
+#include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -8,161 +11,380 @@
 namespace mptrain {
 namespace {
 
-// Long-polls are cut into slices so that a cancelled or expired call is noticed promptly.
-constexpr int64_t kWaitSliceMs = 500;
-constexpr int64_t kMaxPollWaitMs = 30'000;
-// A rendezvous wait is bounded too: a waiting call holds a server thread.
-constexpr int64_t kMaxKeyValueWaitMs = 600'000;
+using Clock = WaitSet::Clock;
+using Reason = WaitSet::Reason;
 
-// Copies an OK StatusOr into *out; returns the gRPC status either way.
+// A watch waits this long between looks at a job that is quiet, then simply waits again.
+constexpr auto kWatchRecheck = std::chrono::minutes(10);
+// A long call re-evaluated this many times in a row by its own notifications stops and waits.
+constexpr int kMaxEvaluationsInARow = 16;
+
+// Answers a unary call now.
 template <typename T>
-grpc::Status Answer(const absl::StatusOr<T>& result, T* out) {
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  *out = *result;
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
+                                    const absl::StatusOr<T>& result, T* out) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) *out = *result;
+  reactor->Finish(result.ok() ? grpc::Status::OK : ToGrpcStatus(result.status()));
+  return reactor;
 }
+
+grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
+                                    const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// A unary call answered when `attempt` has an answer: at once, after each notification of
+// `key`, and at the deadline, when attempt(final = true) must answer. The client going away or
+// the server shutting down ends it too. This is the one place long unary calls wait, time out
+// and get cancelled.
+class LongCall final : public grpc::ServerUnaryReactor {
+ public:
+  using Attempt = std::function<std::optional<grpc::Status>(bool final)>;
+
+  static grpc::ServerUnaryReactor* Start(WaitSet* waits, std::string key, int64_t wait_ms,
+                                         Attempt attempt) {
+    auto* call = new LongCall();
+    call->core_->reactor = call;
+    call->core_->waits = waits;
+    call->core_->key = std::move(key);
+    call->core_->deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, wait_ms));
+    call->core_->attempt = std::move(attempt);
+    call->core_->Evaluate(wait_ms <= 0);
+    return call;
+  }
+
+  void OnCancel() override { core_->Answer(grpc::Status::CANCELLED); }
+  void OnDone() override { delete this; }
+
+ private:
+  // Outlives the reactor while a wait callback may still run.
+  struct Core : std::enable_shared_from_this<Core> {
+    std::recursive_mutex mu;
+    LongCall* reactor = nullptr;
+    WaitSet* waits = nullptr;
+    std::string key;
+    Clock::time_point deadline;
+    Attempt attempt;
+    bool finished = false;
+    bool evaluating = false;
+    bool rerun = false;
+    bool rerun_final = false;
+    uint64_t wait_id = 0;
+
+    void Evaluate(bool final) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (finished) return;
+      if (evaluating) {  // A notification this very evaluation caused: look once more after.
+        rerun = true;
+        rerun_final |= final;
+        return;
+      }
+      evaluating = true;
+      for (int round = 0; round < kMaxEvaluationsInARow && !finished; ++round) {
+        rerun = false;
+        if (!final) {
+          // Wait first, then look: a change between the two still wakes this call.
+          std::shared_ptr<Core> self = shared_from_this();
+          wait_id = waits->Wait(key, deadline, [self](Reason reason) { self->OnWake(reason); });
+          if (finished) break;  // The wait set is shutting down.
+        }
+        std::optional<grpc::Status> answer = attempt(final);
+        if (answer.has_value() || final) {
+          Answer(answer.value_or(grpc::Status::OK));
+          break;
+        }
+        if (!rerun) break;
+        final = rerun_final;
+      }
+      evaluating = false;
+    }
+
+    void OnWake(Reason reason) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (finished) return;
+      wait_id = 0;  // Consumed.
+      switch (reason) {
+        case Reason::kNotified:
+          Evaluate(false);
+          break;
+        case Reason::kDeadline:
+          Evaluate(true);
+          break;
+        case Reason::kCancelled:
+          Answer(grpc::Status::CANCELLED);
+          break;
+        case Reason::kShutdown:
+          Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+          break;
+      }
+    }
+
+    void Answer(const grpc::Status& status) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (finished) return;
+      finished = true;
+      if (wait_id != 0) {
+        const uint64_t id = wait_id;
+        wait_id = 0;
+        waits->Cancel(id);  // Its callback sees `finished` and does nothing.
+      }
+      reactor->Finish(status);
+    }
+  };
+
+  LongCall() : core_(std::make_shared<Core>()) {}
+  std::shared_ptr<Core> core_;
+};
+
+// WatchJob: the snapshot, then each event in order, one write at a time, until the job's
+// terminal state change has been written (or the client goes away).
+class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
+ public:
+  static grpc::ServerWriteReactor<v1::WatchJobEvent>* Start(CoordinatorState* state,
+                                                            WaitSet* waits,
+                                                            const std::string& job_id) {
+    auto* call = new WatchCall();
+    Core& core = *call->core_;
+    core.reactor = call;
+    core.state = state;
+    core.waits = waits;
+    core.job_id = job_id;
+    auto snapshot = state->WatchSnapshot(job_id);
+    std::lock_guard<std::recursive_mutex> lock(core.mu);
+    if (!snapshot.ok()) {
+      core.finished = true;
+      call->Finish(ToGrpcStatus(snapshot.status()));
+      return call;
+    }
+    core.last_sequence = snapshot->sequence();
+    const v1::JobState job_state = snapshot->snapshot().state();
+    core.complete = job_state == v1::SUCCEEDED || job_state == v1::FAILED ||
+                    job_state == v1::CANCELLED;
+    core.queue.push_back(std::move(*snapshot));
+    core.Pump();
+    return call;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::recursive_mutex> lock(core_->mu);
+    core_->writing = false;
+    if (!core_->queue.empty()) core_->queue.pop_front();
+    if (!ok) {
+      core_->End(grpc::Status::CANCELLED);
+      return;
+    }
+    core_->Pump();
+  }
+  void OnCancel() override { core_->End(grpc::Status::CANCELLED); }
+  void OnDone() override { delete this; }
+
+ private:
+  struct Core : std::enable_shared_from_this<Core> {
+    std::recursive_mutex mu;
+    WatchCall* reactor = nullptr;
+    CoordinatorState* state = nullptr;
+    WaitSet* waits = nullptr;
+    std::string job_id;
+    std::deque<v1::WatchJobEvent> queue;  // front() is being written while `writing`
+    int64_t last_sequence = 0;
+    bool complete = false;  // The terminal state change is queued or written.
+    bool writing = false;
+    bool finished = false;
+    uint64_t wait_id = 0;
+
+    // Writes the next event, ends the call, or waits for the job to change (mu held).
+    void Pump() {
+      if (finished || writing) return;
+      if (!queue.empty()) {
+        writing = true;
+        reactor->StartWrite(&queue.front());
+        return;
+      }
+      if (complete) {
+        End(grpc::Status::OK);
+        return;
+      }
+      if (wait_id == 0) {
+        std::shared_ptr<Core> self = shared_from_this();
+        wait_id = waits->Wait(CoordinatorState::JobKey(job_id), Clock::now() + kWatchRecheck,
+                              [self](Reason reason) { self->OnWake(reason); });
+      }
+      Fetch();  // Anything that arrived before the wait was registered.
+    }
+
+    void Fetch() {
+      auto batch = state->JobEventsSince(job_id, last_sequence);
+      if (!batch.ok()) {
+        End(ToGrpcStatus(batch.status()));
+        return;
+      }
+      for (v1::WatchJobEvent& event : batch->events) {
+        last_sequence = event.sequence();
+        queue.push_back(std::move(event));
+      }
+      complete = batch->finished;
+      if (!queue.empty() && !writing) {
+        writing = true;
+        reactor->StartWrite(&queue.front());
+      } else if (queue.empty() && complete) {
+        End(grpc::Status::OK);
+      }
+    }
+
+    void OnWake(Reason reason) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (finished) return;
+      wait_id = 0;
+      if (reason == Reason::kCancelled) return End(grpc::Status::CANCELLED);
+      if (reason == Reason::kShutdown) {
+        return End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+      }
+      Pump();
+    }
+
+    void End(const grpc::Status& status) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (finished) return;
+      finished = true;
+      if (wait_id != 0) {
+        const uint64_t id = wait_id;
+        wait_id = 0;
+        waits->Cancel(id);
+      }
+      reactor->Finish(status);
+    }
+  };
+
+  WatchCall() : core_(std::make_shared<Core>()) {}
+  std::shared_ptr<Core> core_;
+};
 
 }  // namespace
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
-                                           const v1::SubmitJobRequest* request,
-                                           v1::SubmitJobResponse* response) {
-  return Answer(state_->SubmitJob(*request, auth_->Identify(*context).principal), response);
+// ---- Coordinator ----
+
+grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
+                                                        const v1::SubmitJobRequest* request,
+                                                        v1::SubmitJobResponse* response) {
+  return AnswerNow(context, state_->SubmitJob(*request, auth_->Identify(*context).principal),
+                   response);
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
-                                        v1::GetJobResponse* response) {
-  return Answer(state_->GetJob(request->job_id()), response->mutable_job());
+grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
+                                                     const v1::GetJobRequest* request,
+                                                     v1::GetJobResponse* response) {
+  return AnswerNow(context, state_->GetJob(request->job_id()), response->mutable_job());
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
-                                          v1::ListJobsResponse* response) {
-  return Answer(state_->ListJobs(*request), response);
+grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
+                                                       const v1::ListJobsRequest* request,
+                                                       v1::ListJobsResponse* response) {
+  return AnswerNow(context, state_->ListJobs(*request), response);
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
-                                           const v1::CancelJobRequest* request,
-                                           v1::CancelJobResponse* response) {
+grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
+                                                        const v1::CancelJobRequest* request,
+                                                        v1::CancelJobResponse* response) {
   const CallerIdentity caller = auth_->Identify(*context);
   auto state = state_->CancelJob(request->job_id(), caller.principal, caller.admin);
-  if (!state.ok()) return ToGrpcStatus(state.status());
-  response->set_state(*state);
-  return grpc::Status::OK;
+  if (state.ok()) response->set_state(*state);
+  return AnswerNow(context, state.status());
 }
 
-grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
-                                             v1::ListWorkersResponse* response) {
+grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* context,
+                                                          const v1::ListWorkersRequest*,
+                                                          v1::ListWorkersResponse* response) {
   for (v1::Worker& worker : state_->ListWorkers()) *response->add_workers() = std::move(worker);
-  return grpc::Status::OK;
+  return AnswerNow(context, absl::OkStatus());
 }
 
-grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
-                                          const v1::WatchJobRequest* request,
-                                          grpc::ServerWriter<v1::WatchJobEvent>* writer) {
-  auto snapshot = state_->WatchSnapshot(request->job_id());
-  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
-  if (!writer->Write(*snapshot)) return grpc::Status::CANCELLED;
-  int64_t last_sequence = snapshot->sequence();
-  // The snapshot already shows a terminal state: nothing more will come.
-  const v1::JobState state = snapshot->snapshot().state();
-  if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) {
-    return grpc::Status::OK;
-  }
-  while (!context->IsCancelled()) {
-    auto batch = state_->WaitForJobEvents(request->job_id(), last_sequence, kWaitSliceMs);
-    if (!batch.ok()) return ToGrpcStatus(batch.status());
-    for (const v1::WatchJobEvent& event : batch->events) {
-      if (!writer->Write(event)) return grpc::Status::CANCELLED;
-      last_sequence = event.sequence();
-    }
-    if (batch->finished) return grpc::Status::OK;
-  }
-  return grpc::Status::CANCELLED;
+grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
+    grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
+  return WatchCall::Start(state_, waits_, request->job_id());
 }
 
-grpc::Status WorkerControlService::RegisterWorker(grpc::ServerContext* context,
-                                                  const v1::RegisterWorkerRequest* request,
-                                                  v1::RegisterWorkerResponse* response) {
-  return Answer(state_->RegisterWorker(*request, auth_->Identify(*context).principal), response);
+// ---- WorkerControl ----
+
+grpc::ServerUnaryReactor* WorkerControlService::RegisterWorker(
+    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  return AnswerNow(context, state_->RegisterWorker(*request, auth_->Identify(*context).principal),
+                   response);
 }
 
-grpc::Status WorkerControlService::Heartbeat(grpc::ServerContext*,
-                                             const v1::HeartbeatRequest* request,
-                                             v1::HeartbeatResponse*) {
-  return ToGrpcStatus(state_->Heartbeat(*request));
+grpc::ServerUnaryReactor* WorkerControlService::Heartbeat(grpc::CallbackServerContext* context,
+                                                          const v1::HeartbeatRequest* request,
+                                                          v1::HeartbeatResponse*) {
+  return AnswerNow(context, state_->Heartbeat(*request));
 }
 
-grpc::Status WorkerControlService::DeregisterWorker(grpc::ServerContext*,
-                                                    const v1::DeregisterWorkerRequest* request,
-                                                    v1::DeregisterWorkerResponse*) {
-  return ToGrpcStatus(state_->DeregisterWorker(*request));
+grpc::ServerUnaryReactor* WorkerControlService::DeregisterWorker(
+    grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
+    v1::DeregisterWorkerResponse*) {
+  return AnswerNow(context, state_->DeregisterWorker(*request));
 }
 
-grpc::Status WorkerControlService::PollAssignments(grpc::ServerContext* context,
-                                                   const v1::PollAssignmentsRequest* request,
-                                                   v1::PollAssignmentsResponse* response) {
-  int64_t remaining_ms = std::clamp<int64_t>(request->wait_ms(), 0, kMaxPollWaitMs);
-  v1::PollAssignmentsRequest slice = *request;
-  while (true) {
-    slice.set_wait_ms(std::min(remaining_ms, kWaitSliceMs));
-    auto result = state_->PollAssignments(slice);
-    if (!result.ok()) return ToGrpcStatus(result.status());
-    remaining_ms -= slice.wait_ms();
-    if (result->start_size() > 0 || result->stop_size() > 0 || remaining_ms <= 0 ||
-        context->IsCancelled()) {
-      *response = *result;
-      return grpc::Status::OK;
-    }
-  }
+grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
+    grpc::CallbackServerContext*, const v1::PollAssignmentsRequest* request,
+    v1::PollAssignmentsResponse* response) {
+  const int64_t wait_ms = std::clamp<int64_t>(request->wait_ms(), 0, kMaxPollWaitMs);
+  return LongCall::Start(
+      waits_, CoordinatorState::WorkerKey(request->worker_id()), wait_ms,
+      [this, request, response](bool final) -> std::optional<grpc::Status> {
+        auto result = state_->PollAssignments(*request);
+        if (!result.ok()) return ToGrpcStatus(result.status());
+        if (result->start_size() == 0 && result->stop_size() == 0 && !final) return std::nullopt;
+        *response = std::move(*result);
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status WorkerControlService::ReportRankExit(grpc::ServerContext*,
-                                                  const v1::ReportRankExitRequest* request,
-                                                  v1::ReportRankExitResponse*) {
-  return ToGrpcStatus(state_->ReportRankExit(*request));
+grpc::ServerUnaryReactor* WorkerControlService::ReportRankExit(
+    grpc::CallbackServerContext* context, const v1::ReportRankExitRequest* request,
+    v1::ReportRankExitResponse*) {
+  return AnswerNow(context, state_->ReportRankExit(*request));
 }
 
-grpc::Status WorkerControlService::KeyValueSet(grpc::ServerContext*,
-                                               const v1::KeyValueSetRequest* request,
-                                               v1::KeyValueSetResponse*) {
-  return ToGrpcStatus(state_->KeyValueSet(*request));
+grpc::ServerUnaryReactor* WorkerControlService::KeyValueSet(grpc::CallbackServerContext* context,
+                                                            const v1::KeyValueSetRequest* request,
+                                                            v1::KeyValueSetResponse*) {
+  return AnswerNow(context, state_->KeyValueSet(*request));
 }
 
-grpc::Status WorkerControlService::KeyValueGet(grpc::ServerContext* context,
-                                               const v1::KeyValueGetRequest* request,
-                                               v1::KeyValueGetResponse* response) {
-  int64_t remaining_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKeyValueWaitMs);
-  while (true) {
-    int64_t slice_ms = std::min(remaining_ms, kWaitSliceMs);
-    auto value = state_->KeyValueGet(*request, slice_ms);
-    remaining_ms -= slice_ms;
-    if (value.ok()) {
-      response->set_value(*value);
-      return grpc::Status::OK;
-    }
-    if (value.status().code() != absl::StatusCode::kDeadlineExceeded || remaining_ms <= 0) {
-      if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
+grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServerContext*,
+                                                            const v1::KeyValueGetRequest* request,
+                                                            v1::KeyValueGetResponse* response) {
+  const int64_t wait_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKeyValueWaitMs);
+  return LongCall::Start(
+      waits_, CoordinatorState::JobKey(request->job_id()), wait_ms,
+      [this, request, response](bool final) -> std::optional<grpc::Status> {
+        auto value = state_->KeyValueGet(*request);
+        if (!value.ok()) return ToGrpcStatus(value.status());
+        if (value->has_value()) {
+          response->set_value(**value);
+          return grpc::Status::OK;
+        }
+        if (!final) return std::nullopt;
         return ToGrpcStatus(absl::DeadlineExceededError(
             absl::StrCat("key ", TruncateForError(request->key(), 128), " of job ",
                          TruncateForError(request->job_id(), 128), " not set within ",
                          request->timeout_ms(), " ms")));
-      }
-      return ToGrpcStatus(value.status());
-    }
-    if (context->IsCancelled()) return grpc::Status::CANCELLED;
-  }
+      });
 }
 
-grpc::Status WorkerControlService::ReportTelemetry(grpc::ServerContext*,
-                                                   const v1::ReportTelemetryRequest* request,
-                                                   v1::ReportTelemetryResponse* response) {
-  return Answer(state_->ReportTelemetry(*request), response);
+grpc::ServerUnaryReactor* WorkerControlService::ReportTelemetry(
+    grpc::CallbackServerContext* context, const v1::ReportTelemetryRequest* request,
+    v1::ReportTelemetryResponse* response) {
+  return AnswerNow(context, state_->ReportTelemetry(*request), response);
 }
 
-grpc::Status WorkerControlService::ReportRankResult(grpc::ServerContext*,
-                                                    const v1::ReportRankResultRequest* request,
-                                                    v1::ReportRankResultResponse*) {
-  return ToGrpcStatus(state_->ReportRankResult(*request));
+grpc::ServerUnaryReactor* WorkerControlService::ReportRankResult(
+    grpc::CallbackServerContext* context, const v1::ReportRankResultRequest* request,
+    v1::ReportRankResultResponse*) {
+  return AnswerNow(context, state_->ReportRankResult(*request));
 }
 
 }  // namespace mptrain

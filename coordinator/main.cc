@@ -16,6 +16,8 @@
 #include "coordinator/coordinator_state.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/server_security.h"
+#include "coordinator/wait_set.h"
+#include "grpcpp/resource_quota.h"
 #include "coordinator/store/sqlite_job_store.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -46,6 +48,9 @@ ABSL_FLAG(bool, insecure, false,
 // gRPC's default receive limit is 4 MiB; the largest legitimate message (a 1 MiB spec or key
 // value) is far below it, and each RPC checks its own fields' limits with a clear error.
 constexpr int kMaxReceiveMessageBytes = 4 << 20;
+constexpr int kMaxServerThreads = 32;
+constexpr size_t kMaxServerMemoryBytes = size_t{2} << 30;
+constexpr int kMaxStreamsPerConnection = 20'000;
 
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv, "coordinator --listen HOST:PORT [--heartbeat-timeout SECONDS]");
@@ -99,19 +104,29 @@ int main(int argc, char** argv) {
   options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
   options.finished_job_retention_ms =
       static_cast<int64_t>(absl::GetFlag(FLAGS_finished_job_retention_s) * 1000);
+  // Long calls wait here, not on a thread; the state names what each mutation changed.
+  mptrain::WaitSet waits;
+  options.notify = [&waits](const std::vector<std::string>& keys) { waits.Notify(keys); };
   mptrain::CoordinatorState state(options);
   if (absl::Status restored = state.Restore(); !restored.ok()) {
     spdlog::error("{}", std::string(restored.message()));
     return 2;
   }
-  mptrain::CoordinatorService coordinator_service(&state, security->authenticator);
-  mptrain::WorkerControlService worker_service(&state, security->authenticator);
+  mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator);
+  mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), security->credentials, &port);
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  // Explicit quotas: no call holds a thread while it waits (callback API), and gRPC's own
+  // threads and memory are capped.
+  grpc::ResourceQuota quota("coordinator");
+  quota.SetMaxThreads(kMaxServerThreads);
+  quota.Resize(kMaxServerMemoryBytes);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -139,7 +154,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &signal);
     spdlog::info("signal {}: shutting down", signal);
     stopping.store(true);
-    state.WakeAll();
+    waits.Shutdown();  // Every waiting call answers UNAVAILABLE now.
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();

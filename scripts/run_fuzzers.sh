@@ -19,23 +19,23 @@ if ! [[ "$SECONDS_PER_FUZZER" =~ ^[0-9]+$ ]] || [ "$SECONDS_PER_FUZZER" -lt 1 ];
 fi
 FUZZERS=(${MPTRAIN_FUZZERS:-job_spec_fuzzer npy_fuzzer safetensors_fuzzer checkpoint_fuzzer
                             coordinator_state_fuzzer})
-OUTPUT_BASE="${MPTRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_mptrain_fuzz}"
+# Keyed by the checkout's path, as Bazel's own default is: an output base shared by two
+# checkouts keeps runfiles links into the first one.
+OUTPUT_BASE="${MPTRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_mptrain_fuzz_$(pwd | md5sum | cut -c1-12)}"
 JOBS="${MPTRAIN_FUZZ_JOBS:-$(nproc)}"
 
 # ---- Tools: the project's packages, then clang and its libFuzzer runtime ----
 bash scripts/setup.sh
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-if ! command -v clang >/dev/null; then
-  echo "run_fuzzers: installing clang" >&2
+apt_install() {
+  echo "run_fuzzers: installing $*" >&2
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang >/dev/null
-fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+if ! command -v clang >/dev/null; then apt_install clang; fi
 if [ ! -e "$(clang -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a" ]; then
-  package="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
-  echo "run_fuzzers: installing $package (the libFuzzer runtime)" >&2
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+  apt_install "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"  # the libFuzzer runtime
 fi
 
 # ---- Build ----
@@ -50,7 +50,8 @@ if ! "${BAZEL[@]}" build --config=fuzz "${TARGETS[@]}" >"$WORK/build.log" 2>&1; 
   exit 1
 fi
 BIN="$("${BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
-echo "run_fuzzers: built ${#FUZZERS[@]} fuzzers in $((SECONDS - build_start)) s; running each for ${SECONDS_PER_FUZZER} s, $JOBS at a time (work dir $WORK)"
+echo "run_fuzzers: built ${#FUZZERS[@]} fuzzers in $((SECONDS - build_start)) s; running each" \
+  "for $SECONDS_PER_FUZZER s, $JOBS at a time (work dir $WORK)"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -63,7 +64,9 @@ run_one() {
   mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
   cp fuzz/corpus/"$fuzzer"/* "$dir/corpus/"
   local rc=0
-  TMPDIR="$dir/tmp" "$BIN/$fuzzer" -max_total_time="$SECONDS_PER_FUZZER" -timeout=10 \
+  # A fixed seed (FUZZ_SEED, default 1) makes a CI run reproducible; set another to explore.
+  TMPDIR="$dir/tmp" "$BIN/$fuzzer" -seed="${FUZZ_SEED:-1}" -max_total_time="$SECONDS_PER_FUZZER" \
+    -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/artifacts/" \
     "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
   echo "$rc" >"$dir/rc"
@@ -92,18 +95,20 @@ for fuzzer in "${FUZZERS[@]}"; do
   if [ "$rc" -eq 0 ] && [ ${#found[@]} -eq 0 ]; then verdict=OK; else verdict=FAILED; fi
   printf 'fuzz: %-26s %-6s runs=%s cov=%s ft=%s corpus=%s new_units=%s exec/s=%s peak_rss_mb=%s\n' \
     "$fuzzer" "$verdict" "$(final_stat number_of_executed_units)" "${cov:-?}" "${ft:-?}" \
-    "${corp:-?}" "$(final_stat new_units_added)" "$(final_stat average_exec_per_sec)" "$(final_stat peak_rss_mb)"
+    "${corp:-?}" "$(final_stat new_units_added)" "$(final_stat average_exec_per_sec)" \
+    "$(final_stat peak_rss_mb)"
   if [ "$verdict" = FAILED ]; then
     failed=1
-    grep -E "ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|invariant violated|SUMMARY:|fatal error|terminate called|what\(\)" \
-      "$dir/log" | head -8 | sed 's/^/    /' >&2 || true
-    echo "    exit status $rc; log: $dir/log" >&2
+    pattern="ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|invariant violated"
+    pattern+="|SUMMARY:|fatal error|terminate called|what\(\)"
+    grep -E "$pattern" "$dir/log" | head -8 | sed 's/^/    /' || true
+    echo "    exit status $rc; log: $dir/log"
     for artifact in "${found[@]}"; do
-      echo "    reproducer: $artifact" >&2
-      echo "    reproduce:  $BIN/$fuzzer $artifact" >&2
+      echo "    reproducer: $artifact"
+      echo "    reproduce:  $BIN/$fuzzer $artifact"
     done
     if [ "$fuzzer" = coordinator_state_fuzzer ]; then
-      echo "    (MPTRAIN_FUZZ_TRACE=1 prints the calls the input decodes to)" >&2
+      echo "    (MPTRAIN_FUZZ_TRACE=1 prints the calls the input decodes to)"
     fi
   fi
 done

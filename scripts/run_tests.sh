@@ -6,3 +6,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bazel build //...
 bazel test //... "$@"
+
+# Sanitizers: the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (gcc), then
+# 20 s per libFuzzer harness (clang, ASan + UBSan; fuzz/). Each has its own output base, so the
+# plain build's outputs stay; like Bazel's default one it is keyed by the checkout's path (a
+# shared one would keep runfiles links into another checkout).
+ASAN_OUTPUT_BASE="$HOME/.cache/bazel_mptrain_asan_$(pwd | md5sum | cut -c1-12)"
+bazel --output_base="$ASAN_OUTPUT_BASE" test --config=asan --build_tests_only \
+  //common/... //io/... //trainer/... //coordinator/... //client/... //worker/... //backends/cpu/...
+bash scripts/run_fuzzers.sh 20

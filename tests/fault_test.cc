@@ -169,7 +169,8 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
       "checkpoint_every": 100, "checkpoint_dir": ")", dir, "/", name, R"(",
       "max_restarts": 1, "output_checkpoint": ")", dir, "/", name, R"(.safetensors"})"));
   };
-  RunCommand("mkdir -p " + dir + "/whole " + dir + "/restarted");
+  RunCommand("rm -rf " + dir + "/whole* " + dir + "/restarted* && mkdir -p " + dir + "/whole " +
+             dir + "/restarted");  // A rerun finds the last run's outputs otherwise.
 
   CommandResult whole = cluster.Trainctl("submit " + spec("whole") + " --wait");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;

@@ -2,6 +2,7 @@
 // trainctl and by raw worker-side RPCs, all on loopback.
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -70,6 +71,7 @@ TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference)
   for (float& v : features.values) v = normal(generator);
   for (float& v : targets.values) v = normal(generator);
   const std::string dir = TestTempDir();
+  std::remove((dir + "/out.safetensors").c_str());  // Outputs are never replaced.
   ASSERT_TRUE(WriteNpyMatrix(dir + "/features.npy", features).ok());
   ASSERT_TRUE(WriteNpyMatrix(dir + "/targets.npy", targets).ok());
   v1::ModelSpec model;

@@ -187,7 +187,7 @@ absl::Status LocalCluster::Start() {
     for (const std::string& flag : options_.worker_flags) argv.push_back(flag);
     worker_pids_.push_back(Spawn(argv, absl::StrCat(dir_, "/worker", i, ".log")));
   }
-  for (int attempt = 0; attempt < 200; ++attempt) {
+  for (int attempt = 0; attempt < 1200; ++attempt) {  // 30 s: a loaded CI machine is slow
     v1::ListWorkersResponse response;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer/backend_registry.h"
+#include "worker/address.h"
 #include "worker/path_policy.h"
 #include "worker/rank_process.h"
 #include "worker/worker_daemon.h"
@@ -28,7 +29,9 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address HOST
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (cuda when GPUs are visible)");
 ABSL_FLAG(int, slots, 0,
           "Ranks this worker runs at once. Default: one per GPU for cuda, 2 for cpu");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address other ranks reach this worker at");
+ABSL_FLAG(std::string, host, "",
+          "Address other machines' ranks reach this worker at (default: this machine's address "
+          "on the route to the coordinator)");
 ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
 ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
@@ -110,7 +113,14 @@ int main(int argc, char** argv) {
 
   mptrain::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  options.host = absl::GetFlag(FLAGS_host);
+  absl::StatusOr<std::string> host =
+      mptrain::ChooseAdvertisedHost(absl::GetFlag(FLAGS_host), options.coordinator);
+  if (!host.ok()) {
+    mptrain::InitLogging("worker", absl::GetFlag(FLAGS_log_level));
+    spdlog::error("{}", std::string(host.status().message()));
+    return 2;
+  }
+  options.host = *host;
   options.name = absl::GetFlag(FLAGS_name).empty()
                      ? absl::StrCat(options.host, ":", getpid())
                      : absl::GetFlag(FLAGS_name);

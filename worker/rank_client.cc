@@ -16,6 +16,7 @@ constexpr auto kRpcDeadline = std::chrono::seconds(10);
 constexpr size_t kMaxQueuedRecords = 10'000;
 constexpr auto kResultRetryFor = std::chrono::seconds(180);
 constexpr auto kFinalFlushRetryFor = std::chrono::seconds(60);
+constexpr auto kRendezvousRetryFor = std::chrono::seconds(60);
 
 void SetDeadline(grpc::ClientContext* context, std::chrono::milliseconds extra = {}) {
   context->set_deadline(std::chrono::system_clock::now() + kRpcDeadline + extra);
@@ -31,10 +32,20 @@ absl::Status GrpcKeyValueStore::Set(const std::string& key, const std::string& v
   request.set_rank_secret(identity_.secret);
   request.set_key(key);
   request.set_value(value);
-  v1::KeyValueSetResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  return FromGrpcStatus(stub_->KeyValueSet(&context, request, &response));
+  // The store is write-once and a repeated set of the same value is fine, so a set is retried
+  // while the coordinator is away (restarting), for as long as a rendezvous would wait anyway.
+  const auto give_up = std::chrono::steady_clock::now() + kRendezvousRetryFor;
+  while (true) {
+    v1::KeyValueSetResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    grpc::Status status = stub_->KeyValueSet(&context, request, &response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() >= give_up) {
+      return FromGrpcStatus(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64_t timeout_ms) {
@@ -44,13 +55,25 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64
   request.set_rank(identity_.rank);
   request.set_rank_secret(identity_.secret);
   request.set_key(key);
-  request.set_timeout_ms(timeout_ms);
-  v1::KeyValueGetResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, std::chrono::milliseconds(timeout_ms));
-  grpc::Status status = stub_->KeyValueGet(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response.value();
+  // Waits in the coordinator up to timeout_ms in all; an unreachable coordinator (restarting)
+  // is tried again until then.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    const int64_t left_ms = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               give_up - std::chrono::steady_clock::now())
+               .count());
+    request.set_timeout_ms(left_ms);
+    v1::KeyValueGetResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, std::chrono::milliseconds(left_ms));
+    grpc::Status status = stub_->KeyValueGet(&context, request, &response);
+    if (status.ok()) return response.value();
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || left_ms == 0) {
+      return FromGrpcStatus(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(500, left_ms)));
+  }
 }
 
 TelemetryReporter::TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub,

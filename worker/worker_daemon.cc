@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/secrets.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_launcher.h"
 
@@ -73,7 +74,10 @@ void SleepUnless(const std::atomic<bool>* stop, int64_t ms) {
 
 WorkerDaemon::WorkerDaemon(WorkerOptions options,
                            std::shared_ptr<v1::WorkerControl::StubInterface> stub)
-    : options_(std::move(options)), stub_(std::move(stub)), incarnation_(RandomIncarnation()) {}
+    : options_(std::move(options)),
+      stub_(std::move(stub)),
+      incarnation_(RandomIncarnation()),
+      registration_nonce_(RandomSecret()) {}
 
 WorkerDaemon::~WorkerDaemon() { StopAll(); }
 
@@ -88,6 +92,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   *request.mutable_data_roots() = {options_.data_roots.begin(), options_.data_roots.end()};
   *request.mutable_output_roots() = {options_.output_roots.begin(), options_.output_roots.end()};
   request.set_memory_bytes(options_.memory_bytes);
+  request.set_registration_nonce(registration_nonce_);
   int64_t backoff_ms = 200;
   while (!stop->load()) {
     v1::RegisterWorkerResponse response;

@@ -68,6 +68,7 @@ class WorkerDaemon {
   WorkerOptions options_;
   std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
   const uint64_t incarnation_;
+  const std::string registration_nonce_;  // Private: makes a retried registration idempotent.
   std::mutex mu_;
   std::string worker_id_;
   std::string worker_secret_;

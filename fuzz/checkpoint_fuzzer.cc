@@ -1,0 +1,102 @@
+// Fuzzes the checkpoint readers a restarted or initialised run trusts: the input becomes a file
+// that ReadTrainingCheckpoint and ReadInitialParameters read against a fixed small layout
+// (Linear 3 -> 2 -> 1). They must answer with a value or an error naming the file, never
+// crash, and what they accept must match the layout and the documented ranges.
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint.h"
+#include "trainer/parameter_layout.h"
+
+namespace {
+
+// One file per process (parallel fuzzing jobs must not share it), overwritten each iteration.
+const std::string& InputPath() {
+  static const std::string* path = [] {
+    const char* dir = getenv("TMPDIR");
+    return new std::string(std::string(dir != nullptr && dir[0] != '\0' ? dir : "/tmp") +
+                           "/mptrain_checkpoint_fuzzer." + std::to_string(getpid()) +
+                           ".safetensors");
+  }();
+  return *path;
+}
+
+void RemoveTempFile() { unlink(InputPath().c_str()); }
+
+const mptrain::ParameterLayout& Layout() {
+  static const mptrain::ParameterLayout* layout = [] {
+    mptrain::v1::ModelSpec model;
+    model.set_input_dim(3);
+    model.add_hidden_dims(2);
+    model.set_output_dim(1);
+    return new mptrain::ParameterLayout(mptrain::MakeParameterLayout(model));
+  }();
+  return *layout;
+}
+
+void WriteFileOrDie(const std::string& path, const uint8_t* data, size_t size) {
+  FILE* file = fopen(path.c_str(), "wb");
+  if (file == nullptr) abort();
+  if (size > 0 && fwrite(data, 1, size, file) != size) abort();
+  if (fclose(file) != 0) abort();
+}
+
+bool NamesFile(const absl::Status& status) {
+  return std::string(status.message()).find(InputPath()) != std::string::npos;
+}
+
+void CheckParameters(const std::vector<float>& values) {
+  if (values.size() != static_cast<size_t>(Layout().total)) abort();
+  for (float value : values) {
+    if (!std::isfinite(value)) abort();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  atexit(RemoveTempFile);
+  if (Layout().total != 3 * 2 + 2 + 2 * 1 + 1) abort();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  WriteFileOrDie(InputPath(), data, size);
+
+  absl::StatusOr<mptrain::TrainingCheckpoint> checkpoint =
+      mptrain::ReadTrainingCheckpoint(InputPath(), Layout());
+  if (checkpoint.ok()) {
+    CheckParameters(checkpoint->parameters);
+    CheckParameters(checkpoint->momentum);
+    const mptrain::StepState& state = checkpoint->step_state;
+    if (checkpoint->step < 0 || checkpoint->data_cursor < 0 || state.growth_tracker < 0 ||
+        state.skipped_total < 0 || state.steps_done < 0) {
+      abort();
+    }
+    if (!std::isfinite(state.scale) || !(state.scale > 0)) abort();
+  } else if (!NamesFile(checkpoint.status())) {
+    abort();
+  }
+
+  absl::StatusOr<std::vector<float>> initial =
+      mptrain::ReadInitialParameters(InputPath(), Layout());
+  if (initial.ok()) {
+    CheckParameters(*initial);
+    // A training checkpoint is also a valid initialisation, with the same parameters.
+  } else if (!NamesFile(initial.status())) {
+    abort();
+  } else if (checkpoint.ok()) {
+    abort();
+  }
+  if (checkpoint.ok() && initial.ok() && *initial != checkpoint->parameters) abort();
+  return 0;
+}
