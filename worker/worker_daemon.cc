@@ -21,7 +21,9 @@
 namespace mptrain {
 namespace {
 
-constexpr int64_t kPollWaitMs = 2'000;
+// Long: a poll is answered as soon as this worker's assignments change (the coordinator wakes
+// exactly the polls a change concerns), so the wait only bounds how often an idle worker asks.
+constexpr int64_t kPollWaitMs = 20'000;
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
 
 int64_t NowMs() {
