@@ -169,6 +169,9 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
     }
     SleepUnless(stop, interval_ms);
   }
+  // Stopping: the main loop may be inside a long-poll; end it now.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (poll_context_ != nullptr) poll_context_->TryCancel();
 }
 
 void WorkerDaemon::ReaperLoop(const std::atomic<bool>* stop) {
@@ -331,7 +334,15 @@ absl::Status WorkerDaemon::PollOnce() {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline +
                        std::chrono::milliseconds(kPollWaitMs));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    poll_context_ = &context;
+  }
   grpc::Status status = stub_->PollAssignments(&context, request, &response);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    poll_context_ = nullptr;
+  }
   if (!status.ok()) return FromGrpcStatus(status);
   for (const v1::Assignment& stop : response.stop()) RequestStop(Key(stop));
   for (const v1::Assignment& start : response.start()) StartRank(start);

@@ -75,6 +75,8 @@ class WorkerDaemon {
   int64_t heartbeat_interval_ms_ = 1'000;
   std::atomic<bool> must_register_{true};
   std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process
+  // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
+  grpc::ClientContext* poll_context_ = nullptr;
 };
 
 }  // namespace mptrain
