@@ -192,6 +192,21 @@ absl::Status CoordinatorState::Restore() {
         if (!raw->ranks[rank].result_reported) raw->awaiting_adoption.insert(rank);
       }
       raw->adopt_deadline_ms = now + options_.adopt_grace_ms;
+      if (raw->awaiting_adoption.empty()) {
+        // Every rank had reported before the restart: end the job as it would have ended.
+        std::string error;
+        for (const v1::RankProgress& progress : raw->job.progress()) {
+          if (error.empty() && !progress.error().empty()) {
+            error = absl::StrCat(DescribeRank(*raw, progress.rank()), " failed: ",
+                                 progress.error());
+          }
+        }
+        if (error.empty()) {
+          MaybeFinishJob(raw);
+        } else {
+          FailJob(raw, error);
+        }
+      }
     }
   }
   std::sort(finished.begin(), finished.end(), [](const JobRecord* a, const JobRecord* b) {
@@ -484,15 +499,18 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
 }
 
 void CoordinatorState::AppendEvent(JobRecord* record, v1::WatchJobEvent event) {
+  // A state change concerns the job's workers too; telemetry only its watchers.
+  const bool state_change = event.has_state_change();
   pending_batch_.events.push_back({record->number, record->events.Append(std::move(event))});
-  Touch(record);
+  Touch(record, state_change);
 }
 
-void CoordinatorState::Touch(JobRecord* record) {
+void CoordinatorState::Touch(JobRecord* record, bool workers_too) {
   dirty_jobs_.insert(record->job.job_id());
-  // Whoever waits on the job (a watch, a key-value get) and the workers that run it (their
-  // assignments may have changed) look again.
+  // Whoever waits on the job (a watch, a key-value get) looks again, and, when its placement,
+  // state or ranks changed, so do the workers that run it.
   wake_keys_.insert(JobKey(record->job.job_id()));
+  if (!workers_too) return;
   for (const v1::RankPlacement& placement : record->job.placement()) {
     wake_keys_.insert(WorkerKey(placement.worker_id()));
   }
@@ -703,7 +721,10 @@ void CoordinatorState::TrySchedule() {
     const v1::JobSpec& spec = record->job.spec();
     std::vector<WorkerSlots> candidates;
     for (const auto& [id, worker] : workers_) {
-      if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device()) continue;
+      if (worker.info.state() != v1::ALIVE || worker.info.device() != spec.device() ||
+          worker.awaiting_first_poll) {
+        continue;
+      }
       WorkerSlots slots{id, {}};
       for (int slot = 0; slot < worker.info.slots(); ++slot) {
         const int64_t capacity = SlotMemory(worker, slot);
@@ -861,6 +882,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
   worker.name = name;
   worker.secret = RandomSecret();
   worker.registration_nonce = request.registration_nonce();
+  for (const auto& [id, record] : jobs_) {
+    worker.awaiting_first_poll |= !record->awaiting_adoption.empty();
+  }
   std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
   worker.info.set_worker_id(worker_id);
   worker.info.set_host(request.host());
@@ -998,6 +1022,10 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
                                    request.worker_secret());
       worker.ok()) {
     AdoptRunningRanks(*worker, request);
+    if ((*worker)->awaiting_first_poll) {
+      (*worker)->awaiting_first_poll = false;
+      schedule_ = true;
+    }
   }
   std::set<std::string> running;
   for (const v1::Assignment& assignment : request.running()) {
@@ -1048,10 +1076,6 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
                    busy.attempt == request.attempt();
   }
   if (!placed_here) return absl::OkStatus();
-  JobRecord* record = FindJob(request.job_id());
-  if (record == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
-  }
   // Whatever the rank's job does next, its slot is free once its process is gone.
   struct FreeSlotOnReturn {
     CoordinatorState* state;
@@ -1067,6 +1091,10 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
       }
     }
   } free_slot{this, request};
+  JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
   if (request.attempt() != record->attempt || request.rank() < 0 ||
       request.rank() >= static_cast<int>(record->ranks.size())) {
     return absl::OkStatus();  // A late report from an earlier attempt: nothing to do.
@@ -1175,7 +1203,7 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
     return absl::Status(status.code(), absl::StrCat("job ", request.job_id(), ": ",
                                                     status.message()));
   }
-  Touch(record);
+  Touch(record, /*workers_too=*/false);
   return absl::OkStatus();
 }
 
@@ -1244,7 +1272,7 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     *event.mutable_telemetry() = telemetry;
     AppendEvent(record, std::move(event));
   }
-  Touch(record);
+  Touch(record, /*workers_too=*/false);
   return response;
 }
 

@@ -194,6 +194,9 @@ class CoordinatorState {
     std::string name;
     std::string secret;
     std::string registration_nonce;
+    // After a coordinator restart, nothing is placed on a worker until its first poll has
+    // reported (and re-adopted) the ranks it still runs: its slots only look free.
+    bool awaiting_first_poll = false;
     std::map<int, BusySlot> busy_slots;  // slot index -> its rank
   };
   struct RankRecord {
@@ -247,7 +250,9 @@ class CoordinatorState {
   // Schedules, persists; returns the keys to notify.
   std::vector<std::string> FinishMutation();
   // The job changed: write it at the end of the mutation, and wake waiters.
-  void Touch(JobRecord* record);
+  // `workers_too`: also wake the polls of its workers (placement, state or exits changed);
+  // telemetry and key-value sets concern only the job's own waiters.
+  void Touch(JobRecord* record, bool workers_too = true);
   store::StoredJob ToStored(const JobRecord& record) const;
   // Re-binds the ranks a re-registered worker reports running to jobs awaiting adoption.
   void AdoptRunningRanks(WorkerRecord* worker, const v1::PollAssignmentsRequest& request);

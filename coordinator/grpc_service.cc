@@ -99,6 +99,11 @@ class LongCall final : public grpc::ServerUnaryReactor {
         if (!rerun) break;
         final = rerun_final;
       }
+      // Stopped re-evaluating with its last wait consumed: wait again (deadline included).
+      if (!finished && wait_id == 0 && !final) {
+        std::shared_ptr<Core> self = shared_from_this();
+        wait_id = waits->Wait(key, deadline, [self](Reason reason) { self->OnWake(reason); });
+      }
       evaluating = false;
     }
 
@@ -211,11 +216,13 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
         std::shared_ptr<Core> self = shared_from_this();
         wait_id = waits->Wait(CoordinatorState::JobKey(job_id), Clock::now() + kWatchRecheck,
                               [self](Reason reason) { self->OnWake(reason); });
+        if (finished) return;  // The wait set is shutting down: the call just ended.
       }
       Fetch();  // Anything that arrived before the wait was registered.
     }
 
     void Fetch() {
+      if (finished) return;
       auto batch = state->JobEventsSince(job_id, last_sequence);
       if (!batch.ok()) {
         End(ToGrpcStatus(batch.status()));

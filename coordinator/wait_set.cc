@@ -55,19 +55,20 @@ WaitSet::Callback WaitSet::Take(uint64_t id) {
 }
 
 void WaitSet::Notify(const std::vector<std::string>& keys) {
-  std::vector<Callback> due;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& key : keys) {
-      std::vector<uint64_t> ids;
-      auto range = by_key_.equal_range(key);
-      for (auto it = range.first; it != range.second; ++it) ids.push_back(it->second);
-      for (uint64_t id : ids) {
-        if (Callback callback = Take(id)) due.push_back(std::move(callback));
+  std::lock_guard<std::mutex> lock(mu_);
+  bool any = false;
+  for (const std::string& key : keys) {
+    std::vector<uint64_t> ids;
+    auto range = by_key_.equal_range(key);
+    for (auto it = range.first; it != range.second; ++it) ids.push_back(it->second);
+    for (uint64_t id : ids) {
+      if (Callback callback = Take(id)) {
+        notified_.push_back(std::move(callback));
+        any = true;
       }
     }
   }
-  for (Callback& callback : due) callback(Reason::kNotified);
+  if (any) timer_wake_.notify_one();
 }
 
 void WaitSet::Cancel(uint64_t id) {
@@ -88,6 +89,9 @@ void WaitSet::Shutdown() {
     std::vector<uint64_t> ids;
     for (const auto& [id, entry] : entries_) ids.push_back(id);
     for (uint64_t id : ids) due.push_back(Take(id));
+    // Taken but not yet run: they end with the shutdown too.
+    for (Callback& callback : notified_) due.push_back(std::move(callback));
+    notified_.clear();
   }
   timer_wake_.notify_all();
   for (Callback& callback : due) callback(Reason::kShutdown);
@@ -96,6 +100,14 @@ void WaitSet::Shutdown() {
 void WaitSet::TimerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!shutdown_) {
+    if (!notified_.empty()) {
+      std::vector<Callback> due = std::move(notified_);
+      notified_.clear();
+      lock.unlock();
+      for (Callback& callback : due) callback(Reason::kNotified);
+      lock.lock();
+      continue;
+    }
     if (by_deadline_.empty()) {
       timer_wake_.wait(lock);
       continue;

@@ -4,7 +4,8 @@
 // call that has nothing to answer yet registers a wait on a key ("worker:<id>", "job:<id>")
 // with a deadline and a callback, and returns its thread to gRPC. The coordinator state names
 // the keys each mutation touched; Notify runs the callbacks of exactly those waits (no wake-up
-// for everybody), a single timer thread runs the callbacks of waits whose deadline passed,
+// for everybody), and one thread of its own runs them and the callbacks of waits whose
+// deadline passed,
 // and Cancel takes a wait back (the client went away). Each wait's callback runs exactly once.
 
 #include <chrono>
@@ -32,7 +33,8 @@ class WaitSet {
   // Returns an id for Cancel. The callback runs on the notifying or the timer thread, never
   // under a lock of this class, and never twice.
   uint64_t Wait(const std::string& key, Clock::time_point deadline, Callback callback);
-  // Runs the callbacks of every wait on these keys.
+  // Runs the callbacks of every wait on these keys, soon, on the wait set's own thread: a
+  // callback never runs inside the notifier's call (which may hold another call's lock).
   void Notify(const std::vector<std::string>& keys);
   void Cancel(uint64_t id);
   void Shutdown();
@@ -56,6 +58,7 @@ class WaitSet {
   std::unordered_map<uint64_t, Entry> entries_;
   std::unordered_multimap<std::string, uint64_t> by_key_;
   std::multimap<Clock::time_point, uint64_t> by_deadline_;
+  std::vector<Callback> notified_;  // Taken by Notify, run by the timer thread.
   std::thread timer_;
 };
 
