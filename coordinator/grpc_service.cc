@@ -19,20 +19,57 @@ constexpr auto kWatchRecheck = std::chrono::minutes(10);
 // A long call re-evaluated this many times in a row by its own notifications stops and waits.
 constexpr int kMaxEvaluationsInARow = 16;
 
-// Answers a unary call now.
-template <typename T>
+// One unary call's typed messages over the raw buffers gRPC hands the handler (see
+// CoordinatorBase in the header).
+template <typename Req, typename Resp>
+struct Frame {
+  Req request;
+  Resp response;
+  grpc::ByteBuffer* out = nullptr;
+  // The status to finish with, the response serialized into the call's buffer when OK.
+  grpc::Status Seal(grpc::Status status) {
+    if (!status.ok()) return status;
+    bool own_buffer = false;
+    return grpc::SerializationTraits<Resp>::Serialize(response, out, &own_buffer);
+  }
+};
+
+// Parses the request and runs `handle(frame)`, which returns the call's reactor; bytes that do
+// not parse are answered INVALID_ARGUMENT at once.
+template <typename Req, typename Resp, typename Handle>
+grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                   Handle handle) {
+  auto frame = std::make_shared<Frame<Req, Resp>>();
+  frame->out = out;
+  grpc::ByteBuffer copy(*in);  // Deserialize consumes its buffer.
+  if (!grpc::SerializationTraits<Req>::Deserialize(&copy, &frame->request).ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the request is not a valid ", Req::descriptor()->full_name(),
+                     " (its bytes do not parse as that protobuf message)")));
+    return reactor;
+  }
+  return handle(frame);
+}
+
+// Answers at once with `result` (its value into `out` when OK).
+template <typename Req, typename Resp, typename T>
 grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
-                                    const absl::StatusOr<T>& result, T* out) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+                                    Frame<Req, Resp>& frame, const absl::StatusOr<T>& result,
+                                    T* out) {
   if (result.ok()) *out = *result;
-  reactor->Finish(result.ok() ? grpc::Status::OK : ToGrpcStatus(result.status()));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(frame.Seal(result.ok() ? grpc::Status::OK : ToGrpcStatus(result.status())));
   return reactor;
 }
 
+template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
-                                    const absl::Status& status) {
+                                    Frame<Req, Resp>& frame, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(frame.Seal(ToGrpcStatus(status)));
   return reactor;
 }
 
@@ -43,10 +80,13 @@ grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
 class LongCall final : public grpc::ServerUnaryReactor {
  public:
   using Attempt = std::function<std::optional<grpc::Status>(bool final)>;
+  // Turns the answer into the status to finish with (serializes the response).
+  using Seal = std::function<grpc::Status(const grpc::Status&)>;
 
   static grpc::ServerUnaryReactor* Start(WaitSet* waits, std::string key, int64_t wait_ms,
-                                         Attempt attempt) {
+                                         Attempt attempt, Seal seal) {
     auto* call = new LongCall();
+    call->core_->seal = std::move(seal);
     call->core_->reactor = call;
     call->core_->waits = waits;
     call->core_->key = std::move(key);
@@ -68,6 +108,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
     std::string key;
     Clock::time_point deadline;
     Attempt attempt;
+    Seal seal;
     bool finished = false;
     bool evaluating = false;
     bool rerun = false;
@@ -136,7 +177,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
         wait_id = 0;
         waits->Cancel(id);  // Its callback sees `finished` and does nothing.
       }
-      reactor->Finish(status);
+      reactor->Finish(status.ok() ? seal(status) : status);
     }
   };
 
@@ -273,39 +314,61 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
 
 // ---- Coordinator ----
 
+using SubmitFrame = Frame<v1::SubmitJobRequest, v1::SubmitJobResponse>;
+
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
-                                                        const v1::SubmitJobRequest* request,
-                                                        v1::SubmitJobResponse* response) {
-  return AnswerNow(context, state_->SubmitJob(*request, auth_->Identify(*context).principal),
-                   response);
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Dispatch<v1::SubmitJobRequest, v1::SubmitJobResponse>(
+      context, request, response, [&](std::shared_ptr<SubmitFrame> frame) {
+        return AnswerNow(context, *frame,
+                         state_->SubmitJob(frame->request, auth_->Identify(*context).principal),
+                         &frame->response);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
-                                                     const v1::GetJobRequest* request,
-                                                     v1::GetJobResponse* response) {
-  return AnswerNow(context, state_->GetJob(request->job_id()), response->mutable_job());
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return Dispatch<v1::GetJobRequest, v1::GetJobResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->GetJob(frame->request.job_id()),
+                         frame->response.mutable_job());
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
-                                                       const v1::ListJobsRequest* request,
-                                                       v1::ListJobsResponse* response) {
-  return AnswerNow(context, state_->ListJobs(*request), response);
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return Dispatch<v1::ListJobsRequest, v1::ListJobsResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->ListJobs(frame->request), &frame->response);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
-                                                        const v1::CancelJobRequest* request,
-                                                        v1::CancelJobResponse* response) {
-  const CallerIdentity caller = auth_->Identify(*context);
-  auto state = state_->CancelJob(request->job_id(), caller.principal, caller.admin);
-  if (state.ok()) response->set_state(*state);
-  return AnswerNow(context, state.status());
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Dispatch<v1::CancelJobRequest, v1::CancelJobResponse>(
+      context, request, response, [&](auto frame) {
+        const CallerIdentity caller = auth_->Identify(*context);
+        auto state =
+            state_->CancelJob(frame->request.job_id(), caller.principal, caller.admin);
+        if (state.ok()) frame->response.set_state(*state);
+        return AnswerNow(context, *frame, state.status());
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* context,
-                                                          const v1::ListWorkersRequest*,
-                                                          v1::ListWorkersResponse* response) {
-  for (v1::Worker& worker : state_->ListWorkers()) *response->add_workers() = std::move(worker);
-  return AnswerNow(context, absl::OkStatus());
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Dispatch<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+      context, request, response, [&](auto frame) {
+        for (v1::Worker& worker : state_->ListWorkers()) {
+          *frame->response.add_workers() = std::move(worker);
+        }
+        return AnswerNow(context, *frame, absl::OkStatus());
+      });
 }
 
 grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
@@ -316,82 +379,117 @@ grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
 // ---- WorkerControl ----
 
 grpc::ServerUnaryReactor* WorkerControlService::RegisterWorker(
-    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
-    v1::RegisterWorkerResponse* response) {
-  return AnswerNow(context, state_->RegisterWorker(*request, auth_->Identify(*context).principal),
-                   response);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(
+            context, *frame,
+            state_->RegisterWorker(frame->request, auth_->Identify(*context).principal),
+            &frame->response);
+      });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::Heartbeat(grpc::CallbackServerContext* context,
-                                                          const v1::HeartbeatRequest* request,
-                                                          v1::HeartbeatResponse*) {
-  return AnswerNow(context, state_->Heartbeat(*request));
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Dispatch<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->Heartbeat(frame->request));
+      });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::DeregisterWorker(
-    grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
-    v1::DeregisterWorkerResponse*) {
-  return AnswerNow(context, state_->DeregisterWorker(*request));
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::DeregisterWorkerRequest, v1::DeregisterWorkerResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->DeregisterWorker(frame->request));
+      });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
-    grpc::CallbackServerContext*, const v1::PollAssignmentsRequest* request,
-    v1::PollAssignmentsResponse* response) {
-  const int64_t wait_ms = std::clamp<int64_t>(request->wait_ms(), 0, kMaxPollWaitMs);
-  return LongCall::Start(
-      waits_, CoordinatorState::WorkerKey(request->worker_id()), wait_ms,
-      [this, request, response](bool final) -> std::optional<grpc::Status> {
-        auto result = state_->PollAssignments(*request);
-        if (!result.ok()) return ToGrpcStatus(result.status());
-        if (result->start_size() == 0 && result->stop_size() == 0 && !final) return std::nullopt;
-        *response = std::move(*result);
-        return grpc::Status::OK;
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>(
+      context, request, response, [&](auto frame) {
+        const int64_t wait_ms = std::clamp<int64_t>(frame->request.wait_ms(), 0, kMaxPollWaitMs);
+        return LongCall::Start(
+            waits_, CoordinatorState::WorkerKey(frame->request.worker_id()), wait_ms,
+            [this, frame](bool final) -> std::optional<grpc::Status> {
+              auto result = state_->PollAssignments(frame->request);
+              if (!result.ok()) return ToGrpcStatus(result.status());
+              if (result->start_size() == 0 && result->stop_size() == 0 && !final) {
+                return std::nullopt;
+              }
+              frame->response = std::move(*result);
+              return grpc::Status::OK;
+            },
+            [frame](const grpc::Status& status) { return frame->Seal(status); });
       });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::ReportRankExit(
-    grpc::CallbackServerContext* context, const v1::ReportRankExitRequest* request,
-    v1::ReportRankExitResponse*) {
-  return AnswerNow(context, state_->ReportRankExit(*request));
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::ReportRankExitRequest, v1::ReportRankExitResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->ReportRankExit(frame->request));
+      });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::KeyValueSet(grpc::CallbackServerContext* context,
-                                                            const v1::KeyValueSetRequest* request,
-                                                            v1::KeyValueSetResponse*) {
-  return AnswerNow(context, state_->KeyValueSet(*request));
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return Dispatch<v1::KeyValueSetRequest, v1::KeyValueSetResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->KeyValueSet(frame->request));
+      });
 }
 
-grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServerContext*,
-                                                            const v1::KeyValueGetRequest* request,
-                                                            v1::KeyValueGetResponse* response) {
-  const int64_t wait_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKeyValueWaitMs);
-  return LongCall::Start(
-      waits_, CoordinatorState::JobKey(request->job_id()), wait_ms,
-      [this, request, response](bool final) -> std::optional<grpc::Status> {
-        auto value = state_->KeyValueGet(*request);
-        if (!value.ok()) return ToGrpcStatus(value.status());
-        if (value->has_value()) {
-          response->set_value(**value);
-          return grpc::Status::OK;
-        }
-        if (!final) return std::nullopt;
-        return ToGrpcStatus(absl::DeadlineExceededError(
-            absl::StrCat("key ", TruncateForError(request->key(), 128), " of job ",
-                         TruncateForError(request->job_id(), 128), " not set within ",
-                         request->timeout_ms(), " ms")));
+grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return Dispatch<v1::KeyValueGetRequest, v1::KeyValueGetResponse>(
+      context, request, response, [&](auto frame) {
+        const int64_t wait_ms =
+            std::clamp<int64_t>(frame->request.timeout_ms(), 0, kMaxKeyValueWaitMs);
+        return LongCall::Start(
+            waits_, CoordinatorState::JobKey(frame->request.job_id()), wait_ms,
+            [this, frame](bool final) -> std::optional<grpc::Status> {
+              auto value = state_->KeyValueGet(frame->request);
+              if (!value.ok()) return ToGrpcStatus(value.status());
+              if (value->has_value()) {
+                frame->response.set_value(**value);
+                return grpc::Status::OK;
+              }
+              if (!final) return std::nullopt;
+              return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
+                  "key ", TruncateForError(frame->request.key(), 128), " of job ",
+                  TruncateForError(frame->request.job_id(), 128), " not set within ",
+                  frame->request.timeout_ms(), " ms")));
+            },
+            [frame](const grpc::Status& status) { return frame->Seal(status); });
       });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::ReportTelemetry(
-    grpc::CallbackServerContext* context, const v1::ReportTelemetryRequest* request,
-    v1::ReportTelemetryResponse* response) {
-  return AnswerNow(context, state_->ReportTelemetry(*request), response);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::ReportTelemetryRequest, v1::ReportTelemetryResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->ReportTelemetry(frame->request),
+                         &frame->response);
+      });
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::ReportRankResult(
-    grpc::CallbackServerContext* context, const v1::ReportRankResultRequest* request,
-    v1::ReportRankResultResponse*) {
-  return AnswerNow(context, state_->ReportRankResult(*request));
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::ReportRankResultRequest, v1::ReportRankResultResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->ReportRankResult(frame->request));
+      });
 }
 
 }  // namespace mptrain

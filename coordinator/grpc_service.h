@@ -15,6 +15,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/wait_set.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "proto/mptrain.grpc.pb.h"
 
 namespace mptrain {
@@ -23,27 +24,46 @@ namespace mptrain {
 inline constexpr int64_t kMaxPollWaitMs = 30'000;
 inline constexpr int64_t kMaxKeyValueWaitMs = 600'000;
 
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+// Unary methods are registered raw (ByteBuffer in, ByteBuffer out): their requests are parsed
+// here, so bytes that are no protobuf message of the method's type are answered
+// INVALID_ARGUMENT naming the type, not gRPC's own INTERNAL with no message.
+using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_SubmitJob<
+    v1::Coordinator::WithRawCallbackMethod_GetJob<v1::Coordinator::WithRawCallbackMethod_ListJobs<
+        v1::Coordinator::WithRawCallbackMethod_CancelJob<
+            v1::Coordinator::WithRawCallbackMethod_ListWorkers<
+                v1::Coordinator::CallbackService>>>>>;
+using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorker<
+    v1::WorkerControl::WithRawCallbackMethod_Heartbeat<
+        v1::WorkerControl::WithRawCallbackMethod_DeregisterWorker<
+            v1::WorkerControl::WithRawCallbackMethod_PollAssignments<
+                v1::WorkerControl::WithRawCallbackMethod_ReportRankExit<
+                    v1::WorkerControl::WithRawCallbackMethod_KeyValueSet<
+                        v1::WorkerControl::WithRawCallbackMethod_KeyValueGet<
+                            v1::WorkerControl::WithRawCallbackMethod_ReportTelemetry<
+                                v1::WorkerControl::WithRawCallbackMethod_ReportRankResult<
+                                    v1::WorkerControl::CallbackService>>>>>>>>>;
+
+class CoordinatorService final : public CoordinatorBase {
  public:
   CoordinatorService(CoordinatorState* state, WaitSet* waits,
                      std::shared_ptr<const Authenticator> auth)
       : state_(state), waits_(waits), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const v1::SubmitJobRequest* request,
-                                      v1::SubmitJobResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request,
-                                   v1::GetJobResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
-                                      const v1::CancelJobRequest* request,
-                                      v1::CancelJobResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
-                                        const v1::ListWorkersRequest* request,
-                                        v1::ListWorkersResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::WatchJobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
 
@@ -53,39 +73,39 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::shared_ptr<const Authenticator> auth_;  // Who is calling (the gate already ran).
 };
 
-class WorkerControlService final : public v1::WorkerControl::CallbackService {
+class WorkerControlService final : public WorkerControlBase {
  public:
   WorkerControlService(CoordinatorState* state, WaitSet* waits,
                        std::shared_ptr<const Authenticator> auth)
       : state_(state), waits_(waits), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
-                                           const v1::RegisterWorkerRequest* request,
-                                           v1::RegisterWorkerResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
-                                             const v1::DeregisterWorkerRequest* request,
-                                             v1::DeregisterWorkerResponse* response) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PollAssignments(grpc::CallbackServerContext* context,
-                                            const v1::PollAssignmentsRequest* request,
-                                            v1::PollAssignmentsResponse* response) override;
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportRankExit(grpc::CallbackServerContext* context,
-                                           const v1::ReportRankExitRequest* request,
-                                           v1::ReportRankExitResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
-                                        const v1::KeyValueSetRequest* request,
-                                        v1::KeyValueSetResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* KeyValueGet(grpc::CallbackServerContext* context,
-                                        const v1::KeyValueGetRequest* request,
-                                        v1::KeyValueGetResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportTelemetry(grpc::CallbackServerContext* context,
-                                            const v1::ReportTelemetryRequest* request,
-                                            v1::ReportTelemetryResponse* response) override;
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportRankResult(grpc::CallbackServerContext* context,
-                                             const v1::ReportRankResultRequest* request,
-                                             v1::ReportRankResultResponse* response) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
  private:
   CoordinatorState* state_;

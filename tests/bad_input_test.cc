@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <future>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "io/npy.h"
@@ -193,6 +195,34 @@ TEST_F(BadInput, HostileInitCheckpoints_FailTheJobNamingTheFile) {
   ExpectFailsNaming("garbage",
                     synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/garbage.safetensors")",
                     {"garbage.safetensors"});
+  ExpectNextJobSucceeds();
+}
+
+// Sends raw bytes to a method, as a client with a broken or hostile encoder would.
+grpc::Status CallWithBytes(const std::shared_ptr<grpc::Channel>& channel,
+                           const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(status); });
+  return done.get_future().get();
+}
+
+TEST_F(BadInput, CorruptProtobufBytes_InvalidArgumentNamingTheMessage) {
+  const std::string garbage = "\xff\xff\xff\xff\x0f\x08\x96";
+  grpc::Status submit = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("alice")),
+                                      "/mptrain.v1.Coordinator/SubmitJob", garbage);
+  EXPECT_EQ(submit.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << submit.error_message();
+  EXPECT_NE(submit.error_message().find("mptrain.v1.SubmitJobRequest"), std::string::npos)
+      << submit.error_message();
+  grpc::Status poll = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("worker")),
+                                    "/mptrain.v1.WorkerControl/PollAssignments", garbage);
+  EXPECT_EQ(poll.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << poll.error_message();
+  EXPECT_NE(poll.error_message().find("mptrain.v1.PollAssignmentsRequest"), std::string::npos);
   ExpectNextJobSucceeds();
 }
 
