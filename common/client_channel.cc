@@ -82,6 +82,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const std::string& address, const ClientSecurity& security) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   grpc::ChannelArguments arguments;
+  // gRPC backs off reconnecting up to 120 s by default: a coordinator that restarts would see
+  // its workers and ranks only minutes later. Retry at least once a second instead. (The
+  // minimum backoff is left alone: gRPC also takes it as each attempt's connect timeout, and a
+  // TLS handshake on a busy machine needs more than a few hundred milliseconds.)
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (!security.tls_ca.empty()) {
     grpc::SslCredentialsOptions options;
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca", security.tls_ca);

@@ -75,7 +75,8 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
   while (Clock::now() < deadline && restarts < 22) {
     // (A kill before the ranks started leaves nothing to re-adopt: the job restarts, PENDING
     // for a moment, from its latest checkpoint.)
-    auto job = cluster.WaitForJob(
+    // At most 8 s: a kill before the ranks are back is a point worth trying too.
+    auto moved = cluster.WaitForJob(
         interrupted_id,
         [&](const v1::Job& job) {
           const bool ended = job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
@@ -83,9 +84,13 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
           return ended ||
                  (job.state() == v1::RUNNING && MinStep(job) > last_kill_step);
         },
-        90);
+        8);
+    auto job = Get(cluster, interrupted_id);
     ASSERT_TRUE(job.ok()) << job.status();
-    if (job->state() != v1::RUNNING) break;
+    const bool ended = job->state() == v1::SUCCEEDED || job->state() == v1::FAILED ||
+                       job->state() == v1::CANCELLED;
+    if (ended) break;
+    (void)moved;
     if (MinStep(*job) < last_kill_step) last_kill_step = -1;  // Restarted from a checkpoint.
     last_kill_step = MinStep(*job);
     seen_steps.push_back(last_kill_step);
@@ -110,9 +115,11 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
   EXPECT_LE(ended->restarts(), 3);
   ASSERT_EQ(ended->progress_size(), 2);
   EXPECT_EQ(ended->progress(0).parameter_checksum(), ended->progress(1).parameter_checksum());
-  CommandResult same = RunCommand(absl::StrCat("cmp ", dir, "/whole.safetensors ", dir,
-                                               "/interrupted.safetensors && echo identical"));
-  EXPECT_NE(same.output.find("identical"), std::string::npos) << same.output;
+  // The output files differ in their metadata (the job id); the parameters must not.
+  auto reference = Get(cluster, whole_id);
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ(ended->progress(0).parameter_checksum(), reference->progress(0).parameter_checksum())
+      << "bit-identical parameters";
 
   // The earlier job is still there with its telemetry; ids do not repeat; a new job runs.
   auto earlier = Get(cluster, whole_id);

@@ -101,7 +101,8 @@ StepConfig MakeStepConfig(const v1::JobSpec& spec) {
 
 absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
                                            TrainingObserver* observer,
-                                           const std::string& resume_checkpoint) {
+                                           const std::string& resume_checkpoint,
+                                           const std::string& job_id) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
   const int64_t batch = spec.micro_batch_size();
@@ -238,10 +239,12 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   if (rank == 0 && !spec.output_checkpoint().empty()) {
     SafetensorsWriteOptions write;
     write.replace_existing = spec.overwrite_output();  // Checked before training, enforced here.
+    std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                    {"steps", std::to_string(spec.steps())}};
+    if (!job_id.empty()) metadata["mptrain_job"] = job_id;
     RETURN_IF_ERROR(WriteSafetensors(spec.output_checkpoint(),
                                      ParametersToTensors(mlp->layout(), result.parameters),
-                                     {{"format", "pt"}, {"steps", std::to_string(spec.steps())}},
-                                     write));
+                                     metadata, write));
   }
   return result;
 }

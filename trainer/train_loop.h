@@ -40,9 +40,12 @@ struct TrainingResult {
 // and data position restored: the run continues bit-identically). Rank 0 writes a checkpoint
 // every spec.checkpoint_every steps and spec.output_checkpoint at the end. Errors carry their
 // cause (data files, checkpoint, backend, collective, stop request).
+// `job_id`, when given, is stamped in the output checkpoint's metadata ("mptrain_job"): a later
+// attempt of the same job may then replace it (see worker/rank_process.cc).
 absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
                                            TrainingObserver* observer,
-                                           const std::string& resume_checkpoint = "");
+                                           const std::string& resume_checkpoint = "",
+                                           const std::string& job_id = "");
 
 // The compute dtype of a precision: FP16/BF16 autocast, or FP32.
 DType ComputeDType(v1::Precision precision);

@@ -19,6 +19,7 @@
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/backend_registry.h"
 #include "trainer/train_loop.h"
+#include "io/safetensors.h"
 #include "worker/path_policy.h"
 #include "worker/rank_client.h"
 
@@ -82,8 +83,18 @@ void StartSignalThread() {
 // Checks every path of the spec against the worker's roots before anything is opened, and
 // replaces each by its resolved form (so a symlink swapped in later is not followed: the
 // readers also refuse a symlink as the final component). Only rank 0 writes.
-absl::Status ConfinePaths(const RankProcessOptions& options, int rank, v1::JobSpec* spec,
-                          std::string* resume_checkpoint) {
+// Whether `path` is this job's own output, written by an earlier attempt (its metadata names
+// the job): a restarted job may replace it, nobody else's file.
+bool IsOwnOutput(const std::string& path, const std::string& job_id) {
+  std::map<std::string, std::string> metadata;
+  if (!ReadSafetensors(path, &metadata).ok()) return false;
+  auto it = metadata.find("mptrain_job");
+  return it != metadata.end() && it->second == job_id;
+}
+
+absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignment& assignment,
+                          v1::JobSpec* spec, std::string* resume_checkpoint) {
+  const int rank = assignment.rank();
   absl::StatusOr<PathPolicy> policy = PathPolicy::Create(options.data_roots, options.output_roots);
   if (!policy.ok()) return policy.status();
   auto confine = [](absl::StatusOr<std::string> resolved, std::string* path) {
@@ -109,9 +120,17 @@ absl::Status ConfinePaths(const RankProcessOptions& options, int rank, v1::JobSp
   }
   if (rank != 0) return absl::OkStatus();
   if (!spec->output_checkpoint().empty()) {
-    RETURN_IF_ERROR(confine(policy->CheckWrite("output_checkpoint", spec->output_checkpoint(),
-                                               spec->overwrite_output()),
-                            spec->mutable_output_checkpoint()));
+    absl::StatusOr<std::string> output = policy->CheckWrite(
+        "output_checkpoint", spec->output_checkpoint(), spec->overwrite_output());
+    if (output.status().code() == absl::StatusCode::kAlreadyExists && assignment.attempt() > 1) {
+      absl::StatusOr<std::string> again =
+          policy->CheckWrite("output_checkpoint", spec->output_checkpoint(), true);
+      if (again.ok() && IsOwnOutput(*again, assignment.job_id())) {
+        output = again;
+        spec->set_overwrite_output(true);  // Replacing what an earlier attempt wrote.
+      }
+    }
+    RETURN_IF_ERROR(confine(output, spec->mutable_output_checkpoint()));
   }
   if (!spec->checkpoint_dir().empty()) {
     RETURN_IF_ERROR(confine(policy->CheckOutputDirectory("checkpoint_dir", spec->checkpoint_dir()),
@@ -126,7 +145,7 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   v1::JobSpec spec = assignment.spec();
   ApplyJobSpecDefaults(&spec);
   std::string resume_checkpoint = assignment.resume_checkpoint();
-  RETURN_IF_ERROR(ConfinePaths(options, assignment.rank(), &spec, &resume_checkpoint));
+  RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
   auto entry = FindBackend(spec.device());
   if (!entry.ok()) return entry.status();
   BackendOptions backend_options;
@@ -143,7 +162,8 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                spec.micro_batch_size());
   g_backend.store(backend->get());
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
-  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint);
+  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint,
+                            assignment.job_id());
   g_backend.store(nullptr);
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
