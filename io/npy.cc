@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "io/regular_file.h"
 
 namespace mptrain {
 namespace {
@@ -30,114 +31,6 @@ constexpr uint64_t kMaxHeaderBytes = 64 * 1024;
 
 constexpr char kMatrixKind[] = "2-D float32";
 constexpr char kLabelsKind[] = "int64/int32 label";
-
-// ---------------------------------------------------------------------------------------------
-// Opening and reading without blocking, following links or throwing. (safetensors.cc has the
-// same few functions: io/ has no shared file library yet.)
-
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  ScopedFd& operator=(ScopedFd&&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-struct RegularFile {
-  ScopedFd fd;
-  uint64_t size = 0;
-};
-
-const char* FileTypeName(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a plain file";
-}
-
-absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one
-  // (it has no effect on the regular files we go on to read). O_NOFOLLOW: a link as the last
-  // component fails with ELOOP rather than reading whatever it points to.
-  int fd;
-  do {
-    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    const int error = errno;
-    switch (error) {
-      case ENOENT:
-      case ENOTDIR:
-        return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-      case ELOOP:
-        return absl::PermissionDeniedError(absl::StrCat(path, ": is a symbolic link"));
-      default:
-        return absl::Status(absl::ErrnoToStatusCode(error),
-                            absl::StrCat(path, ": cannot open: ", std::strerror(error)));
-    }
-  }
-  RegularFile file{ScopedFd(fd), 0};
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int error = errno;
-    return absl::Status(absl::ErrnoToStatusCode(error),
-                        absl::StrCat(path, ": cannot stat: ", std::strerror(error)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file (it is ", FileTypeName(st.st_mode), ")"));
-  }
-  file.size = static_cast<uint64_t>(st.st_size);
-  return file;
-}
-
-// Reads exactly `size` bytes at `offset`. The caller has checked them against fstat's size, so
-// running out means that the file shrank while we read it.
-absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset,
-                    void* out, uint64_t size) {
-  char* p = static_cast<char*>(out);
-  while (size > 0) {
-    const size_t chunk = size < (uint64_t{1} << 30) ? static_cast<size_t>(size) : size_t{1} << 30;
-    const ssize_t n = pread(file.fd.get(), p, chunk, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      return absl::Status(absl::ErrnoToStatusCode(error),
-                          absl::StrCat(path, ": read failed at byte ", offset, ": ",
-                                       std::strerror(error)));
-    }
-    if (n == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ended at byte ", offset, ", before its size at open (", file.size,
-          " bytes); was it changed while being read?"));
-    }
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    size -= static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-// Runs a reader, turning an exception (an allocation the size of a huge but genuine file is
-// the only one expected) into a status, so that nothing escapes to terminate the rank.
-template <typename Fn>
-auto NoThrow(const std::string& path, Fn fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory while reading"));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The header: a Python dict literal such as

@@ -1,0 +1,87 @@
+#include "io/regular_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace mptrain {
+namespace {
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a plain file";
+}
+
+}  // namespace
+
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one
+  // (it has no effect on the regular files we go on to read). O_NOFOLLOW: a link as the last
+  // component fails with ELOOP rather than reading whatever it points to.
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int error = errno;
+    switch (error) {
+      case ENOENT:
+      case ENOTDIR:
+        return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+      case ELOOP:
+        return absl::PermissionDeniedError(absl::StrCat(path, ": is a symbolic link"));
+      default:
+        return absl::Status(absl::ErrnoToStatusCode(error),
+                            absl::StrCat(path, ": cannot open: ", std::strerror(error)));
+    }
+  }
+  RegularFile file{ScopedFd(fd), 0};
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat(path, ": cannot stat: ", std::strerror(error)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file (it is ", FileTypeName(st.st_mode), ")"));
+  }
+  file.size = static_cast<uint64_t>(st.st_size);
+  return file;
+}
+
+// Reads exactly `size` bytes at `offset`. The caller has checked them against fstat's size, so
+// running out means that the file shrank while we read it.
+absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset,
+                    void* out, uint64_t size) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const size_t chunk = size < (uint64_t{1} << 30) ? static_cast<size_t>(size) : size_t{1} << 30;
+    const ssize_t n = pread(file.fd.get(), p, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      return absl::Status(absl::ErrnoToStatusCode(error),
+                          absl::StrCat(path, ": read failed at byte ", offset, ": ",
+                                       std::strerror(error)));
+    }
+    if (n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ended at byte ", offset, ", before its size at open (", file.size,
+          " bytes); was it changed while being read?"));
+    }
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+
+}  // namespace mptrain

@@ -1,0 +1,63 @@
+#pragma once
+
+// Opening and reading files that may be hostile, shared by the readers of io/: regular files
+// only (a directory, FIFO or device is refused without blocking), never through a symbolic link
+// as the last component, every read checked against the size fstat gave, and no exception
+// escaping.
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace mptrain {
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct RegularFile {
+  ScopedFd fd;
+  uint64_t size = 0;
+};
+
+// NOT_FOUND (missing), PERMISSION_DENIED (a symbolic link), INVALID_ARGUMENT (not a regular
+// file, naming what it is); each message starts with `path`.
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
+
+// Reads exactly `size` bytes at `offset`. The caller has checked them against the file's size,
+// so running out means that the file shrank while it was read (INVALID_ARGUMENT).
+absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset, void* out,
+                    uint64_t size);
+
+// Runs `fn`, turning an exception (an allocation the size of a huge but genuine file is the only
+// one expected) into a status naming `path`, so that nothing escapes to terminate the rank.
+template <typename Fn>
+auto NoThrow(const std::string& path, Fn fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+}
+
+}  // namespace mptrain
