@@ -1,8 +1,12 @@
 #pragma once
 
-// The coordinator's state machine: workers, the job queue, placement, the job-scoped key-value
-// store, telemetry and final results. No gRPC types here: the service layer converts RPCs into
-// these calls, and tests drive this class directly with a fake clock.
+// The coordinator's state machine: a thin front over its parts, each owning its own state:
+// WorkerRegistry (workers, liveness, slots), JobRecord (one job and its transitions, its
+// key-value store and event log), FailurePolicy (root cause, restart or end), placement (pure)
+// and the JobStore (what survives a restart). The front holds the one lock, the job table and
+// the queue, and runs every change as one Mutation: schedule, commit, then wake exactly the
+// waiters of what changed. No gRPC types here: the service layer converts RPCs into these
+// calls, and tests drive this class directly with a fake clock.
 //
 // The protocol, step by step:
 //   1. A worker daemon registers (host, device kind, slots, random incarnation) and heartbeats.
@@ -27,7 +31,6 @@
 // store, telemetry and result calls must carry. Roles (who may call which RPC at all) are
 // checked before any of this, by the gRPC layer (coordinator/auth.h).
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -37,14 +40,14 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/job_event_log.h"
-#include "coordinator/job_kv.h"
+#include "coordinator/failure_policy.h"
+#include "coordinator/job_record.h"
 #include "coordinator/store/job_store.h"
+#include "coordinator/worker_registry.h"
 #include "proto/mptrain.pb.h"
 
 namespace mptrain {
@@ -65,8 +68,10 @@ struct CoordinatorOptions {
   int64_t finished_job_retention_ms = int64_t{7} * 24 * 3600 * 1000;
   // Events (telemetry, state changes) kept of a finished job.
   size_t max_events_per_finished_job = 1'000;
-  // Lost workers kept for ListWorkers (the newest).
+  // Lost workers kept for ListWorkers: the newest this many, none lost longer ago than this.
+  // A worker that registers again under its name replaces its lost entry at once.
   size_t max_lost_workers = 1'000;
+  int64_t lost_worker_retention_ms = 3'600'000;
   // Where every mutation is written (not owned; null: nothing survives a restart).
   JobStore* store = nullptr;
   // Called after each mutation, outside the lock, with the keys (WorkerKey, JobKey) of what it
@@ -85,7 +90,6 @@ inline constexpr size_t kMaxSpecBytes = 1 << 20;
 inline constexpr size_t kMaxKvValueBytes = 1 << 20;
 inline constexpr size_t kMaxKvKeyBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;
-inline constexpr int kMaxRootsPerKind = 32;
 
 class CoordinatorState {
  public:
@@ -181,58 +185,9 @@ class CoordinatorState {
 
 
  private:
-  // A slot is busy from placement until its rank process is known to be gone: the worker
-  // reported its exit, or no longer lists it as running. After its job ends (or restarts) a
-  // slot whose rank is still stopping is draining: not desired, not free.
-  struct BusySlot {
-    std::string job_id;
-    int rank = 0;
-    int attempt = 0;
-  };
-  struct WorkerRecord {
-    v1::Worker info;
-    std::string name;
-    std::string secret;
-    std::string registration_nonce;
-    // After a coordinator restart, nothing is placed on a worker until its first poll has
-    // reported (and re-adopted) the ranks it still runs: its slots only look free.
-    bool awaiting_first_poll = false;
-    std::map<int, BusySlot> busy_slots;  // slot index -> its rank
-  };
-  struct RankRecord {
-    bool result_reported = false;
-    bool exited = false;
-    std::string checksum;
-    int64_t step = -1;               // Last reported optimizer step (-1: none yet).
-    int64_t last_report_ms = 0;      // Any telemetry report (the rank process is alive).
-    int64_t last_progress_ms = 0;    // When `step` last advanced.
-  };
-  struct JobRecord {
-    JobRecord(const CoordinatorOptions& options)
-        : kv(options.max_kv_keys_per_job, options.max_kv_bytes_per_job),
-          events(options.max_events_per_job) {}
-    v1::Job job;
-    int64_t number = 0;           // job-<number>: the order of submission.
-    int64_t queued_since_ms = 0;  // When it last entered the queue (submit or restart).
-    int64_t rank_memory_bytes = 0;
-    int attempt = 0;
-    std::vector<RankRecord> ranks;
-    JobKv kv;  // Cleared on each new attempt and at the end.
-    // Rank secrets of every attempt (attempt -> rank -> secret), so that a late call of an
-    // earlier attempt is recognised as such and anything else is refused.
-    std::map<int, std::vector<std::string>> rank_secrets;
-    JobEventLog events;
-    // After a coordinator restart: the ranks of this RUNNING attempt not yet reported by a
-    // worker, and until when they may come back.
-    std::set<int> awaiting_adoption;
-    int64_t adopt_deadline_ms = 0;
-    // A rank's collective failure, held back while a root cause may still arrive.
-    std::string consequence_error;
-    int64_t consequence_deadline_ms = 0;
-  };
-
   // Every change happens inside one: it holds the lock and, when it ends, places what can be
-  // placed, writes what changed to the store in one transaction and wakes the waiters, once.
+  // placed, writes what changed to the store in one transaction and wakes the waiters of what
+  // changed, once.
   class Mutation {
    public:
     explicit Mutation(CoordinatorState* state) : state_(state), lock_(state->mu_) {}
@@ -241,80 +196,75 @@ class CoordinatorState {
       lock_.unlock();
       if (state_->options_.notify && !keys.empty()) state_->options_.notify(keys);
     }
-    std::unique_lock<std::mutex>& lock() { return lock_; }
 
    private:
     CoordinatorState* state_;
     std::unique_lock<std::mutex> lock_;
   };
+  // What the current mutation changed (JobRecord reports here; see JobChanges).
+  class Effects : public JobChanges {
+   public:
+    void JobChanged(const JobRecord& job, bool workers_too) override;
+    void EventAppended(const JobRecord& job, const v1::WatchJobEvent& event) override;
+    void EventsTrimmed(const JobRecord& job, int64_t sequence) override;
+    void Wake(const std::string& key) { wake_keys.insert(key); }
+
+    bool schedule = false;
+    std::set<std::string> wake_keys;
+    std::set<std::string> dirty_jobs;
+    JobStore::Batch batch;
+  };
   // Schedules, persists; returns the keys to notify.
   std::vector<std::string> FinishMutation();
-  // The job changed: write it at the end of the mutation, and wake waiters.
-  // `workers_too`: also wake the polls of its workers (placement, state or exits changed);
-  // telemetry and key-value sets concern only the job's own waiters.
-  void Touch(JobRecord* record, bool workers_too = true);
-  store::StoredJob ToStored(const JobRecord& record) const;
-  // Re-binds the ranks a re-registered worker reports running to jobs awaiting adoption.
-  void AdoptRunningRanks(WorkerRecord* worker, const v1::PollAssignmentsRequest& request);
-  void ExpireAdoptions(int64_t now);
 
-  bool IsTerminal(v1::JobState state) const;
   JobRecord* FindJob(const std::string& job_id);
   const JobRecord* FindJob(const std::string& job_id) const;
-  absl::StatusOr<WorkerRecord*> FindLiveWorker(const std::string& worker_id, uint64_t incarnation,
-                                               const std::string& secret);
-  // PERMISSION_DENIED unless `secret` is the rank secret of (attempt, rank) of this job.
-  absl::Status CheckRankSecret(const JobRecord& record, int attempt, int rank,
-                               const std::string& secret) const;
-  // Path fields of `spec` against the roots of live workers of its device kind.
-  absl::Status CheckSpecPaths(const v1::JobSpec& spec) const;
-
-  // All of these require mu_ to be held.
-  void AppendEvent(JobRecord* record, v1::WatchJobEvent event);
-  void SetJobState(JobRecord* record, v1::JobState state, const std::string& error);
-  // Fails the job, or, while restarts remain and `restartable`, queues it again to resume from
-  // its latest checkpoint.
-  void FailJob(JobRecord* record, const std::string& error, bool restartable = true);
-  void CheckProgress(JobRecord* record, int64_t now);
-  // Frees the job's slots whose rank process is gone; the others drain (see BusySlot).
-  void ReleaseSlots(JobRecord* record);
+  JobLimits job_limits() const;
   // Whether `slot` belongs to the current attempt of a RUNNING job.
   bool SlotIsCurrent(const BusySlot& slot) const;
-  // Frees draining slots of `worker` whose rank is not in `running`, or the one rank that just
-  // exited. Returns whether any slot was freed.
-  bool FreeDrainingSlots(WorkerRecord* worker, const std::set<std::string>* running,
-                         const std::string& exited_key);
+  std::function<bool(const BusySlot&)> IsCurrent() const {
+    return [this](const BusySlot& slot) { return SlotIsCurrent(slot); };
+  }
+  // Path fields of `spec` against the roots of live workers of its device kind.
+  absl::Status CheckSpecPaths(const v1::JobSpec& spec) const;
+  // Re-binds the ranks a re-registered worker reports running to jobs awaiting adoption.
+  void AdoptRunningRanks(WorkerRecord* worker, const v1::PollAssignmentsRequest& request);
+
+  // All of these require mu_ to be held (inside a Mutation).
+  // Ends the job: frees its slots (those whose rank is gone; the others drain) and its queue
+  // place, and keeps it among the finished.
+  void EndJob(JobRecord* record, v1::JobState state, const std::string& error);
+  // Fails the job, or, while restarts remain and `restartable`, queues it again to resume from
+  // its latest checkpoint (FailurePolicy decides).
+  void FailJob(JobRecord* record, const std::string& error, bool restartable = true);
+  // A rank's result arrived: SUCCEEDED when every rank agrees.
+  void MaybeFinishJob(JobRecord* record);
+  void FreeExitedSlots(const JobRecord& record);
   void MarkWorkerLost(WorkerRecord* worker, const std::string& why);
   // Places every queued job that fits, oldest first; records why the others wait.
   void TrySchedule();
-  // Memory one rank may use on `worker`'s `slot` (0: the worker did not say).
-  int64_t SlotMemory(const WorkerRecord& worker, int slot) const;
-  std::string PendingReason(const JobRecord& record) const;
-  // Fails queued jobs past their queue_timeout_s.
+  // For a restart whose checkpoint lies on one worker's disk: the live workers (ids) that may
+  // take rank 0; an error when that worker is known to be gone.
+  absl::StatusOr<std::set<std::string>> Rank0Workers(const JobRecord& record) const;
   void ExpireQueuedJobs(int64_t now);
+  void ExpireAdoptions(int64_t now);
   // Drops the oldest finished jobs beyond the retention bounds, and old lost workers.
   void EvictOldRecords(int64_t now);
-  void MaybeFinishJob(JobRecord* record);
-  std::vector<v1::Assignment> DesiredAssignments(const std::string& worker_id) const;
+  std::vector<v1::Assignment> DesiredAssignments(const WorkerRecord& worker) const;
   bool RankIsFinishing(const v1::Assignment& assignment) const;
-  std::string DescribeRank(const JobRecord& record, int rank) const;
 
   CoordinatorOptions options_;
+  FailurePolicy policy_;
   mutable std::mutex mu_;
-  std::map<std::string, WorkerRecord> workers_;
+  WorkerRegistry workers_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
   std::deque<std::string> pending_;           // PENDING jobs, oldest first.
   std::deque<std::string> finished_;          // Terminal jobs in the order they ended.
-  std::deque<std::string> lost_workers_;      // In the order they were lost.
   std::map<std::string, std::string> job_by_request_id_;
   int64_t next_job_number_ = 1;
-  // The current mutation's effects (see Mutation).
-  bool schedule_ = false;
-  std::set<std::string> wake_keys_;
-  std::set<std::string> dirty_jobs_;
-  JobStore::Batch pending_batch_;
-  int64_t next_worker_number_ = 1;
+  int64_t started_ms_ = 0;
+  Effects effects_;  // Of the current mutation.
 };
 
 }  // namespace mptrain

@@ -582,6 +582,82 @@ TEST_F(CoordinatorStateTest, MaxRestarts_ReplacesJobFromLatestCheckpoint_ThenFai
   EXPECT_EQ(status.failures_size(), 2);
 }
 
+// Three one-slot workers; a 2-rank job with restarts checkpoints on rank 0's worker.
+struct HolderCase {
+  std::string job, holder, other, spare;
+};
+
+class CheckpointHolderTest : public CoordinatorStateTest {
+ protected:
+  HolderCase Start(bool shared) {
+    HolderCase c;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = Spec(2);
+    request.mutable_spec()->set_max_restarts(1);
+    request.mutable_spec()->set_checkpoint_every(10);
+    request.mutable_spec()->set_checkpoint_dir("/ckpt");
+    request.mutable_spec()->set_checkpoint_dir_shared(shared);
+    c.job = state_->SubmitJob(request)->job_id();
+    std::string a = Register("a", 1), b = Register("b", 1);
+    v1::Job job = *state_->GetJob(c.job);
+    EXPECT_EQ(job.state(), v1::RUNNING);
+    c.holder = job.placement(0).worker_id();
+    c.other = job.placement(1).worker_id();
+    v1::ReportTelemetryRequest report;
+    report.set_job_id(c.job);
+    report.set_attempt(1);
+    report.set_step(10);
+    report.set_checkpoint_step(10);
+    report.set_checkpoint_path("/ckpt/step-00000010.safetensors");
+    report.set_rank_secret(RankSecret(c.job, 0));
+    EXPECT_TRUE(state_->ReportTelemetry(report).ok());
+    EXPECT_EQ(state_->GetJob(c.job)->latest_checkpoint_worker(),
+              c.holder.substr(0, c.holder.find('#')));
+    c.spare = Register("c", 1);
+    return c;
+  }
+};
+
+TEST_F(CheckpointHolderTest, Restart_PutsRankZeroOnTheWorkerThatHoldsTheCheckpoint) {
+  HolderCase c = Start(/*shared=*/false);
+  ASSERT_TRUE(Deregister(c.other, "host down").ok());  // Rank 1's host.
+  // Rank 0 of attempt 1 still runs on the holder: the restart waits for its slot.
+  v1::Job job = *state_->GetJob(c.job);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_NE(job.pending_reason().find("rank 0 must go to worker a"), std::string::npos)
+      << job.pending_reason();
+  ReportExit(c.holder, c.job, 0, 1, 15);
+  job = *state_->GetJob(c.job);
+  ASSERT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.placement(0).worker_id(), c.holder);
+  EXPECT_EQ(job.placement(1).worker_id(), c.spare);
+}
+
+TEST_F(CheckpointHolderTest, HolderLost_NotShared_FailsBeforeAnyRankStarts) {
+  HolderCase c = Start(/*shared=*/false);
+  ASSERT_TRUE(Deregister(c.holder, "host down").ok());
+  v1::Job job = *state_->GetJob(c.job);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.error().find("cannot resume: the checkpoint of step 10 "
+                             "(/ckpt/step-00000010.safetensors) is on worker a, which is not "
+                             "alive"),
+            std::string::npos)
+      << job.error();
+  EXPECT_TRUE(Poll(c.spare).start().empty());
+}
+
+TEST_F(CheckpointHolderTest, HolderLost_Shared_ResumesAnywhere) {
+  HolderCase c = Start(/*shared=*/true);
+  ASSERT_TRUE(Deregister(c.holder, "host down").ok());
+  ReportExit(c.other, c.job, 1, 1, 15);
+  v1::Job job = *state_->GetJob(c.job);
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.error() << job.pending_reason();
+  EXPECT_EQ(job.restarts(), 1);
+  for (const v1::RankPlacement& placement : job.placement()) {
+    EXPECT_NE(placement.worker_id(), c.holder);
+  }
+}
+
 TEST_F(CoordinatorStateTest, DeregisteredWorker_IsLostAtOnce_AndItsJobFails) {
   std::string job = Submit(1);
   std::string worker = Register("w", 1);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "coordinator/advertised_host.h"
 
 namespace mptrain {
 namespace {
@@ -383,6 +384,10 @@ grpc::ServerUnaryReactor* WorkerControlService::RegisterWorker(
     grpc::ByteBuffer* response) {
   return Dispatch<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
       context, request, response, [&](auto frame) {
+        if (absl::Status status = CheckAdvertisedHost(frame->request.host(), context->peer());
+            !status.ok()) {
+          return AnswerNow(context, *frame, status);
+        }
         return AnswerNow(
             context, *frame,
             state_->RegisterWorker(frame->request, auth_->Identify(*context).principal),

@@ -42,6 +42,9 @@ ABSL_FLAG(double, adopt_grace_s, 60,
           "workers before the job fails (and restarts per max_restarts)");
 ABSL_FLAG(int64_t, max_finished_jobs, 1000, "Ended jobs kept (the newest)");
 ABSL_FLAG(double, finished_job_retention_s, 7 * 24 * 3600.0, "Ended jobs older than this go");
+ABSL_FLAG(double, lost_worker_retention_s, 3600,
+          "Lost workers stay listed this long (a worker registering again under its name "
+          "replaces its lost entry at once)");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -95,15 +98,18 @@ int main(int argc, char** argv) {
     options.store = store.get();
   }
   if (!(absl::GetFlag(FLAGS_adopt_grace_s) >= 0) || absl::GetFlag(FLAGS_max_finished_jobs) < 0 ||
-      !(absl::GetFlag(FLAGS_finished_job_retention_s) >= 0)) {
-    spdlog::error("--adopt_grace_s, --max_finished_jobs and --finished_job_retention_s must be "
-                  ">= 0");
+      !(absl::GetFlag(FLAGS_finished_job_retention_s) >= 0) ||
+      !(absl::GetFlag(FLAGS_lost_worker_retention_s) >= 0)) {
+    spdlog::error("--adopt_grace_s, --max_finished_jobs, --finished_job_retention_s and "
+                  "--lost_worker_retention_s must be >= 0");
     return 2;
   }
   options.adopt_grace_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_adopt_grace_s) * 1000);
   options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
   options.finished_job_retention_ms =
       static_cast<int64_t>(absl::GetFlag(FLAGS_finished_job_retention_s) * 1000);
+  options.lost_worker_retention_ms =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_lost_worker_retention_s) * 1000);
   // Long calls wait here, not on a thread; the state names what each mutation changed.
   mptrain::WaitSet waits;
   options.notify = [&waits](const std::vector<std::string>& keys) { waits.Notify(keys); };

@@ -5,7 +5,8 @@
 namespace mptrain {
 
 std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
-                                                const std::vector<WorkerSlots>& workers) {
+                                                const std::vector<WorkerSlots>& workers,
+                                                const std::set<std::string>& rank0_workers) {
   size_t free_total = 0;
   for (const WorkerSlots& worker : workers) free_total += worker.free_slots.size();
   if (world_size <= 0 || free_total < static_cast<size_t>(world_size)) return std::nullopt;
@@ -15,6 +16,13 @@ std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
   std::stable_sort(order.begin(), order.end(), [](const WorkerSlots* a, const WorkerSlots* b) {
     return a->free_slots.size() > b->free_slots.size();
   });
+  if (!rank0_workers.empty()) {
+    auto first = std::find_if(order.begin(), order.end(), [&](const WorkerSlots* worker) {
+      return !worker->free_slots.empty() && rank0_workers.count(worker->worker_id) > 0;
+    });
+    if (first == order.end()) return std::nullopt;
+    std::rotate(order.begin(), first, first + 1);  // It goes first; the others keep their order.
+  }
 
   std::vector<RankSlot> placement;
   for (const WorkerSlots* worker : order) {

@@ -4,6 +4,7 @@
 // policy is tested without a coordinator.
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,11 @@ struct RankSlot {
 // Places `world_size` ranks, or returns nullopt when fewer slots are free. Workers with the most
 // free slots are used first (ties keep the given order), so that a job spans as few workers as
 // possible; consecutive ranks share a worker and its slots are taken in increasing order.
+// `rank0_workers`, when not empty, are the only workers rank 0 may go to (those that hold the
+// checkpoint a restart resumes from); of them, the one with the most free slots takes rank 0
+// and the ranks after it.
 std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
-                                                const std::vector<WorkerSlots>& workers);
+                                                const std::vector<WorkerSlots>& workers,
+                                                const std::set<std::string>& rank0_workers = {});
 
 }  // namespace mptrain

@@ -29,5 +29,19 @@ TEST(PlaceRanks, SpansWorkers_WithConsecutiveRanks) {
   for (int rank = 0; rank < 3; ++rank) EXPECT_EQ((*placement)[rank].rank, rank);
 }
 
+TEST(PlaceRanks, Rank0Workers_PutsRankZeroThere) {
+  auto placement = PlaceRanks(3, {{"big", {0, 1}}, {"holder", {2}}, {"other", {0}}}, {"holder"});
+  ASSERT_TRUE(placement.has_value());
+  EXPECT_EQ((*placement)[0].worker_id, "holder");
+  EXPECT_EQ((*placement)[0].slot, 2);
+  EXPECT_EQ((*placement)[1].worker_id, "big");
+  EXPECT_EQ((*placement)[2].worker_id, "big");
+}
+
+TEST(PlaceRanks, Rank0WorkersBusy_ReturnsNothing) {
+  EXPECT_FALSE(PlaceRanks(2, {{"a", {0, 1}}, {"holder", {}}}, {"holder"}).has_value());
+  EXPECT_FALSE(PlaceRanks(1, {{"a", {0, 1}}}, {"gone"}).has_value());
+}
+
 }  // namespace
 }  // namespace mptrain

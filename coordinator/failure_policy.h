@@ -1,0 +1,46 @@
+#pragma once
+
+// What a failure of a running job means: which rank is the root cause, whether the job
+// restarts or ends, and what its error says. Decisions only: the caller applies them to the
+// JobRecord and frees slots. No clocks, no locks.
+//
+//   - A rank that stopped reporting (hung or stopped process) is the root cause of a stall;
+//     ranks that report without advancing are waiting for it in a collective.
+//   - A rank's collective failure is usually a consequence (its peer died): it is held back for
+//     the heartbeat timeout, so that the root cause (a lost worker, a rank that exited) names
+//     the failure when it arrives; the consequence follows it ("...; then ...").
+//   - A failure restarts a RUNNING job while restarts remain (like torchrun's --max-restarts),
+//     unless it is one no restart can fix (diverged parameters, a queue timeout).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "coordinator/job_record.h"
+
+namespace mptrain {
+
+class FailurePolicy {
+ public:
+  explicit FailurePolicy(int64_t heartbeat_timeout_ms)
+      : heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
+
+  // Why the job must fail now because a rank stalled or went silent past progress_timeout_s,
+  // naming the rank silent the longest first; nullopt while it progresses.
+  std::optional<std::string> StallError(const JobRecord& job, int64_t now) const;
+
+  // Until when a collective failure waits for its root cause.
+  int64_t ConsequenceDeadline(int64_t now) const { return now + heartbeat_timeout_ms_; }
+
+  struct Decision {
+    bool restart = false;
+    std::string error;  // The failure as recorded: root cause first, consequence after.
+    std::string note;   // For a restart: what the watch event says.
+  };
+  Decision Decide(const JobRecord& job, const std::string& error, bool restartable) const;
+
+ private:
+  int64_t heartbeat_timeout_ms_;
+};
+
+}  // namespace mptrain

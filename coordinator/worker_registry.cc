@@ -1,0 +1,332 @@
+#include "coordinator/worker_registry.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/path_rules.h"
+#include "common/resource_estimate.h"
+#include "common/secrets.h"
+#include "spdlog/spdlog.h"
+
+namespace mptrain {
+namespace {
+
+bool IsWorkerName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == ':' || c == '@';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status CheckRoots(const char* field,
+                        const google::protobuf::RepeatedPtrField<std::string>& roots) {
+  if (roots.size() > kMaxRootsPerKind) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " may list at most ", kMaxRootsPerKind,
+                                                   " directories, got ", roots.size()));
+  }
+  for (int i = 0; i < roots.size(); ++i) {
+    if (absl::Status status = CheckPathSyntax(absl::StrCat(field, "[", i, "]"), roots[i]);
+        !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string AssignmentKey(const std::string& job_id, int rank, int attempt) {
+  return absl::StrCat(job_id, "/", rank, "/", attempt);
+}
+
+int64_t WorkerRecord::SlotMemory(int slot) const {
+  if (info.device() == v1::CUDA) {
+    for (const v1::DeviceInfo& device : info.devices()) {
+      if (device.index() == slot) return device.memory_bytes();
+    }
+    return 0;
+  }
+  // CPU ranks of one worker share its memory.
+  return info.memory_bytes() / std::max(1, info.slots());
+}
+
+int64_t WorkerRegistry::heartbeat_interval_ms() const {
+  // A third of the timeout: two heartbeats can be lost before the worker is declared lost.
+  return std::max<int64_t>(100, options_.heartbeat_timeout_ms / 3);
+}
+
+v1::RegisterWorkerResponse WorkerRegistry::Answer(const std::string& worker_id,
+                                                  const WorkerRecord& worker) const {
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(worker_id);
+  response.set_heartbeat_interval_ms(heartbeat_interval_ms());
+  response.set_heartbeat_timeout_ms(options_.heartbeat_timeout_ms);
+  response.set_worker_secret(worker.secret);
+  return response;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
+    const v1::RegisterWorkerRequest& request, const std::string& principal,
+    bool awaiting_first_poll, int64_t now) {
+  if (request.slots() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", request.slots()));
+  }
+  if (request.device() != v1::CPU && request.device() != v1::CUDA) {
+    return absl::InvalidArgumentError("device must be cpu or cuda");
+  }
+  if (request.host().empty() || request.host().size() > 255) {
+    return absl::InvalidArgumentError("host must be set, at most 255 bytes");
+  }
+  std::string name = request.name().empty() ? request.host() : request.name();
+  if (!IsWorkerName(name)) {
+    return absl::InvalidArgumentError("name must be 1 to 128 characters of [A-Za-z0-9._:@-]");
+  }
+  if (absl::Status status = CheckRoots("data_roots", request.data_roots()); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckRoots("output_roots", request.output_roots()); !status.ok()) {
+    return status;
+  }
+  std::vector<std::string> replaced;
+  for (auto& [id, worker] : workers_) {
+    if (worker.name != name) continue;
+    if (!worker.alive()) {
+      replaced.push_back(id);
+      continue;
+    }
+    if (worker.info.incarnation() == request.incarnation() &&
+        !request.registration_nonce().empty() &&
+        SecretsEqual(worker.registration_nonce, request.registration_nonce())) {
+      // The same daemon again: its first answer was lost (a client-side deadline).
+      return Answer(id, worker);
+    }
+    // Taking over a live worker's name would hand its ranks' slots to whoever asks.
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker name ", name, " is held by live worker ", id,
+        "; it frees when that worker deregisters or misses heartbeats for ",
+        options_.heartbeat_timeout_ms / 1000.0, " s"));
+  }
+  // The daemon is back under its name: its lost entry is history now.
+  for (const std::string& id : replaced) {
+    workers_.erase(id);
+    lost_.erase(std::remove(lost_.begin(), lost_.end(), id), lost_.end());
+  }
+  WorkerRecord worker;
+  worker.name = name;
+  worker.secret = RandomSecret();
+  worker.registration_nonce = request.registration_nonce();
+  worker.awaiting_first_poll = awaiting_first_poll;
+  std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
+  worker.info.set_worker_id(worker_id);
+  worker.info.set_host(request.host());
+  worker.info.set_device(request.device());
+  worker.info.set_slots(request.slots());
+  *worker.info.mutable_devices() = request.devices();
+  worker.info.set_incarnation(request.incarnation());
+  worker.info.set_state(v1::ALIVE);
+  worker.info.set_last_heartbeat_unix_ms(now);
+  *worker.info.mutable_data_roots() = request.data_roots();
+  *worker.info.mutable_output_roots() = request.output_roots();
+  worker.info.set_memory_bytes(std::max<int64_t>(0, request.memory_bytes()));
+  worker.info.set_principal(principal);
+  const WorkerRecord& stored = workers_[worker_id] = std::move(worker);
+  spdlog::info("worker {} registered: host {}, {} {} slot(s){}", worker_id, request.host(),
+               request.slots(), v1::DeviceKind_Name(request.device()),
+               replaced.empty() ? "" : " (replacing its lost entry)");
+  return Answer(worker_id, stored);
+}
+
+absl::StatusOr<WorkerRecord*> WorkerRegistry::FindLive(const std::string& worker_id,
+                                                       uint64_t incarnation,
+                                                       const std::string& secret) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", TruncateForError(worker_id, 128), "; register again"));
+  }
+  WorkerRecord& worker = it->second;
+  // The secret first: without it nothing about the worker is revealed or changed.
+  if (!SecretsEqual(worker.secret, secret)) {
+    return absl::PermissionDeniedError(absl::StrCat("the worker secret does not match worker ",
+                                                    TruncateForError(worker_id, 128)));
+  }
+  if (worker.info.incarnation() != incarnation) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " has incarnation ",
+                                            worker.info.incarnation(), ", not ", incarnation,
+                                            "; register again"));
+  }
+  if (!worker.alive()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " was marked lost; register again"));
+  }
+  return &worker;
+}
+
+WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+const WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::map<std::string, std::vector<int>> WorkerRegistry::MarkLost(
+    WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now) {
+  worker->info.set_state(v1::LOST);
+  worker->lost_at_ms = now;
+  lost_.push_back(worker->info.worker_id());
+  std::map<std::string, std::vector<int>> affected;
+  for (const auto& [index, slot] : worker->busy_slots) {
+    if (is_current(slot)) affected[slot.job_id].push_back(slot.rank);
+  }
+  worker->busy_slots.clear();
+  return affected;
+}
+
+std::vector<std::pair<WorkerRecord*, int64_t>> WorkerRegistry::Silent(int64_t now) {
+  std::vector<std::pair<WorkerRecord*, int64_t>> silent;
+  for (auto& [id, worker] : workers_) {
+    if (!worker.alive()) continue;
+    const int64_t silent_ms = now - worker.info.last_heartbeat_unix_ms();
+    if (silent_ms > options_.heartbeat_timeout_ms) silent.emplace_back(&worker, silent_ms);
+  }
+  return silent;
+}
+
+void WorkerRegistry::PruneLost(int64_t now) {
+  while (!lost_.empty()) {
+    const WorkerRecord* oldest = Find(lost_.front());
+    if (oldest != nullptr && lost_.size() <= options_.max_lost_workers &&
+        now - oldest->lost_at_ms <= options_.lost_worker_retention_ms) {
+      break;
+    }
+    if (oldest != nullptr && !oldest->alive()) workers_.erase(lost_.front());
+    lost_.pop_front();
+  }
+}
+
+bool WorkerRegistry::FreeDrainingSlots(WorkerRecord* worker,
+                                       const std::function<bool(const BusySlot&)>& is_current,
+                                       const std::set<std::string>* running,
+                                       const std::string& exited_key) {
+  bool freed = false;
+  for (auto it = worker->busy_slots.begin(); it != worker->busy_slots.end();) {
+    const BusySlot& slot = it->second;
+    const std::string key = AssignmentKey(slot.job_id, slot.rank, slot.attempt);
+    const bool gone =
+        !is_current(slot) && (key == exited_key || (running != nullptr && !running->count(key)));
+    if (gone) {
+      it = worker->busy_slots.erase(it);
+      freed = true;
+    } else {
+      ++it;
+    }
+  }
+  return freed;
+}
+
+void WorkerRegistry::ReleaseExited(const std::string& job_id, int attempt,
+                                   const std::function<bool(int rank)>& exited) {
+  for (auto& [id, worker] : workers_) {
+    for (auto it = worker.busy_slots.begin(); it != worker.busy_slots.end();) {
+      const BusySlot& slot = it->second;
+      const bool gone = slot.job_id == job_id && slot.attempt == attempt && exited(slot.rank);
+      it = gone ? worker.busy_slots.erase(it) : std::next(it);
+    }
+  }
+}
+
+std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
+                                                    int64_t rank_memory_bytes) const {
+  std::vector<WorkerSlots> candidates;
+  for (const auto& [id, worker] : workers_) {
+    if (!worker.alive() || worker.info.device() != device || worker.awaiting_first_poll) {
+      continue;
+    }
+    WorkerSlots slots{id, {}};
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = worker.SlotMemory(slot);
+      const bool fits = capacity == 0 || capacity >= rank_memory_bytes;
+      if (fits && !worker.busy_slots.count(slot)) slots.free_slots.push_back(slot);
+    }
+    candidates.push_back(std::move(slots));
+  }
+  return candidates;
+}
+
+std::map<v1::DeviceKind, int> WorkerRegistry::FreeSlotsByDevice() const {
+  std::map<v1::DeviceKind, int> free;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.alive() && !worker.awaiting_first_poll) {
+      free[worker.info.device()] += worker.free_slots();
+    }
+  }
+  return free;
+}
+
+int64_t WorkerRegistry::LargestSlotMemory(v1::DeviceKind device) const {
+  int64_t largest = -1;
+  for (const WorkerRecord* worker : Live(device)) {
+    for (int slot = 0; slot < worker->info.slots(); ++slot) {
+      const int64_t capacity = worker->SlotMemory(slot);
+      largest = capacity == 0 ? std::numeric_limits<int64_t>::max() : std::max(largest, capacity);
+    }
+  }
+  return largest;
+}
+
+std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
+                                          int64_t rank_memory_bytes) const {
+  const std::string kind = absl::AsciiStrToLower(v1::DeviceKind_Name(device));
+  int total = 0, free = 0, too_small = 0, workers = 0;
+  for (const WorkerRecord* worker : Live(device)) {
+    ++workers;
+    for (int slot = 0; slot < worker->info.slots(); ++slot) {
+      const int64_t capacity = worker->SlotMemory(slot);
+      if (capacity != 0 && capacity < rank_memory_bytes) {
+        ++too_small;
+        continue;
+      }
+      ++total;
+      if (!worker->busy_slots.count(slot)) ++free;
+    }
+  }
+  if (workers == 0) return absl::StrCat("no live ", kind, " worker");
+  const std::string small =
+      too_small == 0 ? ""
+                     : absl::StrCat(" (", too_small, " more have less than the ",
+                                    FormatBytes(rank_memory_bytes), " a rank needs)");
+  if (total < world_size) {
+    return absl::StrCat("needs ", world_size, " ", kind, " slots; ", total, " exist", small);
+  }
+  return absl::StrCat("needs ", world_size, " free ", kind, " slots; ", free, " of ", total,
+                      " are free", small);
+}
+
+std::vector<const WorkerRecord*> WorkerRegistry::Live(v1::DeviceKind device) const {
+  std::vector<const WorkerRecord*> live;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.alive() && worker.info.device() == device) live.push_back(&worker);
+  }
+  return live;
+}
+
+std::vector<v1::Worker> WorkerRegistry::List() const {
+  std::vector<v1::Worker> workers;
+  for (const auto& [id, worker] : workers_) {
+    v1::Worker info = worker.info;
+    info.set_free_slots(worker.alive() ? worker.free_slots() : 0);
+    workers.push_back(info);
+  }
+  return workers;
+}
+
+}  // namespace mptrain

@@ -1,0 +1,133 @@
+#pragma once
+
+// The coordinator's worker daemons: who they are (name, incarnation, secret), whether they are
+// alive, and which of their slots hold which rank. It decides nothing about jobs: when a worker
+// is lost it returns the ranks it held, and the caller fails their jobs.
+//
+// A slot is busy from placement until its rank process is known to be gone: the worker reported
+// its exit, or no longer lists it as running. After its job ends (or restarts) a slot whose rank
+// is still stopping is draining: not desired, not free. Whether a slot's rank is still wanted is
+// the caller's knowledge, passed in as `is_current`.
+//
+// Not thread-safe: CoordinatorState's lock guards it. No clocks: times are passed in.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/placement.h"
+#include "proto/mptrain.pb.h"
+
+namespace mptrain {
+
+// Data and output roots a worker may declare, each.
+inline constexpr int kMaxRootsPerKind = 32;
+
+// What one slot runs: a rank of one attempt of a job.
+struct BusySlot {
+  std::string job_id;
+  int rank = 0;
+  int attempt = 0;
+};
+
+// "job/rank/attempt": how polls and exits name a rank process.
+std::string AssignmentKey(const std::string& job_id, int rank, int attempt);
+
+struct WorkerRecord {
+  v1::Worker info;
+  std::string name;
+  std::string secret;
+  std::string registration_nonce;
+  int64_t lost_at_ms = 0;
+  // After a coordinator restart, nothing is placed on a worker until its first poll has
+  // reported (and re-adopted) the ranks it still runs: its slots only look free.
+  bool awaiting_first_poll = false;
+  std::map<int, BusySlot> busy_slots;  // slot index -> its rank
+
+  bool alive() const { return info.state() == v1::ALIVE; }
+  int free_slots() const { return info.slots() - static_cast<int>(busy_slots.size()); }
+  // Memory one rank may use on `slot` (0: the worker did not say).
+  int64_t SlotMemory(int slot) const;
+};
+
+class WorkerRegistry {
+ public:
+  struct Options {
+    int64_t heartbeat_timeout_ms = 10'000;
+    // Lost workers stay listed (ListWorkers) for this long, and never more than this many.
+    int64_t lost_worker_retention_ms = 3'600'000;
+    size_t max_lost_workers = 1'000;
+  };
+  explicit WorkerRegistry(Options options) : options_(options) {}
+
+  // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
+  // ALREADY_EXISTS: a live worker holds the name. A retried registration (same incarnation and
+  // registration nonce) gets the first answer again. A lost worker of the same name is
+  // replaced: the daemon came back.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request,
+                                                      const std::string& principal,
+                                                      bool awaiting_first_poll, int64_t now);
+
+  // NOT_FOUND: unknown, lost or stale incarnation. PERMISSION_DENIED: the secret differs.
+  absl::StatusOr<WorkerRecord*> FindLive(const std::string& worker_id, uint64_t incarnation,
+                                         const std::string& secret);
+  // Any worker, lost ones included; null when unknown.
+  WorkerRecord* Find(const std::string& worker_id);
+  const WorkerRecord* Find(const std::string& worker_id) const;
+
+  // Marks the worker LOST and returns the ranks of current attempts it held (job -> ranks); its
+  // slots are cleared (its processes are gone with it, or will be).
+  std::map<std::string, std::vector<int>> MarkLost(
+      WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now);
+  // Live workers silent past the heartbeat timeout, with how long each has been silent.
+  std::vector<std::pair<WorkerRecord*, int64_t>> Silent(int64_t now);
+  // Forgets lost workers past the retention bounds.
+  void PruneLost(int64_t now);
+
+  // Frees the slots whose rank is not current and whose process is gone: `exited_key` names
+  // the one that just exited, or `running` lists what the worker still runs. Returns whether
+  // any slot was freed.
+  bool FreeDrainingSlots(WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current,
+                         const std::set<std::string>* running, const std::string& exited_key);
+  // Frees the slots of (job, attempt) whose rank `exited` says is gone.
+  void ReleaseExited(const std::string& job_id, int attempt,
+                     const std::function<bool(int rank)>& exited);
+
+  // Live workers of `device` that may take ranks now, with their free slots big enough for
+  // `rank_memory_bytes`, for PlaceRanks.
+  std::vector<WorkerSlots> Candidates(v1::DeviceKind device, int64_t rank_memory_bytes) const;
+  // Free slots of live workers that may take ranks now, per device kind (an upper bound for
+  // any one job: some may be too small for it).
+  std::map<v1::DeviceKind, int> FreeSlotsByDevice() const;
+  // The largest memory a slot of a live `device` worker offers (INT64_MAX: one does not say;
+  // -1: no live worker of that kind).
+  int64_t LargestSlotMemory(v1::DeviceKind device) const;
+  // Why a job of `world_size` ranks of `rank_memory_bytes` on `device` cannot be placed now.
+  std::string PendingReason(v1::DeviceKind device, int world_size,
+                            int64_t rank_memory_bytes) const;
+  std::vector<const WorkerRecord*> Live(v1::DeviceKind device) const;
+
+  std::vector<v1::Worker> List() const;
+  // Every worker record, for the caller's passes over slots.
+  std::map<std::string, WorkerRecord>& all() { return workers_; }
+  const std::map<std::string, WorkerRecord>& all() const { return workers_; }
+
+  int64_t heartbeat_interval_ms() const;
+
+ private:
+  v1::RegisterWorkerResponse Answer(const std::string& worker_id,
+                                    const WorkerRecord& worker) const;
+
+  Options options_;
+  std::map<std::string, WorkerRecord> workers_;
+  std::deque<std::string> lost_;  // In the order they were lost.
+  int64_t next_worker_number_ = 1;
+};
+
+}  // namespace mptrain
