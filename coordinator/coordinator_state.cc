@@ -66,7 +66,10 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
                                        options_.max_lost_workers}) {
   if (!options_.now_ms) options_.now_ms = SystemNowMs;
   started_ms_ = options_.now_ms();
+  if (options_.store != nullptr) writer_ = std::make_unique<StoreWriter>(options_.store);
 }
+
+CoordinatorState::~CoordinatorState() = default;
 
 // ---------------------------------------------------------------------------------------------
 // Mutations and the job store
@@ -92,27 +95,24 @@ void CoordinatorState::Effects::EventsTrimmed(const JobRecord& job, int64_t sequ
   batch.keep_events_after[job.number()] = sequence;
 }
 
-std::vector<std::string> CoordinatorState::FinishMutation() {
+CoordinatorState::Finished CoordinatorState::FinishMutation() {
   if (effects_.schedule) {
     effects_.schedule = false;
     TrySchedule();
   }
-  if (options_.store != nullptr && (!effects_.dirty_jobs.empty() || !effects_.batch.empty())) {
+  Finished finished;
+  if (writer_ != nullptr && (!effects_.dirty_jobs.empty() || !effects_.batch.empty())) {
     for (const std::string& job_id : effects_.dirty_jobs) {
       if (const JobRecord* record = FindJob(job_id)) {
         effects_.batch.jobs.push_back(record->ToStored());
       }
     }
-    if (absl::Status status = options_.store->Commit(effects_.batch); !status.ok()) {
-      // The state in memory is still right; what a restart would lose is said loudly.
-      spdlog::error("could not write the job store (a coordinator restart would lose the "
-                    "last changes): {}",
-                    status.ToString());
-    }
+    // Under the lock, so that batches are written in the order of the mutations.
+    finished.ticket = writer_->Enqueue(std::move(effects_.batch));
   }
-  std::vector<std::string> keys(effects_.wake_keys.begin(), effects_.wake_keys.end());
+  finished.keys.assign(effects_.wake_keys.begin(), effects_.wake_keys.end());
   effects_ = Effects();
-  return keys;
+  return finished;
 }
 
 std::string CoordinatorState::WorkerKey(const std::string& worker_id) {

@@ -47,6 +47,7 @@
 #include "coordinator/failure_policy.h"
 #include "coordinator/job_record.h"
 #include "coordinator/store/job_store.h"
+#include "coordinator/store/store_writer.h"
 #include "coordinator/worker_registry.h"
 #include "proto/mptrain.pb.h"
 
@@ -72,7 +73,8 @@ struct CoordinatorOptions {
   // A worker that registers again under its name replaces its lost entry at once.
   size_t max_lost_workers = 1'000;
   int64_t lost_worker_retention_ms = 3'600'000;
-  // Where every mutation is written (not owned; null: nothing survives a restart).
+  // Where every mutation is written, in order, by a writer thread (not owned; null: nothing
+  // survives a restart).
   JobStore* store = nullptr;
   // Called after each mutation, outside the lock, with the keys (WorkerKey, JobKey) of what it
   // changed: the server wakes exactly the calls waiting on them.
@@ -94,6 +96,7 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 class CoordinatorState {
  public:
   explicit CoordinatorState(CoordinatorOptions options);
+  ~CoordinatorState();  // Writes what is queued for the store.
 
   // Loads the store's jobs (call once, before serving): PENDING jobs queue again, ended jobs
   // keep their records and history, RUNNING jobs wait up to adopt_grace_ms for their ranks to
@@ -192,9 +195,14 @@ class CoordinatorState {
    public:
     explicit Mutation(CoordinatorState* state) : state_(state), lock_(state->mu_) {}
     ~Mutation() {
-      std::vector<std::string> keys = state_->FinishMutation();
+      Finished finished = state_->FinishMutation();
       lock_.unlock();
-      if (state_->options_.notify && !keys.empty()) state_->options_.notify(keys);
+      if (state_->options_.notify && !finished.keys.empty()) {
+        state_->options_.notify(finished.keys);
+      }
+      // The caller's answer waits for the write (off the lock): what a client is told
+      // survives a crash.
+      if (finished.ticket != 0) state_->writer_->WaitWritten(finished.ticket);
     }
 
    private:
@@ -214,8 +222,13 @@ class CoordinatorState {
     std::set<std::string> dirty_jobs;
     JobStore::Batch batch;
   };
-  // Schedules, persists; returns the keys to notify.
-  std::vector<std::string> FinishMutation();
+  // Schedules and hands what changed to the store writer; returns the keys to notify and the
+  // write's ticket (0: nothing to write).
+  struct Finished {
+    std::vector<std::string> keys;
+    uint64_t ticket = 0;
+  };
+  Finished FinishMutation();
 
   JobRecord* FindJob(const std::string& job_id);
   const JobRecord* FindJob(const std::string& job_id) const;
@@ -265,6 +278,7 @@ class CoordinatorState {
   int64_t next_job_number_ = 1;
   int64_t started_ms_ = 0;
   Effects effects_;  // Of the current mutation.
+  std::unique_ptr<StoreWriter> writer_;  // Null without a store.
 };
 
 }  // namespace mptrain

@@ -1,11 +1,16 @@
 #include "coordinator/coordinator_state.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "coordinator/store/sqlite_job_store.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -1092,4 +1097,52 @@ TEST_F(CoordinatorStateTest, LostWorkers_AreBounded) {
   EXPECT_EQ(state_->ListWorkers().size(), 2u);
 }
 
+}  // namespace mptrain
+
+namespace mptrain {
+namespace {
+
+// The state writes through its store writer; a second state on the same store restores it.
+TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/state_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.store = store->get();
+  std::string job_id;
+  {
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::SubmitJobRequest request;
+    v1::JobSpec& spec = *request.mutable_spec();
+    spec.set_name("t");
+    spec.set_world_size(1);
+    spec.set_device(v1::CPU);
+    spec.mutable_model()->set_input_dim(4);
+    spec.mutable_model()->set_output_dim(2);
+    spec.mutable_data()->mutable_synthetic()->set_seed(0);
+    spec.set_micro_batch_size(2);
+    spec.set_accumulation_steps(1);
+    spec.set_steps(1);
+    spec.mutable_optimizer()->set_lr(0.1);
+    auto submitted = state.SubmitJob(request);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    job_id = submitted->job_id();
+    // The answer came back: the job is in the database now, writer thread or not.
+    auto snapshot = (*store)->Load();
+    ASSERT_TRUE(snapshot.ok());
+    ASSERT_EQ(snapshot->jobs.size(), 1u);
+    EXPECT_EQ(snapshot->jobs[0].job().job_id(), job_id);
+    ASSERT_TRUE(state.CancelJob(job_id).ok());
+  }
+  CoordinatorState restored(options);
+  ASSERT_TRUE(restored.Restore().ok());
+  auto job = restored.GetJob(job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::CANCELLED);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
 }  // namespace mptrain

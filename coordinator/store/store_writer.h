@@ -1,0 +1,55 @@
+#pragma once
+
+// Commits the coordinator's mutations to a JobStore on a thread of its own, in the order they
+// were made, so that no write happens while the state's lock is held: a heartbeat never waits
+// behind a submit's transaction. A mutation hands its batch over under the lock (Enqueue), and
+// the call that made it answers its client only once the batch is written (WaitWritten):
+// whatever a client was told survives a crash of the coordinator.
+//
+// Bounded: with `max_queued` batches waiting, Enqueue blocks until the writer catches up (back
+// pressure on every mutation, rather than memory without end).
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "coordinator/store/job_store.h"
+
+namespace mptrain {
+
+class StoreWriter {
+ public:
+  explicit StoreWriter(JobStore* store, size_t max_queued = 10'000);
+  // Writes what is queued, then stops.
+  ~StoreWriter();
+  StoreWriter(const StoreWriter&) = delete;
+  StoreWriter& operator=(const StoreWriter&) = delete;
+
+  // Queues `batch` after every earlier one; returns its ticket for WaitWritten.
+  uint64_t Enqueue(JobStore::Batch batch);
+  // Returns once the batch of `ticket` (and every one before it) has been committed, or its
+  // commit failed (logged: the state in memory is still right, a restart would lose it).
+  void WaitWritten(uint64_t ticket);
+
+  // Commits that failed so far.
+  uint64_t failures() const;
+
+ private:
+  void Run();
+
+  JobStore* store_;
+  const size_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable queued_cv_;   // The writer waits for work.
+  std::condition_variable written_cv_;  // Callers wait for their ticket; Enqueue for room.
+  std::deque<JobStore::Batch> queue_;
+  uint64_t next_ticket_ = 1;  // The ticket of the next batch enqueued.
+  uint64_t written_ = 0;      // Every ticket up to this one is written.
+  uint64_t failures_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,79 @@
+#include "coordinator/store/store_writer.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+// Records the order of commits; can be made slow or failing.
+class RecordingStore : public JobStore {
+ public:
+  absl::StatusOr<Snapshot> Load() override { return Snapshot(); }
+  absl::Status Commit(const Batch& batch) override {
+    std::this_thread::sleep_for(delay);
+    std::lock_guard<std::mutex> lock(mu);
+    committed.push_back(batch.next_job_number);
+    if (fail) return absl::InternalError("disk full");
+    return absl::OkStatus();
+  }
+  std::chrono::milliseconds delay{0};
+  std::atomic<bool> fail{false};
+  std::mutex mu;
+  std::vector<int64_t> committed;
+};
+
+JobStore::Batch Numbered(int64_t n) {
+  JobStore::Batch batch;
+  batch.next_job_number = n;
+  return batch;
+}
+
+TEST(StoreWriter, CommitsInOrder_AndWaitReturnsOnlyOnceWritten) {
+  RecordingStore store;
+  store.delay = std::chrono::milliseconds(20);
+  StoreWriter writer(&store);
+  uint64_t last = 0;
+  for (int64_t n = 1; n <= 5; ++n) last = writer.Enqueue(Numbered(n));
+  writer.WaitWritten(last);
+  std::lock_guard<std::mutex> lock(store.mu);
+  EXPECT_EQ(store.committed, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+TEST(StoreWriter, WaitForAnEarlierTicket_DoesNotWaitForLaterOnes) {
+  RecordingStore store;
+  StoreWriter writer(&store);
+  const uint64_t first = writer.Enqueue(Numbered(1));
+  writer.WaitWritten(first);
+  store.delay = std::chrono::milliseconds(300);
+  writer.Enqueue(Numbered(2));
+  const auto start = std::chrono::steady_clock::now();
+  writer.WaitWritten(first);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+}
+
+TEST(StoreWriter, FailedCommit_IsCountedAndReleasesItsWaiter) {
+  RecordingStore store;
+  store.fail = true;
+  StoreWriter writer(&store);
+  writer.WaitWritten(writer.Enqueue(Numbered(1)));
+  EXPECT_EQ(writer.failures(), 1u);
+}
+
+TEST(StoreWriter, Destructor_WritesWhatIsQueued) {
+  RecordingStore store;
+  store.delay = std::chrono::milliseconds(5);
+  {
+    StoreWriter writer(&store, /*max_queued=*/2);  // Enqueue blocks for room at times.
+    for (int64_t n = 1; n <= 6; ++n) writer.Enqueue(Numbered(n));
+  }
+  std::lock_guard<std::mutex> lock(store.mu);
+  EXPECT_EQ(store.committed.size(), 6u);
+}
+
+}  // namespace
+}  // namespace mptrain
