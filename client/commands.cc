@@ -1,8 +1,11 @@
 #include "client/commands.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/descriptor.h"
 #include "client/format.h"
 #include "common/job_spec.h"
 
@@ -37,6 +40,56 @@ int ReportRpcError(const CommandContext& context, const std::string& what,
   return 1;
 }
 
+// One line redrawn in place on a terminal: "[#####-----]  40/100 steps  2.5 steps/s  ETA 24 s".
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::ostream* out) : out_(out) {}
+  void SetTotal(int64_t steps) { total_ = steps; }
+  void Update(const v1::TelemetryRecord& record) {
+    const auto now = std::chrono::steady_clock::now();
+    if (first_step_ < 0) {
+      first_step_ = record.step();
+      first_time_ = now;
+    }
+    const double elapsed = std::chrono::duration<double>(now - first_time_).count();
+    const double rate = elapsed > 0 ? (record.step() - first_step_) / elapsed : 0;
+    constexpr int kWidth = 24;
+    const double fraction =
+        total_ > 0 ? std::clamp(static_cast<double>(record.step()) / total_, 0.0, 1.0) : 0;
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::string line = absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '-'),
+                                    "] ", record.step(), "/", total_, " steps");
+    if (rate > 0) {
+      absl::StrAppend(&line, absl::StrFormat("  %.3g steps/s  ETA %s", rate,
+                                             FormatSeconds((total_ - record.step()) / rate)));
+    }
+    absl::StrAppend(&line, absl::StrFormat("  loss %.6g  scale %g%s", record.loss(),
+                                           record.loss_scale(),
+                                           record.skipped_total() > 0
+                                               ? absl::StrCat("  skipped ", record.skipped_total())
+                                               : ""));
+    *out_ << "\r\x1b[2K" << line << std::flush;
+    drawn_ = true;
+  }
+  // Ends the line so that what follows starts on its own.
+  void Finish() {
+    if (drawn_) *out_ << "\n";
+    drawn_ = false;
+  }
+
+ private:
+  static std::string FormatSeconds(double seconds) {
+    if (seconds < 90) return absl::StrFormat("%.0f s", seconds);
+    if (seconds < 5400) return absl::StrFormat("%.0f min", seconds / 60);
+    return absl::StrFormat("%.1f h", seconds / 3600);
+  }
+  std::ostream* out_;
+  int64_t total_ = 0;
+  int64_t first_step_ = -1;
+  std::chrono::steady_clock::time_point first_time_;
+  bool drawn_ = false;
+};
+
 // Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED).
 v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, int* exit_code) {
   v1::WatchJobRequest request;
@@ -47,12 +100,16 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
   v1::WatchJobEvent event;
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   std::string error;
+  const bool progress_bar = context.format == OutputFormat::kTable && context.terminal;
+  ProgressLine progress(context.out);
   while (reader->Read(&event)) {
+    if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
     if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
     switch (event.event_case()) {
       case v1::WatchJobEvent::kSnapshot:
         last = event.snapshot().state();
         error = event.snapshot().error();
+        progress.SetTotal(event.snapshot().spec().steps());
         if (context.format == OutputFormat::kTable) {
           *context.out << job_id << " " << ShortState(last) << "\n";
         }
@@ -66,7 +123,9 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
         }
         break;
       case v1::WatchJobEvent::kTelemetry:
-        if (context.format == OutputFormat::kTable) {
+        if (progress_bar) {
+          progress.Update(event.telemetry());
+        } else if (context.format == OutputFormat::kTable) {
           *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
         }
         break;
@@ -75,6 +134,7 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
     }
     context.out->flush();
   }
+  progress.Finish();
   grpc::Status status = reader->Finish();
   if (!status.ok()) {
     *exit_code = ReportRpcError(context, "watch " + job_id, status);
@@ -187,6 +247,77 @@ int WorkersCommand(const CommandContext& context) {
   *context.out << (context.format == OutputFormat::kJson
                        ? ToJson(response) + "\n"
                        : FormatWorkerTable({response.workers().begin(), response.workers().end()}));
+  return 0;
+}
+
+namespace {
+
+// A CSV cell: numbers as they print; text quoted when it needs it.
+std::string CsvField(const google::protobuf::Message& message,
+                     const google::protobuf::FieldDescriptor* field) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  using Type = google::protobuf::FieldDescriptor::CppType;
+  switch (field->cpp_type()) {
+    case Type::CPPTYPE_DOUBLE: return absl::StrFormat("%.17g", reflection->GetDouble(message, field));
+    case Type::CPPTYPE_FLOAT: return absl::StrFormat("%.9g", reflection->GetFloat(message, field));
+    case Type::CPPTYPE_INT64: return absl::StrCat(reflection->GetInt64(message, field));
+    case Type::CPPTYPE_INT32: return absl::StrCat(reflection->GetInt32(message, field));
+    case Type::CPPTYPE_UINT64: return absl::StrCat(reflection->GetUInt64(message, field));
+    case Type::CPPTYPE_UINT32: return absl::StrCat(reflection->GetUInt32(message, field));
+    case Type::CPPTYPE_BOOL: return reflection->GetBool(message, field) ? "true" : "false";
+    default: {
+      std::string text;
+      if (field->cpp_type() == Type::CPPTYPE_STRING) text = reflection->GetString(message, field);
+      if (text.find_first_of(",\"\n") == std::string::npos) return text;
+      std::string quoted = "\"";
+      for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return quoted + "\"";
+    }
+  }
+}
+
+}  // namespace
+
+int ExportCommand(const CommandContext& context, const std::string& job_id, ExportFormat format) {
+  const google::protobuf::Descriptor* descriptor = v1::TelemetryRecord::descriptor();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    if (!descriptor->field(i)->is_repeated() &&
+        descriptor->field(i)->cpp_type() !=
+            google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      fields.push_back(descriptor->field(i));
+    }
+  }
+  std::sort(fields.begin(), fields.end(), [](auto* a, auto* b) { return a->number() < b->number(); });
+  if (format == ExportFormat::kCsv) {
+    for (size_t i = 0; i < fields.size(); ++i) *context.out << (i ? "," : "") << fields[i]->name();
+    *context.out << "\n";
+  }
+  v1::GetJobEventsRequest request;
+  request.set_job_id(job_id);
+  request.set_max_events(10'000);
+  while (true) {
+    v1::GetJobEventsResponse response;
+    grpc::ClientContext rpc;
+    SetDeadline(context, &rpc);
+    grpc::Status status = context.stub->GetJobEvents(&rpc, request, &response);
+    if (!status.ok()) return ReportRpcError(context, "export " + job_id, status);
+    for (const v1::WatchJobEvent& event : response.events()) {
+      request.set_after_sequence(event.sequence());
+      if (!event.has_telemetry()) continue;
+      if (format == ExportFormat::kJsonl) {
+        *context.out << ToJson(event.telemetry(), /*multiline=*/false) << "\n";
+        continue;
+      }
+      for (size_t i = 0; i < fields.size(); ++i) {
+        *context.out << (i ? "," : "") << CsvField(event.telemetry(), fields[i]);
+      }
+      *context.out << "\n";
+    }
+    // A running job's history goes on: export what exists now.
+    if (response.finished() || response.events().empty()) break;
+  }
+  context.out->flush();
   return 0;
 }
 

@@ -19,6 +19,8 @@ struct CommandContext {
   int64_t rpc_timeout_ms = 10'000;
   std::ostream* out = &std::cout;
   std::ostream* err = &std::cerr;
+  // `out` is a terminal: watch draws one progress line instead of a line per step.
+  bool terminal = false;
 };
 
 int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,
@@ -30,5 +32,10 @@ int WatchCommand(const CommandContext& context, const std::string& job_id);
 int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit);
 int CancelCommand(const CommandContext& context, const std::string& job_id);
 int WorkersCommand(const CommandContext& context);
+enum class ExportFormat { kCsv, kJsonl };
+// The job's whole telemetry history as the coordinator holds it (GetJobEvents, page by page):
+// CSV with a header row (every TelemetryRecord field, in field-number order) or one JSON object
+// a line. Exit 1 when the coordinator refuses.
+int ExportCommand(const CommandContext& context, const std::string& job_id, ExportFormat format);
 
 }  // namespace mptrain

@@ -8,6 +8,9 @@
 //     list [--state S] [--limit N]               jobs, oldest first, fetched a page at a time
 //     cancel ID                                 cancel a pending or running job
 //     workers                                   registered workers
+//     export ID [--format csv|jsonl]            the job's telemetry history
+
+#include <unistd.h>
 
 #include <iostream>
 
@@ -25,6 +28,7 @@ ABSL_FLAG(bool, wait, false, "submit: follow the job and exit 0 only if it SUCCE
 ABSL_FLAG(std::string, request_id, "", "submit: makes a retried submit idempotent");
 ABSL_FLAG(int64_t, timeout_ms, 10'000, "Deadline of each RPC (watch has none)");
 ABSL_FLAG(std::string, state, "", "list: only jobs in this state (e.g. running)");
+ABSL_FLAG(std::string, format, "csv", "export: csv or jsonl");
 ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs, oldest first (0 = all)");
 
 namespace {
@@ -38,7 +42,8 @@ constexpr char kUsage[] =
     "  watch ID\n"
     "  list [--state STATE] [--limit N]\n"
     "  cancel ID\n"
-    "  workers";
+    "  workers\n"
+    "  export ID [--format csv|jsonl]";
 
 int Usage(const std::string& problem) {
   std::cerr << "trainctl: " << problem << "\nusage: " << kUsage << "\n";
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
   context.stub = stub.get();
   context.format = output == "json" ? mptrain::OutputFormat::kJson : mptrain::OutputFormat::kTable;
   context.rpc_timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  context.terminal = isatty(STDOUT_FILENO) == 1;
 
   if (command == "submit") {
     if (args.size() != 3) return Usage("submit takes one FILE");
@@ -86,5 +92,12 @@ int main(int argc, char** argv) {
     return mptrain::ListCommand(context, state, absl::GetFlag(FLAGS_limit));
   }
   if (command == "workers" && args.size() == 2) return mptrain::WorkersCommand(context);
+  if (command == "export" && args.size() == 3) {
+    const std::string format = absl::GetFlag(FLAGS_format);
+    if (format != "csv" && format != "jsonl") return Usage("--format must be csv or jsonl");
+    return mptrain::ExportCommand(
+        context, args[2],
+        format == "csv" ? mptrain::ExportFormat::kCsv : mptrain::ExportFormat::kJsonl);
+  }
   return Usage("unknown command or arguments: " + command);
 }

@@ -109,6 +109,11 @@ const Principal* TokenTable::Find(absl::string_view token) const {
 MethodAccess AccessFor(absl::string_view method) {
   if (absl::StartsWith(method, "/grpc.health.v1.Health/")) return MethodAccess::kPublic;
   if (absl::StartsWith(method, "/mptrain.v1.Coordinator/")) return MethodAccess::kUser;
+  // Server reflection shows the schema (grpcurl); the HTTP pages and /metrics show jobs.
+  if (absl::StartsWith(method, "/grpc.reflection.v1alpha.ServerReflection/")) {
+    return MethodAccess::kUser;
+  }
+  if (absl::StartsWith(method, kHttpMethodPrefix)) return MethodAccess::kUser;
   if (absl::StartsWith(method, "/mptrain.v1.WorkerControl/")) return MethodAccess::kWorker;
   return MethodAccess::kDenied;
 }

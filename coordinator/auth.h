@@ -62,6 +62,8 @@ enum class MethodAccess {
   kDenied,  // Unknown methods.
 };
 MethodAccess AccessFor(absl::string_view method);
+// The HTTP server's requests are authorized as the method "/http" + path.
+inline constexpr absl::string_view kHttpMethodPrefix = "/http/";
 
 struct CallerIdentity {
   std::string principal;

@@ -278,6 +278,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   job_order_[number] = job_id;
   jobs_[job_id] = std::move(record);
   pending_.push_back(job_id);
+  submitted_total_ += 1;
   spdlog::info("job {} submitted: {} ranks on {}", job_id, spec.world_size(),
                v1::DeviceKind_Name(spec.device()));
   effects_.batch.new_specs[number] = spec;
@@ -386,8 +387,79 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
   return batch;
 }
 
+CoordinatorState::Overview CoordinatorState::GetOverview() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Overview overview;
+  const int64_t now = options_.now_ms();
+  for (const auto& [id, record] : jobs_) {
+    overview.jobs[record->state()] += 1;
+    if (!record->running()) continue;
+    v1::Job job = record->job();
+    v1::JobSpec brief;
+    brief.set_name(job.spec().name());
+    brief.set_world_size(job.spec().world_size());
+    brief.set_steps(job.spec().steps());
+    *job.mutable_spec() = std::move(brief);
+    overview.running.push_back(std::move(job));
+  }
+  overview.queued = static_cast<int>(pending_.size());
+  for (v1::Worker& worker : workers_.List()) {
+    const double age_s = (now - worker.last_heartbeat_unix_ms()) / 1000.0;
+    overview.workers.push_back({std::move(worker), age_s});
+  }
+  overview.submitted_total = submitted_total_;
+  overview.ended_total = ended_total_;
+  overview.restarts_total = restarts_total_;
+  overview.store_write_failures_total = writer_ == nullptr ? 0 : writer_->failures();
+  return overview;
+}
+
+absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
+    const v1::GetJobEventsRequest& request) const {
+  constexpr int kDefaultEvents = 1'000, kMaxEvents = 10'000;
+  if (request.max_events() < 0 || request.max_events() > kMaxEvents) {
+    return absl::InvalidArgumentError(absl::StrCat("max_events must be in [0, ", kMaxEvents,
+                                                   "] (0 = ", kDefaultEvents, "), got ",
+                                                   request.max_events()));
+  }
+  const size_t limit = request.max_events() == 0 ? kDefaultEvents : request.max_events();
+  const int64_t after = std::max<int64_t>(0, request.after_sequence());
+  v1::GetJobEventsResponse response;
+  int64_t number = 0, oldest_held = 0, last = 0;
+  bool terminal = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const JobRecord* record = FindJob(request.job_id());
+    if (record == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+    }
+    number = record->number();
+    last = record->events().last_sequence();
+    terminal = record->terminal();
+    const auto& held = record->events().events();
+    oldest_held = held.empty() ? last + 1 : held.front().sequence();
+    if (after + 1 >= oldest_held || options_.store == nullptr) {
+      for (const v1::WatchJobEvent& event : record->events().Since(after)) {
+        if (static_cast<size_t>(response.events_size()) == limit) break;
+        *response.add_events() = event;
+      }
+    }
+  }
+  if (after + 1 < oldest_held && options_.store != nullptr) {
+    // Older than memory holds: the store has it (read without the state's lock).
+    auto stored = options_.store->LoadEvents(number, after, static_cast<int>(limit));
+    if (!stored.ok()) return stored.status();
+    for (v1::WatchJobEvent& event : *stored) *response.add_events() = std::move(event);
+  }
+  const int64_t returned_last =
+      response.events_size() == 0 ? after : response.events().rbegin()->sequence();
+  response.set_finished(terminal && returned_last >= last);
+  return response;
+}
+
 void CoordinatorState::EndJob(JobRecord* record, v1::JobState state, const std::string& error) {
   if (record->terminal()) return;
+  ended_total_[state] += 1;
   pending_.erase(std::remove(pending_.begin(), pending_.end(), record->id()), pending_.end());
   record->End(state, error, options_.now_ms());
   FreeExitedSlots(*record);
@@ -406,6 +478,7 @@ void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool
     // stopped; their slots drain.
     FreeExitedSlots(*record);
     record->Requeue(decision.note, options_.now_ms());
+    restarts_total_ += 1;
     pending_.push_front(record->id());
     return;
   }

@@ -134,6 +134,28 @@ class CoordinatorState {
   };
   absl::StatusOr<WatchBatch> JobEventsSince(const std::string& job_id,
                                             int64_t after_sequence) const;
+  // GetJobEvents: a page of the job's history after `after_sequence`, from memory or, for
+  // what memory no longer holds, from the store. NOT_FOUND, INVALID_ARGUMENT (max_events).
+  absl::StatusOr<v1::GetJobEventsResponse> GetJobEvents(
+      const v1::GetJobEventsRequest& request) const;
+
+  // What /metrics and the dashboard show of the whole coordinator, taken under the lock once.
+  struct Overview {
+    std::map<v1::JobState, int> jobs;  // Jobs held (running, queued, recently ended).
+    int queued = 0;
+    struct WorkerLine {
+      v1::Worker worker;  // free_slots filled in.
+      double heartbeat_age_s = 0;
+    };
+    std::vector<WorkerLine> workers;
+    std::vector<v1::Job> running;  // RUNNING jobs, specs trimmed to name, world size, steps.
+    // Since this coordinator started.
+    uint64_t submitted_total = 0;
+    std::map<v1::JobState, uint64_t> ended_total;
+    uint64_t restarts_total = 0;
+    uint64_t store_write_failures_total = 0;
+  };
+  Overview GetOverview() const;
 
   // Nothing here blocks. A long call that has nothing to answer yet waits (see WaitSet) on the
   // key of what it waits for, and asks again when CoordinatorOptions::notify names that key.
@@ -277,6 +299,10 @@ class CoordinatorState {
   std::map<std::string, std::string> job_by_request_id_;
   int64_t next_job_number_ = 1;
   int64_t started_ms_ = 0;
+  // Counters for /metrics, since this coordinator started.
+  uint64_t submitted_total_ = 0;
+  std::map<v1::JobState, uint64_t> ended_total_;
+  uint64_t restarts_total_ = 0;
   Effects effects_;  // Of the current mutation.
   std::unique_ptr<StoreWriter> writer_;  // Null without a store.
 };

@@ -372,6 +372,16 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
       });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetJobEvents(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::GetJobEventsRequest, v1::GetJobEventsResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->GetJobEvents(frame->request),
+                         &frame->response);
+      });
+}
+
 grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
   return WatchCall::Start(state_, waits_, request->job_id());

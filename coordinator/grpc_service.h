@@ -31,7 +31,8 @@ using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_SubmitJob<
     v1::Coordinator::WithRawCallbackMethod_GetJob<v1::Coordinator::WithRawCallbackMethod_ListJobs<
         v1::Coordinator::WithRawCallbackMethod_CancelJob<
             v1::Coordinator::WithRawCallbackMethod_ListWorkers<
-                v1::Coordinator::CallbackService>>>>>;
+                v1::Coordinator::WithRawCallbackMethod_GetJobEvents<
+                    v1::Coordinator::CallbackService>>>>>>;
 using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorker<
     v1::WorkerControl::WithRawCallbackMethod_Heartbeat<
         v1::WorkerControl::WithRawCallbackMethod_DeregisterWorker<
@@ -64,6 +65,9 @@ class CoordinatorService final : public CoordinatorBase {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetJobEvents(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::WatchJobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
 

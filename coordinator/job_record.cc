@@ -56,6 +56,7 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
   }
   for (const auto& [key, value] : stored.kv()) kv_.Set(key, value).IgnoreError();
   events_.Restore(std::move(events), stored.last_sequence());
+  if (terminal()) events_.Shrink(limits.max_events_finished);
   ranks_.resize(std::max(0, job_.spec().world_size()));
   for (const v1::RankProgress& progress : job_.progress()) {
     if (!ValidRank(progress.rank())) continue;
@@ -152,11 +153,12 @@ void JobRecord::SetState(v1::JobState state, const std::string& error, int64_t n
   event.mutable_state_change()->set_error(error);
   Append(std::move(event));
   if (IsTerminal(state)) {
-    // Nobody reports to a finished job any more: keep its recent history only.
+    // Nobody reports to a finished job any more: memory keeps its recent history only; the
+    // store keeps as much as a running job holds (for export).
     events_.Shrink(limits_.max_events_finished);
     changes_->EventsTrimmed(
         *this, std::max<int64_t>(0, events_.last_sequence() -
-                                        static_cast<int64_t>(limits_.max_events_finished)));
+                                        static_cast<int64_t>(limits_.max_events)));
   }
 }
 

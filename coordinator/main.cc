@@ -19,6 +19,10 @@
 #include "coordinator/wait_set.h"
 #include "grpcpp/resource_quota.h"
 #include "coordinator/store/sqlite_job_store.h"
+#include "coordinator/http_server.h"
+#include "coordinator/metrics.h"
+#include "coordinator/rpc_metrics_interceptor.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -45,6 +49,10 @@ ABSL_FLAG(double, finished_job_retention_s, 7 * 24 * 3600.0, "Ended jobs older t
 ABSL_FLAG(double, lost_worker_retention_s, 3600,
           "Lost workers stay listed this long (a worker registering again under its name "
           "replaces its lost entry at once)");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT for /metrics (Prometheus) and the web dashboard (empty: off). Uses the "
+          "same TLS certificate and tokens as gRPC");
+ABSL_FLAG(std::string, http_port_file, "", "If set, the bound HTTP port is written to this file");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -122,7 +130,12 @@ int main(int argc, char** argv) {
   mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  mptrain::RpcMetrics rpc_metrics;
   grpc::ServerBuilder builder;
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<mptrain::RpcMetricsInterceptorFactory>(&rpc_metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), security->credentials, &port);
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
@@ -148,6 +161,29 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
   }
 
+  std::unique_ptr<mptrain::HttpServer> http;
+  if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    mptrain::HttpServerOptions http_options;
+    http_options.listen = absl::GetFlag(FLAGS_http_listen);
+    http_options.tls_cert = security_options.tls_cert;
+    http_options.tls_key = security_options.tls_key;
+    http_options.tls_client_ca = security_options.tls_client_ca;
+    http_options.insecure = security_options.insecure;
+    auto started = mptrain::HttpServer::Start(http_options, &state, &rpc_metrics,
+                                              security->authenticator);
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      server->Shutdown();
+      return 2;
+    }
+    http = std::move(*started);
+    if (!absl::GetFlag(FLAGS_http_port_file).empty()) {
+      std::string tmp = absl::GetFlag(FLAGS_http_port_file) + ".tmp";
+      std::ofstream(tmp) << http->port() << "\n";
+      std::rename(tmp.c_str(), absl::GetFlag(FLAGS_http_port_file).c_str());
+    }
+  }
+
   std::atomic<bool> stopping{false};
   std::thread liveness([&] {
     while (!stopping.load()) {
@@ -164,6 +200,7 @@ int main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
+  http.reset();
   signal_waiter.join();
   liveness.join();
   spdlog::info("coordinator stopped");

@@ -14,6 +14,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev                 # tests
   openssl                                   # certificates for the secure demo and tests
   libsqlite3-dev                            # the coordinator's durable job store
+  libcpp-httplib-dev                        # the coordinator's /metrics and dashboard
+  prometheus chromium fonts-dejavu-core curl  # tests: promtool, dashboard screenshots, HTTP
 )
 
 missing=()

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/local_cluster.h"
@@ -254,6 +255,56 @@ TEST(Security, WrongCaMissingClientCertificateOrToken_AreRefused) {
   CommandResult ok = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem" + client_cert +
                                 " --token_file=" + pki + "/alice.token list");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
+// One ServerReflectionInfo exchange asking list_services, as raw protobuf bytes (field 7, an
+// empty string), through a generic stub: the answer's bytes name every service. Returns the
+// answer and the call's status.
+std::pair<std::string, grpc::Status> ListServicesByReflection(
+    const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &queue);
+  auto step = [&queue](std::function<void(void*)> start) {
+    void* tag = nullptr;
+    bool ok = false;
+    start(reinterpret_cast<void*>(1));
+    return queue.Next(&tag, &ok) && ok;
+  };
+  std::string answer;
+  grpc::Status status;
+  const char request_bytes[] = {0x3a, 0x00};  // list_services = ""
+  grpc::Slice slice(request_bytes, sizeof(request_bytes));
+  grpc::ByteBuffer request(&slice, 1);
+  if (step([&](void* tag) { call->StartCall(tag); }) &&
+      step([&](void* tag) { call->Write(request, tag); }) &&
+      step([&](void* tag) { call->WritesDone(tag); })) {
+    grpc::ByteBuffer response;
+    if (step([&](void* tag) { call->Read(&response, tag); })) {
+      std::vector<grpc::Slice> slices;
+      (void)response.Dump(&slices);
+      for (const grpc::Slice& part : slices) {
+        answer.append(reinterpret_cast<const char*>(part.begin()), part.size());
+      }
+    }
+  }
+  step([&](void* tag) { call->Finish(&status, tag); });
+  return {answer, status};
+}
+
+TEST(Security, ServerReflection_ListsTheServicesToUsersOnly) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto [services, status] = ListServicesByReflection(cluster.Channel(cluster.SecurityFor("alice")));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_NE(services.find("mptrain.v1.Coordinator"), std::string::npos) << services;
+  EXPECT_NE(services.find("mptrain.v1.WorkerControl"), std::string::npos) << services;
+  auto [nothing, refused] = ListServicesByReflection(cluster.Channel(cluster.SecurityFor("")));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED) << refused.error_message();
+  EXPECT_TRUE(nothing.empty());
 }
 
 TEST(Security, NetworkListenWithoutTlsAndTokens_RefusesToStart) {

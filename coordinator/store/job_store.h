@@ -46,6 +46,11 @@ class JobStore {
   virtual ~JobStore() = default;
   virtual absl::StatusOr<Snapshot> Load() = 0;
   virtual absl::Status Commit(const Batch& batch) = 0;
+  // Up to `limit` events of job `number` after `after_sequence`, oldest first: the history a
+  // finished job no longer holds in memory (telemetry export). May run beside Commit.
+  virtual absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t number,
+                                                                    int64_t after_sequence,
+                                                                    int limit) = 0;
 };
 
 }  // namespace mptrain

@@ -131,7 +131,31 @@ absl::Status SqliteJobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<v1::WatchJobEvent>> SqliteJobStore::LoadEvents(
+    int64_t number, int64_t after_sequence, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_,
+                   "SELECT event FROM events WHERE number = ? AND sequence > ? "
+                   "ORDER BY sequence LIMIT ?");
+  if (!select.ok()) return Error("reading events");
+  sqlite3_bind_int64(select.get(), 1, number);
+  sqlite3_bind_int64(select.get(), 2, after_sequence);
+  sqlite3_bind_int(select.get(), 3, limit);
+  std::vector<v1::WatchJobEvent> events;
+  int step;
+  while ((step = sqlite3_step(select.get())) == SQLITE_ROW) {
+    v1::WatchJobEvent event;
+    if (!event.ParseFromString(Blob(select.get(), 0))) {
+      return absl::FailedPreconditionError(absl::StrCat(path_, ": an event is corrupt"));
+    }
+    events.push_back(std::move(event));
+  }
+  if (step != SQLITE_DONE) return Error("reading events");
+  return events;
+}
+
 absl::StatusOr<JobStore::Snapshot> SqliteJobStore::Load() {
+  std::lock_guard<std::mutex> lock(mu_);
   Snapshot snapshot;
   {
     Statement counter(db_, "SELECT value FROM meta WHERE key = 'next_job_number'");
@@ -176,6 +200,7 @@ absl::StatusOr<JobStore::Snapshot> SqliteJobStore::Load() {
 
 absl::Status SqliteJobStore::Commit(const Batch& batch) {
   if (batch.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status status = Exec("BEGIN IMMEDIATE"); !status.ok()) return status;
   auto fail = [this](const std::string& what) {
     absl::Status status = Error(what);

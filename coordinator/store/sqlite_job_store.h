@@ -7,6 +7,7 @@
 // may lose the last few commits, never consistency.
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "coordinator/store/job_store.h"
@@ -24,12 +25,16 @@ class SqliteJobStore final : public JobStore {
 
   absl::StatusOr<Snapshot> Load() override;
   absl::Status Commit(const Batch& batch) override;
+  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t number,
+                                                            int64_t after_sequence,
+                                                            int limit) override;
 
  private:
   SqliteJobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const char* sql);
   absl::Status Error(const std::string& what) const;
 
+  std::mutex mu_;  // One connection: the writer thread and readers take turns.
   sqlite3* db_;
   std::string path_;
   int lock_fd_ = -1;  // flock on state.lock: one coordinator per directory.

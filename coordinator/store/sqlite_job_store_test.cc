@@ -69,6 +69,29 @@ TEST(SqliteJobStore, CommitThenReopen_LoadsEverything) {
   EXPECT_EQ(snapshot->events[1][0].telemetry().step(), 4);
 }
 
+TEST(SqliteJobStore, LoadEvents_PagesOneJobsHistoryInOrder) {
+  auto store = SqliteJobStore::Open(FreshDir("events"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Commit(NewJob(1, "a")).ok());
+  ASSERT_TRUE((*store)->Commit(NewJob(2, "b")).ok());
+  JobStore::Batch events;
+  for (int sequence = 1; sequence <= 7; ++sequence) {
+    v1::WatchJobEvent event;
+    event.set_sequence(sequence);
+    event.mutable_telemetry()->set_step(sequence);
+    events.events.push_back({1, event});
+    events.events.push_back({2, event});
+  }
+  ASSERT_TRUE((*store)->Commit(events).ok());
+  auto page = (*store)->LoadEvents(1, 2, 3);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->size(), 3u);
+  EXPECT_EQ((*page)[0].sequence(), 3);
+  EXPECT_EQ((*page)[2].sequence(), 5);
+  EXPECT_EQ((*store)->LoadEvents(1, 5, 100)->size(), 2u);
+  EXPECT_TRUE((*store)->LoadEvents(3, 0, 100)->empty());
+}
+
 TEST(SqliteJobStore, SecondOpenOfTheSameDirectory_IsRefusedAsLocked) {
   const std::string dir = FreshDir("locked");
   auto first = SqliteJobStore::Open(dir);

@@ -14,6 +14,9 @@ namespace {
 class RecordingStore : public JobStore {
  public:
   absl::StatusOr<Snapshot> Load() override { return Snapshot(); }
+  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t, int64_t, int) override {
+    return std::vector<v1::WatchJobEvent>();
+  }
   absl::Status Commit(const Batch& batch) override {
     std::this_thread::sleep_for(delay);
     std::lock_guard<std::mutex> lock(mu);

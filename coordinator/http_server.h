@@ -1,0 +1,66 @@
+#pragma once
+
+// The coordinator's HTTP side (--http_listen): /metrics for Prometheus, a JSON API over the
+// state (/api/jobs, /api/jobs/ID, /api/jobs/ID/events?after=N, /api/workers) and the dashboard
+// pages that read it (/, /job?id=ID, /workers), with their scripts and the vendored uPlot
+// served from the binary: no page needs the internet.
+//
+// Security follows the gRPC port: with a token table, every request needs a user or admin
+// token, as `Authorization: Bearer TOKEN` (Prometheus, curl) or the cookie set by the login
+// form (browsers); with --tls_cert, HTTPS with the same certificate (and, with
+// --tls_client_ca, the same client certificates). Off loopback, TLS and tokens are required
+// unless --insecure. Nothing here changes state: every route but the login form is GET.
+//
+// Bounded: 4 handler threads and 64 accepted connections waiting for one (then the accept
+// loop waits: the kernel's backlog pushes back), 64 KiB request bodies, 10 s read and write
+// timeouts.
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/auth.h"
+#include "coordinator/coordinator_state.h"
+#include "coordinator/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace mptrain {
+
+struct HttpServerOptions {
+  std::string listen;  // HOST:PORT (port 0: any free)
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  bool insecure = false;
+};
+
+class HttpServer {
+ public:
+  // INVALID_ARGUMENT: a malformed listen address. FAILED_PRECONDITION: off loopback without
+  // TLS and tokens (and not insecure). UNAVAILABLE: the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const HttpServerOptions& options, const CoordinatorState* state, const RpcMetrics* rpcs,
+      std::shared_ptr<const Authenticator> authenticator);
+  ~HttpServer();  // Stops serving.
+
+  int port() const { return port_; }
+  bool tls() const { return tls_; }
+
+ private:
+  HttpServer() = default;
+  void Route();
+
+  const CoordinatorState* state_ = nullptr;
+  const RpcMetrics* rpcs_ = nullptr;
+  std::shared_ptr<const Authenticator> authenticator_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  bool tls_ = false;
+};
+
+}  // namespace mptrain

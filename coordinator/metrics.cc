@@ -1,0 +1,152 @@
+#include "coordinator/metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "coordinator/prometheus_text.h"
+
+namespace mptrain {
+namespace {
+
+std::string Lower(const std::string& name) { return absl::AsciiStrToLower(name); }
+
+// "/mptrain.v1.Coordinator/GetJob" -> ("mptrain.v1.Coordinator", "GetJob").
+std::pair<std::string, std::string> SplitMethod(const std::string& full) {
+  const size_t slash = full.rfind('/');
+  if (slash == std::string::npos || slash == 0) return {"", full};
+  return {full.substr(1, slash - 1), full.substr(slash + 1)};
+}
+
+}  // namespace
+
+void RpcMetrics::Record(const std::string& method, const std::string& code, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Method& m = methods_[method];
+  m.calls_by_code[code] += 1;
+  const size_t bucket =
+      std::lower_bound(kBounds.begin(), kBounds.end(), seconds) - kBounds.begin();
+  if (bucket < kBounds.size()) m.buckets[bucket] += 1;
+  m.count += 1;
+  m.sum += seconds;
+}
+
+std::map<std::string, RpcMetrics::Method> RpcMetrics::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return methods_;
+}
+
+std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcMetrics& rpcs) {
+  PrometheusText text;
+
+  text.Family("mptrain_jobs", "Jobs the coordinator holds, by state.", "gauge");
+  for (v1::JobState state : {v1::PENDING, v1::RUNNING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    auto it = overview.jobs.find(state);
+    text.Sample({{"state", Lower(v1::JobState_Name(state))}},
+                it == overview.jobs.end() ? 0 : it->second);
+  }
+  text.Family("mptrain_queue_length", "Jobs waiting to be placed.", "gauge");
+  text.Sample({}, overview.queued);
+  text.Family("mptrain_jobs_submitted_total", "Jobs submitted since the coordinator started.",
+              "counter");
+  text.Sample({}, static_cast<double>(overview.submitted_total));
+  text.Family("mptrain_jobs_ended_total", "Jobs that ended since the coordinator started.",
+              "counter");
+  for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    auto it = overview.ended_total.find(state);
+    text.Sample({{"state", Lower(v1::JobState_Name(state))}},
+                it == overview.ended_total.end() ? 0 : static_cast<double>(it->second));
+  }
+  text.Family("mptrain_job_restarts_total",
+              "Restarts of jobs after failures (max_restarts) since the coordinator started.",
+              "counter");
+  text.Sample({}, static_cast<double>(overview.restarts_total));
+  text.Family("mptrain_store_write_failures_total",
+              "Job store commits that failed (a restart would lose those changes).", "counter");
+  text.Sample({}, static_cast<double>(overview.store_write_failures_total));
+
+  std::map<std::string, int> workers_by_state = {{"alive", 0}, {"lost", 0}};
+  for (const auto& line : overview.workers) {
+    workers_by_state[Lower(v1::WorkerState_Name(line.worker.state()))] += 1;
+  }
+  text.Family("mptrain_workers", "Worker daemons, by state.", "gauge");
+  for (const auto& [state, count] : workers_by_state) text.Sample({{"state", state}}, count);
+  text.Family("mptrain_worker_slots", "Slots of live workers.", "gauge");
+  for (const auto& line : overview.workers) {
+    if (line.worker.state() != v1::ALIVE) continue;
+    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
+                 {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
+                line.worker.slots());
+  }
+  text.Family("mptrain_worker_free_slots", "Free slots of live workers.", "gauge");
+  for (const auto& line : overview.workers) {
+    if (line.worker.state() != v1::ALIVE) continue;
+    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
+                 {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
+                line.worker.free_slots());
+  }
+  text.Family("mptrain_worker_heartbeat_age_seconds",
+              "Time since each live worker's last heartbeat.", "gauge");
+  for (const auto& line : overview.workers) {
+    if (line.worker.state() != v1::ALIVE) continue;
+    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()}},
+                line.heartbeat_age_s);
+  }
+
+  // Per running job: its latest telemetry record.
+  struct JobGauge {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::Job&);
+  };
+  const JobGauge gauges[] = {
+      {"mptrain_job_step", "Latest optimizer step of a running job.",
+       [](const v1::Job& j) { return static_cast<double>(j.latest_telemetry().step()); }},
+      {"mptrain_job_steps", "Optimizer steps a running job will take.",
+       [](const v1::Job& j) { return static_cast<double>(j.spec().steps()); }},
+      {"mptrain_job_loss", "Latest effective-batch loss, averaged over ranks.",
+       [](const v1::Job& j) { return j.latest_telemetry().loss(); }},
+      {"mptrain_job_grad_norm", "Latest global gradient norm (unscaled, before clipping).",
+       [](const v1::Job& j) { return j.latest_telemetry().grad_norm(); }},
+      {"mptrain_job_loss_scale", "Latest loss scale.",
+       [](const v1::Job& j) { return j.latest_telemetry().loss_scale(); }},
+      {"mptrain_job_skipped_steps", "Optimizer steps skipped on overflow so far.",
+       [](const v1::Job& j) { return static_cast<double>(j.latest_telemetry().skipped_total()); }},
+      {"mptrain_job_samples_per_second", "Latest training throughput over all ranks.",
+       [](const v1::Job& j) { return j.latest_telemetry().samples_per_second(); }},
+      {"mptrain_job_step_time_seconds", "Latest optimizer step's wall time.",
+       [](const v1::Job& j) { return j.latest_telemetry().step_time_ms() / 1000.0; }},
+      {"mptrain_job_restarts", "Restarts of a running job so far.",
+       [](const v1::Job& j) { return static_cast<double>(j.restarts()); }},
+  };
+  for (const JobGauge& gauge : gauges) {
+    text.Family(gauge.name, gauge.help, "gauge");
+    for (const v1::Job& job : overview.running) {
+      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, gauge.value(job));
+    }
+  }
+
+  const std::map<std::string, RpcMetrics::Method> methods = rpcs.Snapshot();
+  text.Family("mptrain_rpcs_total", "RPCs answered, by method and status code.", "counter");
+  for (const auto& [full, method] : methods) {
+    const auto [service, name] = SplitMethod(full);
+    for (const auto& [code, calls] : method.calls_by_code) {
+      text.Sample({{"service", service}, {"method", name}, {"code", code}},
+                  static_cast<double>(calls));
+    }
+  }
+  text.Family("mptrain_rpc_duration_seconds",
+              "Time from a call's arrival to its answer (long polls include their wait).",
+              "histogram");
+  for (const auto& [full, method] : methods) {
+    const auto [service, name] = SplitMethod(full);
+    std::vector<uint64_t> cumulative;
+    uint64_t running = 0;
+    for (uint64_t count : method.buckets) cumulative.push_back(running += count);
+    text.Histogram({{"service", service}, {"method", name}},
+                   {RpcMetrics::kBounds.begin(), RpcMetrics::kBounds.end()}, cumulative,
+                   method.sum, method.count);
+  }
+  return text.text();
+}
+
+}  // namespace mptrain

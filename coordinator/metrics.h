@@ -1,0 +1,46 @@
+#pragma once
+
+// What the coordinator exposes at /metrics (Prometheus text format): RPCs by method and code
+// with latency histograms (RpcMetrics, fed by a gRPC interceptor), and a snapshot of the state
+// (jobs and workers by state, the queue, heartbeat ages, and per running job its latest
+// telemetry: step, loss, grad norm, loss scale, skipped steps, samples/s, learning rate and
+// eval metrics), labelled by job id and name. Names: mptrain_ prefix, _total for counters,
+// _seconds for durations.
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "coordinator/coordinator_state.h"
+
+namespace mptrain {
+
+class RpcMetrics {
+ public:
+  // Upper bounds of the latency buckets, in seconds.
+  static constexpr std::array<double, 14> kBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                     0.025,  0.05,  0.1,    0.25,  0.5,
+                                                     1,      2.5,   10,     30};
+  // `method` is gRPC's full name ("/mptrain.v1.Coordinator/GetJob"); only methods of the
+  // registered services reach here, so the label set is bounded.
+  void Record(const std::string& method, const std::string& code, double seconds);
+
+  struct Method {
+    std::map<std::string, uint64_t> calls_by_code;
+    std::array<uint64_t, kBounds.size()> buckets{};  // Not cumulative.
+    uint64_t count = 0;
+    double sum = 0;
+  };
+  std::map<std::string, Method> Snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Method> methods_;
+};
+
+// The whole exposition.
+std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcMetrics& rpcs);
+
+}  // namespace mptrain
