@@ -140,6 +140,36 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
+TEST(Faults, StoppedRank_CollectiveTimeout_FailsTheJobNamingThePair) {
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 3;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  // The progress timeout is far away: only the collective timeout can catch the stopped rank.
+  const std::string job_id = cluster.Submit(
+      LongJobSpec(2, R"(, "progress_timeout_s": 300, "collective_timeout_s": 2)"));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id, 1);
+  ASSERT_EQ(pids.size(), 1u);
+  const auto stopped_at = Clock::now();
+  kill(pids[0], SIGSTOP);
+  // Rank 0 gives up after 2 s; the coordinator waits up to the heartbeat timeout for a root
+  // cause before failing the job with rank 0's error.
+  auto job = cluster.WaitForEnd(job_id, 2 + options.heartbeat_timeout_s + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_LT(Clock::now() - stopped_at,
+            std::chrono::seconds(2 + int(options.heartbeat_timeout_s) + 5));
+  EXPECT_NE(job->error().find("collective allreduce timed out after 2 s: rank 0 on "),
+            std::string::npos)
+      << job->error();
+  EXPECT_NE(job->error().find("(127.0.0.1) waited for rank 1 on "), std::string::npos)
+      << job->error();
+  RecordProperty("job_error", job->error());
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 8));
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
 TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());

@@ -4,7 +4,6 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "gloo/allreduce.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
@@ -55,7 +54,9 @@ struct TcpPairAccess : gloo::transport::tcp::Pair {
   }
 };
 
-std::string Seconds(int64_t ms) { return absl::StrFormat("%g s", ms / 1000.0); }
+// Every rank has published its location before the rendezvous completes: reading the
+// neighbours' takes one round trip each.
+constexpr int64_t kPrefetchTimeoutMs = 5'000;
 
 }  // namespace
 
@@ -84,7 +85,15 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
     return absl::InvalidArgumentError("gloo: timeouts must be > 0 ms");
   }
   std::unique_ptr<GlooCollective> collective(new GlooCollective(options));
+  collective->peers_ = std::make_unique<PeerDirectory>(options.store, rank, world_size);
   if (world_size > 1) {
+    // Where this rank runs, for its peers' errors; published before joining, so once every
+    // rank has joined every location is there.
+    if (absl::Status published = collective->peers_->Publish(LocalPeerLocation(options.host));
+        !published.ok()) {
+      return absl::UnavailableError(absl::StrCat("rank ", rank, " cannot publish its location: ",
+                                                 published.message()));
+    }
     try {
       gloo::transport::tcp::attr attr;
       attr.hostname = options.host;
@@ -100,6 +109,10 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
       return absl::UnavailableError(absl::StrCat("gloo rendezvous of rank ", rank, " of ",
                                                  world_size, " failed: ", error.what()));
     }
+    // The peers this rank may wait for: its ring neighbours (allreduce) and rank 0 (broadcast).
+    std::vector<int> waited = RingNeighbours(rank, world_size);
+    if (rank != 0) waited.push_back(0);
+    collective->peers_->Prefetch(waited, kPrefetchTimeoutMs);
   }
   if (options.stop_token != nullptr) {
     GlooCollective* self = collective.get();
@@ -126,20 +139,22 @@ void GlooCollective::Abort(const std::string& reason) {
   }
 }
 
-absl::Status GlooCollective::Failure(const char* op, const std::string& what) {
+absl::Status GlooCollective::Failure(const char* op, const std::string& what,
+                                     const std::vector<int>& recv_from,
+                                     const std::vector<int>& send_to) {
   if (aborted_.load()) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     return absl::AbortedError(absl::StrCat("collective ", op, " on rank ", options_.rank,
                                            " aborted: ", abort_reason_));
   }
-  // gloo's own timeout ("Timed out waiting 60000ms for recv operation to complete").
+  // gloo's own timeout: "Timed out waiting 60000ms for recv operation to complete" (or send).
   if (what.find("Timed out waiting") != std::string::npos) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "collective ", op, " timed out after ", Seconds(options_.collective_timeout_ms),
-        " on rank ", options_.rank, " (gloo: ", what, ")"));
+    const bool send = what.find("for send operation") != std::string::npos;
+    return absl::DeadlineExceededError(CollectiveTimeoutMessage(
+        op, options_.collective_timeout_ms, peers_.get(), send ? send_to : recv_from));
   }
-  return absl::UnavailableError(
-      absl::StrCat("gloo ", op, " on rank ", options_.rank, " failed: ", what));
+  return absl::UnavailableError(absl::StrCat("collective ", op, " failed on ",
+                                             peers_->Describe(options_.rank), ": gloo: ", what));
 }
 
 absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
@@ -158,7 +173,10 @@ absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
     gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
     gloo::allreduce(gloo_options);
   } catch (const std::exception& error) {
-    return Failure("allreduce", error.what());
+    // gloo's ring (allreduce.cc) receives from rank + 1 and sends to rank - 1.
+    const int n = options_.world_size;
+    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
+                   {(options_.rank + n - 1) % n});
   }
   return absl::OkStatus();
 }

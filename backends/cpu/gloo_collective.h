@@ -9,8 +9,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/peer_directory.h"
 #include "comm/stop_token.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
@@ -25,7 +27,8 @@ struct GlooCollectiveOptions {
   int rank = 0;
   int world_size = 1;
   std::string host = "127.0.0.1";  // The address this rank listens on; peers must reach it.
-  KeyValueStore* store = nullptr;   // Rendezvous; used only while connecting.
+  // Rendezvous, and where the peers run (comm/peer_directory.h); must outlive the collective.
+  KeyValueStore* store = nullptr;
   int64_t rendezvous_timeout_ms = 120'000;  // For every rank to join.
   int64_t collective_timeout_ms = 60'000;   // For one operation's peers.
   StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
@@ -44,9 +47,11 @@ class GlooCollective final : public Collective {
                                                                  int64_t timeout_ms);
   ~GlooCollective() override;
 
-  // Host f32 buffer: pre-divided by world size, then summed (as DDP does).
-  // DEADLINE_EXCEEDED: a peer did not take part within the collective timeout. UNAVAILABLE: a
-  // peer's connection broke. ABORTED: Abort() was called (the message carries its reason).
+  // Host f32 buffer: pre-divided by world size, then summed (as DDP does), by gloo's ring.
+  // DEADLINE_EXCEEDED: a peer did not take part within the collective timeout; the message names
+  // this rank and the one it waited for, with their hosts ("collective allreduce timed out after
+  // 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3)"). UNAVAILABLE: a peer's
+  // connection broke. ABORTED: Abort() was called (the message carries its reason).
   absl::Status AllReduceMean(Tensor buffer) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -54,10 +59,14 @@ class GlooCollective final : public Collective {
 
  private:
   explicit GlooCollective(const GlooCollectiveOptions& options) : options_(options) {}
-  // The status of a gloo operation `op` that threw `what`.
-  absl::Status Failure(const char* op, const std::string& what);
+  // The status of a gloo operation `op` that threw `what`; a timeout names the peer of the
+  // wait that timed out (`recv_from` for a receive, `send_to` for a send).
+  absl::Status Failure(const char* op, const std::string& what,
+                       const std::vector<int>& recv_from = {},
+                       const std::vector<int>& send_to = {});
 
   GlooCollectiveOptions options_;
+  std::unique_ptr<PeerDirectory> peers_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
   std::mutex abort_mu_;

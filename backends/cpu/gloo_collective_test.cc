@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/peer_directory.h"
 #include "comm/stop_token.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
@@ -67,7 +68,12 @@ TEST(GlooCollective, MissingPeer_TimesOutWithAnError) {
   EXPECT_FALSE(collective.ok());
 }
 
-TEST(GlooCollective, PeerNeverCalls_FailsWithinTheCollectiveTimeout) {
+std::string Where(int rank) {
+  return "rank " + std::to_string(rank) + " on " + LocalPeerLocation("127.0.0.1").host_name +
+         " (127.0.0.1)";
+}
+
+TEST(GlooCollective, PeerNeverCalls_FailsWithinTheCollectiveTimeout_NamingThePair) {
   InMemoryKeyValueStore store;
   GlooCollectiveOptions options;
   options.rendezvous_timeout_ms = 20'000;
@@ -79,11 +85,37 @@ TEST(GlooCollective, PeerNeverCalls_FailsWithinTheCollectiveTimeout) {
   absl::Status status = collectives[0]->AllReduceMean({values.data(), DType::kF32, 1, 3, 4});
   const double waited = SecondsSince(start);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_NE(std::string(status.message()).find("collective allreduce timed out after 1 s"),
-            std::string::npos)
-      << status;
+  EXPECT_EQ(status.message(), "collective allreduce timed out after 1 s: " + Where(0) +
+                                  " waited for " + Where(1));
   EXPECT_GE(waited, 0.9);
   EXPECT_LT(waited, 5.0) << "the 1 s collective timeout was not applied";
+}
+
+TEST(GlooCollective, ThreeRanks_OneNeverCalls_ItsRingPredecessorNamesIt) {
+  // gloo's ring: rank r receives from r + 1. Rank 2 never calls: rank 1 waits for it.
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.rendezvous_timeout_ms = 20'000;
+  options.collective_timeout_ms = 1'000;
+  auto collectives = ConnectAll(3, options, &store);
+  ASSERT_TRUE(collectives[0] && collectives[1] && collectives[2]);
+  absl::Status statuses[2];
+  std::vector<float> values[2] = {{1, 2, 3}, {4, 5, 6}};
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      statuses[rank] =
+          collectives[rank]->AllReduceMean({values[rank].data(), DType::kF32, 1, 3, 4});
+    });
+  }
+  const auto start = Clock::now();
+  for (auto& thread : ranks) thread.join();
+  EXPECT_LT(SecondsSince(start), 5.0);
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kDeadlineExceeded) << statuses[1];
+  EXPECT_EQ(statuses[1].message(), "collective allreduce timed out after 1 s: " + Where(1) +
+                                       " waited for " + Where(2));
+  // Rank 0 waited for rank 1: it times out naming rank 1, or sees rank 1 close its connection.
+  EXPECT_FALSE(statuses[0].ok());
 }
 
 TEST(GlooCollective, StopToken_AbortsABlockedAllReduceAtOnce_AndItsPeerFails) {

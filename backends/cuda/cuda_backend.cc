@@ -104,7 +104,11 @@ absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      if (nccl != nullptr) nccl->AbortCommunicator();
+      if (nccl != nullptr) {
+        const bool collective_pending = nccl->HasPendingWork();
+        nccl->AbortCommunicator();
+        if (collective_pending) return absl::DeadlineExceededError(nccl->TimeoutMessage(what));
+      }
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ",
                                                       wait_timeout_ms_, " ms (a peer hung?)"));
     }

@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
         nccl_options.rank = options.rank;
         nccl_options.world_size = options.world_size;
         nccl_options.store = options.store;
+        nccl_options.host = options.host;
         nccl_options.rendezvous_timeout_ms = options.rendezvous_timeout_ms;
         nccl_options.collective_timeout_ms = options.collective_timeout_ms;
         nccl_options.stop_token = options.stop_token;

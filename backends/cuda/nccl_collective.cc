@@ -11,6 +11,7 @@ namespace mptrain::cuda {
 namespace {
 
 constexpr char kUniqueIdKey[] = "nccl_unique_id";
+constexpr int64_t kPrefetchTimeoutMs = 5'000;
 
 }  // namespace
 
@@ -44,8 +45,17 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
   CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&collective->reduce_done_, cudaEventDisableTiming));
 
-  // Rank 0 creates the unique id and publishes its 128 bytes; the others block on the store.
+  // Where this rank runs, for its peers' errors; published before the communicator forms, so
+  // every location is there once it has.
   KeyValueStore* store = options.store;
+  collective->peers_ = std::make_unique<PeerDirectory>(store, rank, world_size);
+  if (absl::Status published = collective->peers_->Publish(LocalPeerLocation(options.host));
+      !published.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, " cannot publish its location: ", published.message()));
+  }
+
+  // Rank 0 creates the unique id and publishes its 128 bytes; the others block on the store.
   ncclUniqueId id;
   if (rank == 0) {
     NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
@@ -86,6 +96,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
     collective->AbortCommunicator();
     return ready;
   }
+  collective->peers_->Prefetch(RingNeighbours(rank, world_size), kPrefetchTimeoutMs);
   return collective;
 }
 
@@ -179,6 +190,21 @@ absl::Status NcclCollective::AsyncError() {
                                                ncclGetErrorString(state)));
   }
   return absl::OkStatus();
+}
+
+bool NcclCollective::HasPendingWork() {
+  if (comm_stream_ == nullptr || communicator_aborted_) return false;
+  const cudaError_t state = cudaStreamQuery(comm_stream_);
+  if (state != cudaErrorNotReady) cudaGetLastError();  // Do not leave an error behind.
+  return state == cudaErrorNotReady;
+}
+
+std::string NcclCollective::TimeoutMessage(const char* what) {
+  return CollectiveTimeoutMessage(
+      "allreduce", options_.collective_timeout_ms, peers_.get(),
+      RingNeighbours(options_.rank, options_.world_size),
+      absl::StrCat("while waiting for ", what,
+                   "; NCCL does not say which peer is missing: these are its neighbours by rank"));
 }
 
 void NcclCollective::AbortCommunicator() {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "comm/peer_directory.h"
 #include "comm/stop_token.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
@@ -25,7 +26,10 @@ namespace mptrain::cuda {
 struct NcclCollectiveOptions {
   int rank = 0;
   int world_size = 1;
-  KeyValueStore* store = nullptr;           // Rendezvous (the unique id).
+  // Rendezvous (the unique id) and where the peers run (comm/peer_directory.h); must outlive
+  // the collective.
+  KeyValueStore* store = nullptr;
+  std::string host = "127.0.0.1";           // This rank's advertised address (for errors).
   int64_t rendezvous_timeout_ms = 120'000;  // Unique id and communicator creation.
   int64_t collective_timeout_ms = 60'000;   // One operation's wait for its peers.
   StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
@@ -60,6 +64,13 @@ class NcclCollective final : public Collective {
   // return (NCCL's fault tolerance).
   void AbortCommunicator();
   int64_t collective_timeout_ms() const { return options_.collective_timeout_ms; }
+  // Whether collective work is still queued or running on the comm stream (call before
+  // AbortCommunicator).
+  bool HasPendingWork();
+  // A wait for `what` timed out with collective work pending: "collective allreduce timed out
+  // after 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3) (...)". NCCL does
+  // not say which peer is missing, so the ranks named are this rank's neighbours by rank.
+  std::string TimeoutMessage(const char* what);
 
  private:
   NcclCollective(const NcclCollectiveOptions& options, cudaStream_t compute_stream)
@@ -72,6 +83,7 @@ class NcclCollective final : public Collective {
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t grads_ready_ = nullptr;
   cudaEvent_t reduce_done_ = nullptr;
+  std::unique_ptr<PeerDirectory> peers_;
   ncclComm_t comm_ = nullptr;
   bool communicator_aborted_ = false;  // Only the communicator's thread touches it.
   std::mutex abort_mu_;
