@@ -170,6 +170,46 @@ TEST(Faults, StoppedRank_CollectiveTimeout_FailsTheJobNamingThePair) {
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
+TEST(Faults, WorkerCutOffFromTheCoordinator_FencesItsRanksOnlyAfterTheFullTimeout) {
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 60;  // The coordinator itself stays patient in this test.
+  options.worker_flags = {"--fence_after_s=4"};  // Workers then heartbeat every 1.3 s.
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = cluster.Submit(LongJobSpec(2));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  const std::vector<pid_t> ranks = cluster.RankProcesses(job_id);
+  ASSERT_EQ(ranks.size(), 2u);
+
+  // A short silence (a quick coordinator restart): the ranks keep running and the job goes on.
+  kill(cluster.coordinator_pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
+  kill(cluster.coordinator_pid(), SIGCONT);
+  auto before = cluster.WaitForJob(job_id, [](const v1::Job&) { return true; }, 10);
+  ASSERT_TRUE(before.ok()) << before.status();
+  auto advanced = WaitForStep(cluster, job_id, before->progress(0).step() + 1);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->state(), v1::RUNNING);
+  EXPECT_EQ(cluster.RankProcesses(job_id), ranks) << "a short silence must not stop ranks";
+
+  // A long one: the workers stop their ranks once the fence timeout has passed, not before.
+  const auto cut_at = Clock::now();
+  kill(cluster.coordinator_pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+  EXPECT_EQ(cluster.RankProcesses(job_id).size(), 2u) << "fenced before the timeout";
+  // 4 s of silence, then SIGTERM (the ranks' abort ends their wait for the coordinator, or the
+  // SIGKILL 3 s later does).
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 4 + 3 + 3));
+  RecordProperty("seconds_to_fenced",
+                 std::to_string(std::chrono::duration<double>(Clock::now() - cut_at).count()));
+  kill(cluster.coordinator_pid(), SIGCONT);
+  // Back in contact, the workers report the exits: the job ends, and they take the next one.
+  auto job = cluster.WaitForEnd(job_id, 30);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED) << job->error();
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
 TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
