@@ -161,6 +161,9 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
   if (spec->progress_timeout_s() == 0) spec->set_progress_timeout_s(kDefaultProgressTimeoutS);
+  if (spec->collective_timeout_s() == 0) {
+    spec->set_collective_timeout_s(kDefaultCollectiveTimeoutS);
+  }
   auto* scaler = spec->mutable_loss_scaler();
   if (!scaler->has_enabled()) scaler->set_enabled(spec->precision() == v1::FP16);
   if (!scaler->has_init_scale()) scaler->set_init_scale(kDefaultInitScale);
@@ -224,6 +227,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!std::isfinite(spec.progress_timeout_s()) || spec.progress_timeout_s() <= 0) {
     return Invalid(absl::StrCat("progress_timeout_s must be > 0 (default 300), got ",
                                 Num(spec.progress_timeout_s())));
+  }
+  if (!std::isfinite(spec.collective_timeout_s()) || spec.collective_timeout_s() <= 0 ||
+      spec.collective_timeout_s() > kMaxCollectiveTimeoutS) {
+    return Invalid(absl::StrCat("collective_timeout_s must be in (0, ", Num(kMaxCollectiveTimeoutS),
+                                "] seconds (default ", Num(kDefaultCollectiveTimeoutS), "), got ",
+                                Num(spec.collective_timeout_s())));
   }
   if (spec.checkpoint_every() < 0) {
     return Invalid(absl::StrCat("checkpoint_every must be >= 0 (0 = no checkpoints), got ",

@@ -20,6 +20,8 @@ inline constexpr double kDefaultGrowthFactor = 2.0;
 inline constexpr double kDefaultBackoffFactor = 0.5;
 inline constexpr int64_t kDefaultGrowthInterval = 2000;
 inline constexpr double kDefaultProgressTimeoutS = 300;
+inline constexpr double kDefaultCollectiveTimeoutS = 60;
+inline constexpr double kMaxCollectiveTimeoutS = 3600;
 
 // Parses a JSON job spec. Unknown fields are refused; enum values are case-insensitive.
 // INVALID_ARGUMENT: malformed JSON, unknown field or wrong type (protobuf's message says which).
@@ -29,8 +31,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Fills fields the user may leave out: activation (RELU), loss (MSE), precision (FP16),
-// telemetry_every (1), progress_timeout_s (300), and every unset loss_scaler field (PyTorch's defaults; enabled only for
-// FP16). Idempotent.
+// telemetry_every (1), progress_timeout_s (300), collective_timeout_s (60), and every unset
+// loss_scaler field (PyTorch's defaults; enabled only for FP16). Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec* spec);
 
 // Checks every rule of a spec (after ApplyJobSpecDefaults). INVALID_ARGUMENT names the first

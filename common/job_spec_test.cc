@@ -286,6 +286,33 @@ TEST(ValidateJobSpec, ProgressTimeout_MustBePositive) {
   ExpectInvalid(spec, "progress_timeout_s must be > 0");
 }
 
+TEST(ValidateJobSpec, CollectiveTimeout_DefaultsTo60_AndMustBeInRange) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.collective_timeout_s(), 60) << "default";
+  spec.set_collective_timeout_s(3600);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_collective_timeout_s(0.5);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_collective_timeout_s(-1);
+  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600] seconds (default 60), got -1");
+  spec.set_collective_timeout_s(3600.5);
+  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600] seconds (default 60), got 3600.5");
+  spec.set_collective_timeout_s(std::nan(""));
+  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+  spec.set_collective_timeout_s(INFINITY);
+  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+  // Unset after defaults is impossible, but a spec validated without them is refused too.
+  spec.set_collective_timeout_s(0);
+  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+}
+
+TEST(ApplyJobSpecDefaults, ExplicitCollectiveTimeoutKept) {
+  auto spec = ParseJobSpecJson(R"({"collective_timeout_s": 7.5})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(&*spec);
+  EXPECT_EQ(spec->collective_timeout_s(), 7.5);
+}
+
 TEST(ValidateJobSpec, CheckpointEvery_NeedsADirectory) {
   v1::JobSpec spec = ValidSpec();
   spec.set_checkpoint_every(-1);

@@ -14,9 +14,20 @@ namespace mptrain::testing {
 // World size 1: the mean over one rank is the buffer itself.
 class SingleRankCollective final : public Collective {
  public:
-  absl::Status AllReduceMean(Tensor) override { return absl::OkStatus(); }
+  absl::Status AllReduceMean(Tensor) override {
+    if (aborted_) return absl::AbortedError("collective allreduce aborted: " + reason_);
+    return absl::OkStatus();
+  }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  void Abort(const std::string& reason) override {
+    if (!aborted_) reason_ = reason;
+    aborted_ = true;
+  }
+
+ private:
+  bool aborted_ = false;
+  std::string reason_;
 };
 
 // Forwards to `inner` and counts the calls.
@@ -34,6 +45,7 @@ class CountingCollective final : public Collective {
   absl::Status JoinAllReduces() override { return inner_->JoinAllReduces(); }
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
+  void Abort(const std::string& reason) override { inner_->Abort(reason); }
   int calls() const { return calls_; }
 
  private:

@@ -140,6 +140,77 @@ TEST(Faults, StoppedRank_IsDetectedByProgressTimeout_AndTheOthersAbort) {
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
+TEST(Faults, StoppedRank_CollectiveTimeout_FailsTheJobNamingThePair) {
+  LocalCluster::Options options;
+  options.heartbeat_timeout_s = 3;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  // The progress timeout is far away: only the collective timeout can catch the stopped rank.
+  const std::string job_id = cluster.Submit(
+      LongJobSpec(2, R"(, "progress_timeout_s": 300, "collective_timeout_s": 2)"));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id, 1);
+  ASSERT_EQ(pids.size(), 1u);
+  const auto stopped_at = Clock::now();
+  kill(pids[0], SIGSTOP);
+  // Rank 0 gives up after 2 s; the coordinator waits up to the heartbeat timeout for a root
+  // cause before failing the job with rank 0's error.
+  auto job = cluster.WaitForEnd(job_id, 2 + options.heartbeat_timeout_s + 5);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_LT(Clock::now() - stopped_at,
+            std::chrono::seconds(2 + int(options.heartbeat_timeout_s) + 5));
+  EXPECT_NE(job->error().find("collective allreduce timed out after 2 s: rank 0 on "),
+            std::string::npos)
+      << job->error();
+  EXPECT_NE(job->error().find("(127.0.0.1) waited for rank 1 on "), std::string::npos)
+      << job->error();
+  RecordProperty("job_error", job->error());
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 8));
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
+TEST(Faults, WorkerCutOffFromTheCoordinator_FencesItsRanksOnlyAfterTheFullTimeout) {
+  LocalCluster::Options options;
+  // The coordinator tells its workers this timeout at registration: they fence after it (and
+  // heartbeat every 1.3 s).
+  options.heartbeat_timeout_s = 4;
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string job_id = cluster.Submit(LongJobSpec(2));
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
+  const std::vector<pid_t> ranks = cluster.RankProcesses(job_id);
+  ASSERT_EQ(ranks.size(), 2u);
+
+  // A short silence (a quick coordinator restart): the ranks keep running and the job goes on.
+  kill(cluster.coordinator_pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
+  kill(cluster.coordinator_pid(), SIGCONT);
+  auto before = cluster.WaitForJob(job_id, [](const v1::Job&) { return true; }, 10);
+  ASSERT_TRUE(before.ok()) << before.status();
+  auto advanced = WaitForStep(cluster, job_id, before->progress(0).step() + 1);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->state(), v1::RUNNING);
+  EXPECT_EQ(cluster.RankProcesses(job_id), ranks) << "a short silence must not stop ranks";
+
+  // A long one: the workers stop their ranks once the fence timeout has passed, not before.
+  const auto cut_at = Clock::now();
+  kill(cluster.coordinator_pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+  EXPECT_EQ(cluster.RankProcesses(job_id).size(), 2u) << "fenced before the timeout";
+  // 4 s of silence, then SIGTERM (the ranks' abort ends their wait for the coordinator, or the
+  // SIGKILL 3 s later does).
+  EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 4 + 3 + 3));
+  RecordProperty("seconds_to_fenced",
+                 std::to_string(std::chrono::duration<double>(Clock::now() - cut_at).count()));
+  kill(cluster.coordinator_pid(), SIGCONT);
+  // Back in contact, the workers report the exits: the job ends, and they take the next one.
+  auto job = cluster.WaitForEnd(job_id, 30);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED) << job->error();
+  ExpectWorkersTakeTheNextJob(cluster);
+}
+
 TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());

@@ -58,6 +58,11 @@ class Collective {
   virtual absl::Status JoinAllReduces() { return absl::OkStatus(); }
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Thread-safe and idempotent: a collective in progress and every later one return ABORTED
+  // naming `reason` promptly instead of waiting for peers (gloo: the pairs are closed, so the
+  // peers fail too; NCCL: the waiting thread calls ncclCommAbort). Collectives built with a
+  // StopToken (comm/stop_token.h) call it when the token trips.
+  virtual void Abort(const std::string& reason) = 0;
 };
 
 // What ReadStats returns for one optimizer step.
@@ -128,12 +133,8 @@ class Backend {
   // Milliseconds on the backend's clock for work issued so far (waits for it).
   virtual absl::StatusOr<double> NowMs() = 0;
 
+  // Its collective; Collective::Abort also ends the backend's own waits for collective work.
   virtual Collective* collective() = 0;
-
-  // Thread-safe request to give up: a wait in progress or the next one aborts the collective
-  // (ncclCommAbort on CUDA) and returns ABORTED. Backends whose waits cannot be interrupted
-  // (gloo) rely on the rank process exiting.
-  virtual void RequestAbort() {}
 };
 
 }  // namespace mptrain

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/stop_token.h"
 #include "proto/mptrain.pb.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
@@ -23,7 +24,13 @@ struct BackendOptions {
   KeyValueStore* store = nullptr;
   // Address this rank's collective listens on (gloo); other ranks must reach it.
   std::string host = "127.0.0.1";
-  int64_t collective_timeout_ms = 120'000;
+  // How long one collective may wait for its peers (JobSpec.collective_timeout_s), and how long
+  // the rendezvous may wait for every rank to start.
+  int64_t collective_timeout_ms = 60'000;
+  int64_t rendezvous_timeout_ms = 120'000;
+  // Tripped by the rank process on SIGTERM or when the job ended: aborts the collective.
+  // Optional; must outlive the backend.
+  StopToken* stop_token = nullptr;
 };
 
 struct LocalDevices {

@@ -2,6 +2,7 @@
 //
 //   worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N] [--host ADDRESS]
 //          [--data_root DIR]... [--output_root DIR]... [--tls_ca ca.pem] [--token_file F]
+//          [--fence_after_s SECONDS]
 //
 // The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
 
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -39,6 +41,11 @@ ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignmen
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "Directory ranks may read data and init checkpoints from (repeatable; default: the "
           "current directory)");
+ABSL_FLAG(double, fence_after_s, 10,
+          "Self-fencing: stop this worker's ranks after this many seconds without an answer "
+          "from the coordinator (its heartbeat timeout replaces this when it sends one); 0 = "
+          "never. Keep it at least the coordinator's --heartbeat-timeout so that a quick "
+          "coordinator restart does not stop ranks");
 ABSL_FLAG(std::vector<std::string>, output_root, {},
           "Directory ranks may write checkpoints into (repeatable; default: the current "
           "directory)");
@@ -137,6 +144,13 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(security.status().message()));
     return 2;
   }
+  const double fence_after_s = absl::GetFlag(FLAGS_fence_after_s);
+  if (!std::isfinite(fence_after_s) || fence_after_s < 0 || fence_after_s > 86'400) {
+    spdlog::error("--fence_after_s must be in [0, 86400] (0 = never fence), got {}",
+                  fence_after_s);
+    return 2;
+  }
+  options.fence_after_ms = static_cast<int64_t>(std::llround(fence_after_s * 1000));
   options.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   options.data_roots = roots->data_roots();
   options.output_roots = roots->output_roots();

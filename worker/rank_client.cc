@@ -77,10 +77,12 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64
 }
 
 TelemetryReporter::TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub,
-                                     RankIdentity identity, int64_t flush_interval_ms)
+                                     RankIdentity identity, StopToken* stop,
+                                     int64_t flush_interval_ms)
     : stub_(std::move(stub)),
       identity_(std::move(identity)),
       flush_interval_ms_(flush_interval_ms),
+      stop_(stop),
       thread_([this] { Run(); }) {}
 
 TelemetryReporter::~TelemetryReporter() { Flush(); }
@@ -92,22 +94,9 @@ void TelemetryReporter::OnCheckpoint(int64_t step, const std::string& path) {
   spdlog::info("checkpoint of step {} written to {}", step, path);
 }
 
-void TelemetryReporter::RequestStop(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_reason_.empty()) stop_reason_ = reason;
-  }
-  abort_.store(true);
-}
-
 std::string TelemetryReporter::StopReason() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stop_reason_.empty() ? "a stop was requested" : stop_reason_;
-}
-
-void TelemetryReporter::SetAbortCallback(std::function<void()> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
-  abort_callback_ = std::move(callback);
+  std::string reason = stop_->reason();
+  return reason.empty() ? "a stop was requested" : reason;
 }
 
 void TelemetryReporter::OnStep(int64_t step, const v1::TelemetryRecord* record) {
@@ -174,15 +163,9 @@ bool TelemetryReporter::SendBatch() {
     queued_ = std::move(kept);
     return false;
   }
-  if (response.abort() && !abort_.load()) {
-    RequestStop("the coordinator ended the job");
+  if (response.abort() && !stop_->stop_requested()) {
     spdlog::warn("the coordinator ended this job: stopping");
-    std::function<void()> callback;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      callback = abort_callback_;
-    }
-    if (callback) callback();
+    stop_->RequestStop("the coordinator ended the job");
   }
   return true;
 }

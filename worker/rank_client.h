@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/stop_token.h"
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/key_value_store.h"
 #include "trainer/train_loop.h"
@@ -41,21 +42,19 @@ class GrpcKeyValueStore final : public KeyValueStore {
 // A TrainingObserver that queues records and sends them from a background thread every
 // flush_interval_ms (so a rank never makes one RPC per step), with its step and latest
 // checkpoint. The report doubles as the rank's liveness signal, so it is sent even when no step
-// finished. When the coordinator answers abort (job cancelled or failed elsewhere),
-// ShouldStop() becomes true and the abort callback runs.
+// finished. When the coordinator answers abort (job cancelled or failed elsewhere), it trips
+// the rank's stop token (which aborts the collective); ShouldStop() is that token.
 class TelemetryReporter final : public TrainingObserver {
  public:
+  // `stop` must outlive the reporter.
   TelemetryReporter(std::shared_ptr<v1::WorkerControl::StubInterface> stub, RankIdentity identity,
-                    int64_t flush_interval_ms = 500);
+                    StopToken* stop, int64_t flush_interval_ms = 500);
   ~TelemetryReporter() override;
 
   void OnStep(int64_t step, const v1::TelemetryRecord* record) override;
-  bool ShouldStop() override { return abort_.load(); }
+  bool ShouldStop() override { return stop_->stop_requested(); }
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
-  // Called (from the reporter's thread) when the coordinator says the job ended.
-  void SetAbortCallback(std::function<void()> callback);
-  void RequestStop(const std::string& reason);
   // Sends what is queued and stops the thread.
   void Flush();
 
@@ -72,10 +71,8 @@ class TelemetryReporter final : public TrainingObserver {
   int64_t step_ = 0;
   int64_t checkpoint_step_ = 0;
   std::string checkpoint_path_;
-  std::function<void()> abort_callback_;
-  std::string stop_reason_;
+  StopToken* stop_;
   bool stopping_ = false;
-  std::atomic<bool> abort_{false};
   std::thread thread_;
 };
 

@@ -6,12 +6,15 @@
 #include <cerrno>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "comm/stop_token.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/logging.h"
@@ -26,6 +29,8 @@
 namespace mptrain {
 namespace {
 
+constexpr int64_t kMinRendezvousTimeoutMs = 120'000;
+
 absl::StatusOr<v1::Assignment> ReadAssignment(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   v1::Assignment assignment;
@@ -35,20 +40,15 @@ absl::StatusOr<v1::Assignment> ReadAssignment(const std::string& path) {
   return assignment;
 }
 
-// The backend in use, for the signal thread and the reporter's abort callback.
-std::atomic<Backend*> g_backend{nullptr};
-
-void AbortBackend() {
-  Backend* backend = g_backend.load();
-  if (backend != nullptr) backend->RequestAbort();
-}
-
-// SIGTERM/SIGINT (the worker stopping this rank): stop between steps, abort a collective wait
-// (ncclCommAbort), and exit within a few seconds even if a collective cannot be interrupted.
-std::atomic<TelemetryReporter*> g_reporter{nullptr};
+// The rank's one stop signal: tripped by SIGTERM/SIGINT (the worker stopping this rank) and by
+// the coordinator saying the job ended. It aborts the collective (a wait on a peer returns at
+// once), and the loop stops between steps. Never destroyed: the signal thread may use it
+// while the process exits.
+StopToken& g_stop = *new StopToken;
 
 // CUDA and NCCL start threads of their own that may not keep a blocked signal mask, so the
-// signals get a real handler that only writes to a pipe; a thread acts on it.
+// signals get a real handler that only writes to a pipe; a thread acts on it, and exits the
+// process within a few seconds even if something cannot be interrupted.
 int g_signal_pipe[2] = {-1, -1};
 
 void OnSignal(int signal) {
@@ -69,11 +69,8 @@ void StartSignalThread() {
     }
     const int signal = byte;
     spdlog::warn("signal {}: aborting", signal);
-    if (TelemetryReporter* reporter = g_reporter.load()) {
-      reporter->RequestStop(absl::StrCat("signal ", signal, " (", strsignal(signal),
-                                         "): the worker stopped this rank"));
-    }
-    AbortBackend();
+    g_stop.RequestStop(
+        absl::StrCat("signal ", signal, " (", strsignal(signal), "): the worker stopped this rank"));
     std::this_thread::sleep_for(std::chrono::seconds(3));
     spdlog::error("did not stop within 3 s of signal {}: exiting", signal);
     std::_Exit(128 + signal);
@@ -154,17 +151,22 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   backend_options.device_index = assignment.device_index();
   backend_options.store = store;
   backend_options.host = options.host;
+  backend_options.collective_timeout_ms =
+      static_cast<int64_t>(std::llround(spec.collective_timeout_s() * 1000.0));
+  // Ranks start at different times (placement, process start, device set-up): the rendezvous
+  // waits for them at least as long as it always did.
+  backend_options.rendezvous_timeout_ms =
+      std::max<int64_t>(kMinRendezvousTimeoutMs, backend_options.collective_timeout_ms);
+  backend_options.stop_token = &g_stop;
   auto backend = (*entry)->create(backend_options);
   if (!backend.ok()) return backend.status();
   spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",
                assignment.rank(), assignment.world_size(), (*backend)->Name(),
                assignment.device_index(), spec.steps(), spec.accumulation_steps(),
                spec.micro_batch_size());
-  g_backend.store(backend->get());
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
   auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint,
                             assignment.job_id());
-  g_backend.store(nullptr);
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
                result->checksum, result->skipped_steps, result->final_loss_scale);
@@ -192,12 +194,9 @@ int RunRankProcess(const RankProcessOptions& options) {
   GrpcKeyValueStore store(stub, identity);
   absl::StatusOr<std::string> checksum;
   {
-    TelemetryReporter reporter(stub, identity);
-    reporter.SetAbortCallback(AbortBackend);
-    g_reporter.store(&reporter);
+    TelemetryReporter reporter(stub, identity, &g_stop);
     StartSignalThread();
     checksum = Train(*assignment, options, &store, &reporter);
-    g_reporter.store(nullptr);
     reporter.Flush();  // Telemetry lands before the result that ends the job.
   }
   if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());

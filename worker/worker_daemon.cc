@@ -25,6 +25,8 @@ namespace {
 // exactly the polls a change concerns), so the wait only bounds how often an idle worker asks.
 constexpr int64_t kPollWaitMs = 20'000;
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
+constexpr size_t kMaxUnreportedExits = 10'000;
+constexpr int64_t kFenceCheckMs = 100;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -79,7 +81,8 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options,
     : options_(std::move(options)),
       stub_(std::move(stub)),
       incarnation_(RandomIncarnation()),
-      registration_nonce_(RandomSecret()) {}
+      registration_nonce_(RandomSecret()),
+      fence_(options_.fence_after_ms, NowMs()) {}
 
 WorkerDaemon::~WorkerDaemon() { StopAll(); }
 
@@ -102,14 +105,20 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
     context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
     grpc::Status status = stub_->RegisterWorker(&context, request, &response);
     if (status.ok()) {
+      fence_.UseCoordinatorTimeout(response.heartbeat_timeout_ms());
+      Contact();
       std::lock_guard<std::mutex> lock(mu_);
       worker_id_ = response.worker_id();
       worker_secret_ = response.worker_secret();
       heartbeat_interval_ms_ = response.heartbeat_interval_ms();
       must_register_.store(false);
-      spdlog::info("registered as {} (incarnation {:x}), {} {} slot(s), heartbeat every {} ms",
-                   worker_id_, incarnation_, options_.slots,
-                   v1::DeviceKind_Name(options_.device), heartbeat_interval_ms_);
+      spdlog::info(
+          "registered as {} (incarnation {:x}), {} {} slot(s), heartbeat every {} ms, {}",
+          worker_id_, incarnation_, options_.slots, v1::DeviceKind_Name(options_.device),
+          heartbeat_interval_ms_,
+          fence_.enabled() ? absl::StrCat("ranks stopped after ", fence_.fence_after_ms(),
+                                          " ms without the coordinator")
+                           : std::string("self-fencing off"));
       return absl::OkStatus();
     }
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
@@ -149,6 +158,10 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       interval_ms = heartbeat_interval_ms_;
+      // Often enough that a healthy link never looks silent for the fence timeout.
+      if (fence_.enabled()) {
+        interval_ms = std::min(interval_ms, std::max<int64_t>(100, fence_.fence_after_ms() / 3));
+      }
       request.set_worker_id(worker_id_);
       request.set_worker_secret(worker_secret_);
     }
@@ -158,6 +171,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
       grpc::Status status = stub_->Heartbeat(&context, request, &response);
+      if (status.ok()) Contact();
       if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
           status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         spdlog::warn("coordinator no longer knows this worker ({}); registering again",
@@ -195,19 +209,58 @@ void WorkerDaemon::ReapOnce() {
         }
       }
     }
-    // Escalate ranks that ignored SIGTERM.
-    for (auto& [key, rank] : running_) {
-      if (rank.stop_sent_ms > 0 && NowMs() - rank.stop_sent_ms > options_.stop_grace_ms) {
-        spdlog::warn("rank {} (pid {}) ignored SIGTERM; sending SIGKILL", key, rank.pid);
-        RankLauncher::Signal(rank.pid, SIGKILL);
-        rank.stop_sent_ms = NowMs() + 3'600'000;  // Once.
-      }
-    }
+    EscalateStopsLocked();
   }
   for (const auto& [rank, child] : finished) {
     ReportExit(rank, child.exit_code, child.term_signal);
     // The rank read it at start; it holds the rank's secret, so it does not outlive the rank.
     std::remove(AssignmentFile(rank.assignment).c_str());
+  }
+}
+
+void WorkerDaemon::EscalateStopsLocked() {
+  for (auto& [key, rank] : running_) {
+    if (rank.stop_sent_ms > 0 && NowMs() - rank.stop_sent_ms > options_.stop_grace_ms) {
+      spdlog::warn("rank {} (pid {}) ignored SIGTERM; sending SIGKILL", key, rank.pid);
+      RankLauncher::Signal(rank.pid, SIGKILL);
+      rank.stop_sent_ms = NowMs() + 3'600'000;  // Once.
+    }
+  }
+}
+
+void WorkerDaemon::Contact() {
+  const int64_t silent_ms = fence_.OnContact(NowMs());
+  if (silent_ms > 0) {
+    spdlog::info("the coordinator answers again after {:.1f} s of silence (ranks were fenced); "
+                 "it is told of their exits and its answers say what runs here",
+                 silent_ms / 1000.0);
+  }
+}
+
+void WorkerDaemon::FenceLoop(const std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    if (fence_.ShouldFence(NowMs())) {
+      std::lock_guard<std::mutex> lock(mu_);
+      int stopping = 0;
+      for (auto& [key, rank] : running_) {
+        if (rank.stop_sent_ms > 0) continue;
+        RankLauncher::Signal(rank.pid, SIGTERM);
+        rank.stop_sent_ms = NowMs();
+        ++stopping;
+      }
+      spdlog::log(
+          stopping > 0 ? spdlog::level::warn : spdlog::level::info,
+          "no answer from the coordinator {} for {:.1f} s (the heartbeat timeout after which it "
+          "declares this worker lost and fails its jobs): self-fencing, stopping {} rank(s) "
+          "(SIGTERM, SIGKILL after {} ms); still trying to reach it",
+          options_.coordinator, fence_.SilentMs(NowMs()) / 1000.0, stopping,
+          options_.stop_grace_ms);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      EscalateStopsLocked();
+    }
+    SleepUnless(stop, kFenceCheckMs);
   }
 }
 
@@ -227,6 +280,37 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
                 "rank {} of {} (pid {}) exited with code {}", assignment.rank(),
                 assignment.job_id(), rank.pid, exit_code);
   }
+  if (!SendExit(Exit{assignment, exit_code, term_signal})) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unreported_exits_.size() < kMaxUnreportedExits) {
+      unreported_exits_.push_back(Exit{assignment, exit_code, term_signal});
+    }
+  }
+}
+
+void WorkerDaemon::ReportPendingExits() {
+  std::vector<Exit> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(unreported_exits_);
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (!SendExit(pending[i])) {
+      // Still unreachable: keep this one and the rest for the next try.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t j = i; j < pending.size() && unreported_exits_.size() < kMaxUnreportedExits;
+           ++j) {
+        unreported_exits_.push_back(pending[j]);
+      }
+      return;
+    }
+  }
+}
+
+bool WorkerDaemon::SendExit(const Exit& exit) {
+  const v1::Assignment& assignment = exit.assignment;
+  const int exit_code = exit.exit_code;
+  const int term_signal = exit.term_signal;
   v1::ReportRankExitRequest request;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -243,6 +327,8 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
   context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
   grpc::Status status = stub_->ReportRankExit(&context, request, &response);
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
+  return status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
 void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
@@ -344,6 +430,7 @@ absl::Status WorkerDaemon::PollOnce() {
     poll_context_ = nullptr;
   }
   if (!status.ok()) return FromGrpcStatus(status);
+  Contact();
   for (const v1::Assignment& stop : response.stop()) RequestStop(Key(stop));
   for (const v1::Assignment& start : response.start()) StartRank(start);
   return absl::OkStatus();
@@ -353,13 +440,17 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   if (absl::Status status = Register(stop); !status.ok()) return status;
   std::thread heartbeat([&] { HeartbeatLoop(stop); });
   std::thread reaper([&] { ReaperLoop(stop); });
+  std::thread fence([&] { FenceLoop(stop); });
   while (!stop->load()) {
     if (must_register_.load()) {
       // The ranks keep running: a restarted coordinator re-adopts the ones it still wants
       // (the next poll lists them, with their secrets as proof), and the poll's stop list ends
-      // the others.
+      // the others. Only a full fence timeout without the coordinator stops them (FenceLoop).
       if (!Register(stop).ok()) break;
     }
+    // Exits the coordinator could not be told of while it was away, before the poll that lists
+    // what runs here.
+    ReportPendingExits();
     absl::Status status = PollOnce();
     if (status.code() == absl::StatusCode::kNotFound ||
         status.code() == absl::StatusCode::kPermissionDenied) {
@@ -371,6 +462,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   }
   heartbeat.join();
   reaper.join();
+  fence.join();
   spdlog::info("stopping: {} rank(s) running", running_.size());
   // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
   // places nothing new here while the ranks stop.

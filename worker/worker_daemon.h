@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "common/client_channel.h"
 #include "proto/mptrain.grpc.pb.h"
+#include "worker/self_fence.h"
 
 namespace mptrain {
 
@@ -35,6 +36,10 @@ struct WorkerOptions {
   ClientSecurity security;
   int64_t stop_grace_ms = 3'000;   // SIGTERM, then SIGKILL after this.
   int64_t memory_bytes = 0;        // Host memory, reported so jobs too big for it are refused.
+  // Self-fencing (worker/self_fence.h): with no successful heartbeat, poll or registration for
+  // this long, the ranks are stopped. The coordinator's heartbeat timeout replaces it when the
+  // registration answer carries one. 0 disables.
+  int64_t fence_after_ms = 10'000;
 };
 
 class WorkerDaemon {
@@ -61,7 +66,22 @@ class WorkerDaemon {
   void HeartbeatLoop(const std::atomic<bool>* stop);
   void ReaperLoop(const std::atomic<bool>* stop);
   void ReapOnce();
+  // SIGKILL to ranks that ignored SIGTERM for stop_grace_ms. Holds mu_.
+  void EscalateStopsLocked();
+  // Self-fencing: watches the time since the coordinator last answered and stops every rank
+  // once it reaches the fence timeout (never blocked by an RPC).
+  void FenceLoop(const std::atomic<bool>* stop);
+  void Contact();  // A successful heartbeat, poll or registration.
+  struct Exit {
+    v1::Assignment assignment;
+    int exit_code = 0;
+    int term_signal = 0;
+  };
+  // Reports a rank's end; one the coordinator could not be told of (unreachable) is kept and
+  // reported again before the next poll.
   void ReportExit(const RunningRank& rank, int exit_code, int term_signal);
+  bool SendExit(const Exit& exit);  // False when the coordinator was not reached.
+  void ReportPendingExits();
   std::string AssignmentFile(const v1::Assignment& assignment) const;
   void Deregister(const std::string& reason);
 
@@ -75,6 +95,8 @@ class WorkerDaemon {
   int64_t heartbeat_interval_ms_ = 1'000;
   std::atomic<bool> must_register_{true};
   std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process
+  std::vector<Exit> unreported_exits_;           // Bounded (kMaxUnreportedExits).
+  SelfFence fence_;
   // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
   grpc::ClientContext* poll_context_ = nullptr;
 };

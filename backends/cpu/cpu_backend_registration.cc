@@ -10,8 +10,15 @@ namespace mptrain {
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {
-  auto collective = GlooCollective::Connect(options.rank, options.world_size, options.host,
-                                            options.store, options.collective_timeout_ms);
+  GlooCollectiveOptions gloo;
+  gloo.rank = options.rank;
+  gloo.world_size = options.world_size;
+  gloo.host = options.host;
+  gloo.store = options.store;
+  gloo.rendezvous_timeout_ms = options.rendezvous_timeout_ms;
+  gloo.collective_timeout_ms = options.collective_timeout_ms;
+  gloo.stop_token = options.stop_token;
+  auto collective = GlooCollective::Connect(gloo);
   if (!collective.ok()) return collective.status();
   return std::unique_ptr<Backend>(new CpuBackend(std::move(*collective)));
 }

@@ -2,11 +2,18 @@
 
 // The CPU backend's collective: gloo over TCP, rendezvous through the job's key-value store
 // (the coordinator's blocking KeyValueGet), so no shared filesystem or extra service is needed.
+// Every operation waits at most collective_timeout_ms for its peers, and Abort() (or the stop
+// token) ends a wait in progress at once.
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/peer_directory.h"
+#include "comm/stop_token.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
 
@@ -16,27 +23,57 @@ class Context;
 
 namespace mptrain {
 
+struct GlooCollectiveOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string host = "127.0.0.1";  // The address this rank listens on; peers must reach it.
+  // Rendezvous, and where the peers run (comm/peer_directory.h); must outlive the collective.
+  KeyValueStore* store = nullptr;
+  int64_t rendezvous_timeout_ms = 120'000;  // For every rank to join.
+  int64_t collective_timeout_ms = 60'000;   // For one operation's peers.
+  StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
+};
+
 class GlooCollective final : public Collective {
  public:
-  // Connects all ranks (blocks until every rank has joined or timeout_ms passes).
-  // `host` is the address this rank listens on. UNAVAILABLE/DEADLINE_EXCEEDED on failure.
+  // Connects all ranks (blocks until every rank has joined or the rendezvous timeout passes).
+  // UNAVAILABLE on failure (the message says which rank and why).
+  static absl::StatusOr<std::unique_ptr<GlooCollective>> Connect(
+      const GlooCollectiveOptions& options);
+  // The same with one timeout for the rendezvous and every operation.
   static absl::StatusOr<std::unique_ptr<GlooCollective>> Connect(int rank, int world_size,
                                                                  const std::string& host,
                                                                  KeyValueStore* store,
                                                                  int64_t timeout_ms);
+  ~GlooCollective() override;
 
-  // Host f32 buffer: pre-divided by world size, then summed (as DDP does).
+  // Host f32 buffer: pre-divided by world size, then summed (as DDP does), by gloo's ring.
+  // DEADLINE_EXCEEDED: a peer did not take part within the collective timeout; the message names
+  // this rank and the one it waited for, with their hosts ("collective allreduce timed out after
+  // 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3)"). UNAVAILABLE: a peer's
+  // connection broke. ABORTED: Abort() was called (the message carries its reason).
   absl::Status AllReduceMean(Tensor buffer) override;
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  void Abort(const std::string& reason) override;
 
  private:
-  GlooCollective(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  explicit GlooCollective(const GlooCollectiveOptions& options) : options_(options) {}
+  // The status of a gloo operation `op` that threw `what`; a timeout names the peer of the
+  // wait that timed out (`recv_from` for a receive, `send_to` for a send).
+  absl::Status Failure(const char* op, const std::string& what,
+                       const std::vector<int>& recv_from = {},
+                       const std::vector<int>& send_to = {});
 
-  int rank_;
-  int world_size_;
+  GlooCollectiveOptions options_;
+  std::unique_ptr<PeerDirectory> peers_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+  // Last: unregistered (waiting for a running callback) before anything above is destroyed.
+  std::unique_ptr<StopToken::Registration> stop_registration_;
 };
 
 }  // namespace mptrain

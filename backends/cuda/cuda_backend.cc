@@ -93,20 +93,22 @@ absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
     cudaError_t state = cudaEventQuery(event);
     if (state == cudaSuccess) return absl::OkStatus();
     if (state != cudaErrorNotReady) return CudaStatus(state, what, __FILE__, __LINE__);
-    if (abort_requested_.load()) {
-      if (nccl != nullptr) nccl->Abort();
-      return absl::AbortedError(absl::StrCat("aborted while waiting for ", what));
-    }
     if (nccl != nullptr) {
+      // Abort() (the rank's stop token) or the communicator's own error: abort it here, on the
+      // thread that uses it, so that its kernels return, and say what we were waiting for.
       absl::Status async = nccl->AsyncError();
       if (!async.ok()) {
-        nccl->Abort();
-        return absl::UnavailableError(absl::StrCat("while waiting for ", what, ": ",
-                                                   async.message()));
+        nccl->AbortCommunicator();
+        return absl::Status(async.code(), absl::StrCat("while waiting for ", what, ": ",
+                                                       async.message()));
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      if (nccl != nullptr) nccl->Abort();
+      if (nccl != nullptr) {
+        const bool collective_pending = nccl->HasPendingWork();
+        nccl->AbortCommunicator();
+        if (collective_pending) return absl::DeadlineExceededError(nccl->TimeoutMessage(what));
+      }
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ",
                                                       wait_timeout_ms_, " ms (a peer hung?)"));
     }

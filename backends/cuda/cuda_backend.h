@@ -54,7 +54,6 @@ class CudaBackend final : public Backend {
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
-  void RequestAbort() override { abort_requested_.store(true); }
 
  private:
   CudaBackend(int device, int64_t wait_timeout_ms)
@@ -96,7 +95,6 @@ class CudaBackend final : public Backend {
 
   int device_;
   int64_t wait_timeout_ms_;
-  std::atomic<bool> abort_requested_{false};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;

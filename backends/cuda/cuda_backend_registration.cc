@@ -12,8 +12,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   auto backend = CudaBackend::Create(
       options.device_index,
       [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-        auto nccl = NcclCollective::Connect(options.rank, options.world_size, options.store,
-                                            stream, options.collective_timeout_ms);
+        NcclCollectiveOptions nccl_options;
+        nccl_options.rank = options.rank;
+        nccl_options.world_size = options.world_size;
+        nccl_options.store = options.store;
+        nccl_options.host = options.host;
+        nccl_options.rendezvous_timeout_ms = options.rendezvous_timeout_ms;
+        nccl_options.collective_timeout_ms = options.collective_timeout_ms;
+        nccl_options.stop_token = options.stop_token;
+        auto nccl = NcclCollective::Connect(nccl_options, stream);
         if (!nccl.ok()) return nccl.status();
         return std::unique_ptr<Collective>(std::move(*nccl));
       },

@@ -1,6 +1,7 @@
 #include "backends/cuda/nccl_collective.h"
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,18 +11,49 @@ namespace mptrain::cuda {
 namespace {
 
 constexpr char kUniqueIdKey[] = "nccl_unique_id";
+constexpr int64_t kPrefetchTimeoutMs = 5'000;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
     int rank, int world_size, KeyValueStore* store, cudaStream_t compute_stream,
     int64_t timeout_ms) {
-  std::unique_ptr<NcclCollective> collective(new NcclCollective(rank, world_size, compute_stream));
+  NcclCollectiveOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.store = store;
+  options.rendezvous_timeout_ms = timeout_ms;
+  options.collective_timeout_ms = timeout_ms;
+  return Connect(options, compute_stream);
+}
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
+    const NcclCollectiveOptions& options, cudaStream_t compute_stream) {
+  const int rank = options.rank;
+  const int world_size = options.world_size;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL: rank ", rank, " is not in a world of ", world_size));
+  }
+  if (options.rendezvous_timeout_ms <= 0 || options.collective_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("NCCL: timeouts must be > 0 ms");
+  }
+  std::unique_ptr<NcclCollective> collective(new NcclCollective(options, compute_stream));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&collective->comm_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&collective->grads_ready_, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&collective->reduce_done_, cudaEventDisableTiming));
+
+  // Where this rank runs, for its peers' errors; published before the communicator forms, so
+  // every location is there once it has.
+  KeyValueStore* store = options.store;
+  collective->peers_ = std::make_unique<PeerDirectory>(store, rank, world_size);
+  if (absl::Status published = collective->peers_->Publish(LocalPeerLocation(options.host));
+      !published.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, " cannot publish its location: ", published.message()));
+  }
 
   // Rank 0 creates the unique id and publishes its 128 bytes; the others block on the store.
   ncclUniqueId id;
@@ -34,7 +66,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
           absl::StrCat("cannot publish the NCCL unique id: ", published.message()));
     }
   } else {
-    auto fetched = store->Get(kUniqueIdKey, timeout_ms);
+    auto fetched = store->Get(kUniqueIdKey, options.rendezvous_timeout_ms);
     if (!fetched.ok()) {
       return absl::Status(fetched.status().code() == absl::StatusCode::kAborted
                               ? absl::StatusCode::kAborted
@@ -49,40 +81,62 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
     std::memcpy(&id, fetched->data(), sizeof(id));
   }
 
+  // Non-blocking: every NCCL call may return ncclInProgress, and we poll for completion.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&collective->comm_, world_size, id, rank, &config));
-  absl::Status ready = collective->WaitUntilNotInProgress(timeout_ms, "ncclCommInitRankConfig");
+  if (options.stop_token != nullptr) {
+    NcclCollective* self = collective.get();
+    collective->stop_registration_ =
+        options.stop_token->OnStop([self](const std::string& reason) { self->Abort(reason); });
+  }
+  absl::Status ready =
+      collective->WaitUntilNotInProgress(options.rendezvous_timeout_ms, "ncclCommInitRankConfig");
   if (!ready.ok()) {
-    collective->Abort();
+    collective->AbortCommunicator();
     return ready;
   }
+  collective->peers_->Prefetch(RingNeighbours(rank, world_size), kPrefetchTimeoutMs);
   return collective;
 }
 
 NcclCollective::~NcclCollective() {
-  if (comm_ != nullptr && !aborted_) {
-    // A clean finalize can hang if a peer is gone; abort is always safe at teardown.
-    ncclCommAbort(comm_);
-  }
+  stop_registration_.reset();
+  // A clean finalize can hang if a peer is gone; abort is always safe at teardown.
+  AbortCommunicator();
   if (grads_ready_ != nullptr) cudaEventDestroy(grads_ready_);
   if (reduce_done_ != nullptr) cudaEventDestroy(reduce_done_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
 }
 
+void NcclCollective::Abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (abort_requested_.load()) return;
+  abort_reason_ = reason;
+  abort_requested_.store(true);
+}
+
+absl::Status NcclCollective::AbortedStatus(const char* what) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  return absl::AbortedError(absl::StrCat("collective ", what, " on rank ", options_.rank,
+                                         " aborted: ", abort_reason_));
+}
+
 absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {
+    if (abort_requested_.load()) return AbortedStatus(what);
     ncclResult_t state = ncclSuccess;
     NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) {
-      return absl::UnavailableError(absl::StrCat(what, " on rank ", rank_, " failed: ",
+      return absl::UnavailableError(absl::StrCat(what, " on rank ", options_.rank, " failed: ",
                                                  ncclGetErrorString(state)));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, " on rank ", rank_, " did not complete within ", timeout_ms, " ms"));
+      return absl::DeadlineExceededError(absl::StrCat(what, " on rank ", options_.rank,
+                                                      " did not complete within ", timeout_ms,
+                                                      " ms"));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -95,15 +149,21 @@ absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
 }
 
 absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
-  if (aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
+  if (abort_requested_.load()) {
+    AbortCommunicator();
+    return AbortedStatus("allreduce");
+  }
+  if (communicator_aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
   // The comm stream waits for the gradients; the compute stream goes on with the backward pass.
   CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, grads_ready_, 0));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
                                      ncclFloat32, ncclAvg, comm_, comm_stream_));
   // Non-blocking communicators may return before the operation is enqueued.
-  if (absl::Status enqueued = WaitUntilNotInProgress(60'000, "ncclAllReduce"); !enqueued.ok()) {
-    Abort();
+  if (absl::Status enqueued =
+          WaitUntilNotInProgress(options_.collective_timeout_ms, "ncclAllReduce");
+      !enqueued.ok()) {
+    AbortCommunicator();
     return enqueued;
   }
   return absl::OkStatus();
@@ -116,8 +176,9 @@ absl::Status NcclCollective::JoinAllReduces() {
 }
 
 absl::Status NcclCollective::AsyncError() {
+  if (abort_requested_.load()) return AbortedStatus("wait");
   if (comm_ == nullptr) return absl::OkStatus();
-  if (aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
+  if (communicator_aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
   ncclResult_t state = ncclSuccess;
   ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
   if (result != ncclSuccess) {
@@ -125,16 +186,31 @@ absl::Status NcclCollective::AsyncError() {
                                                ncclGetErrorString(result)));
   }
   if (state != ncclSuccess && state != ncclInProgress) {
-    return absl::UnavailableError(absl::StrCat("NCCL error on rank ", rank_, ": ",
+    return absl::UnavailableError(absl::StrCat("NCCL error on rank ", options_.rank, ": ",
                                                ncclGetErrorString(state)));
   }
   return absl::OkStatus();
 }
 
-void NcclCollective::Abort() {
-  if (comm_ != nullptr && !aborted_) {
+bool NcclCollective::HasPendingWork() {
+  if (comm_stream_ == nullptr || communicator_aborted_) return false;
+  const cudaError_t state = cudaStreamQuery(comm_stream_);
+  if (state != cudaErrorNotReady) cudaGetLastError();  // Do not leave an error behind.
+  return state == cudaErrorNotReady;
+}
+
+std::string NcclCollective::TimeoutMessage(const char* what) {
+  return CollectiveTimeoutMessage(
+      "allreduce", options_.collective_timeout_ms, peers_.get(),
+      RingNeighbours(options_.rank, options_.world_size),
+      absl::StrCat("while waiting for ", what,
+                   "; NCCL does not say which peer is missing: these are its neighbours by rank"));
+}
+
+void NcclCollective::AbortCommunicator() {
+  if (comm_ != nullptr && !communicator_aborted_) {
     ncclCommAbort(comm_);
-    aborted_ = true;
+    communicator_aborted_ = true;
   }
 }
 

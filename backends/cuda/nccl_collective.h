@@ -1,24 +1,46 @@
 #pragma once
 
-// The CUDA backend's collective: one NCCL communicator per rank, created non-blocking with a
-// timeout from a unique id that rank 0 publishes through the job's key-value store. The
-// allreduce runs on its own stream, ordered after the compute stream's work by an event and
-// before the compute stream's later work by another; nothing here blocks the host.
+// The CUDA backend's collective: one NCCL communicator per rank, created non-blocking
+// (ncclConfig_t.blocking = 0) from a unique id that rank 0 publishes through the job's
+// key-value store. The allreduce runs on its own stream, ordered after the compute stream's
+// work by an event and before the compute stream's later work by another; nothing here blocks
+// the host. Every wait polls ncclCommGetAsyncError with a deadline (as nccl-tests does) and
+// calls ncclCommAbort on error, timeout or Abort(), so no wait is ever endless.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "comm/peer_directory.h"
+#include "comm/stop_token.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
 
 namespace mptrain::cuda {
 
+struct NcclCollectiveOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Rendezvous (the unique id) and where the peers run (comm/peer_directory.h); must outlive
+  // the collective.
+  KeyValueStore* store = nullptr;
+  std::string host = "127.0.0.1";           // This rank's advertised address (for errors).
+  int64_t rendezvous_timeout_ms = 120'000;  // Unique id and communicator creation.
+  int64_t collective_timeout_ms = 60'000;   // One operation's wait for its peers.
+  StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
+};
+
 class NcclCollective final : public Collective {
  public:
-  // Blocks until the communicator is ready or timeout_ms passes (then aborts it).
+  // Blocks until the communicator is ready or the rendezvous timeout passes (then aborts it).
+  static absl::StatusOr<std::unique_ptr<NcclCollective>> Connect(
+      const NcclCollectiveOptions& options, cudaStream_t compute_stream);
+  // The same with one timeout for the rendezvous and every operation.
   static absl::StatusOr<std::unique_ptr<NcclCollective>> Connect(int rank, int world_size,
                                                                  KeyValueStore* store,
                                                                  cudaStream_t compute_stream,
@@ -29,27 +51,46 @@ class NcclCollective final : public Collective {
   absl::Status AllReduceMean(Tensor buffer) override;
   absl::Status AllReduceMeanAsync(Tensor buffer) override;
   absl::Status JoinAllReduces() override;
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  // Any thread: marks the collective aborted. The thread that waits on it (the backend's
+  // polling loop, or the next call) then calls ncclCommAbort and returns ABORTED.
+  void Abort(const std::string& reason) override;
 
-  // The communicator's asynchronous error, if any (UNAVAILABLE). Called while polling waits.
+  // Polled while waiting: ABORTED after Abort(), UNAVAILABLE on the communicator's
+  // asynchronous error. The caller then calls AbortCommunicator().
   absl::Status AsyncError();
-  // Aborts the communicator so that kernels waiting on peers return (NCCL's fault tolerance).
-  void Abort();
+  // ncclCommAbort, once, on the thread that uses the communicator: kernels waiting on peers
+  // return (NCCL's fault tolerance).
+  void AbortCommunicator();
+  int64_t collective_timeout_ms() const { return options_.collective_timeout_ms; }
+  // Whether collective work is still queued or running on the comm stream (call before
+  // AbortCommunicator).
+  bool HasPendingWork();
+  // A wait for `what` timed out with collective work pending: "collective allreduce timed out
+  // after 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3) (...)". NCCL does
+  // not say which peer is missing, so the ranks named are this rank's neighbours by rank.
+  std::string TimeoutMessage(const char* what);
 
  private:
-  NcclCollective(int rank, int world_size, cudaStream_t compute_stream)
-      : rank_(rank), world_size_(world_size), compute_stream_(compute_stream) {}
+  NcclCollective(const NcclCollectiveOptions& options, cudaStream_t compute_stream)
+      : options_(options), compute_stream_(compute_stream) {}
   absl::Status WaitUntilNotInProgress(int64_t timeout_ms, const char* what);
+  absl::Status AbortedStatus(const char* what);
 
-  int rank_;
-  int world_size_;
+  NcclCollectiveOptions options_;
   cudaStream_t compute_stream_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t grads_ready_ = nullptr;
   cudaEvent_t reduce_done_ = nullptr;
+  std::unique_ptr<PeerDirectory> peers_;
   ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  bool communicator_aborted_ = false;  // Only the communicator's thread touches it.
+  std::mutex abort_mu_;
+  std::atomic<bool> abort_requested_{false};
+  std::string abort_reason_;
+  // Last: unregistered (waiting for a running callback) before anything above is destroyed.
+  std::unique_ptr<StopToken::Registration> stop_registration_;
 };
 
 }  // namespace mptrain::cuda
