@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -319,6 +320,38 @@ int ExportCommand(const CommandContext& context, const std::string& job_id, Expo
   }
   context.out->flush();
   return 0;
+}
+
+int LogsCommand(const CommandContext& context, const std::string& job_id, int rank, int attempt,
+                bool follow) {
+  v1::GetRankLogRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  request.set_attempt(attempt);
+  bool announced_gap = false;
+  while (true) {
+    v1::GetRankLogResponse response;
+    grpc::ClientContext rpc;
+    SetDeadline(context, &rpc);
+    grpc::Status status = context.stub->GetRankLog(&rpc, request, &response);
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND && follow &&
+        status.error_message().find("no output") != std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // The rank has not written yet.
+      continue;
+    }
+    if (!status.ok()) return ReportRpcError(context, "logs " + job_id, status);
+    if (response.start_offset() > request.after_offset() && !announced_gap) {
+      *context.err << "trainctl: the first " << response.start_offset()
+                   << " bytes of rank " << rank << "'s output are no longer kept\n";
+      announced_gap = true;
+    }
+    *context.out << response.data();
+    context.out->flush();
+    request.set_attempt(response.attempt());
+    request.set_after_offset(response.end_offset());
+    if (!follow || response.complete()) return 0;
+    if (response.data().empty()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 }  // namespace mptrain

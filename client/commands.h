@@ -32,6 +32,10 @@ int WatchCommand(const CommandContext& context, const std::string& job_id);
 int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit);
 int CancelCommand(const CommandContext& context, const std::string& job_id);
 int WorkersCommand(const CommandContext& context);
+// The last part of a rank's output (stdout and stderr) as its worker shipped it; with
+// `follow`, then what it writes next, until the job ends. `attempt` 0: the newest.
+int LogsCommand(const CommandContext& context, const std::string& job_id, int rank, int attempt,
+                bool follow);
 enum class ExportFormat { kCsv, kJsonl };
 // The job's whole telemetry history as the coordinator holds it (GetJobEvents, page by page):
 // CSV with a header row (every TelemetryRecord field, in field-number order) or one JSON object

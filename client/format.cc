@@ -1,5 +1,7 @@
 #include "client/format.h"
 
+#include <cctype>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +83,17 @@ std::string FormatJobDetail(const v1::Job& job) {
     absl::StrAppend(&out, "waiting:    ", job.pending_reason(), "\n");
   }
   if (!job.error().empty()) absl::StrAppend(&out, "error:      ", job.error(), "\n");
+  if (job.state() == v1::FAILED) {
+    // The rank the error names first is where to look.
+    int rank = 0;
+    const size_t at = job.error().find("rank ");
+    if (at != std::string::npos) {
+      size_t end = at + 5;
+      while (end < job.error().size() && std::isdigit(static_cast<unsigned char>(job.error()[end]))) ++end;
+      if (end > at + 5 && end - at - 5 < 6) rank = std::stoi(job.error().substr(at + 5, end - at - 5));
+    }
+    absl::StrAppend(&out, "logs:       trainctl logs ", job.job_id(), " --rank ", rank, "\n");
+  }
   if (job.restarts() > 0 || job.spec().max_restarts() > 0) {
     absl::StrAppend(&out, "restarts:   ", job.restarts(), " of ", job.spec().max_restarts(), "\n");
   }

@@ -9,6 +9,7 @@
 //     cancel ID                                 cancel a pending or running job
 //     workers                                   registered workers
 //     export ID [--format csv|jsonl]            the job's telemetry history
+//     logs ID [--rank R] [--attempt A] [--follow]  the last part of a rank's output
 
 #include <unistd.h>
 
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, request_id, "", "submit: makes a retried submit idempoten
 ABSL_FLAG(int64_t, timeout_ms, 10'000, "Deadline of each RPC (watch has none)");
 ABSL_FLAG(std::string, state, "", "list: only jobs in this state (e.g. running)");
 ABSL_FLAG(std::string, format, "csv", "export: csv or jsonl");
+ABSL_FLAG(int32_t, rank, 0, "logs: which rank");
+ABSL_FLAG(int32_t, attempt, 0, "logs: which attempt (0 = the newest)");
+ABSL_FLAG(bool, follow, false, "logs: keep printing what the rank writes until the job ends");
 ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs, oldest first (0 = all)");
 
 namespace {
@@ -43,7 +47,8 @@ constexpr char kUsage[] =
     "  list [--state STATE] [--limit N]\n"
     "  cancel ID\n"
     "  workers\n"
-    "  export ID [--format csv|jsonl]";
+    "  export ID [--format csv|jsonl]\n"
+    "  logs ID [--rank R] [--attempt A] [--follow]";
 
 int Usage(const std::string& problem) {
   std::cerr << "trainctl: " << problem << "\nusage: " << kUsage << "\n";
@@ -92,6 +97,13 @@ int main(int argc, char** argv) {
     return mptrain::ListCommand(context, state, absl::GetFlag(FLAGS_limit));
   }
   if (command == "workers" && args.size() == 2) return mptrain::WorkersCommand(context);
+  if (command == "logs" && args.size() == 3) {
+    if (absl::GetFlag(FLAGS_rank) < 0 || absl::GetFlag(FLAGS_attempt) < 0) {
+      return Usage("--rank and --attempt must be >= 0");
+    }
+    return mptrain::LogsCommand(context, args[2], absl::GetFlag(FLAGS_rank),
+                                absl::GetFlag(FLAGS_attempt), absl::GetFlag(FLAGS_follow));
+  }
   if (command == "export" && args.size() == 3) {
     const std::string format = absl::GetFlag(FLAGS_format);
     if (format != "csv" && format != "jsonl") return Usage("--format must be csv or jsonl");

@@ -850,6 +850,56 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
 // Key-value store, telemetry and results
 // ---------------------------------------------------------------------------------------------
 
+absl::Status CoordinatorState::ReportRankLog(const v1::ReportRankLogRequest& request) {
+  if (request.data().size() > RankLogs::kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data is ", request.data().size(),
+                                                   " bytes; the limit is ",
+                                                   RankLogs::kMaxChunkBytes));
+  }
+  Mutation mutation(this);
+  const WorkerRecord* worker = workers_.Find(request.worker_id());
+  if (worker == nullptr || !SecretsEqual(worker->secret, request.worker_secret())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the worker secret does not match worker ", Quote(request.worker_id())));
+  }
+  JobRecord* record = FindJob(request.job_id());
+  // Only the worker that runs a rank speaks for its output; the job's placement says which.
+  bool placed_here = false;
+  if (record != nullptr && record->attempt() == request.attempt()) {
+    for (const v1::RankPlacement& placement : record->job().placement()) {
+      placed_here |= placement.rank() == request.rank() &&
+                     placement.worker_id() == request.worker_id();
+    }
+  }
+  if (!placed_here) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rank ", request.rank(), " of job ", Quote(request.job_id()), " attempt ",
+        request.attempt(), " does not run on worker ", Quote(request.worker_id())));
+  }
+  return record->logs().Append(request.attempt(), request.rank(), request.offset(),
+                               request.data());
+}
+
+absl::StatusOr<v1::GetRankLogResponse> CoordinatorState::GetRankLog(
+    const v1::GetRankLogRequest& request) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(request.job_id());
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
+  }
+  if (!record->ValidRank(request.rank())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", record->world_size(),
+                                                   "), got ", request.rank()));
+  }
+  auto log = record->logs().Read(request.attempt(), request.rank(), request.after_offset());
+  if (!log.ok()) {
+    return absl::NotFoundError(absl::StrCat("job ", record->id(), ": ", log.status().message()));
+  }
+  // An ended job's ranks write nothing more, whether or not their exit was reported.
+  if (record->terminal() || log->attempt() < record->attempt()) log->set_complete(true);
+  return log;
+}
+
 std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, int attempt,
                                                    int rank) const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -199,6 +199,12 @@ class CoordinatorState {
   // NOT_FOUND: unknown job.
   absl::Status ReportRankResult(const v1::ReportRankResultRequest& request);
 
+  // A chunk of a rank's output from its worker. PERMISSION_DENIED: the worker secret does not
+  // match or the rank was never placed on that worker; INVALID_ARGUMENT: chunk too big.
+  absl::Status ReportRankLog(const v1::ReportRankLogRequest& request);
+  // NOT_FOUND: unknown job or no output yet; INVALID_ARGUMENT: rank out of range.
+  absl::StatusOr<v1::GetRankLogResponse> GetRankLog(const v1::GetRankLogRequest& request) const;
+
   // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
   std::string RankSecretForTesting(const std::string& job_id, int attempt, int rank) const;
 

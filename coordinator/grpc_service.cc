@@ -382,6 +382,15 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobEvents(
       });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetRankLog(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Dispatch<v1::GetRankLogRequest, v1::GetRankLogResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->GetRankLog(frame->request), &frame->response);
+      });
+}
+
 grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
   return WatchCall::Start(state_, waits_, request->job_id());
@@ -504,6 +513,15 @@ grpc::ServerUnaryReactor* WorkerControlService::ReportRankResult(
   return Dispatch<v1::ReportRankResultRequest, v1::ReportRankResultResponse>(
       context, request, response, [&](auto frame) {
         return AnswerNow(context, *frame, state_->ReportRankResult(frame->request));
+      });
+}
+
+grpc::ServerUnaryReactor* WorkerControlService::ReportRankLog(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Dispatch<v1::ReportRankLogRequest, v1::ReportRankLogResponse>(
+      context, request, response, [&](auto frame) {
+        return AnswerNow(context, *frame, state_->ReportRankLog(frame->request));
       });
 }
 

@@ -32,7 +32,8 @@ using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_SubmitJob<
         v1::Coordinator::WithRawCallbackMethod_CancelJob<
             v1::Coordinator::WithRawCallbackMethod_ListWorkers<
                 v1::Coordinator::WithRawCallbackMethod_GetJobEvents<
-                    v1::Coordinator::CallbackService>>>>>>;
+                    v1::Coordinator::WithRawCallbackMethod_GetRankLog<
+                        v1::Coordinator::CallbackService>>>>>>>;
 using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorker<
     v1::WorkerControl::WithRawCallbackMethod_Heartbeat<
         v1::WorkerControl::WithRawCallbackMethod_DeregisterWorker<
@@ -42,7 +43,8 @@ using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorke
                         v1::WorkerControl::WithRawCallbackMethod_KeyValueGet<
                             v1::WorkerControl::WithRawCallbackMethod_ReportTelemetry<
                                 v1::WorkerControl::WithRawCallbackMethod_ReportRankResult<
-                                    v1::WorkerControl::CallbackService>>>>>>>>>;
+                                    v1::WorkerControl::WithRawCallbackMethod_ReportRankLog<
+                                        v1::WorkerControl::CallbackService>>>>>>>>>>;
 
 class CoordinatorService final : public CoordinatorBase {
  public:
@@ -68,6 +70,9 @@ class CoordinatorService final : public CoordinatorBase {
   grpc::ServerUnaryReactor* GetJobEvents(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetRankLog(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::WatchJobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
 
@@ -110,6 +115,9 @@ class WorkerControlService final : public WorkerControlBase {
   grpc::ServerUnaryReactor* ReportRankResult(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ReportRankLog(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
   CoordinatorState* state_;

@@ -142,6 +142,7 @@ void JobRecord::SetState(v1::JobState state, const std::string& error, int64_t n
   if (IsTerminal(state)) {
     job_.set_finished_unix_ms(now);
     kv_.Clear();
+    logs_.Shrink();
   }
   if (state == v1::FAILED) {
     spdlog::warn("job {} FAILED: {}", id(), error);
@@ -256,6 +257,7 @@ void JobRecord::RecordError(int rank, const std::string& error) {
 
 void JobRecord::RecordExit(int rank) {
   ranks_[rank].exited = true;
+  logs_.MarkComplete(attempt_, rank);
   Changed(/*workers_too=*/true);
 }
 

@@ -25,6 +25,7 @@
 #include "coordinator/job_event_log.h"
 #include "coordinator/job_kv.h"
 #include "coordinator/placement.h"
+#include "coordinator/rank_logs.h"
 #include "coordinator/store/stored_job.pb.h"
 #include "proto/mptrain.pb.h"
 
@@ -100,6 +101,9 @@ class JobRecord {
   const JobEventLog& events() const { return events_; }
   JobKv& kv() { return kv_; }
   const JobKv& kv() const { return kv_; }
+  // The tails of its ranks' output (memory only).
+  RankLogs& logs() { return logs_; }
+  const RankLogs& logs() const { return logs_; }
 
   // ---- Transitions ----
 
@@ -170,6 +174,7 @@ class JobRecord {
   // earlier attempt is recognised as such and anything else is refused.
   std::map<int, std::vector<std::string>> rank_secrets_;
   JobEventLog events_;
+  RankLogs logs_;
   std::set<int> awaiting_adoption_;
   int64_t adopt_deadline_ms_ = 0;
   std::string consequence_error_;

@@ -86,6 +86,24 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
   EXPECT_TRUE(NoRankProcessesWithin(cluster, job_id, 5));
   RecordProperty("seconds_to_failed",
                  std::to_string(std::chrono::duration<double>(Clock::now() - killed_at).count()));
+  // Its output, shipped by its worker, with no shell on that worker: the status points there.
+  CommandResult status = cluster.Trainctl("status " + job_id);
+  EXPECT_NE(status.output.find(absl::StrCat("logs:       trainctl logs ", job_id, " --rank ",
+                                            victim)),
+            std::string::npos)
+      << status.output;
+  CommandResult logs = cluster.Trainctl(absl::StrCat("logs ", job_id, " --rank ", victim));
+  EXPECT_EQ(logs.exit_code, 0) << logs.output;
+  EXPECT_NE(logs.output.find(absl::StrCat("[", job_id, "/rank", victim, "] rank ", victim, "/",
+                                          world_size, " on cpu device")),
+            std::string::npos)
+      << logs.output;
+  // Rank 0 ended too (its job failed): its log is complete, so --follow returns.
+  CommandResult followed = cluster.Trainctl(absl::StrCat("logs ", job_id, " --rank 0 --follow"));
+  EXPECT_EQ(followed.exit_code, 0) << followed.output;
+  EXPECT_NE(followed.output.find(absl::StrCat("[", job_id, "/rank0] rank 0/", world_size)),
+            std::string::npos)
+      << followed.output;
   ExpectWorkersTakeTheNextJob(cluster);
 }
 

@@ -14,7 +14,8 @@ extern char** environ;
 namespace mptrain {
 
 absl::StatusOr<pid_t> RankLauncher::Launch(const std::vector<std::string>& argv,
-                                           const std::vector<std::string>& extra_env) {
+                                           const std::vector<std::string>& extra_env,
+                                           int output_fd) {
   // Build everything the child needs before fork: only async-signal-safe calls after it.
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -36,6 +37,10 @@ absl::StatusOr<pid_t> RankLauncher::Launch(const std::vector<std::string>& argv,
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);  // The daemon blocks signals for sigwait.
+    if (output_fd >= 0) {
+      dup2(output_fd, STDOUT_FILENO);
+      dup2(output_fd, STDERR_FILENO);
+    }
     execve(args[0], args.data(), env.data());
     _exit(127);
   }

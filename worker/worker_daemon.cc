@@ -271,6 +271,11 @@ std::string WorkerDaemon::AssignmentFile(const v1::Assignment& assignment) const
 
 void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_signal) {
   const v1::Assignment& assignment = rank.assignment;
+  if (rank.log) {
+    // Its last lines first: once the exit is reported, its log counts as complete.
+    rank.log->WaitClosed(2'000);
+    ShipLog(assignment, rank.log.get());
+  }
   if (term_signal != 0) {
     spdlog::log(rank.stop_sent_ms > 0 ? spdlog::level::info : spdlog::level::warn,
                 "rank {} of {} (pid {}) ended by signal {}", assignment.rank(),
@@ -353,7 +358,24 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
       absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
   // The environment, unlike a command line, is readable only by the rank's own user.
   if (!options_.security.token.empty()) env.push_back("MPTRAIN_TOKEN=" + options_.security.token);
-  auto pid = RankLauncher::Launch(argv, env);
+  // Its stdout and stderr through one pipe: copied to this daemon's log and shipped to the
+  // coordinator (trainctl logs).
+  int pipe_fds[2] = {-1, -1};
+  std::shared_ptr<RankLogTap> log;
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    spdlog::warn("no pipe for rank {}'s output ({}): it goes to this daemon's log only", key,
+                 std::strerror(errno));
+    pipe_fds[0] = pipe_fds[1] = -1;
+  }
+  auto pid = RankLauncher::Launch(argv, env, pipe_fds[1]);
+  if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+  if (pipe_fds[0] >= 0) {
+    if (pid.ok()) {
+      log = std::make_shared<RankLogTap>(pipe_fds[0]);
+    } else {
+      close(pipe_fds[0]);
+    }
+  }
   if (!pid.ok()) {
     std::remove(file.c_str());
     spdlog::error("cannot start rank {} of {}: {}", assignment.rank(), assignment.job_id(),
@@ -366,7 +388,49 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
                assignment.rank(), assignment.world_size(), assignment.job_id(),
                assignment.attempt(), assignment.device_index(), *pid);
   std::lock_guard<std::mutex> lock(mu_);
-  running_[key] = RunningRank{assignment, *pid, 0};
+  running_[key] = RunningRank{assignment, *pid, 0, std::move(log)};
+}
+
+void WorkerDaemon::LogLoop(const std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    std::vector<std::pair<v1::Assignment, std::shared_ptr<RankLogTap>>> taps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [key, rank] : running_) {
+        if (rank.log) taps.emplace_back(rank.assignment, rank.log);
+      }
+    }
+    for (const auto& [assignment, log] : taps) ShipLog(assignment, log.get());
+    SleepUnless(stop, 1'000);
+  }
+}
+
+void WorkerDaemon::ShipLog(const v1::Assignment& assignment, RankLogTap* log) {
+  constexpr size_t kChunkBytes = 64 << 10;
+  for (int chunks = 0; chunks < 8; ++chunks) {  // At most 512 KiB a round.
+    RankLogTap::Chunk chunk = log->Take(kChunkBytes);
+    if (chunk.data.empty()) return;
+    v1::ReportRankLogRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_worker_id(worker_id_);
+      request.set_worker_secret(worker_secret_);
+    }
+    request.set_job_id(assignment.job_id());
+    request.set_rank(assignment.rank());
+    request.set_attempt(assignment.attempt());
+    request.set_offset(chunk.offset);
+    request.set_data(std::move(chunk.data));
+    v1::ReportRankLogResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    grpc::Status status = stub_->ReportRankLog(&context, request, &response);
+    if (!status.ok()) {
+      spdlog::debug("could not send rank {}'s output: {}", assignment.rank(),
+                    status.error_message());
+      return;
+    }
+  }
 }
 
 void WorkerDaemon::RequestStop(const std::string& key) {
@@ -441,6 +505,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   std::thread heartbeat([&] { HeartbeatLoop(stop); });
   std::thread reaper([&] { ReaperLoop(stop); });
   std::thread fence([&] { FenceLoop(stop); });
+  std::thread logs([&] { LogLoop(stop); });
   while (!stop->load()) {
     if (must_register_.load()) {
       // The ranks keep running: a restarted coordinator re-adopts the ones it still wants
@@ -463,6 +528,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   heartbeat.join();
   reaper.join();
   fence.join();
+  logs.join();
   spdlog::info("stopping: {} rank(s) running", running_.size());
   // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
   // places nothing new here while the ranks stop.

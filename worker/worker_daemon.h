@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "common/client_channel.h"
 #include "proto/mptrain.grpc.pb.h"
+#include "worker/rank_log.h"
 #include "worker/self_fence.h"
 
 namespace mptrain {
@@ -56,6 +57,7 @@ class WorkerDaemon {
     v1::Assignment assignment;
     pid_t pid = 0;
     int64_t stop_sent_ms = 0;  // When SIGTERM was sent (0: not asked to stop).
+    std::shared_ptr<RankLogTap> log;  // Its output, for the daemon's log and the coordinator.
   };
 
   absl::Status Register(const std::atomic<bool>* stop);
@@ -65,6 +67,11 @@ class WorkerDaemon {
   void StopAll();
   void HeartbeatLoop(const std::atomic<bool>* stop);
   void ReaperLoop(const std::atomic<bool>* stop);
+  // Sends each running rank's new output to the coordinator, every second.
+  void LogLoop(const std::atomic<bool>* stop);
+  // Sends what `rank`'s log holds now (best effort: a chunk the coordinator does not take is
+  // dropped; its tail is what matters).
+  void ShipLog(const v1::Assignment& assignment, RankLogTap* log);
   void ReapOnce();
   // SIGKILL to ranks that ignored SIGTERM for stop_grace_ms. Holds mu_.
   void EscalateStopsLocked();

@@ -1,0 +1,82 @@
+#include "coordinator/rank_logs.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace mptrain {
+
+absl::Status RankLogs::Append(int attempt, int rank, int64_t offset, const std::string& data) {
+  if (data.size() > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a log chunk is at most ", kMaxChunkBytes,
+                                                   " bytes, got ", data.size()));
+  }
+  if (offset < 0) return absl::InvalidArgumentError("offset must be >= 0");
+  Tail& tail = tails_[{attempt, rank}];
+  const int64_t end = offset + static_cast<int64_t>(data.size());
+  if (end <= tail.end()) return absl::OkStatus();  // Already held (a retried chunk).
+  if (offset > tail.end()) {
+    // The worker dropped bytes in between: start again at this chunk.
+    tail.data = data;
+    tail.start = offset;
+  } else {
+    tail.data.append(data, static_cast<size_t>(tail.end() - offset), std::string::npos);
+  }
+  if (tail.data.size() > max_bytes_) {
+    const size_t drop = tail.data.size() - max_bytes_;
+    tail.data.erase(0, drop);
+    tail.start += static_cast<int64_t>(drop);
+  }
+  // Only the two newest attempts.
+  while (true) {
+    int newest = 0, oldest = attempt;
+    for (const auto& [key, unused] : tails_) {
+      newest = std::max(newest, key.first);
+      oldest = std::min(oldest, key.first);
+    }
+    if (newest - oldest < 2) break;
+    for (auto it = tails_.begin(); it != tails_.end();) {
+      it = it->first.first == oldest ? tails_.erase(it) : std::next(it);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RankLogs::MarkComplete(int attempt, int rank) { tails_[{attempt, rank}].complete = true; }
+
+void RankLogs::Shrink() {
+  max_bytes_ = kMaxBytesPerRankEnded;
+  for (auto& [key, tail] : tails_) {
+    if (tail.data.size() > max_bytes_) {
+      const size_t drop = tail.data.size() - max_bytes_;
+      tail.data.erase(0, drop);
+      tail.start += static_cast<int64_t>(drop);
+    }
+  }
+}
+
+absl::StatusOr<v1::GetRankLogResponse> RankLogs::Read(int attempt, int rank,
+                                                      int64_t after_offset) const {
+  if (attempt == 0) {
+    for (const auto& [key, tail] : tails_) {
+      if (key.second == rank && !tail.data.empty()) attempt = std::max(attempt, key.first);
+    }
+  }
+  auto it = tails_.find({attempt, rank});
+  if (it == tails_.end()) {
+    return absl::NotFoundError(absl::StrCat("no output of rank ", rank,
+                                            attempt == 0 ? "" : absl::StrCat(" attempt ", attempt),
+                                            " yet"));
+  }
+  const Tail& tail = it->second;
+  v1::GetRankLogResponse response;
+  response.set_attempt(attempt);
+  const int64_t from = std::clamp<int64_t>(after_offset, tail.start, tail.end());
+  response.set_start_offset(from);
+  response.set_data(tail.data.substr(static_cast<size_t>(from - tail.start)));
+  response.set_end_offset(tail.end());
+  response.set_complete(tail.complete);
+  return response;
+}
+
+}  // namespace mptrain

@@ -1,0 +1,47 @@
+#pragma once
+
+// The last part of each rank's output for one job (what `trainctl logs` shows), shipped by the
+// workers in chunks. Per (attempt, rank): the newest kMaxBytesPerRank bytes, with their offsets
+// in the rank's whole output, so a reader can follow it and knows when bytes fell off. Only the
+// two newest attempts are kept; an ended job keeps a shorter tail. Memory only: not written to
+// the job store. Not thread-safe: CoordinatorState's lock guards it.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "proto/mptrain.pb.h"
+
+namespace mptrain {
+
+class RankLogs {
+ public:
+  static constexpr size_t kMaxBytesPerRank = 64 << 10;
+  static constexpr size_t kMaxBytesPerRankEnded = 16 << 10;
+  static constexpr size_t kMaxChunkBytes = 64 << 10;
+
+  // A chunk at `offset` of the rank's output. Bytes already held are skipped; a gap (bytes the
+  // worker dropped) is accepted. INVALID_ARGUMENT: a chunk over kMaxChunkBytes or a negative
+  // offset.
+  absl::Status Append(int attempt, int rank, int64_t offset, const std::string& data);
+  // The rank's process ended (its worker sends the rest of its output before saying so).
+  void MarkComplete(int attempt, int rank);
+  // The job ended: keep less of each.
+  void Shrink();
+  // NOT_FOUND: nothing of that rank (and attempt; 0 = the newest attempt with output).
+  absl::StatusOr<v1::GetRankLogResponse> Read(int attempt, int rank, int64_t after_offset) const;
+
+ private:
+  struct Tail {
+    std::string data;
+    int64_t start = 0;  // Offset of data[0].
+    bool complete = false;
+    int64_t end() const { return start + static_cast<int64_t>(data.size()); }
+  };
+  std::map<std::pair<int, int>, Tail> tails_;  // (attempt, rank) -> its tail
+  size_t max_bytes_ = kMaxBytesPerRank;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,56 @@
+#include "coordinator/rank_logs.h"
+
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+TEST(RankLogs, AppendsChunks_SkipsRetries_AndReadsFromAnOffset) {
+  RankLogs logs;
+  ASSERT_TRUE(logs.Append(1, 0, 0, "hello ").ok());
+  ASSERT_TRUE(logs.Append(1, 0, 0, "hello ").ok());  // A retry.
+  ASSERT_TRUE(logs.Append(1, 0, 3, "lo world\n").ok());  // Overlaps.
+  auto all = logs.Read(0, 0, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->attempt(), 1);
+  EXPECT_EQ(all->data(), "hello world\n");
+  EXPECT_EQ(all->end_offset(), 12);
+  EXPECT_FALSE(all->complete());
+  auto rest = logs.Read(1, 0, 6);
+  EXPECT_EQ(rest->data(), "world\n");
+  logs.MarkComplete(1, 0);
+  EXPECT_TRUE(logs.Read(1, 0, 12)->complete());
+  EXPECT_TRUE(logs.Read(1, 0, 12)->data().empty());
+  EXPECT_EQ(logs.Read(1, 1, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RankLogs, KeepsTheNewestBytes_AndTwoAttempts) {
+  RankLogs logs;
+  const std::string chunk(RankLogs::kMaxChunkBytes, 'a');
+  ASSERT_TRUE(logs.Append(1, 0, 0, chunk).ok());
+  ASSERT_TRUE(logs.Append(1, 0, chunk.size(), std::string(10, 'b')).ok());
+  auto tail = logs.Read(1, 0, 0);
+  EXPECT_EQ(tail->data().size(), RankLogs::kMaxBytesPerRank);
+  EXPECT_EQ(tail->start_offset(), 10);  // The first 10 bytes fell off.
+  EXPECT_EQ(tail->data().substr(tail->data().size() - 10), std::string(10, 'b'));
+  ASSERT_TRUE(logs.Append(2, 0, 0, "second").ok());
+  ASSERT_TRUE(logs.Append(3, 0, 0, "third").ok());
+  EXPECT_EQ(logs.Read(1, 0, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(logs.Read(0, 0, 0)->data(), "third");
+  EXPECT_EQ(logs.Read(2, 0, 0)->data(), "second");
+  logs.Shrink();
+  EXPECT_EQ(logs.Append(3, 0, 5, std::string(RankLogs::kMaxChunkBytes + 1, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RankLogs, AGap_StartsAgainAtTheNewChunk) {
+  RankLogs logs;
+  ASSERT_TRUE(logs.Append(1, 0, 0, "abc").ok());
+  ASSERT_TRUE(logs.Append(1, 0, 100, "xyz").ok());
+  auto tail = logs.Read(1, 0, 0);
+  EXPECT_EQ(tail->start_offset(), 100);
+  EXPECT_EQ(tail->data(), "xyz");
+}
+
+}  // namespace
+}  // namespace mptrain
