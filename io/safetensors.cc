@@ -359,8 +359,17 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ",
-                                                    std::strerror(errno)));
+    // The code of the cause: a missing directory is NOT_FOUND, not a permission problem.
+    const int error = errno;
+    const std::string directory = DirectoryOf(path);
+    struct stat dir_stat;
+    std::string why;
+    if (error == ENOENT && stat(directory.c_str(), &dir_stat) != 0) {
+      why = absl::StrCat(" (directory ", directory, " does not exist)");
+    } else if (error == EACCES || error == EPERM) {
+      why = absl::StrCat(" (no write permission in ", directory, ")");
+    }
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot create ", tmp, why));
   }
   auto write_all = [&](const void* data, size_t size) {
     const char* p = static_cast<const char*>(data);

@@ -52,7 +52,10 @@ absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
 // `metadata` goes into the header's "__metadata__" (string values only, per the format).
 // INVALID_ARGUMENT when a tensor's values do not match its shape or a tensor is named
 // "__metadata__"; ALREADY_EXISTS "<path> exists" when `options.replace_existing` is false and
-// `path` exists; PERMISSION_DENIED / DATA_LOSS when creating, writing or renaming fails.
+// `path` exists; when the file cannot be created, the code of its cause with the path (NOT_FOUND
+// "... (directory D does not exist)", PERMISSION_DENIED "... (no write permission in D)",
+// FAILED_PRECONDITION for a read-only file system, RESOURCE_EXHAUSTED for a full disk);
+// DATA_LOSS when writing or renaming fails.
 absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,
                               const std::map<std::string, std::string>& metadata = {},
                               const SafetensorsWriteOptions& options = {});

@@ -354,5 +354,23 @@ TEST(Safetensors, WriteSafetensors_ValuesDoNotMatchShape_IsInvalidNamingTensor) 
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "nothing is written";
 }
 
+TEST(Safetensors, WriteSafetensors_MissingDirectory_IsNotFoundSayingSo) {
+  const std::string directory = TempPath("no-such-dir");
+  const std::string path = directory + "/step-00000001.safetensors";
+  TensorMap tensors;
+  tensors["a"] = {{1}, {5}};
+  ExpectError(WriteSafetensors(path, tensors), absl::StatusCode::kNotFound, path,
+              "(directory " + directory + " does not exist)");
+}
+
+TEST(Safetensors, WriteSafetensors_DirectoryIsAFile_IsFailedPrecondition) {
+  const std::string file = TempPath("plain-file");
+  WriteRaw(file, "x");
+  TensorMap tensors;
+  tensors["a"] = {{1}, {5}};
+  ExpectError(WriteSafetensors(file + "/out.safetensors", tensors),
+              absl::StatusCode::kFailedPrecondition, file + "/out.safetensors", "Not a directory");
+}
+
 }  // namespace
 }  // namespace mptrain

@@ -18,6 +18,11 @@ class SingleRankCollective final : public Collective {
     if (aborted_) return absl::AbortedError("collective allreduce aborted: " + reason_);
     return absl::OkStatus();
   }
+  absl::Status Broadcast(Tensor, int root) override {
+    if (root != 0) return absl::InvalidArgumentError("broadcast root must be 0 in a world of 1");
+    if (aborted_) return absl::AbortedError("collective broadcast aborted: " + reason_);
+    return absl::OkStatus();
+  }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   void Abort(const std::string& reason) override {
@@ -43,6 +48,10 @@ class CountingCollective final : public Collective {
     return inner_->AllReduceMeanAsync(buffer);
   }
   absl::Status JoinAllReduces() override { return inner_->JoinAllReduces(); }
+  // Not counted: `calls` is about the allreduces of the steps.
+  absl::Status Broadcast(Tensor buffer, int root) override {
+    return inner_->Broadcast(buffer, root);
+  }
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   void Abort(const std::string& reason) override { inner_->Abort(reason); }

@@ -56,6 +56,10 @@ class Collective {
   // uses these to reduce one gradient bucket while the backward pass computes the next.
   virtual absl::Status AllReduceMeanAsync(Tensor buffer) { return AllReduceMean(buffer); }
   virtual absl::Status JoinAllReduces() { return absl::OkStatus(); }
+  // In-place copy of rank `root`'s f32 buffer (in the backend's memory) to every rank, bit for
+  // bit, ordered like AllReduceMean. Every rank calls it with the same root and element count.
+  // INVALID_ARGUMENT for a root outside the world; otherwise the errors of AllReduceMean.
+  virtual absl::Status Broadcast(Tensor buffer, int root) = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   // Thread-safe and idempotent: a collective in progress and every later one return ABORTED

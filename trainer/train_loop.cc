@@ -10,6 +10,7 @@
 #include "trainer/mlp.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/rank_data.h"
+#include "trainer/resume.h"
 
 namespace mptrain {
 namespace {
@@ -123,13 +124,14 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       config.scaler_enabled ? static_cast<float>(spec.loss_scaler().init_scale()) : 1.0f;
   int64_t first_step = 1;
   if (!resume_checkpoint.empty()) {
-    ASSIGN_OR_RETURN(TrainingCheckpoint checkpoint,
-                     ReadTrainingCheckpoint(resume_checkpoint, mlp->layout()));
-    RETURN_IF_ERROR(backend->Upload(checkpoint.parameters.data(), mlp->params()));
-    RETURN_IF_ERROR(backend->Upload(checkpoint.momentum.data(), mlp->momentum()));
-    initial_state = checkpoint.step_state;
-    first_step = checkpoint.step + 1;
-    micro_batches.SeekToStep(checkpoint.step, accumulation);
+    // Rank 0 reads the checkpoint; every other rank receives its state through the collective
+    // (trainer/resume.h), so the file need only be on rank 0's host.
+    ASSIGN_OR_RETURN(ResumeState resumed,
+                     LoadResumeState(resume_checkpoint, rank, mlp->layout(), backend,
+                                     mlp->params(), mlp->momentum()));
+    initial_state = resumed.step_state;
+    first_step = resumed.step + 1;
+    micro_batches.SeekToStep(resumed.step, accumulation);
   }
   ASSIGN_OR_RETURN(Tensor step_state, backend->AllocateStepState(initial_state));
   RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());

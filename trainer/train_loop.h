@@ -37,7 +37,9 @@ struct TrainingResult {
 
 // Runs optimizer steps up to spec.steps on this rank, from the start or, with
 // `resume_checkpoint`, from the step after that checkpoint (parameters, momentum, scaler state
-// and data position restored: the run continues bit-identically). Rank 0 writes a checkpoint
+// and data position restored: the run continues bit-identically). Every rank must be given a
+// non-empty `resume_checkpoint` to resume, but only rank 0 reads it: the others receive its
+// state through the collective and never open the path. Rank 0 writes a checkpoint
 // every spec.checkpoint_every steps and spec.output_checkpoint at the end. Errors carry their
 // cause (data files, checkpoint, backend, collective, stop request).
 // `job_id`, when given, is stamped in the output checkpoint's metadata ("mptrain_job"): a later

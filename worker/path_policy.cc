@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <utility>
@@ -176,6 +177,33 @@ absl::StatusOr<std::string> ResolveDirectory(std::string_view field, const std::
       absl::StrCat("directory ", QuotePathForMessage(dir), " of ", f, " does not exist"));
 }
 
+// A missing directory `what` that mkdir could not create in `parent`: the status says why, with
+// the code of the cause (not every failure is a permission problem).
+absl::Status CannotCreate(int error, const std::string& what, const std::string& parent) {
+  const std::string in = QuotePathForMessage(parent);
+  switch (error) {
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(absl::StrCat(
+          what, " does not exist and this worker (uid ", ::geteuid(),
+          ") may not create it: no write permission in ", in));
+    case EROFS:
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " does not exist and cannot be created: ", in, " is on a read-only file system"));
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " does not exist and cannot be created: no space left in ", in));
+    case ENOENT:
+      // The directory it goes in vanished between its check and the mkdir.
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " cannot be created: ", in, " was removed meanwhile"));
+    default:
+      return absl::ErrnoToStatus(
+          error, absl::StrCat(what, " does not exist and cannot be created in ", in));
+  }
+}
+
 }  // namespace
 
 PathPolicy::PathPolicy(std::vector<Root> data, std::vector<Root> output)
@@ -297,6 +325,14 @@ absl::StatusOr<std::string> PathPolicy::CheckOutputDirectory(std::string_view fi
   }
   if (start == nullptr) return OutsideRoots(field, path, "output", output_);
 
+  // The root itself must still be there: mkdir -p never creates anything above or at a root.
+  struct stat root_stat;
+  if (::stat(start->resolved.c_str(), &root_stat) != 0 || !S_ISDIR(root_stat.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        f, " ", QuotePathForMessage(path), ": the worker's output root ",
+        QuotePathForMessage(start->resolved), " holding it no longer exists"));
+  }
+
   // Walk down from the resolved root one component at a time. Every directory is resolved and
   // checked before anything is created in it, so mkdir only ever runs inside an output root.
   std::string current = start->resolved;
@@ -314,7 +350,7 @@ absl::StatusOr<std::string> PathPolicy::CheckOutputDirectory(std::string_view fi
       // existing entry.
       if (::mkdir(next.c_str(), 0755) != 0 && errno != EEXIST) {
         const int mkdir_error = errno;
-        return absl::ErrnoToStatus(mkdir_error, absl::StrCat(what, " cannot be created"));
+        return CannotCreate(mkdir_error, what, current);
       }
       if (::lstat(next.c_str(), &st) != 0) {
         const int relstat_error = errno;
@@ -322,8 +358,8 @@ absl::StatusOr<std::string> PathPolicy::CheckOutputDirectory(std::string_view fi
       }
     }
     if (!S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " exists and is not a directory (it is ",
-                                                     FileTypeName(st.st_mode), ")"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " exists and is not a directory (it is ", FileTypeName(st.st_mode), ")"));
     }
     int error = 0;
     absl::StatusOr<std::string> resolved = RealPath(next, &error);
@@ -335,7 +371,7 @@ absl::StatusOr<std::string> PathPolicy::CheckOutputDirectory(std::string_view fi
     if (!IsUnderAnyRoot(*resolved, output_roots_)) return ThroughSymlink(field, path, "output");
     struct stat target;
     if (::stat(resolved->c_str(), &target) != 0 || !S_ISDIR(target.st_mode)) {
-      return absl::InvalidArgumentError(
+      return absl::FailedPreconditionError(
           absl::StrCat(what, " is a symbolic link to something that is not a directory"));
     }
     current = *std::move(resolved);

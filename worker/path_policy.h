@@ -67,12 +67,18 @@ class PathPolicy {
                                          bool overwrite) const;
 
   // A directory to write files into (checkpoint_dir), under the output roots. Missing components
-  // are created (mode 0755) one at a time, each only once its parent has been resolved and found
-  // inside an output root, and the result is re-checked after creation. Symbolic links along the
-  // way are followed only while they stay inside the output roots. Returns the resolved directory.
-  // INVALID_ARGUMENT: bad syntax, or a component exists and is not a directory.
-  // PERMISSION_DENIED: outside the output roots, lexically or through a symbolic link.
-  // Other codes (from errno) when a directory cannot be created.
+  // are created (mkdir -p, mode 0755) one at a time, each only once its parent has been resolved
+  // and found inside an output root, and the result is re-checked after creation; nothing is
+  // ever created at or above a root. Symbolic links along the way are followed only while they
+  // stay inside the output roots. Returns the resolved directory. Every error names the path:
+  // INVALID_ARGUMENT: bad syntax.
+  // PERMISSION_DENIED: outside the output roots, lexically or through a symbolic link (the same
+  //   answer whether or not it exists); or missing, and this worker may not create it (EACCES,
+  //   EPERM: "does not exist and this worker (uid N) may not create it: no write permission in
+  //   D").
+  // FAILED_PRECONDITION: a component exists and is not a directory (or is a link to something
+  //   that is not); the output root holding it no longer exists; a read-only file system.
+  // RESOURCE_EXHAUSTED: no space to create it. Other codes (from errno) otherwise.
   absl::StatusOr<std::string> CheckOutputDirectory(std::string_view field,
                                                    const std::string& path) const;
 

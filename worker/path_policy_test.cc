@@ -1,6 +1,7 @@
 #include "worker/path_policy.h"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <future>
 #include <string>
 #include <vector>
@@ -507,10 +510,104 @@ TEST_F(PathPolicyTest, CheckOutputDirectory_SymlinkInsideRoot_IsFollowed) {
   EXPECT_TRUE(IsDirectory(out_ + "/real/new"));
 }
 
-TEST_F(PathPolicyTest, CheckOutputDirectory_ComponentIsFile_IsInvalidArgument) {
+TEST_F(PathPolicyTest, CheckOutputDirectory_ComponentIsFile_IsFailedPreconditionNamingIt) {
   auto dir = Policy().CheckOutputDirectory("checkpoint_dir", out_ + "/ckpt.bin/sub");
-  ExpectCode(dir.status(), absl::StatusCode::kInvalidArgument,
-             "exists and is not a directory (it is a regular file)");
+  ExpectCode(dir.status(), absl::StatusCode::kFailedPrecondition,
+             "directory \"" + RealPathOf(out_) +
+                 "/ckpt.bin\" of checkpoint_dir exists and is not a directory (it is a regular "
+                 "file)");
+}
+
+TEST_F(PathPolicyTest, CheckOutputDirectory_ItselfAFile_IsFailedPrecondition) {
+  auto dir = Policy().CheckOutputDirectory("checkpoint_dir", out_ + "/ckpt.bin");
+  ExpectCode(dir.status(), absl::StatusCode::kFailedPrecondition,
+             "ckpt.bin\" of checkpoint_dir exists and is not a directory");
+}
+
+TEST_F(PathPolicyTest, CheckOutputDirectory_SymlinkToFileInsideRoot_IsFailedPrecondition) {
+  MakeSymlink(out_ + "/ckpt.bin", out_ + "/to_file");
+  auto dir = Policy().CheckOutputDirectory("checkpoint_dir", out_ + "/to_file/run");
+  ExpectCode(dir.status(), absl::StatusCode::kFailedPrecondition,
+             "is a symbolic link to something that is not a directory");
+}
+
+TEST_F(PathPolicyTest, CheckOutputDirectory_RootRemoved_IsFailedPreconditionAndCreatesNothing) {
+  PathPolicy policy = Policy();
+  ASSERT_EQ(::unlink((out_ + "/ckpt.bin").c_str()), 0);
+  ASSERT_EQ(::rmdir(out_.c_str()), 0);
+  auto dir = policy.CheckOutputDirectory("checkpoint_dir", out_ + "/run/ckpts");
+  ExpectCode(dir.status(), absl::StatusCode::kFailedPrecondition,
+             "checkpoint_dir \"" + out_ + "/run/ckpts\": the worker's output root");
+  EXPECT_TRUE(Contains(dir.status().message(), "no longer exists")) << dir.status();
+  EXPECT_FALSE(Exists(out_)) << "a root is never created";
+}
+
+// Runs `check` in a child process without the privilege to write where only root may (root
+// ignores file modes): it drops to uid/gid 65534 when run as root. Returns the status it got,
+// or nullopt when privileges cannot be dropped here.
+std::optional<absl::Status> RunUnprivileged(const std::function<absl::Status()>& check) {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      out = "nopriv";
+    } else {
+      absl::Status status = check();
+      out = std::to_string(static_cast<int>(status.code())) + "\n" + Str(status.message());
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  ::close(fds[0]);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  const size_t newline = out.find('\n');
+  if (out == "nopriv" || newline == std::string::npos) return std::nullopt;
+  return absl::Status(static_cast<absl::StatusCode>(std::stoi(out.substr(0, newline))),
+                      out.substr(newline + 1));
+}
+
+TEST(PathPolicyPermissions, CheckOutputDirectory_NotPermitted_IsPermissionDeniedSayingWhy) {
+  // A tree the unprivileged child can walk (under /tmp, mode 0755) but not write into.
+  std::string base = "/tmp/path_policy_perm_XXXXXX";
+  ASSERT_NE(::mkdtemp(base.data()), nullptr);
+  ASSERT_EQ(::chmod(base.c_str(), 0755), 0);
+  const std::string data = base + "/data";
+  const std::string out = base + "/out";
+  MakeDir(data);
+  MakeDir(out);
+  MakeDir(out + "/locked");
+  ASSERT_EQ(::chmod((out + "/locked").c_str(), 0555), 0);
+  auto policy = PathPolicy::Create({data}, {out});
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  std::optional<absl::Status> status = RunUnprivileged([&] {
+    return policy->CheckOutputDirectory("checkpoint_dir", out + "/locked/run/ckpts").status();
+  });
+  const bool created = Exists(out + "/locked/run");
+  ::chmod((out + "/locked").c_str(), 0755);
+  ::rmdir((out + "/locked/run/ckpts").c_str());
+  ::rmdir((out + "/locked/run").c_str());
+  ::rmdir((out + "/locked").c_str());
+  ::rmdir(out.c_str());
+  ::rmdir(data.c_str());
+  ::rmdir(base.c_str());
+  if (!status.has_value()) GTEST_SKIP() << "cannot drop privileges here";
+  ExpectCode(*status, absl::StatusCode::kPermissionDenied,
+             "directory \"" + RealPathOf("/tmp") + base.substr(4) +
+                 "/out/locked/run\" of checkpoint_dir does not exist and this worker (uid ");
+  EXPECT_TRUE(Contains(status->message(), "may not create it: no write permission in \"" +
+                                              RealPathOf("/tmp") + base.substr(4) +
+                                              "/out/locked\""))
+      << *status;
+  EXPECT_FALSE(created);
 }
 
 TEST_F(PathPolicyTest, CheckOutputDirectory_DotDot_IsInvalidArgument) {

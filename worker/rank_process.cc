@@ -110,7 +110,9 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
     RETURN_IF_ERROR(confine(policy->CheckRead("init_checkpoint", spec->init_checkpoint()),
                             spec->mutable_init_checkpoint()));
   }
-  if (!resume_checkpoint->empty()) {
+  // Only rank 0 reads the resume checkpoint (the others receive its state through the
+  // collective, trainer/resume.h): on their hosts the file need not exist.
+  if (rank == 0 && !resume_checkpoint->empty()) {
     RETURN_IF_ERROR(confine(policy->CheckRead("resume checkpoint", *resume_checkpoint,
                                               ReadScope::kDataOrOutput),
                             resume_checkpoint));

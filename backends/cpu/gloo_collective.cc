@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
@@ -57,6 +58,27 @@ struct TcpPairAccess : gloo::transport::tcp::Pair {
 // Every rank has published its location before the rendezvous completes: reading the
 // neighbours' takes one round trip each.
 constexpr int64_t kPrefetchTimeoutMs = 5'000;
+
+// gloo's broadcast (broadcast.cc) in virtual ranks v = (rank - root) mod n: v receives from v
+// without its highest set bit, and sends to v | 2^i for every i above it (all i for v = 0).
+struct TreePeers {
+  std::vector<int> parent;
+  std::vector<int> children;
+};
+
+TreePeers BroadcastTree(int rank, int root, int n) {
+  TreePeers peers;
+  const int v = (rank - root + n) % n;
+  int high = -1;
+  for (int bit = 0; (1 << bit) <= v; ++bit) {
+    if (v & (1 << bit)) high = bit;
+  }
+  if (v != 0) peers.parent.push_back(((v ^ (1 << high)) + root) % n);
+  for (int bit = high + 1; (v | (1 << bit)) < n; ++bit) {
+    peers.children.push_back(((v | (1 << bit)) + root) % n);
+  }
+  return peers;
+}
 
 }  // namespace
 
@@ -177,6 +199,28 @@ absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
     const int n = options_.world_size;
     return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
                    {(options_.rank + n - 1) % n});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCollective::Broadcast(Tensor buffer, int root) {
+  const int n = options_.world_size;
+  if (root < 0 || root >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not a rank of a world of ", n));
+  }
+  if (aborted_.load()) return Failure("broadcast", "");
+  if (n == 1) return absl::OkStatus();
+  try {
+    gloo::BroadcastOptions gloo_options(context_);
+    gloo_options.setOutput(static_cast<float*>(buffer.data), static_cast<size_t>(buffer.numel()));
+    gloo_options.setRoot(root);
+    gloo_options.setTag(next_tag_++);
+    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
+    gloo::broadcast(gloo_options);
+  } catch (const std::exception& error) {
+    const TreePeers peers = BroadcastTree(options_.rank, root, n);
+    return Failure("broadcast", error.what(), peers.parent, peers.children);
   }
   return absl::OkStatus();
 }

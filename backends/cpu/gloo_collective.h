@@ -53,6 +53,9 @@ class GlooCollective final : public Collective {
   // 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3)"). UNAVAILABLE: a peer's
   // connection broke. ABORTED: Abort() was called (the message carries its reason).
   absl::Status AllReduceMean(Tensor buffer) override;
+  // gloo's binomial tree from `root`; a timeout names the parent this rank waited to receive
+  // from, or the children it waited to send to.
+  absl::Status Broadcast(Tensor buffer, int root) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   void Abort(const std::string& reason) override;

@@ -1,6 +1,8 @@
 #include "backends/cpu/gloo_collective.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "comm/peer_directory.h"
@@ -116,6 +118,75 @@ TEST(GlooCollective, ThreeRanks_OneNeverCalls_ItsRingPredecessorNamesIt) {
                                        " waited for " + Where(2));
   // Rank 0 waited for rank 1: it times out naming rank 1, or sees rank 1 close its connection.
   EXPECT_FALSE(statuses[0].ok());
+}
+
+TEST(GlooCollective, ThreeRanks_Broadcast_CopiesTheRootsBitsExactly) {
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.rendezvous_timeout_ms = 20'000;
+  auto collectives = ConnectAll(3, options, &store);
+  ASSERT_TRUE(collectives[0] && collectives[1] && collectives[2]);
+  const std::vector<float> root_values = {-0.0f, 1e-42f /* denormal */, std::nanf("7"), 3.5f};
+  std::vector<float> buffers[3];
+  for (int rank = 0; rank < 3; ++rank) {
+    buffers[rank] = rank == 1 ? root_values : std::vector<float>(4, float(rank));
+  }
+  absl::Status statuses[3];
+  std::thread ranks[3];
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      statuses[rank] =
+          collectives[rank]->Broadcast({buffers[rank].data(), DType::kF32, 1, 4, 4}, /*root=*/1);
+    });
+  }
+  for (auto& thread : ranks) thread.join();
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(statuses[rank].ok()) << statuses[rank];
+    EXPECT_EQ(std::memcmp(buffers[rank].data(), root_values.data(), 4 * sizeof(float)), 0)
+        << "rank " << rank;
+  }
+  float value = 0;
+  EXPECT_EQ(collectives[0]->Broadcast({&value, DType::kF32, 1, 1, 4}, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCollective, Broadcast_RootNeverCalls_TheReceiverNamesTheRoot) {
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.rendezvous_timeout_ms = 20'000;
+  options.collective_timeout_ms = 1'000;
+  auto collectives = ConnectAll(2, options, &store);
+  ASSERT_TRUE(collectives[0] && collectives[1]);
+  std::vector<float> values = {1, 2};
+  absl::Status status = collectives[1]->Broadcast({values.data(), DType::kF32, 1, 2, 4}, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_EQ(status.message(), "collective broadcast timed out after 1 s: " + Where(1) +
+                                  " waited for " + Where(0));
+}
+
+TEST(GlooCollective, Broadcast_FourRanks_ARankNamesItsParentInTheTree) {
+  // gloo's binomial tree from root 0 over 4 ranks: 0 -> 1, 0 -> 2, 1 -> 3. Rank 1 never calls:
+  // rank 3 waits to receive from it.
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.rendezvous_timeout_ms = 20'000;
+  options.collective_timeout_ms = 1'000;
+  auto collectives = ConnectAll(4, options, &store);
+  for (auto& collective : collectives) ASSERT_TRUE(collective);
+  absl::Status statuses[4];
+  std::vector<float> buffers[4];
+  std::vector<std::thread> threads;
+  for (int rank : {0, 2, 3}) {
+    buffers[rank] = {float(rank)};
+    threads.emplace_back([&, rank] {
+      statuses[rank] = collectives[rank]->Broadcast({buffers[rank].data(), DType::kF32, 1, 1, 4}, 0);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_TRUE(statuses[2].ok()) << statuses[2];
+  EXPECT_EQ(statuses[3].code(), absl::StatusCode::kDeadlineExceeded) << statuses[3];
+  EXPECT_EQ(statuses[3].message(), "collective broadcast timed out after 1 s: " + Where(3) +
+                                       " waited for " + Where(1));
 }
 
 TEST(GlooCollective, StopToken_AbortsABlockedAllReduceAtOnce_AndItsPeerFails) {

@@ -148,25 +148,46 @@ absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
   return JoinAllReduces();
 }
 
-absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
+template <typename Op>
+absl::Status NcclCollective::Enqueue(const char* name, Op op) {
   if (abort_requested_.load()) {
     AbortCommunicator();
-    return AbortedStatus("allreduce");
+    return AbortedStatus(name);
   }
   if (communicator_aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
-  // The comm stream waits for the gradients; the compute stream goes on with the backward pass.
+  last_op_ = name;
+  // The comm stream waits for the work so far; the compute stream goes on (the backward pass).
   CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, grads_ready_, 0));
-  NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
-                                     ncclFloat32, ncclAvg, comm_, comm_stream_));
+  NCCL_RETURN_IF_ERROR(op());
   // Non-blocking communicators may return before the operation is enqueued.
-  if (absl::Status enqueued =
-          WaitUntilNotInProgress(options_.collective_timeout_ms, "ncclAllReduce");
+  if (absl::Status enqueued = WaitUntilNotInProgress(options_.collective_timeout_ms, name);
       !enqueued.ok()) {
     AbortCommunicator();
     return enqueued;
   }
   return absl::OkStatus();
+}
+
+absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
+  return Enqueue("allreduce", [&] {
+    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                         ncclFloat32, ncclAvg, comm_, comm_stream_);
+  });
+}
+
+absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
+  if (root < 0 || root >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root,
+                                                   " is not a rank of a world of ",
+                                                   options_.world_size));
+  }
+  absl::Status enqueued = Enqueue("broadcast", [&] {
+    return ncclBroadcast(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                         ncclFloat32, root, comm_, comm_stream_);
+  });
+  if (!enqueued.ok()) return enqueued;
+  return JoinAllReduces();  // Later compute-stream work sees the broadcast's result.
 }
 
 absl::Status NcclCollective::JoinAllReduces() {
@@ -201,7 +222,7 @@ bool NcclCollective::HasPendingWork() {
 
 std::string NcclCollective::TimeoutMessage(const char* what) {
   return CollectiveTimeoutMessage(
-      "allreduce", options_.collective_timeout_ms, peers_.get(),
+      last_op_, options_.collective_timeout_ms, peers_.get(),
       RingNeighbours(options_.rank, options_.world_size),
       absl::StrCat("while waiting for ", what,
                    "; NCCL does not say which peer is missing: these are its neighbours by rank"));

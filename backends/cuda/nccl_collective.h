@@ -51,6 +51,9 @@ class NcclCollective final : public Collective {
   absl::Status AllReduceMean(Tensor buffer) override;
   absl::Status AllReduceMeanAsync(Tensor buffer) override;
   absl::Status JoinAllReduces() override;
+  // ncclBroadcast in place on the comm stream, ordered between compute-stream work like
+  // AllReduceMean.
+  absl::Status Broadcast(Tensor buffer, int root) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   // Any thread: marks the collective aborted. The thread that waits on it (the backend's
@@ -76,6 +79,10 @@ class NcclCollective final : public Collective {
   NcclCollective(const NcclCollectiveOptions& options, cudaStream_t compute_stream)
       : options_(options), compute_stream_(compute_stream) {}
   absl::Status WaitUntilNotInProgress(int64_t timeout_ms, const char* what);
+  // Orders the comm stream after the compute stream's work so far, enqueues `op`, and waits for
+  // a non-blocking communicator to accept it.
+  template <typename Op>
+  absl::Status Enqueue(const char* name, Op op);
   absl::Status AbortedStatus(const char* what);
 
   NcclCollectiveOptions options_;
@@ -86,6 +93,7 @@ class NcclCollective final : public Collective {
   std::unique_ptr<PeerDirectory> peers_;
   ncclComm_t comm_ = nullptr;
   bool communicator_aborted_ = false;  // Only the communicator's thread touches it.
+  const char* last_op_ = "allreduce";  // For timeout messages.
   std::mutex abort_mu_;
   std::atomic<bool> abort_requested_{false};
   std::string abort_reason_;

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Failures across simulated hosts (tests/lib/simulated_hosts.sh): the coordinator on h0
+# (heartbeat timeout 4 s), workers on h1, h2 and h3 (no --host; each with its own disk), mutual
+# TLS and tokens. Checked:
+#   1. one host's link pulled mid-job: the job FAILS naming that worker within the heartbeat
+#      timeout + 5 s, and no rank is left on any host (the cut-off worker fences its own);
+#      plugged back in, the worker registers again and replaces its lost entry;
+#   2. a partition between the two hosts of a job (both still reach the coordinator): the job
+#      FAILS naming both ranks' hosts within collective_timeout_s + 10 s;
+#   3. max_restarts 1, checkpoints on rank 0's own disk, rank 1's host killed: the restart puts
+#      rank 0 where the checkpoint is and ends SUCCEEDED, bit-identical (parameter checksum) to
+#      an uninterrupted run;
+#   4. the same with rank 0's host killed: a clear failure ("cannot resume");
+#   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical.
+set -uo pipefail
+RUNFILES=${TEST_SRCDIR:-$(dirname "$0")/..}/${TEST_WORKSPACE:-mptrain}
+BIN_COORDINATOR=$RUNFILES/coordinator/coordinator
+BIN_WORKER=$RUNFILES/worker/worker
+BIN_TRAINCTL=$RUNFILES/client/trainctl
+N_HOSTS=4
+source "$RUNFILES/tests/lib/simulated_hosts.sh"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+HEARTBEAT_S=4
+hosts_up
+
+bash "$RUNFILES/scripts/make_pki.sh" "$WORK/pki" $NET.10 >/dev/null
+TLS=(--tls_ca="$WORK/pki/ca.pem" --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key")
+COORDINATOR=$NET.10:50051
+mkdir -p "$WORK/shared"
+
+on_host 0 "$BIN_COORDINATOR" --listen=$COORDINATOR --state_dir="$WORK/state" \
+  --heartbeat_timeout=$HEARTBEAT_S --tls_cert="$WORK/pki/server.pem" \
+  --tls_key="$WORK/pki/server.key" --tls_client_ca="$WORK/pki/ca.pem" \
+  --token_file="$WORK/pki/tokens" >"$WORK/coordinator.log" 2>&1 &
+
+start_worker() {  # I
+  mkdir -p "$WORK/w$1"
+  on_host_with_disk $1 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=1 \
+    --name=w$1 --work_dir="$WORK/w$1" --data_root="$WORK" --output_root="$WORK" "${TLS[@]}" \
+    --token_file="$WORK/pki/worker.token" >>"$WORK/worker$1.log" 2>&1 &
+}
+ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator=$COORDINATOR "${TLS[@]}" \
+          --token_file="$WORK/pki/alice.token" "$@"; }
+# FIELD of a job's JSON (a Python expression over `job`).
+job_field() {  # JOB EXPRESSION
+  ctl --output=json status "$1" 2>/dev/null |
+    python3 -c "import json, sys; job = json.load(sys.stdin); print($2)" 2>/dev/null
+}
+alive_workers() { ctl --output=json workers 2>/dev/null | grep -c '"ALIVE"'; }
+wait_alive() {  # COUNT
+  for _ in $(seq 150); do [ "$(alive_workers)" -ge "$1" ] && return 0; sleep 0.2; done
+  fail "only $(alive_workers) workers alive, wanted $1"
+}
+# Waits until JOB's state is one of STATES (a regex) and prints the seconds it took.
+wait_state() {  # JOB STATES TIMEOUT_S
+  local start=$SECONDS state
+  while [ $((SECONDS - start)) -lt "$3" ]; do
+    state=$(job_field "$1" "job.get('state', '')")
+    if echo "$state" | grep -qE "^($2)$"; then echo $((SECONDS - start)); return 0; fi
+    sleep 0.2
+  done
+  echo "timeout"
+  return 1
+}
+wait_step() {  # JOB STEP
+  for _ in $(seq 300); do
+    [ "$(job_field "$1" "job.get('latest_telemetry', {}).get('step', '0')")" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "job $1 did not reach step $2"
+}
+ranks_running() {  # hosts 1..3
+  local i n=0
+  for i in 1 2 3; do n=$((n + $(host_processes $i --run_rank | wc -l))); done
+  echo $n
+}
+# Worker index (1..3) of RANK of JOB.
+rank_host() {  # JOB RANK
+  job_field "$1" "[p for p in job['placement'] if int(p.get('rank', 0)) == $2][0]['host'][-1]"
+}
+spec() {  # NAME STEPS [EXTRA_JSON_FIELDS]
+  cat <<JSON
+{"name": "$1", "world_size": 2, "device": "cpu",
+ "model": {"input_dim": 256, "hidden_dims": [256], "output_dim": 16, "activation": "relu"},
+ "loss": "mse", "data": {"synthetic": {"seed": 3}}, "micro_batch_size": 32,
+ "accumulation_steps": 2, "steps": $2, "precision": "fp32",
+ "optimizer": {"lr": 0.01, "momentum": 0.9}, "seed": 7, "telemetry_every": 10,
+ "collective_timeout_s": 5 ${3:-}}
+JSON
+}
+submit() {  # FILE
+  ctl submit "$1" 2>&1 | tail -n 1
+}
+
+for i in 1 2 3; do start_worker $i; done
+wait_alive 3
+
+# ---- 1. A host's link pulled mid-job ----
+spec link 100000 >"$WORK/link.json"
+job=$(submit "$WORK/link.json")
+wait_step "$job" 20
+victim=$(rank_host "$job" 1)
+link_down "$victim"
+took=$(wait_state "$job" FAILED $((HEARTBEAT_S + 20)))
+echo "1. link of h$victim down: FAILED after ${took} s: $(job_field "$job" "job.get('error')")"
+[ "$took" != timeout ] && [ "$took" -le $((HEARTBEAT_S + 5)) ] ||
+  fail "1. the job did not fail within heartbeat + 5 s (took $took)"
+job_field "$job" "job.get('error')" | grep -q "w$victim#.*lost" ||
+  fail "1. the error does not name the lost worker w$victim"
+for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
+[ "$(ranks_running)" -eq 0 ] ||
+  fail "1. ranks left running after the failure: $(for i in 1 2 3; do host_processes $i --run_rank; done)"
+link_up "$victim"
+wait_alive 3
+[ "$(ctl --output=json workers | grep -c "\"w$victim#")" -eq 1 ] ||
+  fail "1. the re-registered worker did not replace its lost entry: $(ctl workers)"
+
+# ---- 2. A partition between the job's two hosts ----
+spec partition 100000 >"$WORK/partition.json"
+job=$(submit "$WORK/partition.json")
+wait_step "$job" 20
+a=$(rank_host "$job" 0); b=$(rank_host "$job" 1)
+partition "$a" "$b"
+took=$(wait_state "$job" FAILED 30)
+error=$(job_field "$job" "job.get('error')")
+echo "2. partition h$a | h$b: FAILED after ${took} s: $error"
+[ "$took" != timeout ] && [ "$took" -le 15 ] ||
+  fail "2. the job did not fail within collective_timeout_s + 10 s (took $took)"
+echo "$error" | grep -q "$NET.1$a" && echo "$error" | grep -q "$NET.1$b" ||
+  fail "2. the error does not name both hosts ($NET.1$a, $NET.1$b)"
+ip -n ${P}$a neigh del $NET.1$b dev eth0; ip -n ${P}$b neigh del $NET.1$a dev eth0
+for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
+
+# ---- 3-5. Restarts from checkpoints ----
+checksum() { job_field "$1" "job['progress'][0].get('parameter_checksum', '')"; }
+STEPS=2000
+spec reference $STEPS >"$WORK/reference.json"
+job=$(submit "$WORK/reference.json")
+[ "$(wait_state "$job" 'SUCCEEDED|FAILED' 120)" != timeout ] || fail "reference job hangs"
+reference=$(checksum "$job")
+echo "reference (uninterrupted) checksum: $reference"
+[ -n "$reference" ] || fail "the uninterrupted job has no checksum: $(job_field "$job" "job.get('error')")"
+
+# Restarts a job whose host of RANK is killed; prints the job id.
+restart_case() {  # NAME RANK DIR SHARED
+  spec "$1" $STEPS ", \"max_restarts\": 1, \"checkpoint_every\": 200, \"checkpoint_dir\": \"$3\", \"checkpoint_dir_shared\": $4" >"$WORK/$1.json"
+  local job host
+  job=$(submit "$WORK/$1.json")
+  for _ in $(seq 300); do
+    [ "$(job_field "$job" "job.get('latest_checkpoint_step', '0')")" -ge 200 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  host=$(rank_host "$job" $2)
+  kill_host "$host"
+  echo "$job $host"
+}
+
+read -r job killed < <(restart_case restart-rank1 1 "$WORK/disk/ckpt-r1" false)
+holder=$(rank_host "$job" 0)
+wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
+echo "3. rank 1's host h$killed killed: $(job_field "$job" "job['state']"), restarts $(job_field "$job" "job.get('restarts', 0)"), failures $(job_field "$job" "job.get('failures')")"
+[ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "3. not SUCCEEDED: $(job_field "$job" "job.get('error')")"
+[ "$(rank_host "$job" 0)" = "$holder" ] || fail "3. rank 0 of the restart is not on h$holder, which holds the checkpoint"
+[ "$(checksum "$job")" = "$reference" ] || fail "3. checksum $(checksum "$job") != uninterrupted $reference"
+start_worker "$killed"; wait_alive 3
+
+read -r job killed < <(restart_case restart-rank0 0 "$WORK/disk/ckpt-r0" false)
+wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
+error=$(job_field "$job" "job.get('error')")
+echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$job" "job['state']"): $error"
+[ "$(job_field "$job" "job['state']")" = FAILED ] && echo "$error" | grep -q "cannot resume" ||
+  fail "4. expected a clear failure (cannot resume)"
+start_worker "$killed"; wait_alive 3
+
+read -r job killed < <(restart_case restart-shared 0 "$WORK/shared/ckpt" true)
+wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
+echo "5. rank 0's host h$killed killed, shared checkpoint_dir: $(job_field "$job" "job['state']")"
+[ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "5. not SUCCEEDED: $(job_field "$job" "job.get('error')")"
+[ "$(checksum "$job")" = "$reference" ] || fail "5. checksum $(checksum "$job") != uninterrupted $reference"
+
+if [ $failures -ne 0 ]; then
+  for f in "$WORK"/*.log; do echo "--- $f"; tail -30 "$f"; done
+  echo "$failures failed"
+  exit 1
+fi
+echo "multihost faults: all checks passed"

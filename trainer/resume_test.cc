@@ -1,0 +1,188 @@
+#include "trainer/resume.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gloo_collective.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "io/npy.h"
+#include "trainer/in_memory_store.h"
+#include "trainer/train_loop.h"
+
+namespace mptrain {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+}
+
+class NullObserver : public TrainingObserver {
+ public:
+  void OnStep(int64_t step, const v1::TelemetryRecord*) override { last_step = step; }
+  bool ShouldStop() override { return false; }
+  int64_t last_step = 0;
+};
+
+// Two CPU ranks over gloo on loopback, each given its own resume path.
+struct TwoRanks {
+  absl::StatusOr<TrainingResult> results[2];
+  double seconds[2] = {0, 0};
+};
+
+TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2]) {
+  TwoRanks out;
+  InMemoryKeyValueStore store;
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      GlooCollectiveOptions options;
+      options.rank = rank;
+      options.world_size = 2;
+      options.store = &store;
+      options.rendezvous_timeout_ms = 30'000;
+      options.collective_timeout_ms = 30'000;
+      auto collective = GlooCollective::Connect(options);
+      if (!collective.ok()) {
+        out.results[rank] = collective.status();
+        return;
+      }
+      CpuBackend backend(std::move(*collective));
+      NullObserver observer;
+      const auto start = std::chrono::steady_clock::now();
+      out.results[rank] = RunTraining(spec, rank, &backend, &observer, resume[rank]);
+      out.seconds[rank] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  for (auto& thread : ranks) thread.join();
+  return out;
+}
+
+// npy data whose shards are not a multiple of the micro-batch (the data position matters),
+// momentum (the optimizer state matters), a short growth interval (the scaler state matters).
+v1::JobSpec ResumableSpec(const std::string& checkpoint_dir) {
+  const int in = 16, out = 4, rows = 74;
+  std::mt19937 generator(5);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyMatrix targets{rows, out, std::vector<float>(rows * out)};
+  for (float& v : features.values) v = normal(generator);
+  for (float& v : targets.values) v = normal(generator);
+  EXPECT_TRUE(WriteNpyMatrix(TempPath("resume2_x.npy"), features).ok());
+  EXPECT_TRUE(WriteNpyMatrix(TempPath("resume2_y.npy"), targets).ok());
+  v1::JobSpec spec;
+  spec.set_name("resume");
+  spec.set_world_size(2);
+  spec.set_device(v1::CPU);
+  spec.mutable_model()->set_input_dim(in);
+  spec.mutable_model()->add_hidden_dims(12);
+  spec.mutable_model()->set_output_dim(out);
+  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("resume2_x.npy"));
+  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("resume2_y.npy"));
+  spec.set_micro_batch_size(8);
+  spec.set_accumulation_steps(3);
+  spec.set_steps(12);
+  spec.set_precision(v1::FP16);
+  spec.mutable_optimizer()->set_lr(0.05);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_loss_scaler()->set_growth_interval(3);
+  spec.set_checkpoint_every(5);
+  spec.set_checkpoint_dir(checkpoint_dir);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  return spec;
+}
+
+TEST(LoadResumeState, OnlyRankZeroHasTheCheckpoint_BothRanksEndBitIdenticalToAnUninterruptedRun) {
+  const std::string dir = TempPath("resume_rank0_only");
+  ::mkdir(dir.c_str(), 0755);
+  v1::JobSpec spec = ResumableSpec(dir);
+  const std::string fresh[2] = {"", ""};
+  TwoRanks whole = RunTwoRanks(spec, fresh);
+  ASSERT_TRUE(whole.results[0].ok()) << whole.results[0].status();
+  ASSERT_TRUE(whole.results[1].ok()) << whole.results[1].status();
+
+  // Rank 1's path names nothing on its "host": it must not try to open it.
+  const std::string resume[2] = {dir + "/step-00000005.safetensors",
+                                 "/nonexistent/only-rank-0-has-it/step-00000005.safetensors"};
+  TwoRanks resumed = RunTwoRanks(spec, resume);
+  ASSERT_TRUE(resumed.results[0].ok()) << resumed.results[0].status();
+  ASSERT_TRUE(resumed.results[1].ok()) << resumed.results[1].status();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(resumed.results[rank]->checksum, whole.results[rank]->checksum) << rank;
+    EXPECT_EQ(resumed.results[rank]->parameters, whole.results[rank]->parameters) << rank;
+    EXPECT_EQ(resumed.results[rank]->final_loss_scale, whole.results[rank]->final_loss_scale);
+    EXPECT_EQ(resumed.results[rank]->skipped_steps, whole.results[rank]->skipped_steps);
+  }
+  EXPECT_EQ(resumed.results[0]->checksum, resumed.results[1]->checksum);
+}
+
+TEST(LoadResumeState, RankZeroCannotReadIt_FailsNamingIt_AndTheOtherRankFailsAtOnce) {
+  const std::string dir = TempPath("resume_garbage");
+  ::mkdir(dir.c_str(), 0755);
+  const std::string garbage = dir + "/step-00000005.safetensors";
+  std::ofstream(garbage) << "not a checkpoint";
+  v1::JobSpec spec = ResumableSpec(dir);
+  const std::string resume[2] = {garbage, "/nonexistent/step-00000005.safetensors"};
+  TwoRanks run = RunTwoRanks(spec, resume);
+  ASSERT_FALSE(run.results[0].ok());
+  EXPECT_EQ(run.results[0].status().code(), absl::StatusCode::kInvalidArgument)
+      << run.results[0].status();
+  EXPECT_NE(std::string(run.results[0].status().message()).find(garbage), std::string::npos)
+      << run.results[0].status();
+  ASSERT_FALSE(run.results[1].ok());
+  // A consequence of rank 0's error (UNAVAILABLE: the coordinator waits for the root cause).
+  EXPECT_EQ(run.results[1].status().code(), absl::StatusCode::kUnavailable)
+      << run.results[1].status();
+  EXPECT_NE(std::string(run.results[1].status().message())
+                .find("rank 0 could not read the resume checkpoint"),
+            std::string::npos)
+      << run.results[1].status();
+  EXPECT_LT(run.seconds[1], 10.0) << "not after the 30 s collective timeout";
+}
+
+TEST(ResumeHeader, RoundTripsEveryFieldExactly) {
+  TrainingCheckpoint checkpoint;
+  checkpoint.step = (int64_t{1} << 40) + 3;
+  checkpoint.step_state.scale = std::ldexp(1.0f, -20) * 1.5f;
+  checkpoint.step_state.growth_tracker = 2'000'000'001;
+  checkpoint.step_state.skipped_total = 65'537;
+  checkpoint.step_state.steps_done = (int64_t{1} << 62) + 1;
+  auto decoded = DecodeResumeHeader(EncodeResumeHeader(&checkpoint, 1234), 1234);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->step, checkpoint.step);
+  EXPECT_EQ(decoded->step_state.scale, checkpoint.step_state.scale);
+  EXPECT_EQ(decoded->step_state.growth_tracker, checkpoint.step_state.growth_tracker);
+  EXPECT_EQ(decoded->step_state.skipped_total, checkpoint.step_state.skipped_total);
+  EXPECT_EQ(decoded->step_state.steps_done, checkpoint.step_state.steps_done);
+}
+
+TEST(ResumeHeader, RefusesFailuresMismatchesAndMalformedPieces) {
+  EXPECT_EQ(DecodeResumeHeader(EncodeResumeHeader(nullptr, 10), 10).status().code(),
+            absl::StatusCode::kUnavailable);
+  TrainingCheckpoint checkpoint;
+  checkpoint.step_state.scale = 1;
+  EXPECT_EQ(DecodeResumeHeader(EncodeResumeHeader(&checkpoint, 10), 11).status().code(),
+            absl::StatusCode::kInternal)
+      << "another model";
+  for (float bad : {NAN, 1.5f, 70000.0f, -1.0f}) {
+    std::vector<float> header = EncodeResumeHeader(&checkpoint, 10);
+    header[2] = bad;
+    EXPECT_EQ(DecodeResumeHeader(header, 10).status().code(), absl::StatusCode::kInternal) << bad;
+  }
+  checkpoint.step_state.scale = INFINITY;
+  EXPECT_EQ(DecodeResumeHeader(EncodeResumeHeader(&checkpoint, 10), 10).status().code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(DecodeResumeHeader(std::vector<float>(3, 0.0f), 10).status().code(),
+            absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace mptrain
