@@ -93,6 +93,11 @@ class CoordinatorStateTest : public ::testing::Test {
   }
 
   static v1::JobSpec Spec(int world_size, v1::DeviceKind device = v1::CPU) {
+    return SmallSpec(world_size, device);
+  }
+
+ public:
+  static v1::JobSpec SmallSpec(int world_size, v1::DeviceKind device = v1::CPU) {
     v1::JobSpec spec;
     spec.set_name("t");
     spec.set_world_size(world_size);
@@ -107,6 +112,7 @@ class CoordinatorStateTest : public ::testing::Test {
     return spec;
   }
 
+ protected:
   std::string Submit(int world_size, v1::DeviceKind device = v1::CPU) {
     v1::SubmitJobRequest request;
     *request.mutable_spec() = Spec(world_size, device);
@@ -1115,17 +1121,7 @@ TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
     CoordinatorState state(options);
     ASSERT_TRUE(state.Restore().ok());
     v1::SubmitJobRequest request;
-    v1::JobSpec& spec = *request.mutable_spec();
-    spec.set_name("t");
-    spec.set_world_size(1);
-    spec.set_device(v1::CPU);
-    spec.mutable_model()->set_input_dim(4);
-    spec.mutable_model()->set_output_dim(2);
-    spec.mutable_data()->mutable_synthetic()->set_seed(0);
-    spec.set_micro_batch_size(2);
-    spec.set_accumulation_steps(1);
-    spec.set_steps(1);
-    spec.mutable_optimizer()->set_lr(0.1);
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
     auto submitted = state.SubmitJob(request);
     ASSERT_TRUE(submitted.ok()) << submitted.status();
     job_id = submitted->job_id();

@@ -70,19 +70,19 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
   }
   text.Family("mptrain_workers", "Worker daemons, by state.", "gauge");
   for (const auto& [state, count] : workers_by_state) text.Sample({{"state", state}}, count);
-  text.Family("mptrain_worker_slots", "Slots of live workers.", "gauge");
-  for (const auto& line : overview.workers) {
-    if (line.worker.state() != v1::ALIVE) continue;
-    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
-                 {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
-                line.worker.slots());
-  }
-  text.Family("mptrain_worker_free_slots", "Free slots of live workers.", "gauge");
-  for (const auto& line : overview.workers) {
-    if (line.worker.state() != v1::ALIVE) continue;
-    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
-                 {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
-                line.worker.free_slots());
+  const std::pair<const char*, int (v1::Worker::*)() const> slot_gauges[] = {
+      {"mptrain_worker_slots", &v1::Worker::slots},
+      {"mptrain_worker_free_slots", &v1::Worker::free_slots}};
+  for (const auto& [name, slots] : slot_gauges) {
+    text.Family(name, slots == &v1::Worker::slots ? "Slots of live workers."
+                                                  : "Free slots of live workers.",
+                "gauge");
+    for (const auto& line : overview.workers) {
+      if (line.worker.state() != v1::ALIVE) continue;
+      text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
+                   {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
+                  (line.worker.*slots)());
+    }
   }
   text.Family("mptrain_worker_heartbeat_age_seconds",
               "Time since each live worker's last heartbeat.", "gauge");
