@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench]
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -34,6 +34,10 @@ for step in $STEPS; do
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;
+    load)
+      # The coordinator under 1,000 and 10,000 simulated workers, on this machine's 16+ cores.
+      timeout 300 bash bench/run_coordinator_load.sh 1000 10000 >"$OUT/load.log" 2>&1 || status=1
+      tail -45 "$OUT/load.log" ;;
   esac
 done
 exit $status
