@@ -1,12 +1,15 @@
 #include "worker/address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace mptrain {
@@ -38,6 +41,26 @@ bool IsLoopback(const sockaddr* address) {
   if (address->sa_family == AF_INET6) {
     const auto* v6 = reinterpret_cast<const sockaddr_in6*>(address);
     return IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
+  }
+  return false;
+}
+
+bool SameAddress(const sockaddr* a, const sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  }
+  if (a->sa_family == AF_INET6) {
+    return IN6_ARE_ADDR_EQUAL(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                              &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr);
+  }
+  return false;
+}
+
+bool InEnvironment(char** env, const std::string& name) {
+  for (char** entry = env; env != nullptr && *entry != nullptr; ++entry) {
+    if (absl::StartsWith(*entry, name + "=")) return true;
   }
   return false;
 }
@@ -112,6 +135,79 @@ absl::StatusOr<std::string> ChooseAdvertisedHost(const std::string& host_flag,
         "(this worker would use ", *towards, ") or pass an address other machines reach"));
   }
   return host_flag;
+}
+
+absl::StatusOr<std::string> InterfaceForAddress(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int error = getaddrinfo(address.c_str(), nullptr, &hints, &found); error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", address, ": ", gai_strerror(error)));
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) {
+    const int error = errno;
+    freeaddrinfo(found);
+    return absl::UnavailableError(
+        absl::StrCat("cannot list this machine's interfaces: ", strerror(error)));
+  }
+  std::string name;
+  for (addrinfo* candidate = found; candidate != nullptr && name.empty();
+       candidate = candidate->ai_next) {
+    const bool loopback = IsLoopback(candidate->ai_addr);
+    for (ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {
+      if (entry->ifa_addr == nullptr) continue;
+      // 127.0.1.1 is on no interface's list, yet the loopback interface holds all of 127/8.
+      const bool match = SameAddress(candidate->ai_addr, entry->ifa_addr) ||
+                         (loopback && (entry->ifa_flags & IFF_LOOPBACK) != 0);
+      if (match) {
+        name = entry->ifa_name;
+        break;
+      }
+    }
+  }
+  freeifaddrs(interfaces);
+  freeaddrinfo(found);
+  if (name.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no network interface of this machine holds ", address));
+  }
+  return name;
+}
+
+std::vector<std::string> NcclInterfaceEnvironment(const std::string& address,
+                                                  const std::string& interface,
+                                                  char** user_env) {
+  std::vector<std::string> env;
+  if (!InEnvironment(user_env, "NCCL_SOCKET_IFNAME")) {
+    env.push_back("NCCL_SOCKET_IFNAME==" + interface);  // "=NAME": exactly NAME, no prefix.
+  }
+  if (!InEnvironment(user_env, "NCCL_SOCKET_FAMILY")) {
+    addrinfo hints{};
+    hints.ai_flags = AI_NUMERICHOST;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(address.c_str(), nullptr, &hints, &found) == 0) {
+      if (found->ai_family == AF_INET) env.push_back("NCCL_SOCKET_FAMILY=AF_INET");
+      if (found->ai_family == AF_INET6) env.push_back("NCCL_SOCKET_FAMILY=AF_INET6");
+      freeaddrinfo(found);
+    }
+  }
+  return env;
+}
+
+absl::StatusOr<PortRange> PortRangeForSlots(const std::string& text, int slots) {
+  if (text.empty()) return PortRange{};
+  absl::StatusOr<PortRange> range = ParsePortRange(text, "--port_range");
+  if (!range.ok()) return range.status();
+  if (range->size() < slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--port_range ", text, " has ", range->size(), range->size() == 1 ? " port" : " ports",
+        " but this worker runs ", slots, " ranks at once (--slots): give it at least ", slots,
+        " (a rank listens on one port per peer while it connects: slots x (largest world size "
+        "- 1) ports never run short)"));
+  }
+  return range;
 }
 
 }  // namespace mptrain

@@ -5,8 +5,10 @@
 // reach: by default, the local address the kernel picks to reach the coordinator.
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/port_range.h"
 
 namespace mptrain {
 
@@ -23,5 +25,24 @@ bool ResolvesToLoopback(const std::string& address);
 // pass instead); empty --host takes LocalAddressTowards(coordinator).
 absl::StatusOr<std::string> ChooseAdvertisedHost(const std::string& host_flag,
                                                  const std::string& coordinator);
+
+// The name of the local network interface that holds `address` (an IP address, or a name that
+// resolves to one), from getifaddrs: e.g. "eth0" for this machine's 10.0.0.2. A loopback
+// address (127.x, ::1) gives the loopback interface ("lo"), which holds all of 127/8.
+// NOT_FOUND when no interface of this machine holds it (a NAT's public address, another
+// machine's), UNAVAILABLE when the name does not resolve.
+absl::StatusOr<std::string> InterfaceForAddress(const std::string& address);
+
+// Environment entries "NAME=VALUE" that pin a rank's NCCL to `interface` (NCCL_SOCKET_IFNAME
+// "=<interface>": that interface exactly, for bootstrap and the socket transport), and its
+// address family to that of `address` (NCCL_SOCKET_FAMILY), each only where `user_env` (the
+// daemon's own environment, which its ranks inherit) does not set that variable already.
+std::vector<std::string> NcclInterfaceEnvironment(const std::string& address,
+                                                  const std::string& interface,
+                                                  char** user_env);
+
+// --port_range checked for a worker of `slots` slots: ParsePortRange's rules, and at least one
+// port per slot. INVALID_ARGUMENT naming the flag. Empty text: no range.
+absl::StatusOr<PortRange> PortRangeForSlots(const std::string& text, int slots);
 
 }  // namespace mptrain

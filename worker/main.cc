@@ -2,7 +2,7 @@
 //
 //   worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N] [--host ADDRESS]
 //          [--data_root DIR]... [--output_root DIR]... [--tls_ca ca.pem] [--token_file F]
-//          [--fence_after_s SECONDS]
+//          [--fence_after_s SECONDS] [--port_range LO-HI]
 //
 // The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
 
@@ -34,6 +34,10 @@ ABSL_FLAG(int, slots, 0,
 ABSL_FLAG(std::string, host, "",
           "Address other machines' ranks reach this worker at (default: this machine's address "
           "on the route to the coordinator)");
+ABSL_FLAG(std::string, port_range, "",
+          "LO-HI: the ports the collectives of this worker's ranks listen on (gloo; NCCL has no "
+          "such setting), for a firewall; 1024..65535, at least one per slot. Default: the "
+          "kernel's choice");
 ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
 ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
@@ -51,6 +55,38 @@ ABSL_FLAG(std::vector<std::string>, output_root, {},
           "directory)");
 
 namespace {
+
+// The rank environment that pins the collectives: NCCL to the interface that holds `host`
+// (unless the user set NCCL_SOCKET_IFNAME), gloo's listening ports to --port_range. gloo binds
+// `host` itself (the rank's --host). An address no interface of this machine holds is refused:
+// no rank could listen there.
+absl::Status PinCollectives(mptrain::WorkerOptions* options) {
+  absl::StatusOr<std::string> interface = mptrain::InterfaceForAddress(options->host);
+  if (!interface.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--host ", options->host, " cannot be this worker's address: ",
+        interface.status().message(),
+        ". Ranks listen there for their peers; pass an address of this machine (or leave --host "
+        "out)"));
+  }
+  options->rank_env = mptrain::NcclInterfaceEnvironment(options->host, *interface, environ);
+  absl::StatusOr<mptrain::PortRange> ports =
+      mptrain::PortRangeForSlots(absl::GetFlag(FLAGS_port_range), options->slots);
+  if (!ports.ok()) return ports.status();
+  // Only the flag decides the ranks' range: a variable inherited from this daemon would not
+  // have been checked.
+  unsetenv(mptrain::kGlooPortRangeVariable);
+  if (!ports->empty()) {
+    options->rank_env.push_back(
+        absl::StrCat(mptrain::kGlooPortRangeVariable, "=", ports->ToString()));
+  }
+  const char* user_ifname = getenv("NCCL_SOCKET_IFNAME");
+  spdlog::info("collectives on {} (interface {}; NCCL_SOCKET_IFNAME={}{}), listening ports {}",
+               options->host, *interface, user_ifname != nullptr ? user_ifname : "=" + *interface,
+               user_ifname != nullptr ? " as set" : "",
+               ports->empty() ? "of the kernel's choice" : ports->ToString() + " (gloo)");
+  return absl::OkStatus();
+}
 
 // Resolves --device and --slots against what this build and machine have.
 absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
@@ -134,6 +170,10 @@ int main(int argc, char** argv) {
   mptrain::InitLogging("worker " + options.name, absl::GetFlag(FLAGS_log_level));
   if (absl::Status status = ChooseDevice(&options); !status.ok()) {
     spdlog::error("{}", status.ToString());
+    return 2;
+  }
+  if (absl::Status pinned = PinCollectives(&options); !pinned.ok()) {
+    spdlog::error("{}", std::string(pinned.message()));
     return 2;
   }
   if (!roots.ok()) {

@@ -356,6 +356,7 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> env = {
       absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
+  env.insert(env.end(), options_.rank_env.begin(), options_.rank_env.end());
   // The environment, unlike a command line, is readable only by the rank's own user.
   if (!options_.security.token.empty()) env.push_back("MPTRAIN_TOKEN=" + options_.security.token);
   // Its stdout and stderr through one pipe: copied to this daemon's log and shipped to the

@@ -41,6 +41,9 @@ struct WorkerOptions {
   // this long, the ranks are stopped. The coordinator's heartbeat timeout replaces it when the
   // registration answer carries one. 0 disables.
   int64_t fence_after_ms = 10'000;
+  // Added to every rank's environment, "NAME=VALUE": NCCL's interface (NCCL_SOCKET_IFNAME) and
+  // the gloo port range (MPTRAIN_GLOO_PORT_RANGE, from --port_range).
+  std::vector<std::string> rank_env;
 };
 
 class WorkerDaemon {

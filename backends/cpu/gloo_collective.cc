@@ -1,7 +1,17 @@
 #include "backends/cpu/gloo_collective.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allreduce.h"
@@ -9,6 +19,7 @@
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/tcp/pair.h"
 
@@ -54,6 +65,138 @@ struct TcpPairAccess : gloo::transport::tcp::Pair {
     (pair->*signal)(message);
   }
 };
+
+// --- Listening ports from a range -------------------------------------------------------------
+//
+// gloo's tcp::Pair (Debian 12's gloo, 2022) listens in its constructor on the address of the
+// device it is given, port included (CreateDevice leaves the port 0: the kernel's choice), and
+// every pair of a context gets the context's device. So the listening socket of each pair is
+// placed in the range by giving that pair a device of its own whose address carries a free
+// port of the range (PortDevice): a tcp::Device whose contexts (RangedContext) create their
+// pairs that way. Each such device runs its own event loop thread for its pair.
+
+constexpr int64_t kMaxPortWaitMs = 10'000;  // For a port of the range to become free.
+
+void SetPort(gloo::transport::tcp::attr* attr, int port) {
+  if (attr->ai_addr.ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&attr->ai_addr)->sin6_port = htons(port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(&attr->ai_addr)->sin_port = htons(port);
+  }
+}
+
+// Whether a socket could listen at the address: a bind with SO_REUSEADDR, as gloo's own, fails
+// only while another socket listens there (or one bound without it). A cheap first filter; the
+// pair's own bind and listen decide.
+bool PortLooksFree(const gloo::transport::tcp::attr& attr) {
+  const int fd = socket(attr.ai_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // Let the pair say what is wrong.
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  const bool bound =
+      bind(fd, reinterpret_cast<const sockaddr*>(&attr.ai_addr), attr.ai_addrlen) == 0;
+  close(fd);
+  return bound;
+}
+
+// A device whose pairs listen on `port`. tcp::Device's constructor finds the interface of its
+// address by comparing socket addresses byte for byte, port included, so it must see port 0;
+// the port goes into its attributes right after, before anything reads them (Pair::listen binds
+// device_->attr_). They are const in gloo only because gloo never changes them.
+class PortDevice final : public gloo::transport::tcp::Device {
+ public:
+  PortDevice(const gloo::transport::tcp::attr& attr, int port)
+      : gloo::transport::tcp::Device(attr) {
+    SetPort(&const_cast<gloo::transport::tcp::attr&>(attr_), port);
+  }
+};
+
+class RangedContext final : public gloo::transport::tcp::Context {
+ public:
+  RangedContext(std::shared_ptr<gloo::transport::tcp::Device> device,
+                const gloo::transport::tcp::attr& attr, const PortRange& ports, int64_t wait_ms,
+                int rank, int size)
+      : gloo::transport::tcp::Context(std::move(device), rank, size),
+        host_(attr.hostname),
+        attr_(attr),
+        ports_(ports),
+        wait_ms_(wait_ms) {}
+
+  // The pairs use their devices: they go first (tcp::Context's destructor would clear them
+  // only after these members are gone).
+  ~RangedContext() override { pairs_.clear(); }
+
+  std::unique_ptr<gloo::transport::Pair>& createPair(int peer) override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms_);
+    while (true) {
+      for (int port = ports_.lo; port <= ports_.hi; ++port) {
+        gloo::transport::tcp::attr attr = attr_;
+        SetPort(&attr, port);
+        if (!PortLooksFree(attr)) continue;
+        auto device = std::make_shared<PortDevice>(attr_, port);
+        try {
+          pairs_[peer].reset(new gloo::transport::tcp::Pair(this, device.get(), peer,
+                                                            getTimeout()));
+        } catch (const std::exception& error) {
+          // Taken between the check and the pair's own bind or listen: try the next one.
+          if (std::strstr(error.what(), std::strerror(EADDRINUSE)) != nullptr) continue;
+          throw;
+        }
+        devices_.push_back(std::move(device));
+        return pairs_[peer];
+      }
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    throw std::runtime_error(absl::StrCat(
+        "no free port in the collective port range ", ports_.ToString(),
+        " (worker --port_range) on ", host_, " for the connection to rank ", peer, ": all ",
+        ports_.size(), " in use for ", wait_ms_ / 1000.0,
+        " s. While connecting, a rank listens on one port per peer: a worker needs up to "
+        "slots x (world size - 1) ports"));
+  }
+
+ private:
+  const std::string host_;
+  const gloo::transport::tcp::attr attr_;  // The device's address, port 0.
+  const PortRange ports_;
+  const int64_t wait_ms_;
+  std::vector<std::shared_ptr<PortDevice>> devices_;  // One per pair.
+};
+
+class RangedDevice final : public gloo::transport::tcp::Device {
+ public:
+  RangedDevice(const gloo::transport::tcp::attr& attr, const PortRange& ports, int64_t wait_ms)
+      : gloo::transport::tcp::Device(attr), ports_(ports), wait_ms_(wait_ms) {}
+
+  std::shared_ptr<gloo::transport::Context> createContext(int rank, int size) override {
+    return std::make_shared<RangedContext>(shared_from_this(), attr_, ports_, wait_ms_, rank,
+                                           size);
+  }
+
+ private:
+  const PortRange ports_;
+  const int64_t wait_ms_;
+};
+
+// gloo's device for the address `host`: listening sockets on kernel-chosen ports, or on ports
+// of `ports` when it is not empty.
+std::shared_ptr<gloo::transport::Device> CreateDevice(const std::string& host,
+                                                      const PortRange& ports, int64_t wait_ms) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = host;
+  if (ports.empty()) return gloo::transport::tcp::CreateDevice(attr);
+  return std::make_shared<RangedDevice>(gloo::transport::tcp::CreateDeviceAttr(attr), ports,
+                                        wait_ms);
+}
+
+// The range of the options, else of the environment (the worker daemon's --port_range).
+absl::StatusOr<PortRange> ChoosePorts(const GlooCollectiveOptions& options) {
+  if (!options.ports.empty()) return options.ports;
+  const char* variable = std::getenv(kGlooPortRangeVariable);
+  if (variable == nullptr || *variable == '\0') return PortRange{};
+  return ParsePortRange(variable, kGlooPortRangeVariable);
+}
 
 // Every rank has published its location before the rendezvous completes: reading the
 // neighbours' takes one round trip each.
@@ -106,6 +249,8 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
   if (options.rendezvous_timeout_ms <= 0 || options.collective_timeout_ms <= 0) {
     return absl::InvalidArgumentError("gloo: timeouts must be > 0 ms");
   }
+  absl::StatusOr<PortRange> ports = ChoosePorts(options);
+  if (!ports.ok()) return ports.status();
   std::unique_ptr<GlooCollective> collective(new GlooCollective(options));
   collective->peers_ = std::make_unique<PeerDirectory>(options.store, rank, world_size);
   if (world_size > 1) {
@@ -117,9 +262,8 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
                                                  published.message()));
     }
     try {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = options.host;
-      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto device = CreateDevice(
+          options.host, *ports, std::min(options.rendezvous_timeout_ms, kMaxPortWaitMs));
       auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
       context->setTimeout(std::chrono::milliseconds(options.rendezvous_timeout_ms));
       GlooStoreAdapter adapter(options.store, options.rendezvous_timeout_ms);

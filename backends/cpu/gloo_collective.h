@@ -4,6 +4,13 @@
 // (the coordinator's blocking KeyValueGet), so no shared filesystem or extra service is needed.
 // Every operation waits at most collective_timeout_ms for its peers, and Abort() (or the stop
 // token) ends a wait in progress at once.
+//
+// Where it listens: gloo's TCP device is created for `host` (the worker's advertised address),
+// so every listening socket is bound to that address, never to 0.0.0.0. Debian 12's gloo
+// (2022) has no port setting and listens while connecting on one socket per peer, each on a
+// kernel-chosen port; with a port range (worker --port_range) each of those sockets takes a
+// free port of the range instead. Once connected, no socket listens; the side that connects
+// (the one with the larger address) does so from an ephemeral port, as any TCP client.
 
 #include <atomic>
 #include <memory>
@@ -13,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "comm/peer_directory.h"
+#include "comm/port_range.h"
 #include "comm/stop_token.h"
 #include "trainer/backend.h"
 #include "trainer/key_value_store.h"
@@ -32,12 +40,17 @@ struct GlooCollectiveOptions {
   int64_t rendezvous_timeout_ms = 120'000;  // For every rank to join.
   int64_t collective_timeout_ms = 60'000;   // For one operation's peers.
   StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
+  // Ports the listening sockets take (one per peer while connecting). Empty: the range in the
+  // environment variable MPTRAIN_GLOO_PORT_RANGE (kGlooPortRangeVariable, which the worker
+  // daemon sets for its ranks from --port_range) when it is set, else the kernel's choice.
+  PortRange ports;
 };
 
 class GlooCollective final : public Collective {
  public:
   // Connects all ranks (blocks until every rank has joined or the rendezvous timeout passes).
-  // UNAVAILABLE on failure (the message says which rank and why).
+  // UNAVAILABLE on failure (the message says which rank and why), including no free port in
+  // the range within a few seconds; INVALID_ARGUMENT for a malformed MPTRAIN_GLOO_PORT_RANGE.
   static absl::StatusOr<std::unique_ptr<GlooCollective>> Connect(
       const GlooCollectiveOptions& options);
   // The same with one timeout for the rendezvous and every operation.

@@ -1,8 +1,20 @@
 #include "backends/cpu/gloo_collective.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "comm/peer_directory.h"
@@ -233,6 +245,218 @@ TEST(GlooCollective, TokenTrippedBeforeConnect_AbortsTheFirstCollective) {
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
   EXPECT_NE(std::string(status.message()).find("the coordinator ended the job"),
             std::string::npos);
+}
+
+// --- Listening ports -----------------------------------------------------------------------
+
+struct Listener {
+  std::string address;
+  int port = 0;
+};
+
+// The TCP sockets of this process that listen (IPv4): /proc/self/net/tcp lists the network
+// namespace's sockets, /proc/self/fd names this process's by inode.
+std::vector<Listener> OwnListeners() {
+  std::set<std::string> own;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind("socket:[", 0) == 0) {
+      own.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<Listener> listeners;
+  std::ifstream table("/proc/self/net/tcp");
+  std::string line;
+  std::getline(table, line);  // Header.
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+        timeout >> inode;
+    if (state != "0A" || own.count(inode) == 0) continue;  // 0A: TCP_LISTEN.
+    in_addr address{};
+    address.s_addr = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &address, text, sizeof(text));
+    listeners.push_back({text, std::stoi(local.substr(9), nullptr, 16)});
+  }
+  return listeners;
+}
+
+// A range of `size` ports below the kernel's ephemeral ones, different per test process.
+PortRange TestPorts(int size) {
+  const int lo = 20'000 + static_cast<int>(getpid() % 400) * 25;
+  return PortRange{lo, lo + size - 1};
+}
+
+// Waits until this process listens on `count` sockets.
+std::vector<Listener> WaitForListeners(size_t count) {
+  std::vector<Listener> listeners;
+  for (int i = 0; i < 500 && (listeners = OwnListeners()).size() < count; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return listeners;
+}
+
+TEST(GlooCollective, PortRange_ListensOnlyOnTheHostAddressInTheRange) {
+  // Three ranks sharing one range, as the ranks of one worker do. Rank 0 joins first: while it
+  // waits for its peers it listens on one socket per peer, each in the range, on 127.0.0.1.
+  ASSERT_TRUE(OwnListeners().empty());
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.world_size = 3;
+  options.store = &store;
+  options.rendezvous_timeout_ms = 20'000;
+  options.ports = TestPorts(6);
+  std::unique_ptr<GlooCollective> collectives[3];
+  std::thread ranks[3];
+  auto start = [&](int rank) {
+    ranks[rank] = std::thread([&, rank, options]() mutable {
+      options.rank = rank;
+      auto collective = GlooCollective::Connect(options);
+      ASSERT_TRUE(collective.ok()) << collective.status();
+      collectives[rank] = std::move(*collective);
+    });
+  };
+  start(0);
+  std::vector<Listener> listeners = WaitForListeners(2);
+  ASSERT_EQ(listeners.size(), 2u);
+  for (const Listener& listener : listeners) {
+    EXPECT_EQ(listener.address, "127.0.0.1");
+    EXPECT_TRUE(options.ports.Contains(listener.port))
+        << listener.port << " is not in " << options.ports.ToString();
+  }
+  EXPECT_NE(listeners[0].port, listeners[1].port);
+  start(1);
+  start(2);
+  for (auto& rank : ranks) rank.join();
+  ASSERT_TRUE(collectives[0] && collectives[1] && collectives[2]);
+  EXPECT_TRUE(OwnListeners().empty()) << "a socket still listens once every pair connected";
+  std::vector<float> values[3] = {{3}, {6}, {9}};
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      Tensor value{values[rank].data(), DType::kF32, 1, 1, 4};
+      EXPECT_TRUE(collectives[rank]->AllReduceMean(value).ok());
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  for (auto& value : values) EXPECT_FLOAT_EQ(value[0], 6.0f);
+}
+
+// An IPv4 address of this machine other than loopback ("" when it has none).
+std::string NetworkAddress() {
+  std::string found;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return found;
+  for (ifaddrs* entry = interfaces; entry != nullptr && found.empty(); entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET ||
+        (entry->ifa_flags & IFF_LOOPBACK) != 0 || (entry->ifa_flags & IFF_UP) == 0) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    found = text;
+  }
+  freeifaddrs(interfaces);
+  return found;
+}
+
+TEST(GlooCollective, PortRangeOnANetworkAddress_ListensThere) {
+  // gloo finds a device's interface by its address (only 127/8 is special): not loopback here.
+  const std::string host = NetworkAddress();
+  if (host.empty()) GTEST_SKIP() << "this machine has no IPv4 address besides loopback";
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.world_size = 2;
+  options.host = host;
+  options.store = &store;
+  options.rendezvous_timeout_ms = 20'000;
+  options.ports = TestPorts(2);
+  std::thread rank0([options] {
+    auto collective = GlooCollective::Connect(options);
+    EXPECT_TRUE(collective.ok()) << collective.status();
+  });
+  std::vector<Listener> listeners = WaitForListeners(1);
+  ASSERT_EQ(listeners.size(), 1u);
+  EXPECT_EQ(listeners[0].address, host);
+  EXPECT_TRUE(options.ports.Contains(listeners[0].port)) << listeners[0].port;
+  options.rank = 1;
+  auto collective = GlooCollective::Connect(options);
+  EXPECT_TRUE(collective.ok()) << collective.status();
+  rank0.join();
+}
+
+TEST(GlooCollective, PortRangeFromTheEnvironment_IsUsed) {
+  const PortRange ports = TestPorts(2);
+  setenv(kGlooPortRangeVariable, ports.ToString().c_str(), 1);
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.world_size = 2;
+  options.store = &store;
+  options.rendezvous_timeout_ms = 20'000;
+  std::thread rank0([options] {
+    auto collective = GlooCollective::Connect(options);
+    EXPECT_TRUE(collective.ok()) << collective.status();
+  });
+  std::vector<Listener> listeners = WaitForListeners(1);
+  ASSERT_EQ(listeners.size(), 1u);
+  EXPECT_TRUE(ports.Contains(listeners[0].port)) << listeners[0].port;
+  options.rank = 1;
+  auto collective = GlooCollective::Connect(options);
+  EXPECT_TRUE(collective.ok()) << collective.status();
+  rank0.join();
+  unsetenv(kGlooPortRangeVariable);
+}
+
+TEST(GlooCollective, MalformedPortRangeInTheEnvironment_InvalidArgumentNamingIt) {
+  setenv(kGlooPortRangeVariable, "30000-20000", 1);
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.world_size = 2;
+  options.store = &store;
+  auto collective = GlooCollective::Connect(options);
+  unsetenv(kGlooPortRangeVariable);
+  ASSERT_FALSE(collective.ok());
+  EXPECT_EQ(collective.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(collective.status().message().find("MPTRAIN_GLOO_PORT_RANGE"), std::string::npos)
+      << collective.status();
+}
+
+TEST(GlooCollective, PortRangeAllTaken_UnavailableSayingSo) {
+  // Something else listens on both ports of the range: the rank waits a little, then fails.
+  const PortRange ports = TestPorts(2);
+  std::vector<int> taken;
+  for (int port = ports.lo; port <= ports.hi; ++port) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));  // Or taken already.
+    listen(fd, 1);
+    taken.push_back(fd);
+  }
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  options.world_size = 2;
+  options.store = &store;
+  options.rendezvous_timeout_ms = 500;
+  options.ports = ports;
+  const auto start = Clock::now();
+  auto collective = GlooCollective::Connect(options);
+  for (int fd : taken) close(fd);
+  ASSERT_FALSE(collective.ok());
+  EXPECT_LT(SecondsSince(start), 5.0);
+  EXPECT_EQ(collective.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(collective.status().message().find("no free port in the collective port range " +
+                                               ports.ToString() + " (worker --port_range) on "
+                                               "127.0.0.1 for the connection to rank 1: all 2 in use"),
+            std::string::npos)
+      << collective.status();
 }
 
 }  // namespace

@@ -6,6 +6,12 @@
 // work by an event and before the compute stream's later work by another; nothing here blocks
 // the host. Every wait polls ncclCommGetAsyncError with a deadline (as nccl-tests does) and
 // calls ncclCommAbort on error, timeout or Abort(), so no wait is ever endless.
+//
+// Network: NCCL takes its settings from the environment. The worker daemon gives each rank
+// NCCL_SOCKET_IFNAME "=<interface>" (the interface holding the worker's advertised address,
+// for bootstrap and the socket transport) and NCCL_SOCKET_FAMILY, unless the user set them
+// (worker/address.h). NCCL has no setting for its listening ports (no release has a port
+// range): its sockets listen on ports of the kernel's choice, whatever --port_range says.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
