@@ -34,11 +34,7 @@ void RemoveTempFile() { unlink(InputPath().c_str()); }
 
 const mptrain::ParameterLayout& Layout() {
   static const mptrain::ParameterLayout* layout = [] {
-    mptrain::v1::ModelSpec model;
-    model.set_input_dim(3);
-    model.add_hidden_dims(2);
-    model.set_output_dim(1);
-    return new mptrain::ParameterLayout(mptrain::MakeParameterLayout(model));
+    return new mptrain::ParameterLayout(mptrain::MakeParameterLayout({3, 2, 1}));
   }();
   return *layout;
 }

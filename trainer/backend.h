@@ -60,6 +60,13 @@ class Collective {
   virtual int world_size() const = 0;
 };
 
+// The StepState (step_math.h) in backend memory (device memory on CUDA): a typed handle, so that
+// it is never read or written as a tensor of floats.
+struct StepStateBuffer {
+  StepState* data = nullptr;
+  bool empty() const { return data == nullptr; }
+};
+
 // What ReadStats returns for one optimizer step.
 struct StepStats {
   StepState state;
@@ -108,20 +115,24 @@ class Backend {
   //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))
   // where scale is state->scale on the backend (1 without a scaler).
   virtual absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                       Tensor step_state, Tensor loss_acc, Tensor d_pred) = 0;
+                                       StepStateBuffer step_state, Tensor loss_acc,
+                                       Tensor d_pred) = 0;
   // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
   // grads holds n gradients followed by the averaged loss. Afterwards the loss slot is zero;
   // the gradients are left as they are (the next step's first micro-batch writes over them).
-  // step_state is a tensor made by AllocateStepState. When params_low is
+  // step_state is made by AllocateStepState. When params_low is
   // not empty, the updated parameters are also written there, rounded to its dtype (the
   // low-precision copies for the next micro-batches, in the same pass).
   virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                     Tensor momentum, Tensor step_state, Tensor params_low) = 0;
+                                     Tensor momentum, StepStateBuffer step_state,
+                                     Tensor params_low) = 0;
 
   // A StepState in backend memory, initialised from `initial`.
-  virtual absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) = 0;
+  virtual absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) = 0;
+  // The state after all issued work (waits for it).
+  virtual absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) = 0;
   // Queues a copy of step_state (after all issued work) into host ring slot `slot`.
-  virtual absl::Status SnapshotStats(Tensor step_state, int slot) = 0;
+  virtual absl::Status SnapshotStats(StepStateBuffer step_state, int slot) = 0;
   // Waits for slot's copy and returns it.
   virtual absl::StatusOr<StepStats> ReadStats(int slot) = 0;
   static constexpr int kStatsSlots = 16;

@@ -12,15 +12,12 @@
 namespace mptrain {
 namespace {
 
-class GradientCheck : public ::testing::TestWithParam<v1::Activation> {};
+class GradientCheck : public ::testing::TestWithParam<ActivationKind> {};
 
 TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
-  v1::ModelSpec model;
-  model.set_input_dim(5);
-  model.add_hidden_dims(7);
-  model.add_hidden_dims(6);
-  model.set_output_dim(3);
-  model.set_activation(GetParam());
+  ModelConfig model;
+  model.widths = {5, 7, 6, 3};
+  model.activation = GetParam();
   const int64_t batch = 4;
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF32, batch);
@@ -70,7 +67,7 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
   EXPECT_EQ(checked, n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck, ::testing::Values(v1::RELU, v1::GELU));
+INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck, ::testing::Values(ActivationKind::kRelu, ActivationKind::kGelu));
 
 }  // namespace
 }  // namespace mptrain

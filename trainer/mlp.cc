@@ -6,14 +6,15 @@
 
 namespace mptrain {
 
-absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::ModelSpec& model,
+absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const ModelConfig& model,
                                                  DType compute_dtype, int64_t batch,
                                                  int64_t accumulation_steps,
                                                  int64_t deferred_budget_bytes) {
-  ActivationKind activation =
-      model.activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
+  if (model.widths.size() < 2) {
+    return absl::InvalidArgumentError("model: needs an input and an output width");
+  }
   std::unique_ptr<Mlp> mlp(
-      new Mlp(backend, MakeParameterLayout(model), activation, compute_dtype));
+      new Mlp(backend, MakeParameterLayout(model.widths), model.activation, compute_dtype));
   const int64_t n = mlp->layout_.total;
   ASSIGN_OR_RETURN(mlp->params_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(mlp->grads_, backend->Allocate(DType::kF32, 1, n + 1));

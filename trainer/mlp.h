@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/mptrain.pb.h"
 #include "trainer/backend.h"
 #include "trainer/parameter_layout.h"
+#include "trainer/training_config.h"
 
 namespace mptrain {
 
@@ -28,7 +28,7 @@ class Mlp {
   // traffic.
   static constexpr int64_t kDeferredBudgetBytes = int64_t{8} << 30;
   static absl::StatusOr<std::unique_ptr<Mlp>> Create(
-      Backend* backend, const v1::ModelSpec& model, DType compute_dtype, int64_t micro_batch_size,
+      Backend* backend, const ModelConfig& model, DType compute_dtype, int64_t micro_batch_size,
       int64_t accumulation_steps = 1, int64_t deferred_budget_bytes = kDeferredBudgetBytes);
 
   const ParameterLayout& layout() const { return layout_; }

@@ -12,9 +12,8 @@ namespace {
 // The spans handed to the allreduce hook must cover every gradient (and the loss slot) exactly
 // once, and computing the last layer in chunks must give the same gradients.
 TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
-  v1::ModelSpec model;
-  model.set_input_dim(8192);  // 8192 x 4096 fp32 = 128 MiB: two 64 MiB chunks
-  model.set_output_dim(4096);
+  ModelConfig model;
+  model.widths = {8192, 4096};  // 8192 x 4096 fp32 = 128 MiB: two 64 MiB chunks
   const int64_t batch = 2;
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF16, batch);
@@ -30,7 +29,7 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
   Tensor ty = *backend.Allocate(DType::kF32, batch, 4096);
   StepState unit;
   unit.scale = 1024;
-  Tensor state = *backend.AllocateStepState(unit);
+  StepStateBuffer state = *backend.AllocateStepState(unit);
   ASSERT_TRUE(backend.Upload(params.data(), (*mlp)->params()).ok());
   ASSERT_TRUE(backend.Upload(x.data(), tx).ok());
   ASSERT_TRUE(backend.Upload(y.data(), ty).ok());
@@ -62,10 +61,8 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
 }
 
 TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
-  v1::ModelSpec model;
-  model.set_input_dim(6);
-  model.add_hidden_dims(5);
-  model.set_output_dim(3);
+  ModelConfig model;
+  model.widths = {6, 5, 3};
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF32, 2);
   ASSERT_TRUE(mlp.ok());
@@ -82,10 +79,8 @@ TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
 // Keeping each micro-batch's low-precision gradients and summing them on the last micro-batch
 // must give exactly the fp32 sums of adding them one micro-batch after the other.
 TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
-  v1::ModelSpec model;
-  model.set_input_dim(24);
-  model.add_hidden_dims(16);
-  model.set_output_dim(8);
+  ModelConfig model;
+  model.widths = {24, 16, 8};
   const int64_t batch = 4, accumulation = 3;
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     std::vector<std::vector<float>> results;
@@ -102,7 +97,7 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
       StepState unit;
       unit.scale = 4096;
-      Tensor state = *backend.AllocateStepState(unit);
+      StepStateBuffer state = *backend.AllocateStepState(unit);
       Tensor x = *backend.Allocate(DType::kF32, batch, 24);
       Tensor y = *backend.Allocate(DType::kF32, batch, 8);
       int spans = 0;

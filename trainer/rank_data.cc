@@ -33,18 +33,18 @@ NpyMatrix Rows(const NpyMatrix& matrix, int64_t first, int64_t count) {
 
 }  // namespace
 
-absl::StatusOr<RankData> LoadRankData(const v1::JobSpec& spec, int rank, int world_size) {
-  const int64_t input_dim = spec.model().input_dim();
-  const int64_t output_dim = spec.model().output_dim();
+absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, int world_size) {
+  const int64_t input_dim = config.model.input_dim();
+  const int64_t output_dim = config.model.output_dim();
   RankData data;
-  if (spec.data().has_synthetic()) {
-    std::mt19937_64 generator(static_cast<uint64_t>(spec.data().synthetic().seed()) + rank);
-    data.features = NormalMatrix(spec.micro_batch_size(), input_dim, &generator);
-    data.targets = NormalMatrix(spec.micro_batch_size(), output_dim, &generator);
+  if (config.data.source == DataConfig::Source::kSynthetic) {
+    std::mt19937_64 generator(static_cast<uint64_t>(config.data.synthetic_seed) + rank);
+    data.features = NormalMatrix(config.micro_batch_size, input_dim, &generator);
+    data.targets = NormalMatrix(config.micro_batch_size, output_dim, &generator);
     return data;
   }
-  const std::string& features_path = spec.data().npy().features_path();
-  const std::string& targets_path = spec.data().npy().targets_path();
+  const std::string& features_path = config.data.features_path;
+  const std::string& targets_path = config.data.targets_path;
   ASSIGN_OR_RETURN(NpyMatrix features, ReadNpyMatrix(features_path));
   ASSIGN_OR_RETURN(NpyMatrix targets, ReadNpyMatrix(targets_path));
   if (features.cols != input_dim) {

@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "io/npy.h"
-#include "proto/mptrain.pb.h"
+#include "trainer/training_config.h"
 
 namespace mptrain {
 
@@ -17,6 +17,6 @@ struct RankData {
 // synthetic: one batch of micro_batch_size rows, standard normal, drawn from seed + rank.
 // npy: rows [rank*N/W, (rank+1)*N/W) of both files; INVALID_ARGUMENT naming the file when its
 // width does not match the model, the two files differ in rows, or the shard is empty.
-absl::StatusOr<RankData> LoadRankData(const v1::JobSpec& spec, int rank, int world_size);
+absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, int world_size);
 
 }  // namespace mptrain

@@ -3,7 +3,6 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
@@ -68,59 +67,54 @@ class MicroBatches {
   int64_t cursor_ = 0;
 };
 
-absl::StatusOr<std::vector<float>> InitialParameters(const v1::JobSpec& spec,
+absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& config,
                                                      const ParameterLayout& layout) {
-  if (spec.init_checkpoint().empty()) {
-    return InitializeParameters(layout, static_cast<uint64_t>(spec.seed()));
-  }
-  return ReadInitialParameters(spec.init_checkpoint(), layout);
+  if (config.init_checkpoint.empty()) return InitializeParameters(layout, config.seed);
+  return ReadInitialParameters(config.init_checkpoint, layout);
 }
 
 }  // namespace
 
-DType ComputeDType(v1::Precision precision) {
-  switch (precision) {
-    case v1::BF16: return DType::kBF16;
-    case v1::FP32: return DType::kF32;
-    default: return DType::kF16;
-  }
+StepConfig MakeStepConfig(const TrainingConfig& config) {
+  StepConfig step;
+  step.lr = static_cast<float>(config.optimizer.lr);
+  step.momentum = static_cast<float>(config.optimizer.momentum);
+  step.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  step.max_grad_norm = static_cast<float>(config.max_grad_norm);
+  step.scaler_enabled = config.loss_scaler.enabled;
+  step.growth_factor = static_cast<float>(config.loss_scaler.growth_factor);
+  step.backoff_factor = static_cast<float>(config.loss_scaler.backoff_factor);
+  step.growth_interval = static_cast<int32_t>(config.loss_scaler.growth_interval);
+  return step;
 }
 
-StepConfig MakeStepConfig(const v1::JobSpec& spec) {
-  StepConfig config;
-  config.lr = static_cast<float>(spec.optimizer().lr());
-  config.momentum = static_cast<float>(spec.optimizer().momentum());
-  config.weight_decay = static_cast<float>(spec.optimizer().weight_decay());
-  config.max_grad_norm = static_cast<float>(spec.max_grad_norm());
-  config.scaler_enabled = LossScalingEnabled(spec);
-  config.growth_factor = static_cast<float>(spec.loss_scaler().growth_factor());
-  config.backoff_factor = static_cast<float>(spec.loss_scaler().backoff_factor());
-  config.growth_interval = static_cast<int32_t>(spec.loss_scaler().growth_interval());
-  return config;
-}
-
-absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
-                                           TrainingObserver* observer,
+absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
+                                           Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint,
                                            const std::string& job_id) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
-  const int64_t batch = spec.micro_batch_size();
-  const int64_t accumulation = spec.accumulation_steps();
-  const DType dtype = ComputeDType(spec.precision());
+  if (config.world_size != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size is ", config.world_size,
+                                                   " but the collective has ", world_size,
+                                                   " ranks"));
+  }
+  const int64_t batch = config.micro_batch_size;
+  const int64_t accumulation = config.accumulation_steps;
+  const DType dtype = config.compute_dtype;
 
   ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp,
-                   Mlp::Create(backend, spec.model(), dtype, batch, accumulation));
+                   Mlp::Create(backend, config.model, dtype, batch, accumulation));
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
-  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(spec, mlp->layout()));
+  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, mlp->layout()));
   RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
-  ASSIGN_OR_RETURN(RankData data, LoadRankData(spec, rank, world_size));
+  ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
   ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
 
-  const StepConfig config = MakeStepConfig(spec);
+  const StepConfig step_config = MakeStepConfig(config);
   StepState initial_state;
   initial_state.scale =
-      config.scaler_enabled ? static_cast<float>(spec.loss_scaler().init_scale()) : 1.0f;
+      step_config.scaler_enabled ? static_cast<float>(config.loss_scaler.init_scale) : 1.0f;
   int64_t first_step = 1;
   if (!resume_checkpoint.empty()) {
     ASSIGN_OR_RETURN(TrainingCheckpoint checkpoint,
@@ -131,7 +125,7 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     first_step = checkpoint.step + 1;
     micro_batches.SeekToStep(checkpoint.step, accumulation);
   }
-  ASSIGN_OR_RETURN(Tensor step_state, backend->AllocateStepState(initial_state));
+  ASSIGN_OR_RETURN(StepStateBuffer step_state, backend->AllocateStepState(initial_state));
   RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
 
   // Rank 0 saves what a restarted run needs (a host synchronisation, every checkpoint_every
@@ -144,13 +138,12 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     checkpoint.momentum.resize(mlp->layout().total);
     RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
     RETURN_IF_ERROR(backend->Download(mlp->momentum(), checkpoint.momentum.data()));
-    RETURN_IF_ERROR(
-        backend->Download(step_state, reinterpret_cast<float*>(&checkpoint.step_state)));
-    const std::string path = CheckpointPath(spec.checkpoint_dir(), step);
+    ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
+    const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A resumed run may write again a step file its failed attempt already wrote; a fresh run
     // never replaces a file it did not write, unless the spec says so.
     SafetensorsWriteOptions write;
-    write.replace_existing = spec.overwrite_output() || !resume_checkpoint.empty();
+    write.replace_existing = config.overwrite_output || !resume_checkpoint.empty();
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     return absl::OkStatus();
@@ -172,21 +165,21 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     const double step_ms = stats.completed_ms - previous_ms;
     previous_ms = stats.completed_ms;
     const bool telemetry_step =
-        oldest.step % spec.telemetry_every() == 0 || oldest.step == spec.steps();
-    v1::TelemetryRecord record;
-    record.set_step(oldest.step);
-    record.set_loss(stats.state.last_loss);
-    record.set_grad_norm(stats.state.last_grad_norm);
-    record.set_loss_scale(stats.state.last_scale);
-    record.set_skipped(stats.state.skipped != 0);
-    record.set_skipped_total(stats.state.skipped_total);
-    record.set_step_time_ms(step_ms);
-    record.set_samples_per_second(step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0);
+        oldest.step % config.telemetry_every == 0 || oldest.step == config.steps;
+    StepTelemetry record;
+    record.step = oldest.step;
+    record.loss = stats.state.last_loss;
+    record.grad_norm = stats.state.last_grad_norm;
+    record.loss_scale = stats.state.last_scale;
+    record.skipped = stats.state.skipped != 0;
+    record.skipped_total = stats.state.skipped_total;
+    record.step_time_ms = step_ms;
+    record.samples_per_second = step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0;
     observer->OnStep(oldest.step, telemetry_step ? &record : nullptr);
     return absl::OkStatus();
   };
 
-  for (int64_t step = first_step; step <= spec.steps(); ++step) {
+  for (int64_t step = first_step; step <= config.steps; ++step) {
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
     // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -210,14 +203,15 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     RETURN_IF_ERROR(collective->JoinAllReduces());
     // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,
     // and the low-precision weight copies for the next step's micro-batches.
-    RETURN_IF_ERROR(backend->OptimizerStep(config, mlp->params(), mlp->grads(), mlp->momentum(),
-                                           step_state, mlp->low_precision_params()));
+    RETURN_IF_ERROR(backend->OptimizerStep(step_config, mlp->params(), mlp->grads(),
+                                           mlp->momentum(), step_state,
+                                           mlp->low_precision_params()));
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
     pending.push_back({step, slot});
     while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
-    if (rank == 0 && spec.checkpoint_every() > 0 && step % spec.checkpoint_every() == 0) {
+    if (rank == 0 && config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
       while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
       RETURN_IF_ERROR(write_checkpoint(step));
     }
@@ -232,17 +226,17 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   result.parameters.resize(mlp->layout().total);
   RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
   result.checksum = ParameterChecksum(result.parameters);
-  ASSIGN_OR_RETURN(StepStats last, backend->ReadStats(static_cast<int>(spec.steps() %
-                                                                       Backend::kStatsSlots)));
+  ASSIGN_OR_RETURN(StepStats last,
+                   backend->ReadStats(static_cast<int>(config.steps % Backend::kStatsSlots)));
   result.skipped_steps = last.state.skipped_total;
   result.final_loss_scale = last.state.scale;
-  if (rank == 0 && !spec.output_checkpoint().empty()) {
+  if (rank == 0 && !config.output_checkpoint.empty()) {
     SafetensorsWriteOptions write;
-    write.replace_existing = spec.overwrite_output();  // Checked before training, enforced here.
+    write.replace_existing = config.overwrite_output;  // Checked before training, enforced here.
     std::map<std::string, std::string> metadata = {{"format", "pt"},
-                                                    {"steps", std::to_string(spec.steps())}};
+                                                    {"steps", std::to_string(config.steps)}};
     if (!job_id.empty()) metadata["mptrain_job"] = job_id;
-    RETURN_IF_ERROR(WriteSafetensors(spec.output_checkpoint(),
+    RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint,
                                      ParametersToTensors(mlp->layout(), result.parameters),
                                      metadata, write));
   }

@@ -6,7 +6,6 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gloo_collective.h"
-#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
@@ -19,34 +18,32 @@ namespace {
 
 class RecordingObserver : public TrainingObserver {
  public:
-  void OnStep(int64_t step, const v1::TelemetryRecord* record) override {
+  void OnStep(int64_t step, const StepTelemetry* record) override {
     steps.push_back(step);
     if (record != nullptr) records.push_back(*record);
   }
   bool ShouldStop() override { return stop_after > 0 && steps.size() >= stop_after; }
 
   std::vector<int64_t> steps;
-  std::vector<v1::TelemetryRecord> records;
+  std::vector<StepTelemetry> records;
   size_t stop_after = 0;
 };
 
-v1::JobSpec SmallSpec() {
-  v1::JobSpec spec;
-  spec.set_name("t");
-  spec.set_world_size(1);
-  spec.set_device(v1::CPU);
-  spec.mutable_model()->set_input_dim(16);
-  spec.mutable_model()->add_hidden_dims(12);
-  spec.mutable_model()->set_output_dim(4);
-  spec.mutable_data()->mutable_synthetic()->set_seed(3);
-  spec.set_micro_batch_size(8);
-  spec.set_accumulation_steps(4);
-  spec.set_steps(3);
-  spec.set_precision(v1::FP16);
-  spec.mutable_optimizer()->set_lr(0.05);
-  ApplyJobSpecDefaults(&spec);
-  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
-  return spec;
+// MLP 16 -> 12 -> 4 (ReLU), synthetic data, 3 steps of 4 micro-batches of 8, fp16 with the
+// scaler's defaults, SGD lr 0.05.
+TrainingConfig SmallConfig() {
+  TrainingConfig config;
+  config.world_size = 1;
+  config.model.widths = {16, 12, 4};
+  config.data.source = DataConfig::Source::kSynthetic;
+  config.data.synthetic_seed = 3;
+  config.micro_batch_size = 8;
+  config.accumulation_steps = 4;
+  config.steps = 3;
+  config.compute_dtype = DType::kF16;
+  config.loss_scaler.enabled = true;
+  config.optimizer.lr = 0.05;
+  return config;
 }
 
 struct TrainedRun {
@@ -55,7 +52,7 @@ struct TrainedRun {
   int collective_calls = 0;
 };
 
-TrainedRun TrainOneRank(const v1::JobSpec& spec) {
+TrainedRun TrainOneRank(const TrainingConfig& spec) {
   auto counting = std::make_unique<testing::CountingCollective>(
       std::make_unique<testing::SingleRankCollective>());
   testing::CountingCollective* counter = counting.get();
@@ -73,105 +70,103 @@ std::string TempPath(const std::string& name) {
 }
 
 TEST(RunTraining, NonSteppingMicroBatches_IssueNoCollective) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   // The model is far below one 25 MiB bucket: one allreduce per optimizer step.
   EXPECT_EQ(run.collective_calls, 3) << "one allreduce per optimizer step, none per micro-batch";
-  spec.set_accumulation_steps(1);
+  spec.accumulation_steps = 1;
   EXPECT_EQ(TrainOneRank(spec).collective_calls, 3);
 }
 
 TEST(RunTraining, LargeModel_AllreducesOneBucketPerLayerGroup_OnlyWhenStepping) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   // Two 2048x2048 layers (16 MiB each) do not fit one 25 MiB bucket: two buckets per step.
-  spec.mutable_model()->set_input_dim(2048);
-  spec.mutable_model()->set_hidden_dims(0, 2048);
-  spec.mutable_model()->set_output_dim(2048);
-  spec.set_micro_batch_size(2);
-  spec.set_steps(2);
+  spec.model.widths = {2048, 2048, 2048};
+  spec.micro_batch_size = 2;
+  spec.steps = 2;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   EXPECT_EQ(run.collective_calls, 2 * 2);
 }
 
 TEST(RunTraining, TelemetryEveryStep_WithLossDecreasing) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(8);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 8;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   ASSERT_EQ(run.observer.records.size(), 8u);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(run.observer.records[i].step(), i + 1);
-  EXPECT_LT(run.observer.records.back().loss(), run.observer.records.front().loss());
-  EXPECT_GT(run.observer.records.front().grad_norm(), 0);
-  EXPECT_GT(run.observer.records.front().samples_per_second(), 0);
-  EXPECT_EQ(run.observer.records.front().loss_scale(), 65536.0);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(run.observer.records[i].step, i + 1);
+  EXPECT_LT(run.observer.records.back().loss, run.observer.records.front().loss);
+  EXPECT_GT(run.observer.records.front().grad_norm, 0);
+  EXPECT_GT(run.observer.records.front().samples_per_second, 0);
+  EXPECT_EQ(run.observer.records.front().loss_scale, 65536.0);
 }
 
 TEST(RunTraining, TelemetryEvery_SkipsRecordsButKeepsTheLast) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(7);
-  spec.set_telemetry_every(3);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 7;
+  spec.telemetry_every = 3;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   std::vector<int64_t> steps;
-  for (const auto& record : run.observer.records) steps.push_back(record.step());
+  for (const auto& record : run.observer.records) steps.push_back(record.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 6, 7}));
   EXPECT_EQ(run.observer.steps.size(), 7u) << "progress is reported for every step";
 }
 
 TEST(RunTraining, ScaleGrowsExactlyAtGrowthInterval) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(5);
-  spec.mutable_loss_scaler()->set_init_scale(1024);
-  spec.mutable_loss_scaler()->set_growth_interval(2);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 5;
+  spec.loss_scaler.init_scale = 1024;
+  spec.loss_scaler.growth_interval = 2;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   std::vector<double> scales;
   for (const auto& record : run.observer.records) {
-    scales.push_back(record.loss_scale());
-    EXPECT_FALSE(record.skipped());
+    scales.push_back(record.loss_scale);
+    EXPECT_FALSE(record.skipped);
   }
   EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 2048, 2048, 4096}));
   EXPECT_EQ(run.result->final_loss_scale, 4096);
 }
 
 TEST(RunTraining, Overflow_SkipsStepsBacksOffAndLeavesParametersUntouched) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(40);
-  spec.mutable_loss_scaler()->set_init_scale(std::ldexp(1.0, 40));  // fp16 gradients overflow
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 40;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 40);  // fp16 gradients overflow
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   int skipped = 0;
-  while (skipped < 40 && run.observer.records[skipped].skipped()) {
-    EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
-    EXPECT_FALSE(std::isfinite(run.observer.records[skipped].grad_norm()));
+  while (skipped < 40 && run.observer.records[skipped].skipped) {
+    EXPECT_EQ(run.observer.records[skipped].loss_scale, std::ldexp(1.0, 40 - skipped));
+    EXPECT_FALSE(std::isfinite(run.observer.records[skipped].grad_norm));
     ++skipped;
   }
   ASSERT_GT(skipped, 5) << "the initial scale must overflow fp16 for several steps";
   ASSERT_LT(skipped, 40) << "backoff must eventually reach a usable scale";
   EXPECT_EQ(run.result->skipped_steps, skipped);
   // After the last skip the scale stays put (growth interval 2000).
-  EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
-  EXPECT_TRUE(std::isfinite(run.observer.records[skipped].grad_norm()));
+  EXPECT_EQ(run.observer.records[skipped].loss_scale, std::ldexp(1.0, 40 - skipped));
+  EXPECT_TRUE(std::isfinite(run.observer.records[skipped].grad_norm));
 
   // A run that stops at the last skipped step has exactly the initial parameters.
-  spec.set_steps(skipped);
+  spec.steps = skipped;
   TrainedRun only_skipped = TrainOneRank(spec);
   ASSERT_TRUE(only_skipped.result.ok());
-  ParameterLayout layout = MakeParameterLayout(spec.model());
-  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed()));
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
+  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed));
 }
 
 TEST(RunTraining, ClippingSeesUnscaledGradients) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(1);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 1;
   const double max_norm = 1e-3;
-  spec.set_max_grad_norm(max_norm);
+  spec.max_grad_norm = max_norm;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
-  ParameterLayout layout = MakeParameterLayout(spec.model());
-  std::vector<float> initial = InitializeParameters(layout, spec.seed());
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
+  std::vector<float> initial = InitializeParameters(layout, spec.seed);
   double step_norm = 0;
   for (size_t i = 0; i < initial.size(); ++i) {
     double delta = run.result->parameters[i] - initial[i];
@@ -180,21 +175,21 @@ TEST(RunTraining, ClippingSeesUnscaledGradients) {
   step_norm = std::sqrt(step_norm);
   // Clipped to max_norm after unscaling: the step is lr * max_norm. Clipping the scaled
   // gradients would have made it 65536 times smaller.
-  EXPECT_NEAR(step_norm, spec.optimizer().lr() * max_norm, 0.01 * spec.optimizer().lr() * max_norm);
+  EXPECT_NEAR(step_norm, spec.optimizer.lr * max_norm, 0.01 * spec.optimizer.lr * max_norm);
   // The reported norm is the unscaled one: close to the fp32 run's.
-  v1::JobSpec fp32 = spec;
-  fp32.set_precision(v1::FP32);
-  fp32.mutable_loss_scaler()->set_enabled(false);
+  TrainingConfig fp32 = spec;
+  fp32.compute_dtype = DType::kF32;
+  fp32.loss_scaler.enabled = false;
   TrainedRun reference = TrainOneRank(fp32);
   ASSERT_TRUE(reference.result.ok());
-  EXPECT_NEAR(run.observer.records[0].grad_norm(), reference.observer.records[0].grad_norm(),
-              0.02 * reference.observer.records[0].grad_norm());
-  EXPECT_GT(run.observer.records[0].grad_norm(), 10 * max_norm);
+  EXPECT_NEAR(run.observer.records[0].grad_norm, reference.observer.records[0].grad_norm,
+              0.02 * reference.observer.records[0].grad_norm);
+  EXPECT_GT(run.observer.records[0].grad_norm, 10 * max_norm);
 }
 
 TEST(RunTraining, ObserverStop_AbortsBetweenSteps) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(100);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 100;
   auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver observer;
   observer.stop_after = 1;
@@ -203,9 +198,9 @@ TEST(RunTraining, ObserverStop_AbortsBetweenSteps) {
 }
 
 TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_world_size(2);
-  spec.mutable_optimizer()->set_momentum(0.9);
+  TrainingConfig spec = SmallConfig();
+  spec.world_size = 2;
+  spec.optimizer.momentum = 0.9;
   InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
@@ -227,8 +222,8 @@ TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
   EXPECT_EQ(results[0]->parameters, results[1]->parameters);
   // Each rank alone (its own data, no averaging) ends elsewhere: the allreduce mattered.
-  v1::JobSpec alone = spec;
-  alone.set_world_size(1);
+  TrainingConfig alone = spec;
+  alone.world_size = 1;
   TrainedRun single = TrainOneRank(alone);
   ASSERT_TRUE(single.result.ok());
   EXPECT_NE(single.result->checksum, results[0]->checksum);
@@ -245,31 +240,30 @@ TEST(RunTraining, NpyDataAndCheckpointInit_OneFp32StepMatchesIndependentReferenc
   ASSERT_TRUE(WriteNpyMatrix(TempPath("x.npy"), features).ok());
   ASSERT_TRUE(WriteNpyMatrix(TempPath("y.npy"), targets).ok());
 
-  v1::JobSpec spec = SmallSpec();
-  spec.mutable_model()->set_input_dim(in);
-  spec.mutable_model()->set_hidden_dims(0, hidden);
-  spec.mutable_model()->set_output_dim(out);
-  spec.mutable_model()->set_activation(v1::GELU);
-  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("x.npy"));
-  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("y.npy"));
-  spec.set_micro_batch_size(batch);
-  spec.set_accumulation_steps(accumulation);
-  spec.set_steps(1);
-  spec.set_precision(v1::FP32);
-  spec.mutable_loss_scaler()->set_enabled(false);
-  spec.mutable_optimizer()->set_lr(0.1);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.mutable_optimizer()->set_weight_decay(0.01);
-  ParameterLayout layout = MakeParameterLayout(spec.model());
+  TrainingConfig spec = SmallConfig();
+  spec.model.widths = {in, hidden, out};
+  spec.model.activation = ActivationKind::kGelu;
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("x.npy");
+  spec.data.targets_path = TempPath("y.npy");
+  spec.micro_batch_size = batch;
+  spec.accumulation_steps = accumulation;
+  spec.steps = 1;
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.optimizer.lr = 0.1;
+  spec.optimizer.momentum = 0.9;
+  spec.optimizer.weight_decay = 0.01;
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
   std::vector<float> init(layout.total);
   for (float& v : init) v = 0.3f * normal(generator);
-  spec.set_init_checkpoint(TempPath("init.safetensors"));
-  spec.set_output_checkpoint(TempPath("out.safetensors"));
-  ASSERT_TRUE(WriteSafetensors(spec.init_checkpoint(), ParametersToTensors(layout, init)).ok());
+  spec.init_checkpoint = TempPath("init.safetensors");
+  spec.output_checkpoint = TempPath("out.safetensors");
+  ASSERT_TRUE(WriteSafetensors(spec.init_checkpoint, ParametersToTensors(layout, init)).ok());
 
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
-  auto written = ReadSafetensors(spec.output_checkpoint());
+  auto written = ReadSafetensors(spec.output_checkpoint);
   ASSERT_TRUE(written.ok()) << written.status();
   auto trained = TensorsToParameters(layout, *written, "out");
   ASSERT_TRUE(trained.ok());
@@ -323,14 +317,15 @@ TEST(RunTraining, ResumeFromCheckpoint_IsBitIdenticalToAnUninterruptedRun) {
   for (float& v : targets.values) v = normal(generator);
   ASSERT_TRUE(WriteNpyMatrix(TempPath("resume_x.npy"), features).ok());
   ASSERT_TRUE(WriteNpyMatrix(TempPath("resume_y.npy"), targets).ok());
-  v1::JobSpec spec = SmallSpec();
-  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("resume_x.npy"));
-  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("resume_y.npy"));
-  spec.set_steps(12);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.mutable_loss_scaler()->set_growth_interval(3);
-  spec.set_checkpoint_every(5);
-  spec.set_checkpoint_dir(TestTmp());
+  TrainingConfig spec = SmallConfig();
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("resume_x.npy");
+  spec.data.targets_path = TempPath("resume_y.npy");
+  spec.steps = 12;
+  spec.optimizer.momentum = 0.9;
+  spec.loss_scaler.growth_interval = 3;
+  spec.checkpoint_every = 5;
+  spec.checkpoint_dir = TestTmp();
   TrainedRun whole = TrainOneRank(spec);
   ASSERT_TRUE(whole.result.ok()) << whole.result.status();
 
@@ -343,13 +338,13 @@ TEST(RunTraining, ResumeFromCheckpoint_IsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(resumed->parameters, whole.result->parameters);
   EXPECT_EQ(resumed->final_loss_scale, whole.result->final_loss_scale);
   ASSERT_FALSE(observer.records.empty());
-  EXPECT_EQ(observer.records.front().step(), 6) << "telemetry continues from the checkpoint";
+  EXPECT_EQ(observer.records.front().step, 6) << "telemetry continues from the checkpoint";
   // The scale doubled every 3 steps before and after the checkpoint, as without it.
-  EXPECT_EQ(observer.records.back().loss_scale(), whole.observer.records.back().loss_scale());
+  EXPECT_EQ(observer.records.back().loss_scale, whole.observer.records.back().loss_scale);
 }
 
 TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver observer;
   auto result = RunTraining(spec, 0, backend.get(), &observer, "/nonexistent/step-1.safetensors");

@@ -12,13 +12,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/backend_registry.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 #include "io/safetensors.h"
 #include "worker/path_policy.h"
 #include "worker/rank_client.h"
@@ -143,9 +143,10 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
                                   TrainingObserver* observer) {
   v1::JobSpec spec = assignment.spec();
-  ApplyJobSpecDefaults(&spec);
   std::string resume_checkpoint = assignment.resume_checkpoint();
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
+  // The one conversion of the spec (defaults, validation) into what the trainer reads.
+  ASSIGN_OR_RETURN(TrainingConfig config, TrainingConfigFromSpec(spec));
   auto entry = FindBackend(spec.device());
   if (!entry.ok()) return entry.status();
   BackendOptions backend_options;
@@ -158,12 +159,12 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   if (!backend.ok()) return backend.status();
   spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",
                assignment.rank(), assignment.world_size(), (*backend)->Name(),
-               assignment.device_index(), spec.steps(), spec.accumulation_steps(),
-               spec.micro_batch_size());
+               assignment.device_index(), config.steps, config.accumulation_steps,
+               config.micro_batch_size);
   g_backend.store(backend->get());
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
-  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint,
-                            assignment.job_id());
+  auto result = RunTraining(config, assignment.rank(), backend->get(), observer,
+                            resume_checkpoint, assignment.job_id());
   g_backend.store(nullptr);
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",

@@ -22,8 +22,6 @@ absl::Status CheckSameSize(const char* op, Tensor a, Tensor b) {
   return absl::OkStatus();
 }
 
-StepState* State(Tensor t) { return static_cast<StepState*>(t.data); }
-
 }  // namespace
 
 CpuBackend::CpuBackend(std::unique_ptr<Collective> collective)
@@ -162,7 +160,8 @@ absl::Status CpuBackend::SumRowsToF32(Tensor rows, Tensor out) {
 }
 
 absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                         Tensor step_state, Tensor loss_acc, Tensor d_pred) {
+                                         StepStateBuffer step_state, Tensor loss_acc,
+                                         Tensor d_pred) {
   if (auto status = CheckSameSize("MseLossBackward", pred, target); !status.ok()) return status;
   const int64_t numel = pred.numel();
   const float* p = F(pred);
@@ -176,7 +175,7 @@ absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t acc
   const float accumulation = static_cast<float>(accumulation_steps);
   F(loss_acc)[0] += static_cast<float>(sum / numel) / accumulation;
   // The chain PyTorch runs: (loss / A) * scale -> d loss = scale / A -> mse backward.
-  const float upstream = State(step_state)->scale / accumulation;
+  const float upstream = step_state.data->scale / accumulation;
   const float norm = static_cast<float>(2.0 / numel);
   for (int64_t i = 0; i < numel; ++i) {
     d[i] = RoundTo(d_pred.dtype, norm * (p[i] - t[i]) * upstream);
@@ -185,12 +184,13 @@ absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t acc
 }
 
 absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                       Tensor momentum, Tensor step_state, Tensor params_low) {
+                                       Tensor momentum, StepStateBuffer step_state,
+                                       Tensor params_low) {
   const int64_t n = params.numel();
   if (grads.numel() != n + 1 || momentum.numel() != n) {
     return absl::InvalidArgumentError("OptimizerStep: buffer sizes do not match");
   }
-  StepState* state = State(step_state);
+  StepState* state = step_state.data;
   float* g = F(grads);
   float* p = F(params);
   float* m = F(momentum);
@@ -219,16 +219,17 @@ absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CpuBackend::AllocateStepState(const StepState& initial) {
-  static_assert(sizeof(StepState) % sizeof(float) == 0, "StepState must be whole floats");
-  auto tensor = Allocate(DType::kF32, 1, sizeof(StepState) / sizeof(float));
-  if (!tensor.ok()) return tensor.status();
-  std::memcpy(tensor->data, &initial, sizeof(StepState));
-  return tensor;
+absl::StatusOr<StepStateBuffer> CpuBackend::AllocateStepState(const StepState& initial) {
+  step_states_.push_back(std::make_unique<StepState>(initial));
+  return StepStateBuffer{step_states_.back().get()};
 }
 
-absl::Status CpuBackend::SnapshotStats(Tensor step_state, int slot) {
-  stats_ring_[slot].state = *State(step_state);
+absl::StatusOr<StepState> CpuBackend::ReadStepState(StepStateBuffer step_state) {
+  return *step_state.data;
+}
+
+absl::Status CpuBackend::SnapshotStats(StepStateBuffer step_state, int slot) {
+  stats_ring_[slot].state = *step_state.data;
   auto now = NowMs();
   if (!now.ok()) return now.status();
   stats_ring_[slot].completed_ms = *now;

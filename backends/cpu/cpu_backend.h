@@ -31,18 +31,22 @@ class CpuBackend final : public Backend {
                               Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                               Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
+                               StepStateBuffer step_state, Tensor loss_acc,
+                               Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, Tensor step_state, Tensor params_low) override;
-  absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
-  absl::Status SnapshotStats(Tensor step_state, int slot) override;
+                             Tensor momentum, StepStateBuffer step_state,
+                             Tensor params_low) override;
+  absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) override;
+  absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) override;
+  absl::Status SnapshotStats(StepStateBuffer step_state, int slot) override;
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
 
  private:
   std::unique_ptr<Collective> collective_;
-  std::deque<std::unique_ptr<double[]>> allocations_;  // double: 8-byte alignment for StepState.
+  std::deque<std::unique_ptr<double[]>> allocations_;
+  std::deque<std::unique_ptr<StepState>> step_states_;
   std::vector<float> scratch_;
   StepStats stats_ring_[kStatsSlots];
 };

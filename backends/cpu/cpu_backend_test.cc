@@ -52,7 +52,7 @@ TEST_F(CpuBackendTest, MseLossBackward_ScalesByLossScaleOverAccumulation) {
   Tensor target = Make(DType::kF32, 1, 2, {0.0f, 0.0f});
   StepState initial;
   initial.scale = 8.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
   Tensor loss = *backend_.Allocate(DType::kF32, 1, 1);
   Tensor grad = *backend_.Allocate(DType::kF32, 1, 2);
   ASSERT_TRUE(backend_.MseLossBackward(pred, target, 4, state, loss, grad).ok());
@@ -67,14 +67,14 @@ TEST_F(CpuBackendTest, OptimizerStep_OnInfSkipsUpdateAndZeroesGradients) {
   Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
   StepState initial;
   initial.scale = 4.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
   StepConfig config;
   config.lr = 0.1f;
   config.scaler_enabled = true;
   ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
   EXPECT_EQ(Read(params), (std::vector<float>{1.0f, 2.0f}));
   EXPECT_EQ(Read(grads)[2], 0.0f) << "the loss slot starts the next step at zero";
-  StepState after = *static_cast<StepState*>(state.data);
+  StepState after = *backend_.ReadStepState(state);
   EXPECT_EQ(after.skipped, 1);
   EXPECT_EQ(after.scale, 2.0f);
   EXPECT_EQ(after.last_loss, 0.5f);
@@ -86,13 +86,13 @@ TEST_F(CpuBackendTest, OptimizerStep_UnscalesThenSteps) {
   Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
   StepState initial;
   initial.scale = 4.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
   StepConfig config;
   config.lr = 0.5f;
   config.scaler_enabled = true;
   ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
   EXPECT_EQ(Read(params), (std::vector<float>{0.5f, 3.0f}));
-  EXPECT_FLOAT_EQ(static_cast<StepState*>(state.data)->last_grad_norm, std::sqrt(5.0f));
+  EXPECT_FLOAT_EQ(backend_.ReadStepState(state)->last_grad_norm, std::sqrt(5.0f));
 }
 
 TEST_F(CpuBackendTest, CopyRowsWrapping_WrapsAroundTheEnd) {

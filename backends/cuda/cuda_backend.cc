@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->partials_, kReductionBlocks * sizeof(double)));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->inf_flags_, kReductionBlocks * sizeof(int)));
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->stats_ring_, kStatsSlots * sizeof(StepState)));
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->readback_, sizeof(StepState)));
   for (cudaEvent_t& event : backend->stats_events_) {
     CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
   }
@@ -64,6 +65,7 @@ CudaBackend::~CudaBackend() {
   if (partials_ != nullptr) cudaFree(partials_);
   if (inf_flags_ != nullptr) cudaFree(inf_flags_);
   if (stats_ring_ != nullptr) cudaFreeHost(stats_ring_);
+  if (readback_ != nullptr) cudaFreeHost(readback_);
   for (cudaEvent_t event : stats_events_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
@@ -433,34 +435,45 @@ absl::Status CudaBackend::SumRowsToF32(Tensor rows, Tensor out) {
 }
 
 absl::Status CudaBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                          Tensor step_state, Tensor loss_acc, Tensor d_pred) {
+                                          StepStateBuffer step_state, Tensor loss_acc,
+                                          Tensor d_pred) {
   CUDA_RETURN_IF_ERROR(mptrain::cuda::MseLossBackward(
       pred.data, pred.dtype, static_cast<const float*>(target.data), pred.numel(),
-      accumulation_steps, static_cast<const StepState*>(step_state.data),
+      accumulation_steps, step_state.data,
       static_cast<float*>(loss_acc.data), d_pred.data, partials_, stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                        Tensor momentum, Tensor step_state, Tensor params_low) {
+                                        Tensor momentum, StepStateBuffer step_state,
+                                        Tensor params_low) {
   CUDA_RETURN_IF_ERROR(mptrain::cuda::OptimizerStep(
       config, static_cast<float*>(params.data), static_cast<float*>(grads.data),
-      static_cast<float*>(momentum.data), params.numel(), static_cast<StepState*>(step_state.data),
+      static_cast<float*>(momentum.data), params.numel(), step_state.data,
       params_low.data, params_low.dtype, partials_, inf_flags_, stream_));
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CudaBackend::AllocateStepState(const StepState& initial) {
-  auto tensor = Allocate(DType::kF32, 1, sizeof(StepState) / sizeof(float));
-  if (!tensor.ok()) return tensor.status();
-  std::memcpy(&stats_ring_[0], &initial, sizeof(StepState));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tensor->data, &stats_ring_[0], sizeof(StepState),
+absl::StatusOr<StepStateBuffer> CudaBackend::AllocateStepState(const StepState& initial) {
+  void* memory = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, sizeof(StepState)));
+  allocations_.push_back(memory);
+  StepStateBuffer buffer{static_cast<StepState*>(memory)};
+  std::memcpy(readback_, &initial, sizeof(StepState));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.data, readback_, sizeof(StepState),
                                        cudaMemcpyHostToDevice, stream_));
   if (absl::Status status = WaitForStream("step state upload"); !status.ok()) return status;
-  return tensor;
+  return buffer;
 }
 
-absl::Status CudaBackend::SnapshotStats(Tensor step_state, int slot) {
+absl::StatusOr<StepState> CudaBackend::ReadStepState(StepStateBuffer step_state) {
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(readback_, step_state.data, sizeof(StepState),
+                                       cudaMemcpyDeviceToHost, stream_));
+  if (absl::Status status = WaitForStream("step state download"); !status.ok()) return status;
+  return *readback_;
+}
+
+absl::Status CudaBackend::SnapshotStats(StepStateBuffer step_state, int slot) {
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&stats_ring_[slot], step_state.data, sizeof(StepState),
                                        cudaMemcpyDeviceToHost, stream_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(stats_events_[slot], stream_));

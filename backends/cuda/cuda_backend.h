@@ -46,11 +46,14 @@ class CudaBackend final : public Backend {
                               Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                               Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
+                               StepStateBuffer step_state, Tensor loss_acc,
+                               Tensor d_pred) override;
   absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, Tensor step_state, Tensor params_low) override;
-  absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
-  absl::Status SnapshotStats(Tensor step_state, int slot) override;
+                             Tensor momentum, StepStateBuffer step_state,
+                             Tensor params_low) override;
+  absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) override;
+  absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) override;
+  absl::Status SnapshotStats(StepStateBuffer step_state, int slot) override;
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
@@ -114,6 +117,7 @@ class CudaBackend final : public Backend {
   double* partials_ = nullptr;  // Reduction scratch (kReductionBlocks doubles).
   int* inf_flags_ = nullptr;
   StepState* stats_ring_ = nullptr;  // Pinned host memory, kStatsSlots entries.
+  StepState* readback_ = nullptr;    // Pinned host memory for step state uploads and reads.
   cudaEvent_t stats_events_[kStatsSlots] = {};
   cudaEvent_t base_event_ = nullptr;
   cudaEvent_t now_event_ = nullptr;

@@ -10,11 +10,11 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/nccl_collective.h"
-#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
 #include "trainer/mlp.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 
 namespace mptrain::cuda {
 namespace {
@@ -125,14 +125,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 class NullObserver : public TrainingObserver {
  public:
-  void OnStep(int64_t, const v1::TelemetryRecord* record) override {
+  void OnStep(int64_t, const StepTelemetry* record) override {
     if (record != nullptr) records.push_back(*record);
   }
   bool ShouldStop() override { return false; }
-  std::vector<v1::TelemetryRecord> records;
+  std::vector<StepTelemetry> records;
 };
 
-v1::JobSpec MlpSpec(v1::Precision precision, double init_scale) {
+TrainingConfig MlpSpec(v1::Precision precision, double init_scale) {
   v1::JobSpec spec;
   spec.set_world_size(1);
   spec.set_device(v1::CUDA);
@@ -149,8 +149,9 @@ v1::JobSpec MlpSpec(v1::Precision precision, double init_scale) {
   spec.mutable_optimizer()->set_momentum(0.9);
   spec.mutable_loss_scaler()->set_init_scale(init_scale);
   spec.mutable_loss_scaler()->set_enabled(precision != v1::FP32);
-  ApplyJobSpecDefaults(&spec);
-  return spec;
+  absl::StatusOr<TrainingConfig> config = TrainingConfigFromSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : TrainingConfig{};
 }
 
 class TrainingParity : public ::testing::TestWithParam<std::tuple<v1::Precision, double>> {};
@@ -158,7 +159,7 @@ class TrainingParity : public ::testing::TestWithParam<std::tuple<v1::Precision,
 TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
   REQUIRE_GPUS(1);
   const auto [precision, init_scale] = GetParam();
-  v1::JobSpec spec = MlpSpec(precision, init_scale);
+  TrainingConfig spec = MlpSpec(precision, init_scale);
   auto gpu = SingleRankBackend();
   CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
   NullObserver gpu_observer, cpu_observer;
@@ -169,10 +170,10 @@ TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
   // Overflow decisions and the scale trajectory are discrete: they must agree exactly.
   ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
   for (size_t i = 0; i < gpu_observer.records.size(); ++i) {
-    EXPECT_EQ(gpu_observer.records[i].skipped(), cpu_observer.records[i].skipped()) << "step " << i + 1;
-    EXPECT_EQ(gpu_observer.records[i].loss_scale(), cpu_observer.records[i].loss_scale());
-    EXPECT_NEAR(gpu_observer.records[i].loss(), cpu_observer.records[i].loss(),
-                2e-3 * std::fabs(cpu_observer.records[i].loss()));
+    EXPECT_EQ(gpu_observer.records[i].skipped, cpu_observer.records[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(gpu_observer.records[i].loss_scale, cpu_observer.records[i].loss_scale);
+    EXPECT_NEAR(gpu_observer.records[i].loss, cpu_observer.records[i].loss,
+                2e-3 * std::fabs(cpu_observer.records[i].loss));
   }
   EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
   EXPECT_LT(RelativeError(on_gpu->parameters, on_cpu->parameters), 1e-3);
@@ -186,8 +187,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, TrainingParity,
 
 TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   REQUIRE_GPUS(2);
-  v1::JobSpec spec = MlpSpec(v1::FP16, 65536.0);
-  spec.set_world_size(2);
+  TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
+  spec.world_size = 2;
   InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
@@ -219,9 +220,8 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
 // the gradients of the whole-layer computation.
 TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   REQUIRE_GPUS(1);
-  v1::ModelSpec model;
-  model.set_input_dim(8192);
-  model.set_output_dim(4096);
+  ModelConfig model;
+  model.widths = {8192, 4096};
   const int64_t batch = 64;
   auto gpu = SingleRankBackend();
   auto mlp = Mlp::Create(gpu.get(), model, DType::kF16, batch);
@@ -237,7 +237,7 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   Tensor ty = *gpu->Allocate(DType::kF32, batch, 4096);
   StepState unit;
   unit.scale = 1024;
-  Tensor state = *gpu->AllocateStepState(unit);
+  StepStateBuffer state = *gpu->AllocateStepState(unit);
   ASSERT_TRUE(gpu->Upload(params.data(), (*mlp)->params()).ok());
   ASSERT_TRUE(gpu->Upload(x.data(), tx).ok());
   ASSERT_TRUE(gpu->Upload(y.data(), ty).ok());
@@ -266,10 +266,8 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
 // micro-batch) must equal adding each micro-batch's gradients as it comes.
 TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
   REQUIRE_GPUS(1);
-  v1::ModelSpec model;
-  model.set_input_dim(512);
-  model.add_hidden_dims(256);
-  model.set_output_dim(64);
+  ModelConfig model;
+  model.widths = {512, 256, 64};
   const int64_t batch = 32, accumulation = 4;
   std::vector<std::vector<float>> results;
   for (int64_t budget : {int64_t{0}, Mlp::kDeferredBudgetBytes}) {
@@ -285,7 +283,7 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
     ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
     StepState unit;
     unit.scale = 4096;
-    Tensor state = *gpu->AllocateStepState(unit);
+    StepStateBuffer state = *gpu->AllocateStepState(unit);
     Tensor x = *gpu->Allocate(DType::kF32, batch, 512);
     Tensor y = *gpu->Allocate(DType::kF32, batch, 64);
     for (int64_t micro = 0; micro < accumulation; ++micro) {

@@ -1,0 +1,61 @@
+#include "trainer/training_config_from_spec.h"
+
+#include "common/job_spec.h"
+
+namespace mptrain {
+namespace {
+
+DType ComputeDType(v1::Precision precision) {
+  switch (precision) {
+    case v1::BF16: return DType::kBF16;
+    case v1::FP32: return DType::kF32;
+    default: return DType::kF16;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& original) {
+  v1::JobSpec spec = original;
+  ApplyJobSpecDefaults(&spec);
+  if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
+
+  TrainingConfig config;
+  config.world_size = spec.world_size();
+  config.model.widths = LayerWidths(spec.model());
+  config.model.activation =
+      spec.model().activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
+  config.loss.type = LossType::kMse;
+  if (spec.data().has_npy()) {
+    config.data.source = DataConfig::Source::kNpy;
+    config.data.features_path = spec.data().npy().features_path();
+    config.data.targets_path = spec.data().npy().targets_path();
+  } else {
+    config.data.source = DataConfig::Source::kSynthetic;
+    config.data.synthetic_seed = spec.data().synthetic().seed();
+  }
+  config.micro_batch_size = spec.micro_batch_size();
+  config.accumulation_steps = spec.accumulation_steps();
+  config.steps = spec.steps();
+  config.compute_dtype = ComputeDType(spec.precision());
+  config.optimizer.lr = spec.optimizer().lr();
+  config.optimizer.momentum = spec.optimizer().momentum();
+  config.optimizer.weight_decay = spec.optimizer().weight_decay();
+  const v1::LossScalerSpec& scaler = spec.loss_scaler();  // Every field set by the defaults.
+  config.loss_scaler.enabled = scaler.enabled();
+  config.loss_scaler.init_scale = scaler.init_scale();
+  config.loss_scaler.growth_factor = scaler.growth_factor();
+  config.loss_scaler.backoff_factor = scaler.backoff_factor();
+  config.loss_scaler.growth_interval = scaler.growth_interval();
+  config.max_grad_norm = spec.max_grad_norm();
+  config.seed = static_cast<uint64_t>(spec.seed());
+  config.init_checkpoint = spec.init_checkpoint();
+  config.output_checkpoint = spec.output_checkpoint();
+  config.telemetry_every = spec.telemetry_every();
+  config.checkpoint_every = spec.checkpoint_every();
+  config.checkpoint_dir = spec.checkpoint_dir();
+  config.overwrite_output = spec.overwrite_output();
+  return config;
+}
+
+}  // namespace mptrain
