@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainer/backend_types.h"
+#include "trainer/optim/update_math.h"
 #include "trainer/precision.h"
 #include "trainer/step_math.h"
 
@@ -110,22 +111,33 @@ class Backend {
   // out[c] = Σ_r f32(rows[r, c]) summed in row order; rows [R, C] in the compute dtype (may be a
   // strided column slice), out [1, C] f32.
   virtual absl::Status SumRowsToF32(Tensor rows, Tensor out) = 0;
-  // MSE (mean over all elements) of pred (compute dtype) against target (f32):
-  //   loss_acc[0] += loss / accumulation_steps
-  //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))
-  // where scale is state->scale on the backend (1 without a scaler).
-  virtual absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                       StepStateBuffer step_state, Tensor loss_acc,
-                                       Tensor d_pred) = 0;
-  // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
-  // grads holds n gradients followed by the averaged loss. Afterwards the loss slot is zero;
-  // the gradients are left as they are (the next step's first micro-batch writes over them).
-  // step_state is made by AllocateStepState. When params_low is
-  // not empty, the updated parameters are also written there, rounded to its dtype (the
-  // low-precision copies for the next micro-batches, in the same pass).
-  virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                     Tensor momentum, StepStateBuffer step_state,
-                                     Tensor params_low) = 0;
+  // ---- Elementwise and reductions for losses (trainer/loss/) ----
+  // out = round(coef · (f32(a) − b) · seed), where seed = step_state.scale / seed_divisor is read
+  // on the backend (no host synchronisation). a [R, C] in any dtype, b [R, C] f32, out [R, C].
+  virtual absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
+                                        float seed_divisor, Tensor out) = 0;
+  // acc[0] += f32(Σ (f32(a) − b)² / divide_by) / then_divide, the sum in double. a [R, C] in any
+  // dtype, b [R, C] f32, acc [1, 1] f32.
+  virtual absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                            float then_divide, Tensor acc) = 0;
+
+  // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
+  // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):
+  // step_state.found_inf = any non-finite; step_state.sum_squares = Σ (g · inv_scale)², in
+  // double, inv_scale = InverseScale(step_state.scale).
+  virtual absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) = 0;
+  // Phase 2 on the backend: FinalizeStep(config, loss[0], step_state) (step_math.h).
+  virtual absl::Status FinalizeStep(const StepConfig& config, Tensor loss,
+                                    StepStateBuffer step_state) = 0;
+  // Phase 3, elementwise over the n parameters, unless step_state.skipped: with
+  // g = grads[i] · InverseScale(last_scale) · clip_coef, ApplyUpdate(rule, PrepareUpdate(rule,
+  // state), g, &params[i], &slot_a[i], &slot_b[i]) (trainer/optim/update_math.h), and, when
+  // params_low is not empty, params_low[i] = round(params[i]) in its dtype (the low-precision
+  // copies for the next micro-batches, in the same pass). slot_a / slot_b may be empty when the
+  // rule does not use them. The gradients are left as they are or zeroed.
+  virtual absl::Status UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                        Tensor slot_a, Tensor slot_b, StepStateBuffer step_state,
+                                        Tensor params_low) = 0;
 
   // A StepState in backend memory, initialised from `initial`.
   virtual absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) = 0;

@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
 
 namespace mptrain {
@@ -43,8 +44,8 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(backend.Upload(p.data(), (*mlp)->params()).ok());
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(*xt).ok());
-    EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), *yt, 1, *state, (*mlp)->loss_slot(),
-                                        (*mlp)->output_grad()).ok());
+    EXPECT_TRUE(MseLoss(&backend, 3, 1).Backward((*mlp)->output(), *yt, *state, (*mlp)->loss_slot(),
+                                                 (*mlp)->output_grad()).ok());
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0).ok());
     std::vector<float> all(n + 1);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), all.data()).ok());

@@ -18,7 +18,6 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const ModelCo
   const int64_t n = mlp->layout_.total;
   ASSIGN_OR_RETURN(mlp->params_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(mlp->grads_, backend->Allocate(DType::kF32, 1, n + 1));
-  ASSIGN_OR_RETURN(mlp->momentum_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(mlp->params_low_, backend->Allocate(compute_dtype, 1, n));
   mlp->accumulation_steps_ = accumulation_steps;
   const int64_t slot_bytes = accumulation_steps * n * mlp->params_low_.element_bytes;

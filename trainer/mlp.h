@@ -17,8 +17,8 @@ namespace mptrain {
 class Mlp {
  public:
   // Allocates parameters (fp32 masters), gradients (fp32, plus one trailing slot for the loss
-  // that rides in the gradient allreduce), momentum, low-precision weight copies and the
-  // activations of one micro-batch.
+  // that rides in the gradient allreduce), low-precision weight copies and the activations of
+  // one micro-batch.
   //
   // Gradient accumulation over `accumulation_steps` micro-batches: autocast's weight gradients
   // come out of the GEMM rounded to fp16/bf16 and are added, one micro-batch after the other,
@@ -35,7 +35,7 @@ class Mlp {
   Tensor params() const { return params_; }        // [1, n] f32
   Tensor grads() const { return grads_; }          // [1, n + 1] f32, loss in the last slot
   Tensor loss_slot() const { return grads_.FlatView(layout_.total, 1, 1); }
-  Tensor momentum() const { return momentum_; }    // [1, n] f32
+  Tensor param_grads() const { return grads_.FlatView(0, 1, layout_.total); }  // [1, n] f32
   // [1, n] compute dtype; empty for fp32 (the masters are used directly).
   Tensor low_precision_params() const {
     return compute_dtype_ == DType::kF32 ? Tensor{} : params_low_;
@@ -84,7 +84,7 @@ class Mlp {
   ParameterLayout layout_;
   ActivationKind activation_;
   DType compute_dtype_;
-  Tensor params_, grads_, momentum_, params_low_;
+  Tensor params_, grads_, params_low_;
   int64_t accumulation_steps_ = 1;
   Tensor gradient_slots_;             // [A, n] compute dtype, when deferring the accumulation
   Tensor input_low_;                  // [B, in] the input in the compute dtype

@@ -5,6 +5,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 
 namespace mptrain {
 namespace {
@@ -38,8 +39,8 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
   auto gradients = [&](const Mlp::BucketReady& hook) {
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
-                                        (*mlp)->output_grad()).ok());
+    EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
+                                                    (*mlp)->output_grad()).ok());
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, hook).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
@@ -108,8 +109,9 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
         ASSERT_TRUE(backend.Upload(xs.data(), x).ok());
         ASSERT_TRUE(backend.Upload(ys.data(), y).ok());
         ASSERT_TRUE((*mlp)->Forward(x).ok());
-        ASSERT_TRUE(backend.MseLossBackward((*mlp)->output(), y, accumulation, state,
-                                            (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
+        ASSERT_TRUE(MseLoss(&backend, 8, accumulation)
+                        .Backward((*mlp)->output(), y, state, (*mlp)->loss_slot(),
+                                  (*mlp)->output_grad()).ok());
         ASSERT_TRUE((*mlp)->Backward(micro, [&](Tensor) {
           ++spans;
           return absl::OkStatus();

@@ -6,7 +6,9 @@
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
+#include "trainer/loss/loss.h"
 #include "trainer/mlp.h"
+#include "trainer/optim/optimizer.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/rank_data.h"
 
@@ -77,9 +79,6 @@ absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& confi
 
 StepConfig MakeStepConfig(const TrainingConfig& config) {
   StepConfig step;
-  step.lr = static_cast<float>(config.optimizer.lr);
-  step.momentum = static_cast<float>(config.optimizer.momentum);
-  step.weight_decay = static_cast<float>(config.optimizer.weight_decay);
   step.max_grad_norm = static_cast<float>(config.max_grad_norm);
   step.scaler_enabled = config.loss_scaler.enabled;
   step.growth_factor = static_cast<float>(config.loss_scaler.growth_factor);
@@ -110,6 +109,10 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
   ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
   ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
+  ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
+                   MakeLoss(config.loss, config.model, backend, accumulation));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                   MakeOptimizer(config.optimizer, backend, mlp->layout().total));
 
   const StepConfig step_config = MakeStepConfig(config);
   StepState initial_state;
@@ -120,7 +123,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     ASSIGN_OR_RETURN(TrainingCheckpoint checkpoint,
                      ReadTrainingCheckpoint(resume_checkpoint, mlp->layout()));
     RETURN_IF_ERROR(backend->Upload(checkpoint.parameters.data(), mlp->params()));
-    RETURN_IF_ERROR(backend->Upload(checkpoint.momentum.data(), mlp->momentum()));
+    RETURN_IF_ERROR(backend->Upload(checkpoint.momentum.data(), optimizer->slots()[0].values));
     initial_state = checkpoint.step_state;
     first_step = checkpoint.step + 1;
     micro_batches.SeekToStep(checkpoint.step, accumulation);
@@ -137,7 +140,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     checkpoint.parameters.resize(mlp->layout().total);
     checkpoint.momentum.resize(mlp->layout().total);
     RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
-    RETURN_IF_ERROR(backend->Download(mlp->momentum(), checkpoint.momentum.data()));
+    RETURN_IF_ERROR(backend->Download(optimizer->slots()[0].values, checkpoint.momentum.data()));
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
     const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A resumed run may write again a step file its failed attempt already wrote; a fresh run
@@ -188,8 +191,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
       RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
-      RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
-                                               mlp->loss_slot(), mlp->output_grad()));
+      RETURN_IF_ERROR(
+          loss->Backward(mlp->output(), y, step_state, mlp->loss_slot(), mlp->output_grad()));
       if (!stepping) {
         RETURN_IF_ERROR(mlp->Backward(micro));
         continue;
@@ -201,11 +204,14 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
           micro, [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
-    // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,
-    // and the low-precision weight copies for the next step's micro-batches.
-    RETURN_IF_ERROR(backend->OptimizerStep(step_config, mlp->params(), mlp->grads(),
-                                           mlp->momentum(), step_state,
-                                           mlp->low_precision_params()));
+    // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip
+    // or step and update the scale; the optimizer's step (with the low-precision weight copies
+    // for the next step's micro-batches) unless skipped. The loss slot starts the next step at 0.
+    RETURN_IF_ERROR(backend->GradientStatistics(mlp->param_grads(), step_state));
+    RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->loss_slot(), step_state));
+    RETURN_IF_ERROR(optimizer->Update(config.optimizer.lr, mlp->params(), mlp->param_grads(),
+                                      step_state, mlp->low_precision_params()));
+    RETURN_IF_ERROR(backend->Zero(mlp->loss_slot()));
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));

@@ -159,63 +159,82 @@ absl::Status CpuBackend::SumRowsToF32(Tensor rows, Tensor out) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                         StepStateBuffer step_state, Tensor loss_acc,
-                                         Tensor d_pred) {
-  if (auto status = CheckSameSize("MseLossBackward", pred, target); !status.ok()) return status;
-  const int64_t numel = pred.numel();
-  const float* p = F(pred);
-  const float* t = F(target);
-  float* d = F(d_pred);
-  double sum = 0;
-  for (int64_t i = 0; i < numel; ++i) {
-    const float diff = p[i] - t[i];
-    sum += static_cast<double>(diff) * diff;
-  }
-  const float accumulation = static_cast<float>(accumulation_steps);
-  F(loss_acc)[0] += static_cast<float>(sum / numel) / accumulation;
-  // The chain PyTorch runs: (loss / A) * scale -> d loss = scale / A -> mse backward.
-  const float upstream = step_state.data->scale / accumulation;
-  const float norm = static_cast<float>(2.0 / numel);
-  for (int64_t i = 0; i < numel; ++i) {
-    d[i] = RoundTo(d_pred.dtype, norm * (p[i] - t[i]) * upstream);
-  }
+absl::Status CpuBackend::ScaledDifference(Tensor a, Tensor b, float coef,
+                                          StepStateBuffer step_state, float seed_divisor,
+                                          Tensor out) {
+  if (auto status = CheckSameSize("ScaledDifference", a, b); !status.ok()) return status;
+  if (auto status = CheckSameSize("ScaledDifference", a, out); !status.ok()) return status;
+  const float seed = step_state.data->scale / seed_divisor;
+  const float* x = F(a);
+  const float* y = F(b);
+  float* d = F(out);
+  for (int64_t i = 0; i < a.numel(); ++i) d[i] = RoundTo(out.dtype, coef * (x[i] - y[i]) * seed);
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                       Tensor momentum, StepStateBuffer step_state,
-                                       Tensor params_low) {
-  const int64_t n = params.numel();
-  if (grads.numel() != n + 1 || momentum.numel() != n) {
-    return absl::InvalidArgumentError("OptimizerStep: buffer sizes do not match");
+absl::Status CpuBackend::SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                              float then_divide, Tensor acc) {
+  if (auto status = CheckSameSize("SumSquaredDifference", a, b); !status.ok()) return status;
+  const float* x = F(a);
+  const float* y = F(b);
+  double sum = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float diff = x[i] - y[i];
+    sum += static_cast<double>(diff) * diff;
   }
+  F(acc)[0] += static_cast<float>(sum / divide_by) / then_divide;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
   StepState* state = step_state.data;
-  float* g = F(grads);
-  float* p = F(params);
-  float* m = F(momentum);
-  // Phase 1: unscale in place (as GradScaler.unscale_), inf/NaN check, squared norm.
+  const float* g = F(grads);
   const float inv_scale = InverseScale(state->scale);
   int32_t found_inf = 0;
   double sum_squares = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < grads.numel(); ++i) {
     if (!std::isfinite(g[i])) found_inf = 1;
-    g[i] *= inv_scale;
-    sum_squares += static_cast<double>(g[i]) * g[i];
+    const float u = g[i] * inv_scale;
+    sum_squares += static_cast<double>(u) * u;
   }
   state->found_inf = found_inf;
   state->sum_squares = sum_squares;
-  // Phase 2: skip or step, clip coefficient, scale update.
-  FinalizeStep(config, g[n], state);
-  // Phase 3: the SGD update, unless the step is skipped; then zero the gradients.
-  if (!state->skipped) {
-    for (int64_t i = 0; i < n; ++i) SgdUpdate(config, g[i], state->clip_coef, &p[i], &m[i]);
-    if (!params_low.empty()) {
-      float* low = F(params_low);
-      for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
-    }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::FinalizeStep(const StepConfig& config, Tensor loss,
+                                      StepStateBuffer step_state) {
+  mptrain::FinalizeStep(config, F(loss)[0], step_state.data);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                          Tensor slot_a, Tensor slot_b,
+                                          StepStateBuffer step_state, Tensor params_low) {
+  const int64_t n = params.numel();
+  if (grads.numel() != n || (!slot_a.empty() && slot_a.numel() != n) ||
+      (!slot_b.empty() && slot_b.numel() != n) || (!params_low.empty() && params_low.numel() != n)) {
+    return absl::InvalidArgumentError("UpdateParameters: buffer sizes do not match");
   }
-  g[n] = 0.0f;  // The loss slot; the next first micro-batch writes over the gradients.
+  const StepState& state = *step_state.data;
+  if (state.skipped) return absl::OkStatus();
+  const UpdateCoefficients coefficients = PrepareUpdate(rule, state);
+  // The gradients as unscale_ leaves them (g * inv_scale), times clip_grad_norm_'s coefficient.
+  const float inv_scale = InverseScale(state.last_scale);
+  const float clip_coef = state.clip_coef;
+  float* p = F(params);
+  const float* g = F(grads);
+  float unused = 0;
+  float* a = slot_a.empty() ? nullptr : F(slot_a);
+  float* b = slot_b.empty() ? nullptr : F(slot_b);
+  for (int64_t i = 0; i < n; ++i) {
+    ApplyUpdate(rule, coefficients, g[i] * inv_scale * clip_coef, &p[i],
+                a != nullptr ? &a[i] : &unused, b != nullptr ? &b[i] : &unused);
+  }
+  if (!params_low.empty()) {
+    float* low = F(params_low);
+    for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
+  }
   return absl::OkStatus();
 }
 

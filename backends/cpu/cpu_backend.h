@@ -30,12 +30,16 @@ class CpuBackend final : public Backend {
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
-  absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                               StepStateBuffer step_state, Tensor loss_acc,
-                               Tensor d_pred) override;
-  absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, StepStateBuffer step_state,
-                             Tensor params_low) override;
+  absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
+                                float seed_divisor, Tensor out) override;
+  absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
+                                    Tensor acc) override;
+  absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) override;
+  absl::Status FinalizeStep(const StepConfig& config, Tensor loss,
+                            StepStateBuffer step_state) override;
+  absl::Status UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                Tensor slot_a, Tensor slot_b, StepStateBuffer step_state,
+                                Tensor params_low) override;
   absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) override;
   absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) override;
   absl::Status SnapshotStats(StepStateBuffer step_state, int slot) override;

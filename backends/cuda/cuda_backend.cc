@@ -434,23 +434,57 @@ absl::Status CudaBackend::SumRowsToF32(Tensor rows, Tensor out) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                          StepStateBuffer step_state, Tensor loss_acc,
-                                          Tensor d_pred) {
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::MseLossBackward(
-      pred.data, pred.dtype, static_cast<const float*>(target.data), pred.numel(),
-      accumulation_steps, step_state.data,
-      static_cast<float*>(loss_acc.data), d_pred.data, partials_, stream_));
+absl::Status CudaBackend::ScaledDifference(Tensor a, Tensor b, float coef,
+                                           StepStateBuffer step_state, float seed_divisor,
+                                           Tensor out) {
+  if (a.numel() != b.numel() || a.numel() != out.numel() || a.dtype != out.dtype ||
+      b.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        "ScaledDifference: a and out must match in size and dtype, b must be f32");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::ScaledDifference(
+      a.data, a.dtype, static_cast<const float*>(b.data), a.numel(), coef, step_state.data,
+      seed_divisor, out.data, stream_));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                        Tensor momentum, StepStateBuffer step_state,
-                                        Tensor params_low) {
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::OptimizerStep(
-      config, static_cast<float*>(params.data), static_cast<float*>(grads.data),
-      static_cast<float*>(momentum.data), params.numel(), step_state.data,
-      params_low.data, params_low.dtype, partials_, inf_flags_, stream_));
+absl::Status CudaBackend::SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                               float then_divide, Tensor acc) {
+  if (a.numel() != b.numel() || b.dtype != DType::kF32 || acc.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SumSquaredDifference: sizes or dtypes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SumSquaredDifference(
+      a.data, a.dtype, static_cast<const float*>(b.data), a.numel(), divide_by, then_divide,
+      static_cast<float*>(acc.data), partials_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::GradientStatistics(static_cast<const float*>(grads.data),
+                                                         grads.numel(), step_state.data,
+                                                         partials_, inf_flags_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FinalizeStep(const StepConfig& config, Tensor loss,
+                                       StepStateBuffer step_state) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::FinalizeStep(config, static_cast<const float*>(loss.data),
+                                                   step_state.data, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                           Tensor slot_a, Tensor slot_b,
+                                           StepStateBuffer step_state, Tensor params_low) {
+  const int64_t n = params.numel();
+  if (grads.numel() != n || (!slot_a.empty() && slot_a.numel() != n) ||
+      (!slot_b.empty() && slot_b.numel() != n) || (!params_low.empty() && params_low.numel() != n)) {
+    return absl::InvalidArgumentError("UpdateParameters: buffer sizes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::UpdateParameters(
+      rule, static_cast<float*>(params.data), static_cast<const float*>(grads.data),
+      static_cast<float*>(slot_a.data), static_cast<float*>(slot_b.data), n, step_state.data,
+      params_low.data, params_low.dtype, stream_));
   return absl::OkStatus();
 }
 

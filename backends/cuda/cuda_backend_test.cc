@@ -12,6 +12,7 @@
 #include "backends/cuda/nccl_collective.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
 #include "trainer/train_loop.h"
 #include "trainer/training_config_from_spec.h"
@@ -245,8 +246,8 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   auto gradients = [&](const Mlp::BucketReady& hook) {
     EXPECT_TRUE(gpu->Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(gpu->MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
-                                     (*mlp)->output_grad()).ok());
+    EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
+                                                     (*mlp)->output_grad()).ok());
     EXPECT_TRUE((*mlp)->Backward(0, hook).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
@@ -293,8 +294,9 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       ASSERT_TRUE(gpu->Upload(xs.data(), x).ok());
       ASSERT_TRUE(gpu->Upload(ys.data(), y).ok());
       ASSERT_TRUE((*mlp)->Forward(x).ok());
-      ASSERT_TRUE(gpu->MseLossBackward((*mlp)->output(), y, accumulation, state,
-                                       (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
+      ASSERT_TRUE(MseLoss(gpu.get(), 64, accumulation)
+                      .Backward((*mlp)->output(), y, state, (*mlp)->loss_slot(),
+                                (*mlp)->output_grad()).ok());
       ASSERT_TRUE((*mlp)->Backward(micro).ok());
     }
     std::vector<float> grads((*mlp)->layout().total + 1);

@@ -1,0 +1,36 @@
+#pragma once
+
+// A training loss as a strategy over the backend's primitives: the loop hands it the model's
+// output and the micro-batch's targets; it adds the loss to the step's loss slot and seeds the
+// backward pass, with autocast's precision and GradScaler's scale (read on the backend, never
+// on the host).
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainer/backend.h"
+#include "trainer/training_config.h"
+
+namespace mptrain {
+
+class Loss {
+ public:
+  virtual ~Loss() = default;
+  // One micro-batch of an optimizer step of `accumulation_steps` micro-batches:
+  //   loss_acc[0] += loss / accumulation_steps
+  //   d_output = round(∂loss/∂output · scale / accumulation_steps)   (the chain PyTorch runs for
+  //              scaler.scale(loss / A).backward(), scale = step_state.scale)
+  // output [B, C] in the compute dtype; targets [B, target_columns()] f32; loss_acc [1, 1] f32;
+  // d_output like output.
+  virtual absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state,
+                                Tensor loss_acc, Tensor d_output) = 0;
+  // Columns of a target row.
+  virtual int64_t target_columns() const = 0;
+};
+
+// INVALID_ARGUMENT naming the field when the configuration does not fit the model.
+absl::StatusOr<std::unique_ptr<Loss>> MakeLoss(const LossConfig& config, const ModelConfig& model,
+                                               Backend* backend, int64_t accumulation_steps);
+
+}  // namespace mptrain
