@@ -36,12 +36,14 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
   ASSERT_TRUE(backend.Upload(y.data(), ty).ok());
   ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
 
-  auto gradients = [&](const Mlp::BucketReady& hook) {
+  auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
     EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
                                                     (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, hook).ok());
+    std::unique_ptr<GradientReducer> reducer;
+    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, reducer.get()).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
     return grads;
@@ -70,10 +72,12 @@ TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
   Tensor tx = *backend.Allocate(DType::kF32, 2, 6);
   ASSERT_TRUE((*mlp)->Forward(tx).ok());
   std::vector<int64_t> sizes;
-  ASSERT_TRUE((*mlp)->Backward(0, [&](Tensor span) {
+  auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor span) {
     sizes.push_back(span.numel());
     return absl::OkStatus();
-  }).ok());
+  });
+  ASSERT_TRUE(reducer.ok());
+  ASSERT_TRUE((*mlp)->Backward(0, reducer->get()).ok());
   EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 1}));
 }
 
@@ -102,6 +106,11 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       Tensor x = *backend.Allocate(DType::kF32, batch, 24);
       Tensor y = *backend.Allocate(DType::kF32, batch, 8);
       int spans = 0;
+      auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor) {
+        ++spans;
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(reducer.ok());
       for (int64_t micro = 0; micro < accumulation; ++micro) {
         std::vector<float> xs(batch * 24), ys(batch * 8);
         for (float& v : xs) v = normal(generator);
@@ -112,10 +121,7 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
         ASSERT_TRUE(MseLoss(&backend, 8, accumulation)
                         .Backward((*mlp)->output(), y, state, (*mlp)->loss_slot(),
                                   (*mlp)->output_grad()).ok());
-        ASSERT_TRUE((*mlp)->Backward(micro, [&](Tensor) {
-          ++spans;
-          return absl::OkStatus();
-        }).ok());
+        ASSERT_TRUE((*mlp)->Backward(micro, reducer->get()).ok());
       }
       EXPECT_EQ(spans, 1) << "spans are handed over on the last micro-batch only";
       std::vector<float> grads((*mlp)->layout().total + 1);

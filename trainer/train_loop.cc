@@ -113,6 +113,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
                    MakeLoss(config.loss, config.model, backend, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    MakeOptimizer(config.optimizer, backend, mlp->layout().total));
+  // DDP's buckets: each is allreduced (mean over ranks; the loss rides in the first) as soon as
+  // the backward pass of the stepping micro-batch completes it, overlapping the rest.
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
+                   GradientReducer::Create(mlp->layout(), mlp->accumulator(), [&](Tensor span) {
+                     return collective->AllReduceMeanAsync(span);
+                   }));
 
   const StepConfig step_config = MakeStepConfig(config);
   StepState initial_state;
@@ -193,15 +199,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(
           loss->Backward(mlp->output(), y, step_state, mlp->loss_slot(), mlp->output_grad()));
-      if (!stepping) {
-        RETURN_IF_ERROR(mlp->Backward(micro));
-        continue;
-      }
-      // The stepping micro-batch: the gradient allreduce (mean over ranks; the loss rides in the
-      // last slot), bucket by bucket as soon as each bucket's gradients are complete, so that
-      // it overlaps the rest of the backward pass, as DDP's buckets do.
-      RETURN_IF_ERROR(mlp->Backward(
-          micro, [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
+      // The stepping micro-batch tells the reducer as each layer's gradients are done.
+      RETURN_IF_ERROR(mlp->Backward(micro, stepping ? reducer.get() : nullptr));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
     // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip

@@ -243,12 +243,14 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   ASSERT_TRUE(gpu->Upload(x.data(), tx).ok());
   ASSERT_TRUE(gpu->Upload(y.data(), ty).ok());
   ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
-  auto gradients = [&](const Mlp::BucketReady& hook) {
+  auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(gpu->Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
     EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
                                                      (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(0, hook).ok());
+    std::unique_ptr<GradientReducer> reducer;
+    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    EXPECT_TRUE((*mlp)->Backward(0, reducer.get()).ok());
     std::vector<float> grads(n + 1);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     return grads;
