@@ -139,12 +139,15 @@ std::string FormatWorkerTable(const std::vector<v1::Worker>& workers) {
 }
 
 std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "step %6d  loss %.6f  grad_norm %.6g  scale %g  skipped %s (%d total)  %.3f ms  "
       "%.0f samples/s",
       record.step(), record.loss(), record.grad_norm(), record.loss_scale(),
       record.skipped() ? "yes" : "no", record.skipped_total(), record.step_time_ms(),
       record.samples_per_second());
+  if (record.lr() != 0) absl::StrAppendFormat(&line, "  lr %.6g", record.lr());
+  if (record.has_accuracy()) absl::StrAppendFormat(&line, "  acc %.4f", record.accuracy());
+  return line;
 }
 
 }  // namespace mptrain

@@ -20,6 +20,8 @@ constexpr int kMaxRestarts = 100;
 constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 16;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr double kMaxQueueTimeoutS = 30.0 * 24 * 3600;
+// The scaler's growth tracker is a 32-bit counter on the device.
+constexpr int64_t kMaxGrowthInterval = 1'000'000'000;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -118,9 +120,9 @@ absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
     return Invalid(absl::StrCat("loss_scaler.backoff_factor must be in (0, 1), got ",
                                 Num(scaler.backoff_factor())));
   }
-  if (scaler.growth_interval() < 1) {
-    return Invalid(absl::StrCat("loss_scaler.growth_interval must be >= 1, got ",
-                                scaler.growth_interval()));
+  if (scaler.growth_interval() < 1 || scaler.growth_interval() > kMaxGrowthInterval) {
+    return Invalid(absl::StrCat("loss_scaler.growth_interval must be in [1, ",
+                                kMaxGrowthInterval, "], got ", scaler.growth_interval()));
   }
   return absl::OkStatus();
 }
@@ -191,8 +193,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_model()) return Invalid("model is required");
   if (auto status = ValidateModel(spec.model()); !status.ok()) return status;
-  if (spec.loss() != v1::MSE) {
-    return Invalid(absl::StrCat("loss must be mse, got ", spec.loss()));
+  if (spec.loss() != v1::MSE && spec.loss() != v1::CROSS_ENTROPY) {
+    return Invalid(absl::StrCat("loss must be mse or cross_entropy, got ", spec.loss()));
+  }
+  if (!std::isfinite(spec.label_smoothing()) || spec.label_smoothing() < 0 ||
+      spec.label_smoothing() > 1) {
+    return Invalid(absl::StrCat("label_smoothing must be in [0, 1], got ",
+                                Num(spec.label_smoothing())));
+  }
+  if (spec.label_smoothing() != 0 && spec.loss() != v1::CROSS_ENTROPY) {
+    return Invalid("label_smoothing applies to loss cross_entropy only");
   }
   if (auto status = ValidateData(spec.data()); !status.ok()) return status;
   if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {

@@ -255,10 +255,29 @@ TEST(ValidateJobSpec, BackoffFactor_MustBeInUnitInterval) {
   ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1), got 1.5");
 }
 
-TEST(ValidateJobSpec, GrowthInterval_MustBePositive) {
+TEST(ValidateJobSpec, GrowthInterval_MustBePositiveAndBounded) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_growth_interval(0);
-  ExpectInvalid(spec, "loss_scaler.growth_interval must be >= 1, got 0");
+  ExpectInvalid(spec, "loss_scaler.growth_interval must be in [1, 1000000000], got 0");
+  spec.mutable_loss_scaler()->set_growth_interval(int64_t{1} << 32);
+  ExpectInvalid(spec, "loss_scaler.growth_interval must be in [1, 1000000000], got 4294967296");
+}
+
+TEST(ValidateJobSpec, CrossEntropy_IsALoss_WithLabelSmoothingInUnitInterval) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_loss(v1::CROSS_ENTROPY);
+  spec.set_label_smoothing(0.1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_label_smoothing(1.5);
+  ExpectInvalid(spec, "label_smoothing must be in [0, 1], got 1.5");
+  spec.set_label_smoothing(std::nan(""));
+  ExpectInvalid(spec, "label_smoothing must be in [0, 1], got nan");
+}
+
+TEST(ValidateJobSpec, LabelSmoothing_NeedsCrossEntropy) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_label_smoothing(0.1);
+  ExpectInvalid(spec, "label_smoothing applies to loss cross_entropy only");
 }
 
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {

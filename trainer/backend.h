@@ -120,14 +120,29 @@ class Backend {
   // dtype, b [R, C] f32, acc [1, 1] f32.
   virtual absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by,
                                             float then_divide, Tensor acc) = 0;
+  // acc[0] += f32(Σ a · b / divide_by) / then_divide, the sum in double; a, b [R, C] f32.
+  virtual absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                  Tensor acc) = 0;
+  // Row-wise log-softmax in fp32: out[r, c] = f32(x[r, c]) − max_r − log Σ_c exp(f32(x[r, c]) −
+  // max_r), the sum in double. x [R, C] in any dtype, out [R, C] f32.
+  virtual absl::Status LogSoftmaxRows(Tensor x, Tensor out) = 0;
+  // out = exp(x), elementwise, f32.
+  virtual absl::Status Exp(Tensor x, Tensor out) = 0;
+  // out[r, c] = (c == ids[r] ? on : 0) + off, f32 [R, C]; ids [R, 1] f32 holding integers in
+  // [0, C) (out of range: no `on` entry).
+  virtual absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) = 0;
+  // acc[0] += the rows r of x [R, C] (any dtype) whose first maximum is at column ids[r].
+  virtual absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) = 0;
 
   // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
   // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):
   // step_state.found_inf = any non-finite; step_state.sum_squares = Σ (g · inv_scale)², in
   // double, inv_scale = InverseScale(step_state.scale).
   virtual absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) = 0;
-  // Phase 2 on the backend: FinalizeStep(config, loss[0], step_state) (step_math.h).
-  virtual absl::Status FinalizeStep(const StepConfig& config, Tensor loss,
+  // Phase 2 on the backend: FinalizeStep(config, metrics[0], step_state) (step_math.h), and
+  // step_state.last_correct = metrics[1]. metrics [1, 2] f32: the step's averaged loss and
+  // correct count.
+  virtual absl::Status FinalizeStep(const StepConfig& config, Tensor metrics,
                                     StepStateBuffer step_state) = 0;
   // Phase 3, elementwise over the n parameters, unless step_state.skipped: with
   // g = grads[i] · InverseScale(last_scale) · clip_coef, ApplyUpdate(rule, PrepareUpdate(rule,

@@ -18,7 +18,7 @@ absl::StatusOr<GradientAccumulator> GradientAccumulator::Create(Backend* backend
   accumulator.backend_ = backend;
   accumulator.n_ = n;
   accumulator.accumulation_steps_ = accumulation_steps;
-  ASSIGN_OR_RETURN(accumulator.grads_, backend->Allocate(DType::kF32, 1, n + 1));
+  ASSIGN_OR_RETURN(accumulator.grads_, backend->Allocate(DType::kF32, 1, n + kMetricSlots));
   if (compute_dtype != DType::kF32 && accumulation_steps > 1 &&
       accumulation_steps * n * element_bytes <= deferred_budget_bytes) {
     ASSIGN_OR_RETURN(accumulator.slots_,

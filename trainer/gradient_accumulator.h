@@ -17,16 +17,18 @@ namespace mptrain {
 class GradientAccumulator {
  public:
   static constexpr int64_t kDeferredBudgetBytes = int64_t{8} << 30;
+  static constexpr int64_t kMetricSlots = 2;
 
-  // n parameters; the fp32 buffer has one more slot, for the loss that rides in the gradient
-  // allreduce. `element_bytes`: what one compute-dtype element takes in the backend's memory.
+  // n parameters; the fp32 buffer has kMetricSlots more, for what rides in the gradient
+  // allreduce: the step's loss and its correct count (classification). `element_bytes`: what one compute-dtype element takes in the backend's memory.
   static absl::StatusOr<GradientAccumulator> Create(Backend* backend, int64_t n,
                                                     DType compute_dtype, int64_t element_bytes,
                                                     int64_t accumulation_steps,
                                                     int64_t deferred_budget_bytes);
 
-  Tensor grads() const { return grads_; }  // [1, n + 1] f32, the loss in the last slot
+  Tensor grads() const { return grads_; }  // [1, n + kMetricSlots] f32
   Tensor param_grads() const { return grads_.FlatView(0, 1, n_); }  // [1, n] f32
+  Tensor metrics() const { return grads_.FlatView(n_, 1, kMetricSlots); }  // [loss, correct]
   Tensor loss_slot() const { return grads_.FlatView(n_, 1, 1); }
   bool defers() const { return !slots_.empty(); }
   int64_t accumulation_steps() const { return accumulation_steps_; }
@@ -42,7 +44,7 @@ class GradientAccumulator {
 
   // After the last micro-batch's gradients of grads()[offset, offset + count) are computed:
   // makes that span final (sums the low-precision rows into fp32 in micro-batch order when
-  // deferring; the loss slot, past the parameters, is not in them). Before this, the span is
+  // deferring; the metric slots, past the parameters, are not in them). Before this, the span is
   // undefined when deferring.
   absl::Status Finalize(int64_t offset, int64_t count);
 

@@ -44,10 +44,10 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(backend.Upload(p.data(), (*mlp)->params()).ok());
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(*xt).ok());
-    EXPECT_TRUE(MseLoss(&backend, 3, 1).Backward((*mlp)->output(), *yt, *state, (*mlp)->loss_slot(),
+    EXPECT_TRUE(MseLoss(&backend, 3, 1).Backward((*mlp)->output(), *yt, *state, (*mlp)->metrics(),
                                                  (*mlp)->output_grad()).ok());
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0).ok());
-    std::vector<float> all(n + 1);
+    std::vector<float> all(n + 2);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), all.data()).ok());
     if (grads != nullptr) grads->assign(all.begin(), all.begin() + n);
     return static_cast<double>(all[n]);

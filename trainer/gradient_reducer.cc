@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     const size_t lowest = layers - 1 - buckets[b].last;
     const size_t highest = layers - 1 - buckets[b].first;
     reducer->bucket_first_layer_.push_back(lowest);
-    reducer->bucket_end_.push_back(b == 0 ? layout.total + 1  // with the loss slot
+    reducer->bucket_end_.push_back(b == 0 ? layout.total + GradientAccumulator::kMetricSlots
                                           : layout.layers[highest].bias_offset +
                                                 layout.layers[highest].out);
     for (size_t layer = lowest; layer <= highest; ++layer) reducer->bucket_of_layer_[layer] = b;
@@ -58,7 +58,7 @@ absl::Status GradientReducer::LayerReady(size_t layer) {
   const size_t bucket = bucket_of_layer_[layer];
   if (bucket_first_layer_[bucket] != layer) return absl::OkStatus();  // The bucket goes on.
   const LayerLayout& l = layout_.layers[layer];
-  // In chunks, the weight rows went already: the biases (and the loss slot) are left.
+  // In chunks, the weight rows went already: the biases (and the metric slots) are left.
   const int64_t offset = layer == 0 && first_layer_chunks_.size() > 1 ? l.bias_offset
                                                                       : l.weight_offset;
   return FinishSpan(offset, bucket_end_[bucket]);

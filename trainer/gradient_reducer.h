@@ -41,7 +41,7 @@ class GradientReducer final : public LayerGradientObserver {
   static constexpr int64_t kChunkBytes = 64 << 20;
 
   // `on_span(span)` receives each final span of accumulator->grads() in backward order; the
-  // spans cover every gradient and the loss slot (in the first bucket) exactly once.
+  // spans cover every gradient and the metric slots (in the first bucket) exactly once.
   using SpanReady = std::function<absl::Status(Tensor span)>;
   static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(
       const ParameterLayout& layout, GradientAccumulator* accumulator, SpanReady on_span,
@@ -63,7 +63,7 @@ class GradientReducer final : public LayerGradientObserver {
   GradientAccumulator* accumulator_;
   SpanReady on_span_;
   // bucket_first_layer_[b]: the lowest layer of bucket b (buckets last layer first);
-  // bucket_end_[b]: one past its last element of grads() (the loss slot is in bucket 0).
+  // bucket_end_[b]: one past its last element of grads() (the metric slots are in bucket 0).
   std::vector<size_t> bucket_first_layer_;
   std::vector<int64_t> bucket_end_;
   std::vector<size_t> bucket_of_layer_;

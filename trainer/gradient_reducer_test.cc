@@ -36,14 +36,14 @@ class GradientReducerTest : public ::testing::Test {
   std::vector<std::pair<int64_t, int64_t>> spans_;
 };
 
-TEST_F(GradientReducerTest, SmallModel_OneBucketWithTheLossSlot_WhenTheFirstLayerIsDone) {
-  const ParameterLayout layout = MakeParameterLayout({6, 5, 3});  // 35 + 18 = 53 parameters
+TEST_F(GradientReducerTest, SmallModel_OneBucketWithTheMetricSlots_WhenTheFirstLayerIsDone) {
+  const ParameterLayout layout = MakeParameterLayout({6, 5, 3});  // 35 + 18 = 53 parameters, 2 metrics
   auto reducer = Make(layout, 25 << 20, 64 << 20);
   EXPECT_EQ(reducer->bucket_count(), 1u);
   ASSERT_TRUE(reducer->LayerReady(1).ok());
   EXPECT_TRUE(spans_.empty()) << "the bucket is not complete before layer 0";
   ASSERT_TRUE(reducer->LayerReady(0).ok());
-  EXPECT_EQ(spans_, (std::vector<std::pair<int64_t, int64_t>>{{0, 54}}));
+  EXPECT_EQ(spans_, (std::vector<std::pair<int64_t, int64_t>>{{0, 55}}));
 }
 
 TEST_F(GradientReducerTest, LayersOverTheCap_ReduceLastBucketFirst) {
@@ -56,7 +56,7 @@ TEST_F(GradientReducerTest, LayersOverTheCap_ReduceLastBucketFirst) {
   EXPECT_TRUE(spans_.empty());
   ASSERT_TRUE(reducer->LayerReady(1).ok());
   ASSERT_EQ(spans_.size(), 1u);
-  EXPECT_EQ(spans_[0], std::make_pair(layout.layers[1].weight_offset, layout.total + 1));
+  EXPECT_EQ(spans_[0], std::make_pair(layout.layers[1].weight_offset, layout.total + 2));
   ASSERT_TRUE(reducer->LayerReady(0).ok());
   ASSERT_EQ(spans_.size(), 2u);
   EXPECT_EQ(spans_[1], std::make_pair(int64_t{0}, layout.layers[1].weight_offset));
@@ -72,12 +72,12 @@ TEST_F(GradientReducerTest, LargeFirstLayerAloneInTheLastBucket_GoesInRowChunksT
   ASSERT_TRUE(reducer->LayerReady(1).ok());
   for (const RowRange& rows : chunks) ASSERT_TRUE(reducer->FirstLayerRowsReady(rows).ok());
   ASSERT_TRUE(reducer->LayerReady(0).ok());
-  // Every element of grads() (parameters and the loss slot) in exactly one span.
-  std::vector<int> covered(layout.total + 1, 0);
+  // Every element of grads() (parameters and the metric slots) in exactly one span.
+  std::vector<int> covered(layout.total + 2, 0);
   for (const auto& [offset, end] : spans_) {
     for (int64_t i = offset; i < end; ++i) covered[i] += 1;
   }
-  for (int64_t i = 0; i <= layout.total; ++i) EXPECT_EQ(covered[i], 1) << "element " << i;
+  for (int64_t i = 0; i < layout.total + 2; ++i) EXPECT_EQ(covered[i], 1) << "element " << i;
   EXPECT_EQ(spans_.size(), 1u + 4u + 1u) << "layer 1's bucket, 4 row chunks, layer 0's biases";
   EXPECT_EQ(spans_.back(), std::make_pair(layout.layers[0].bias_offset,
                                           layout.layers[1].weight_offset));

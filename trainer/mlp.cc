@@ -114,7 +114,7 @@ absl::Status Mlp::Backward(int64_t micro_batch, LayerGradientObserver* observer)
     if (observer != nullptr) RETURN_IF_ERROR(observer->LayerReady(i));
   }
   if (last && observer == nullptr) {
-    return accumulator_.Finalize(0, layout_.total + 1);
+    return accumulator_.Finalize(0, layout_.total + GradientAccumulator::kMetricSlots);
   }
   return absl::OkStatus();
 }

@@ -17,8 +17,8 @@ namespace mptrain {
 
 class Mlp {
  public:
-  // Allocates parameters (fp32 masters), their gradients (GradientAccumulator: fp32, plus one
-  // trailing slot for the loss that rides in the gradient allreduce), low-precision weight
+  // Allocates parameters (fp32 masters), their gradients (GradientAccumulator: fp32, plus the
+  // metric slots that ride in the gradient allreduce), low-precision weight
   // copies and the activations of one micro-batch.
   static constexpr int64_t kDeferredBudgetBytes = GradientAccumulator::kDeferredBudgetBytes;
   static absl::StatusOr<std::unique_ptr<Mlp>> Create(
@@ -28,9 +28,10 @@ class Mlp {
   const ParameterLayout& layout() const { return layout_; }
   Tensor params() const { return params_; }        // [1, n] f32
   GradientAccumulator* accumulator() { return &accumulator_; }
-  Tensor grads() const { return accumulator_.grads(); }            // [1, n + 1] f32
+  Tensor grads() const { return accumulator_.grads(); }            // [1, n + 2] f32
   Tensor param_grads() const { return accumulator_.param_grads(); }  // [1, n] f32
   Tensor loss_slot() const { return accumulator_.loss_slot(); }
+  Tensor metrics() const { return accumulator_.metrics(); }  // [1, 2]: loss, correct count
   // [1, n] compute dtype; empty for fp32 (the masters are used directly).
   Tensor low_precision_params() const {
     return compute_dtype_ == DType::kF32 ? Tensor{} : params_low_;

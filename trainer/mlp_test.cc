@@ -39,17 +39,17 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
   auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
+    EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
                                                     (*mlp)->output_grad()).ok());
     std::unique_ptr<GradientReducer> reducer;
     if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, reducer.get()).ok());
-    std::vector<float> grads(n + 1);
+    std::vector<float> grads(n + 2);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
     return grads;
   };
   const std::vector<float> whole = gradients({});
-  std::vector<int> covered(n + 1, 0);
+  std::vector<int> covered(n + 2, 0);
   int spans = 0;
   const float* base = static_cast<const float*>((*mlp)->grads().data);
   const std::vector<float> chunked = gradients([&](Tensor span) {
@@ -58,9 +58,9 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
     ++spans;
     return absl::OkStatus();
   });
-  EXPECT_EQ(spans, 3) << "two weight chunks, then the biases with the loss slot";
+  EXPECT_EQ(spans, 3) << "two weight chunks, then the biases with the metric slots";
   EXPECT_EQ(chunked, whole);
-  for (int64_t i = 0; i <= n; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
+  for (int64_t i = 0; i < n + 2; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
 }
 
 TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
@@ -78,7 +78,7 @@ TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
   });
   ASSERT_TRUE(reducer.ok());
   ASSERT_TRUE((*mlp)->Backward(0, reducer->get()).ok());
-  EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 1}));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 2}));
 }
 
 // Keeping each micro-batch's low-precision gradients and summing them on the last micro-batch
@@ -119,12 +119,12 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
         ASSERT_TRUE(backend.Upload(ys.data(), y).ok());
         ASSERT_TRUE((*mlp)->Forward(x).ok());
         ASSERT_TRUE(MseLoss(&backend, 8, accumulation)
-                        .Backward((*mlp)->output(), y, state, (*mlp)->loss_slot(),
+                        .Backward((*mlp)->output(), y, state, (*mlp)->metrics(),
                                   (*mlp)->output_grad()).ok());
         ASSERT_TRUE((*mlp)->Backward(micro, reducer->get()).ok());
       }
       EXPECT_EQ(spans, 1) << "spans are handed over on the last micro-batch only";
-      std::vector<float> grads((*mlp)->layout().total + 1);
+      std::vector<float> grads((*mlp)->layout().total + 2);
       ASSERT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
       results.push_back(grads);
     }

@@ -33,25 +33,53 @@ NpyMatrix Rows(const NpyMatrix& matrix, int64_t first, int64_t count) {
 
 }  // namespace
 
+absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes) {
+  ASSIGN_OR_RETURN(NpyLabels labels, ReadNpyLabels(path));
+  NpyMatrix ids{labels.count, 1, std::vector<float>(labels.count)};
+  for (int64_t i = 0; i < labels.count; ++i) {
+    const int64_t id = labels.values[i];
+    if (id < 0 || id >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": row ", i, " has class ", id,
+                                                     ", model.output_dim allows [0, ", classes,
+                                                     ")"));
+    }
+    ids.values[i] = static_cast<float>(id);  // Exact: output_dim <= 2^20.
+  }
+  return ids;
+}
+
 absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, int world_size) {
   const int64_t input_dim = config.model.input_dim();
   const int64_t output_dim = config.model.output_dim();
+  const bool classes = config.loss.type == LossType::kCrossEntropy;
   RankData data;
   if (config.data.source == DataConfig::Source::kSynthetic) {
     std::mt19937_64 generator(static_cast<uint64_t>(config.data.synthetic_seed) + rank);
     data.features = NormalMatrix(config.micro_batch_size, input_dim, &generator);
-    data.targets = NormalMatrix(config.micro_batch_size, output_dim, &generator);
+    if (classes) {
+      data.targets = {config.micro_batch_size, 1, std::vector<float>(config.micro_batch_size)};
+      for (float& id : data.targets.values) {
+        id = static_cast<float>(generator() % static_cast<uint64_t>(output_dim));
+      }
+    } else {
+      data.targets = NormalMatrix(config.micro_batch_size, output_dim, &generator);
+    }
     return data;
   }
   const std::string& features_path = config.data.features_path;
   const std::string& targets_path = config.data.targets_path;
   ASSIGN_OR_RETURN(NpyMatrix features, ReadNpyMatrix(features_path));
-  ASSIGN_OR_RETURN(NpyMatrix targets, ReadNpyMatrix(targets_path));
+  NpyMatrix targets;
+  if (classes) {
+    ASSIGN_OR_RETURN(targets, ReadClassIds(targets_path, output_dim));
+  } else {
+    ASSIGN_OR_RETURN(targets, ReadNpyMatrix(targets_path));
+  }
   if (features.cols != input_dim) {
     return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", features.cols,
                                                    " columns, model.input_dim is ", input_dim));
   }
-  if (targets.cols != output_dim) {
+  if (!classes && targets.cols != output_dim) {
     return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", targets.cols,
                                                    " columns, model.output_dim is ", output_dim));
   }

@@ -11,12 +11,18 @@ namespace mptrain {
 
 struct RankData {
   NpyMatrix features;  // [rows, input_dim]
-  NpyMatrix targets;   // [rows, output_dim]
+  NpyMatrix targets;   // [rows, output_dim], or [rows, 1] class ids for cross_entropy
 };
 
-// synthetic: one batch of micro_batch_size rows, standard normal, drawn from seed + rank.
+// synthetic: one batch of micro_batch_size rows, standard normal (cross_entropy: class ids
+// uniform in [0, output_dim)), drawn from seed + rank.
 // npy: rows [rank*N/W, (rank+1)*N/W) of both files; INVALID_ARGUMENT naming the file when its
-// width does not match the model, the two files differ in rows, or the shard is empty.
+// width does not match the model, a class id is outside [0, output_dim) (naming the row), the
+// two files differ in rows, or the shard is empty.
 absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, int world_size);
+
+// Class ids of a .npy label file (int64 or int32) as a [N, 1] float matrix; INVALID_ARGUMENT
+// naming the file and the row when an id is outside [0, classes).
+absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes);
 
 }  // namespace mptrain

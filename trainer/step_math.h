@@ -47,6 +47,7 @@ struct StepState {
   float last_scale = 1.0f;     // The scale the last step's gradients were computed with.
   float last_loss = 0;         // Effective-batch loss of the last step, averaged over ranks.
   float last_grad_norm = 0;    // Global L2 norm of the last step's unscaled gradients.
+  float last_correct = 0;      // Correct predictions of the last step, averaged over ranks.
 };
 
 // inv_scale as GradScaler computes it: the reciprocal in double, then rounded to float.

@@ -110,7 +110,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
   ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
   ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
-                   MakeLoss(config.loss, config.model, backend, accumulation));
+                   MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    MakeOptimizer(config.optimizer, backend, mlp->layout().total));
   // DDP's buckets: each is allreduced (mean over ranks; the loss rides in the first) as soon as
@@ -163,6 +163,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   struct Pending {
     int64_t step;
     int slot;
+    double lr;
   };
   std::deque<Pending> pending;
   ASSIGN_OR_RETURN(double previous_ms, backend->NowMs());
@@ -184,6 +185,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     record.skipped_total = stats.state.skipped_total;
     record.step_time_ms = step_ms;
     record.samples_per_second = step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0;
+    record.lr = oldest.lr;
+    if (loss->classifies()) {
+      // The correct count averaged over ranks, over one rank's samples of the step.
+      record.has_accuracy = true;
+      record.accuracy = static_cast<double>(stats.state.last_correct) / (batch * accumulation);
+    }
     observer->OnStep(oldest.step, telemetry_step ? &record : nullptr);
     return absl::OkStatus();
   };
@@ -198,23 +205,24 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(
-          loss->Backward(mlp->output(), y, step_state, mlp->loss_slot(), mlp->output_grad()));
+          loss->Backward(mlp->output(), y, step_state, mlp->metrics(), mlp->output_grad()));
       // The stepping micro-batch tells the reducer as each layer's gradients are done.
       RETURN_IF_ERROR(mlp->Backward(micro, stepping ? reducer.get() : nullptr));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
     // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip
     // or step and update the scale; the optimizer's step (with the low-precision weight copies
-    // for the next step's micro-batches) unless skipped. The loss slot starts the next step at 0.
+    // for the next step's micro-batches) unless skipped. The metric slots start the next step
+    // at 0.
     RETURN_IF_ERROR(backend->GradientStatistics(mlp->param_grads(), step_state));
-    RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->loss_slot(), step_state));
+    RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->metrics(), step_state));
     RETURN_IF_ERROR(optimizer->Update(config.optimizer.lr, mlp->params(), mlp->param_grads(),
                                       step_state, mlp->low_precision_params()));
-    RETURN_IF_ERROR(backend->Zero(mlp->loss_slot()));
+    RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
-    pending.push_back({step, slot});
+    pending.push_back({step, slot, config.optimizer.lr});
     while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
     if (rank == 0 && config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
       while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());

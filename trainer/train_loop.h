@@ -23,6 +23,10 @@ struct StepTelemetry {
   int64_t skipped_total = 0;
   double step_time_ms = 0;
   double samples_per_second = 0;  // Over all ranks.
+  double lr = 0;                  // The learning rate the step used.
+  // Classification losses: the fraction of the step's samples (all ranks) classified right.
+  bool has_accuracy = false;
+  double accuracy = 0;
 };
 
 // Receives what the loop produces; the rank process batches it to the coordinator.

@@ -1,5 +1,6 @@
 #include "trainer/train_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -341,6 +342,59 @@ TEST(RunTraining, ResumeFromCheckpoint_IsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(observer.records.front().step, 6) << "telemetry continues from the checkpoint";
   // The scale doubled every 3 steps before and after the checkpoint, as without it.
   EXPECT_EQ(observer.records.back().loss_scale, whole.observer.records.back().loss_scale);
+}
+
+// A linearly separable 3-class problem (the class is the largest of the first 3 features):
+// cross-entropy training drives the training accuracy from chance towards 1.
+TEST(RunTraining, CrossEntropy_LearnsAndReportsAccuracy) {
+  const int in = 6, rows = 96;
+  std::mt19937 generator(4);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyLabels labels{rows, std::vector<int64_t>(rows)};
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < in; ++c) features.values[r * in + c] = normal(generator);
+    const float* x = &features.values[r * in];
+    labels.values[r] = std::max_element(x, x + 3) - x;
+  }
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("ce_x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyLabels(TempPath("ce_y.npy"), labels).ok());
+  TrainingConfig spec = SmallConfig();
+  spec.model.widths = {in, 16, 3};
+  spec.loss.type = LossType::kCrossEntropy;
+  spec.loss.label_smoothing = 0.05;
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("ce_x.npy");
+  spec.data.targets_path = TempPath("ce_y.npy");
+  spec.micro_batch_size = 24;
+  spec.accumulation_steps = 2;
+  spec.steps = 60;
+  spec.compute_dtype = DType::kBF16;
+  spec.loss_scaler.enabled = false;
+  spec.optimizer.lr = 0.5;
+  spec.optimizer.momentum = 0.9;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  ASSERT_EQ(run.observer.records.size(), 60u);
+  for (const StepTelemetry& record : run.observer.records) {
+    ASSERT_TRUE(record.has_accuracy);
+    // 48 samples per step: the accuracy is a whole number of them.
+    EXPECT_DOUBLE_EQ(record.accuracy * 48, std::round(record.accuracy * 48));
+    EXPECT_EQ(record.lr, 0.5);
+  }
+  EXPECT_LT(run.observer.records.front().accuracy, 0.7);
+  EXPECT_GE(run.observer.records.back().accuracy, 0.95);
+  EXPECT_LT(run.observer.records.back().loss, 0.5 * run.observer.records.front().loss);
+
+  // A class id outside [0, output_dim) fails the run naming the file and the row.
+  labels.values[17] = 3;
+  ASSERT_TRUE(WriteNpyLabels(TempPath("ce_bad.npy"), labels).ok());
+  spec.data.targets_path = TempPath("ce_bad.npy");
+  TrainedRun bad = TrainOneRank(spec);
+  EXPECT_EQ(bad.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.result.status().message().find("ce_bad.npy: row 17 has class 3"),
+            absl::string_view::npos)
+      << bad.result.status();
 }
 
 TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {

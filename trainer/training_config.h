@@ -22,10 +22,11 @@ struct ModelConfig {
   int64_t output_dim() const { return widths.back(); }
 };
 
-enum class LossType { kMse };
+enum class LossType { kMse, kCrossEntropy };
 
 struct LossConfig {
   LossType type = LossType::kMse;
+  double label_smoothing = 0;  // kCrossEntropy: ε in [0, 1].
 };
 
 struct DataConfig {
@@ -33,7 +34,8 @@ struct DataConfig {
   Source source = Source::kSynthetic;
   // kSynthetic: rank r draws one fixed batch from synthetic_seed + r.
   int64_t synthetic_seed = 0;
-  // kNpy: float32 [N, input_dim] features and [N, output_dim] targets.
+  // kNpy: float32 [N, input_dim] features and float32 [N, output_dim] targets, or int64/int32
+  // [N] class ids in [0, output_dim) for a classification loss.
   std::string features_path;
   std::string targets_path;
 };

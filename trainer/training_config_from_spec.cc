@@ -25,7 +25,9 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.model.widths = LayerWidths(spec.model());
   config.model.activation =
       spec.model().activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
-  config.loss.type = LossType::kMse;
+  config.loss.type =
+      spec.loss() == v1::CROSS_ENTROPY ? LossType::kCrossEntropy : LossType::kMse;
+  config.loss.label_smoothing = spec.label_smoothing();
   if (spec.data().has_npy()) {
     config.data.source = DataConfig::Source::kNpy;
     config.data.features_path = spec.data().npy().features_path();

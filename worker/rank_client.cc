@@ -120,6 +120,8 @@ v1::TelemetryRecord ToTelemetryRecord(const StepTelemetry& step) {
   record.set_skipped_total(step.skipped_total);
   record.set_step_time_ms(step.step_time_ms);
   record.set_samples_per_second(step.samples_per_second);
+  record.set_lr(step.lr);
+  if (step.has_accuracy) record.set_accuracy(step.accuracy);
   return record;
 }
 

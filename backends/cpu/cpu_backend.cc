@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -186,6 +187,65 @@ absl::Status CpuBackend::SumSquaredDifference(Tensor a, Tensor b, double divide_
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                    Tensor acc) {
+  if (auto status = CheckSameSize("SumProduct", a, b); !status.ok()) return status;
+  const float* x = F(a);
+  const float* y = F(b);
+  double sum = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) sum += static_cast<double>(x[i]) * y[i];
+  F(acc)[0] += static_cast<float>(sum / divide_by) / then_divide;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LogSoftmaxRows(Tensor x, Tensor out) {
+  if (auto status = CheckSameSize("LogSoftmaxRows", x, out); !status.ok()) return status;
+  const int64_t cols = x.cols;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* in = F(x) + r * cols;
+    float* o = F(out) + r * cols;
+    float max = in[0];
+    for (int64_t c = 1; c < cols; ++c) max = std::max(max, in[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(in[c] - max));
+    const float log_sum = static_cast<float>(std::log(sum));
+    for (int64_t c = 0; c < cols; ++c) o[c] = in[c] - max - log_sum;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Exp(Tensor x, Tensor out) {
+  if (auto status = CheckSameSize("Exp", x, out); !status.ok()) return status;
+  for (int64_t i = 0; i < x.numel(); ++i) F(out)[i] = std::exp(F(x)[i]);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SmoothedOneHot(Tensor ids, float on, float off, Tensor out) {
+  if (ids.numel() != out.rows) return absl::InvalidArgumentError("SmoothedOneHot: ids size");
+  for (int64_t r = 0; r < out.rows; ++r) {
+    const float id = F(ids)[r];
+    for (int64_t c = 0; c < out.cols; ++c) {
+      F(out)[r * out.cols + c] = (static_cast<float>(c) == id ? on : 0.0f) + off;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) {
+  if (ids.numel() != x.rows) return absl::InvalidArgumentError("CountArgmaxMatches: ids size");
+  float count = 0;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* row = F(x) + r * x.cols;
+    int64_t best = 0;
+    for (int64_t c = 1; c < x.cols; ++c) {
+      if (row[c] > row[best]) best = c;
+    }
+    if (static_cast<float>(best) == F(ids)[r]) count += 1;
+  }
+  F(acc)[0] += count;
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
   StepState* state = step_state.data;
   const float* g = F(grads);
@@ -202,9 +262,11 @@ absl::Status CpuBackend::GradientStatistics(Tensor grads, StepStateBuffer step_s
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::FinalizeStep(const StepConfig& config, Tensor loss,
+absl::Status CpuBackend::FinalizeStep(const StepConfig& config, Tensor metrics,
                                       StepStateBuffer step_state) {
-  mptrain::FinalizeStep(config, F(loss)[0], step_state.data);
+  if (metrics.numel() != 2) return absl::InvalidArgumentError("FinalizeStep: needs 2 metrics");
+  mptrain::FinalizeStep(config, F(metrics)[0], step_state.data);
+  step_state.data->last_correct = F(metrics)[1];
   return absl::OkStatus();
 }
 

@@ -459,6 +459,55 @@ absl::Status CudaBackend::SumSquaredDifference(Tensor a, Tensor b, double divide
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                     Tensor acc) {
+  if (a.numel() != b.numel() || a.dtype != DType::kF32 || b.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SumProduct: needs two f32 tensors of one size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SumProduct(
+      static_cast<const float*>(a.data), static_cast<const float*>(b.data), a.numel(), divide_by,
+      then_divide, static_cast<float*>(acc.data), partials_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LogSoftmaxRows(Tensor x, Tensor out) {
+  if (x.numel() != out.numel() || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("LogSoftmaxRows: needs an f32 output of x's size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::LogSoftmaxRows(x.data, x.dtype, x.rows, x.cols,
+                                                     static_cast<float*>(out.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Exp(Tensor x, Tensor out) {
+  if (x.numel() != out.numel() || x.dtype != DType::kF32 || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("Exp: needs two f32 tensors of one size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::Exp(static_cast<const float*>(x.data),
+                                          static_cast<float*>(out.data), x.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SmoothedOneHot(Tensor ids, float on, float off, Tensor out) {
+  if (ids.numel() != out.rows || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SmoothedOneHot: needs one id per row and an f32 output");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SmoothedOneHot(static_cast<const float*>(ids.data), on, off,
+                                                     out.rows, out.cols,
+                                                     static_cast<float*>(out.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) {
+  if (ids.numel() != x.rows) {
+    return absl::InvalidArgumentError("CountArgmaxMatches: needs one id per row");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::CountArgmaxMatches(
+      x.data, x.dtype, x.rows, x.cols, static_cast<const float*>(ids.data),
+      static_cast<float*>(acc.data), stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
   CUDA_RETURN_IF_ERROR(mptrain::cuda::GradientStatistics(static_cast<const float*>(grads.data),
                                                          grads.numel(), step_state.data,
@@ -466,10 +515,11 @@ absl::Status CudaBackend::GradientStatistics(Tensor grads, StepStateBuffer step_
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::FinalizeStep(const StepConfig& config, Tensor loss,
+absl::Status CudaBackend::FinalizeStep(const StepConfig& config, Tensor metrics,
                                        StepStateBuffer step_state) {
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::FinalizeStep(config, static_cast<const float*>(loss.data),
-                                                   step_state.data, stream_));
+  if (metrics.numel() != 2) return absl::InvalidArgumentError("FinalizeStep: needs 2 metrics");
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::FinalizeStep(
+      config, static_cast<const float*>(metrics.data), step_state.data, stream_));
   return absl::OkStatus();
 }
 

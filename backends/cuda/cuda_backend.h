@@ -49,8 +49,14 @@ class CudaBackend final : public Backend {
                                 float seed_divisor, Tensor out) override;
   absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
                                     Tensor acc) override;
+  absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                          Tensor acc) override;
+  absl::Status LogSoftmaxRows(Tensor x, Tensor out) override;
+  absl::Status Exp(Tensor x, Tensor out) override;
+  absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) override;
+  absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) override;
   absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) override;
-  absl::Status FinalizeStep(const StepConfig& config, Tensor loss,
+  absl::Status FinalizeStep(const StepConfig& config, Tensor metrics,
                             StepStateBuffer step_state) override;
   absl::Status UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
                                 Tensor slot_a, Tensor slot_b, StepStateBuffer step_state,

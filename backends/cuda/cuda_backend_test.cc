@@ -246,12 +246,12 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(gpu->Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->loss_slot(),
+    EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
                                                      (*mlp)->output_grad()).ok());
     std::unique_ptr<GradientReducer> reducer;
     if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
     EXPECT_TRUE((*mlp)->Backward(0, reducer.get()).ok());
-    std::vector<float> grads(n + 1);
+    std::vector<float> grads(n + 2);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     return grads;
   };
@@ -297,11 +297,11 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       ASSERT_TRUE(gpu->Upload(ys.data(), y).ok());
       ASSERT_TRUE((*mlp)->Forward(x).ok());
       ASSERT_TRUE(MseLoss(gpu.get(), 64, accumulation)
-                      .Backward((*mlp)->output(), y, state, (*mlp)->loss_slot(),
+                      .Backward((*mlp)->output(), y, state, (*mlp)->metrics(),
                                 (*mlp)->output_grad()).ok());
       ASSERT_TRUE((*mlp)->Backward(micro).ok());
     }
-    std::vector<float> grads((*mlp)->layout().total + 1);
+    std::vector<float> grads((*mlp)->layout().total + 2);
     ASSERT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     results.push_back(grads);
   }

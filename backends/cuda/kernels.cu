@@ -197,6 +197,58 @@ __global__ void mean_finalize_kernel(const double* partials, int count, double d
   acc[0] += static_cast<float>(sum / divide_by) / then_divide;
 }
 
+__global__ void product_partials_kernel(const float* a, const float* b, int64_t n,
+                                        double* partials) {
+  double local = 0;
+  GRID_STRIDE(i, n) { local += static_cast<double>(a[i]) * b[i]; }
+  const double block_sum = BlockSum(local);
+  if (threadIdx.x == 0) partials[blockIdx.x] = block_sum;
+}
+
+template <typename T>
+__global__ void log_softmax_rows_kernel(const T* x, int64_t rows, int64_t cols, float* out) {
+  GRID_STRIDE(r, rows) {
+    const T* in = x + r * cols;
+    float max = ToFloat<T>(in[0]);
+    for (int64_t c = 1; c < cols; ++c) max = fmaxf(max, ToFloat<T>(in[c]));
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += exp(static_cast<double>(ToFloat<T>(in[c]) - max));
+    const float log_sum = static_cast<float>(log(sum));
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = ToFloat<T>(in[c]) - max - log_sum;
+  }
+}
+
+__global__ void exp_kernel(const float* x, float* out, int64_t n) {
+  GRID_STRIDE(i, n) { out[i] = expf(x[i]); }
+}
+
+__global__ void smoothed_one_hot_kernel(const float* ids, float on, float off, int64_t rows,
+                                        int64_t cols, float* out) {
+  GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i % cols;
+    out[i] = (static_cast<float>(c) == ids[r] ? on : 0.0f) + off;
+  }
+}
+
+// Counts are whole numbers below 2^24: float atomics add them exactly in any order.
+template <typename T>
+__global__ void count_argmax_matches_kernel(const T* x, int64_t rows, int64_t cols,
+                                            const float* ids, float* acc) {
+  GRID_STRIDE(r, rows) {
+    const T* row = x + r * cols;
+    int64_t best = 0;
+    float best_value = ToFloat<T>(row[0]);
+    for (int64_t c = 1; c < cols; ++c) {
+      const float v = ToFloat<T>(row[c]);
+      if (v > best_value) {
+        best = c;
+        best_value = v;
+      }
+    }
+    if (static_cast<float>(best) == ids[r]) atomicAdd(acc, 1.0f);
+  }
+}
+
 // Phase 1: inf/NaN flag and squared norm of the unscaled gradients, per block. Read-only: phase
 // 3 recomputes the same products, which saves a write and a read of every gradient.
 __global__ void unscale_check_kernel(const float* grads, int64_t n, const StepState* state,
@@ -232,8 +284,9 @@ __global__ void gradient_statistics_finalize_kernel(const double* partials, cons
 }
 
 // Phase 2: the scaler state on one thread.
-__global__ void finalize_step_kernel(StepConfig config, const float* loss, StepState* state) {
-  FinalizeStep(config, *loss, state);
+__global__ void finalize_step_kernel(StepConfig config, const float* metrics, StepState* state) {
+  FinalizeStep(config, metrics[0], state);
+  state->last_correct = metrics[1];
 }
 
 // Phase 3: the optimizer's update on the unscaled, clipped gradients (inv_scale of the scale the
@@ -395,6 +448,47 @@ cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int
   return cudaGetLastError();
 }
 
+cudaError_t SumProduct(const float* a, const float* b, int64_t n, double divide_by,
+                       float then_divide, float* acc, double* partials, cudaStream_t stream) {
+  product_partials_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(a, b, n, partials);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  mean_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, divide_by, then_divide,
+                                            acc);
+  return cudaGetLastError();
+}
+
+cudaError_t LogSoftmaxRows(const void* x, DType dtype, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    log_softmax_rows_kernel<T><<<Blocks(rows), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                      rows, cols, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t Exp(const float* x, float* out, int64_t n, cudaStream_t stream) {
+  exp_kernel<<<Blocks(n), kThreads, 0, stream>>>(x, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t SmoothedOneHot(const float* ids, float on, float off, int64_t rows, int64_t cols,
+                           float* out, cudaStream_t stream) {
+  smoothed_one_hot_kernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(ids, on, off, rows, cols,
+                                                                         out);
+  return cudaGetLastError();
+}
+
+cudaError_t CountArgmaxMatches(const void* x, DType dtype, int64_t rows, int64_t cols,
+                               const float* ids, float* acc, cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    count_argmax_matches_kernel<T><<<Blocks(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), rows, cols, ids, acc);
+    return cudaGetLastError();
+  });
+}
+
 cudaError_t GradientStatistics(const float* grads, int64_t n, StepState* state, double* partials,
                                int* inf_flags, cudaStream_t stream) {
   unscale_check_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(grads, n, state, partials,
@@ -405,9 +499,9 @@ cudaError_t GradientStatistics(const float* grads, int64_t n, StepState* state, 
   return cudaGetLastError();
 }
 
-cudaError_t FinalizeStep(const StepConfig& config, const float* loss, StepState* state,
+cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepState* state,
                          cudaStream_t stream) {
-  finalize_step_kernel<<<1, 1, 0, stream>>>(config, loss, state);
+  finalize_step_kernel<<<1, 1, 0, stream>>>(config, metrics, state);
   return cudaGetLastError();
 }
 

@@ -47,12 +47,28 @@ cudaError_t ScaledDifference(const void* a, DType dtype, const float* b, int64_t
 cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int64_t n,
                                  double divide_by, float then_divide, float* acc,
                                  double* partials, cudaStream_t stream);
+// acc[0] += f32(Σ a·b / divide_by) / then_divide over n f32 elements, the sum in double
+// (deterministic, as SumSquaredDifference).
+cudaError_t SumProduct(const float* a, const float* b, int64_t n, double divide_by,
+                       float then_divide, float* acc, double* partials, cudaStream_t stream);
+// Row-wise log-softmax of x [rows, cols] (dtype) into out f32, one thread per row.
+cudaError_t LogSoftmaxRows(const void* x, DType dtype, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream);
+// out = exp(x), n f32 elements.
+cudaError_t Exp(const float* x, float* out, int64_t n, cudaStream_t stream);
+// out[r, c] = (c == ids[r] ? on : 0) + off over [rows, cols] f32.
+cudaError_t SmoothedOneHot(const float* ids, float on, float off, int64_t rows, int64_t cols,
+                           float* out, cudaStream_t stream);
+// acc[0] += rows of x [rows, cols] (dtype) whose first maximum is at column ids[r].
+cudaError_t CountArgmaxMatches(const void* x, DType dtype, int64_t rows, int64_t cols,
+                               const float* ids, float* acc, cudaStream_t stream);
 // Phase 1 of step_math.h over n gradients: state->found_inf and state->sum_squares.
 // `partials` and `inf_flags` hold kReductionBlocks entries of scratch.
 cudaError_t GradientStatistics(const float* grads, int64_t n, StepState* state, double* partials,
                                int* inf_flags, cudaStream_t stream);
-// Phase 2: FinalizeStep(config, *loss, state) on one thread.
-cudaError_t FinalizeStep(const StepConfig& config, const float* loss, StepState* state,
+// Phase 2: FinalizeStep(config, metrics[0], state) and state->last_correct = metrics[1] on
+// one thread.
+cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepState* state,
                          cudaStream_t stream);
 // Phase 3: the optimizer update of trainer/optim/update_math.h over n parameters unless the
 // step is skipped; slot_a / slot_b may be null when the rule does not use them. `params_low`

@@ -18,19 +18,25 @@ class Loss {
  public:
   virtual ~Loss() = default;
   // One micro-batch of an optimizer step of `accumulation_steps` micro-batches:
-  //   loss_acc[0] += loss / accumulation_steps
+  //   metrics[0] += loss / accumulation_steps
+  //   metrics[1] += correct predictions (classification losses; others leave it)
   //   d_output = round(∂loss/∂output · scale / accumulation_steps)   (the chain PyTorch runs for
   //              scaler.scale(loss / A).backward(), scale = step_state.scale)
-  // output [B, C] in the compute dtype; targets [B, target_columns()] f32; loss_acc [1, 1] f32;
+  // output [B, C] in the compute dtype; targets [B, target_columns()] f32; metrics [1, 2] f32;
   // d_output like output.
   virtual absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state,
-                                Tensor loss_acc, Tensor d_output) = 0;
-  // Columns of a target row.
+                                Tensor metrics, Tensor d_output) = 0;
+  // Columns of a target row: the model's outputs, or 1 (a class id) for a classifier.
   virtual int64_t target_columns() const = 0;
+  // Whether metrics[1] counts correct predictions.
+  virtual bool classifies() const = 0;
 };
 
-// INVALID_ARGUMENT naming the field when the configuration does not fit the model.
+// The loss of `config` for micro-batches of `micro_batch_size` rows; its scratch is allocated
+// on `backend`. INVALID_ARGUMENT naming the field when the configuration does not fit.
 absl::StatusOr<std::unique_ptr<Loss>> MakeLoss(const LossConfig& config, const ModelConfig& model,
-                                               Backend* backend, int64_t accumulation_steps);
+                                               Backend* backend, DType compute_dtype,
+                                               int64_t micro_batch_size,
+                                               int64_t accumulation_steps);
 
 }  // namespace mptrain

@@ -5,11 +5,11 @@
 namespace mptrain {
 
 absl::Status MseLoss::Backward(Tensor output, Tensor targets, StepStateBuffer step_state,
-                               Tensor loss_acc, Tensor d_output) {
+                               Tensor metrics, Tensor d_output) {
   const int64_t numel = output.numel();
   const float accumulation = static_cast<float>(accumulation_steps_);
   RETURN_IF_ERROR(backend_->SumSquaredDifference(output, targets, static_cast<double>(numel),
-                                                 accumulation, loss_acc));
+                                                 accumulation, metrics.FlatView(0, 1, 1)));
   const float norm = static_cast<float>(2.0 / static_cast<double>(numel));
   return backend_->ScaledDifference(output, targets, norm, step_state, accumulation, d_output);
 }

@@ -12,9 +12,10 @@ class MseLoss final : public Loss {
   MseLoss(Backend* backend, int64_t output_dim, int64_t accumulation_steps)
       : backend_(backend), output_dim_(output_dim), accumulation_steps_(accumulation_steps) {}
 
-  absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state, Tensor loss_acc,
+  absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state, Tensor metrics,
                         Tensor d_output) override;
   int64_t target_columns() const override { return output_dim_; }
+  bool classifies() const override { return false; }
 
  private:
   Backend* backend_;
