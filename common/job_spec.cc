@@ -94,6 +94,31 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
     return Invalid(absl::StrCat("optimizer.lr must be a finite number > 0, got ",
                                 Num(optimizer.lr())));
   }
+  const v1::OptimizerKind kind = optimizer.kind();
+  if (kind != v1::SGD && kind != v1::ADAM && kind != v1::ADAMW) {
+    return Invalid(absl::StrCat("optimizer.kind must be sgd, adam or adamw, got ", kind));
+  }
+  if (kind == v1::SGD) {
+    if (optimizer.has_beta1() || optimizer.has_beta2() || optimizer.has_eps()) {
+      return Invalid("optimizer.beta1, beta2 and eps apply to adam and adamw only");
+    }
+    if (optimizer.nesterov() && !(optimizer.momentum() > 0)) {
+      return Invalid("optimizer.nesterov needs optimizer.momentum > 0");
+    }
+  } else {
+    if (optimizer.momentum() != 0 || optimizer.nesterov()) {
+      return Invalid("optimizer.momentum and nesterov apply to sgd only");
+    }
+    for (const auto& [name, value] : {std::pair<const char*, double>{"beta1", optimizer.beta1()},
+                                      {"beta2", optimizer.beta2()}}) {
+      if (!std::isfinite(value) || value < 0 || value >= 1) {
+        return Invalid(absl::StrCat("optimizer.", name, " must be in [0, 1), got ", Num(value)));
+      }
+    }
+    if (!std::isfinite(optimizer.eps()) || optimizer.eps() < 0 || optimizer.eps() > 1) {
+      return Invalid(absl::StrCat("optimizer.eps must be in [0, 1], got ", Num(optimizer.eps())));
+    }
+  }
   if (!std::isfinite(optimizer.momentum()) || optimizer.momentum() < 0 ||
       optimizer.momentum() >= 1) {
     return Invalid(absl::StrCat("optimizer.momentum must be in [0, 1), got ",
@@ -169,6 +194,15 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (!scaler->has_growth_factor()) scaler->set_growth_factor(kDefaultGrowthFactor);
   if (!scaler->has_backoff_factor()) scaler->set_backoff_factor(kDefaultBackoffFactor);
   if (!scaler->has_growth_interval()) scaler->set_growth_interval(kDefaultGrowthInterval);
+  if (spec->has_optimizer()) {
+    v1::OptimizerSpec* optimizer = spec->mutable_optimizer();
+    if (optimizer->kind() == v1::OPTIMIZER_KIND_UNSPECIFIED) optimizer->set_kind(v1::SGD);
+    if (optimizer->kind() == v1::ADAM || optimizer->kind() == v1::ADAMW) {
+      if (!optimizer->has_beta1()) optimizer->set_beta1(kDefaultAdamBeta1);
+      if (!optimizer->has_beta2()) optimizer->set_beta2(kDefaultAdamBeta2);
+      if (!optimizer->has_eps()) optimizer->set_eps(kDefaultAdamEps);
+    }
+  }
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {

@@ -280,6 +280,49 @@ TEST(ValidateJobSpec, LabelSmoothing_NeedsCrossEntropy) {
   ExpectInvalid(spec, "label_smoothing applies to loss cross_entropy only");
 }
 
+TEST(ApplyJobSpecDefaults, AdamGetsTorchBetasAndEps_SgdNone) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.optimizer().kind(), v1::SGD);
+  EXPECT_FALSE(spec.optimizer().has_beta1());
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_beta2(0.95);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.optimizer().beta1(), 0.9);
+  EXPECT_EQ(spec.optimizer().beta2(), 0.95);
+  EXPECT_EQ(spec.optimizer().eps(), 1e-8);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(ValidateJobSpec, Optimizer_FieldsOfTheOtherKind_AreRefused) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_beta1(0.5);
+  ExpectInvalid(spec, "optimizer.beta1, beta2 and eps apply to adam and adamw only");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_nesterov(true);
+  ExpectInvalid(spec, "optimizer.nesterov needs optimizer.momentum > 0");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_kind(v1::ADAM);
+  ApplyJobSpecDefaults(&spec);
+  ExpectInvalid(spec, "optimizer.momentum and nesterov apply to sgd only");
+}
+
+TEST(ValidateJobSpec, AdamBetasAndEps_AreBounded) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_kind(v1::ADAM);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_beta1(1.0);
+  ApplyJobSpecDefaults(&spec);
+  ExpectInvalid(spec, "optimizer.beta1 must be in [0, 1), got 1");
+  spec.mutable_optimizer()->set_beta1(0.9);
+  spec.mutable_optimizer()->set_beta2(-0.1);
+  ExpectInvalid(spec, "optimizer.beta2 must be in [0, 1), got -0.1");
+  spec.mutable_optimizer()->set_beta2(0.99);
+  spec.mutable_optimizer()->set_eps(std::nan(""));
+  ExpectInvalid(spec, "optimizer.eps must be in [0, 1], got nan");
+}
+
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.set_max_grad_norm(-1);

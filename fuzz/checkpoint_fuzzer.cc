@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       mptrain::ReadTrainingCheckpoint(InputPath(), Layout());
   if (checkpoint.ok()) {
     CheckParameters(checkpoint->parameters);
-    CheckParameters(checkpoint->momentum);
+    CheckParameters(checkpoint->optimizer_state.at("momentum"));
     const mptrain::StepState& state = checkpoint->step_state;
     if (checkpoint->step < 0 || checkpoint->data_cursor < 0 || state.growth_tracker < 0 ||
         state.skipped_total < 0 || state.steps_done < 0) {

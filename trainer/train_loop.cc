@@ -126,10 +126,14 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       step_config.scaler_enabled ? static_cast<float>(config.loss_scaler.init_scale) : 1.0f;
   int64_t first_step = 1;
   if (!resume_checkpoint.empty()) {
+    std::vector<std::string> state_names;
+    for (const OptimizerSlot& slot : optimizer->slots()) state_names.push_back(slot.name);
     ASSIGN_OR_RETURN(TrainingCheckpoint checkpoint,
-                     ReadTrainingCheckpoint(resume_checkpoint, mlp->layout()));
+                     ReadTrainingCheckpoint(resume_checkpoint, mlp->layout(), state_names));
     RETURN_IF_ERROR(backend->Upload(checkpoint.parameters.data(), mlp->params()));
-    RETURN_IF_ERROR(backend->Upload(checkpoint.momentum.data(), optimizer->slots()[0].values));
+    for (const OptimizerSlot& slot : optimizer->slots()) {
+      RETURN_IF_ERROR(backend->Upload(checkpoint.optimizer_state.at(slot.name).data(), slot.values));
+    }
     initial_state = checkpoint.step_state;
     first_step = checkpoint.step + 1;
     micro_batches.SeekToStep(checkpoint.step, accumulation);
@@ -144,9 +148,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     checkpoint.step = step;
     checkpoint.data_cursor = micro_batches.cursor();
     checkpoint.parameters.resize(mlp->layout().total);
-    checkpoint.momentum.resize(mlp->layout().total);
+
     RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
-    RETURN_IF_ERROR(backend->Download(optimizer->slots()[0].values, checkpoint.momentum.data()));
+    for (const OptimizerSlot& slot : optimizer->slots()) {
+      std::vector<float>& values = checkpoint.optimizer_state[slot.name];
+      values.resize(mlp->layout().total);
+      RETURN_IF_ERROR(backend->Download(slot.values, values.data()));
+    }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
     const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A resumed run may write again a step file its failed attempt already wrote; a fresh run

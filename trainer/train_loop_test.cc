@@ -5,6 +5,8 @@
 #include <random>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gloo_collective.h"
 #include "gtest/gtest.h"
@@ -396,6 +398,65 @@ TEST(RunTraining, CrossEntropy_LearnsAndReportsAccuracy) {
             absl::string_view::npos)
       << bad.result.status();
 }
+
+// GradScaler.step skips optimizer.step() on overflow: Adam's state, its step count included,
+// must not move. So a run whose first k steps overflow, then trains N steps, ends exactly where
+// a run started at the scale it backed off to, training N steps, ends (the synthetic batch is
+// the same at every step).
+TEST(RunTraining, AdamW_SkippedStepsLeaveTheOptimizerUntouched) {
+  TrainingConfig spec = SmallConfig();
+  spec.optimizer.type = OptimizerType::kAdamW;
+  spec.optimizer.lr = 0.01;
+  spec.optimizer.weight_decay = 0.1;
+  spec.steps = 40;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 40);
+  TrainedRun overflowing = TrainOneRank(spec);
+  ASSERT_TRUE(overflowing.result.ok()) << overflowing.result.status();
+  const int64_t skipped = overflowing.result->skipped_steps;
+  ASSERT_GT(skipped, 3);
+  ASSERT_LT(skipped, 30);
+  TrainingConfig clean = spec;
+  clean.loss_scaler.init_scale = overflowing.observer.records[skipped].loss_scale;
+  clean.steps = spec.steps - skipped;
+  TrainedRun direct = TrainOneRank(clean);
+  ASSERT_TRUE(direct.result.ok()) << direct.result.status();
+  EXPECT_EQ(direct.result->skipped_steps, 0);
+  EXPECT_EQ(direct.result->parameters, overflowing.result->parameters);
+  // And the parameters moved: AdamW steps about lr per parameter.
+  EXPECT_NE(direct.result->parameters,
+            InitializeParameters(MakeParameterLayout(spec.model.widths), spec.seed));
+}
+
+class ResumeWithOptimizer : public ::testing::TestWithParam<OptimizerType> {};
+
+// Every optimizer's state is in the checkpoint: a resumed run is bit-identical.
+TEST_P(ResumeWithOptimizer, IsBitIdenticalToAnUninterruptedRun) {
+  TrainingConfig spec = SmallConfig();
+  spec.optimizer.type = GetParam();
+  spec.optimizer.lr = 0.01;
+  spec.optimizer.momentum = GetParam() == OptimizerType::kSgd ? 0.9 : 0;
+  spec.optimizer.nesterov = GetParam() == OptimizerType::kSgd;
+  spec.optimizer.weight_decay = 0.01;
+  spec.steps = 9;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 24);  // A few skipped steps first.
+  spec.loss_scaler.growth_interval = 2;
+  spec.checkpoint_every = 4;
+  spec.checkpoint_dir = TestTmp() + "/resume_" + std::to_string(static_cast<int>(GetParam()));
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  TrainedRun whole = TrainOneRank(spec);
+  ASSERT_TRUE(whole.result.ok()) << whole.result.status();
+  auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  auto resumed = RunTraining(spec, 0, backend.get(), &observer,
+                             spec.checkpoint_dir + "/step-00000004.safetensors");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->parameters, whole.result->parameters);
+  EXPECT_EQ(resumed->skipped_steps, whole.result->skipped_steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ResumeWithOptimizer,
+                         ::testing::Values(OptimizerType::kSgd, OptimizerType::kAdam,
+                                           OptimizerType::kAdamW));
 
 TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {
   TrainingConfig spec = SmallConfig();

@@ -40,10 +40,17 @@ struct DataConfig {
   std::string targets_path;
 };
 
+enum class OptimizerType { kSgd, kAdam, kAdamW };
+
 struct OptimizerConfig {
-  double lr = 0;
-  double momentum = 0;
+  OptimizerType type = OptimizerType::kSgd;
+  double lr = 0;  // The base learning rate.
   double weight_decay = 0;
+  double momentum = 0;  // kSgd
+  bool nesterov = false;
+  double beta1 = 0.9;   // kAdam, kAdamW
+  double beta2 = 0.999;
+  double eps = 1e-8;
 };
 
 // torch.amp.GradScaler.

@@ -40,9 +40,19 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.accumulation_steps = spec.accumulation_steps();
   config.steps = spec.steps();
   config.compute_dtype = ComputeDType(spec.precision());
-  config.optimizer.lr = spec.optimizer().lr();
-  config.optimizer.momentum = spec.optimizer().momentum();
-  config.optimizer.weight_decay = spec.optimizer().weight_decay();
+  const v1::OptimizerSpec& optimizer = spec.optimizer();
+  config.optimizer.type = optimizer.kind() == v1::ADAM    ? OptimizerType::kAdam
+                          : optimizer.kind() == v1::ADAMW ? OptimizerType::kAdamW
+                                                          : OptimizerType::kSgd;
+  config.optimizer.lr = optimizer.lr();
+  config.optimizer.weight_decay = optimizer.weight_decay();
+  config.optimizer.momentum = optimizer.momentum();
+  config.optimizer.nesterov = optimizer.nesterov();
+  if (config.optimizer.type != OptimizerType::kSgd) {  // Set by the defaults.
+    config.optimizer.beta1 = optimizer.beta1();
+    config.optimizer.beta2 = optimizer.beta2();
+    config.optimizer.eps = optimizer.eps();
+  }
   const v1::LossScalerSpec& scaler = spec.loss_scaler();  // Every field set by the defaults.
   config.loss_scaler.enabled = scaler.enabled();
   config.loss_scaler.init_scale = scaler.init_scale();

@@ -10,6 +10,7 @@ absl::StatusOr<std::unique_ptr<Sgd>> Sgd::Create(const OptimizerConfig& config, 
   rule.kind = UpdateKind::kSgd;
   rule.momentum = static_cast<float>(config.momentum);
   rule.weight_decay = static_cast<float>(config.weight_decay);
+  rule.nesterov = config.nesterov;
   std::unique_ptr<Sgd> sgd(new Sgd(backend, rule));
   // The buffer exists even without momentum: checkpoints always carry it.
   ASSIGN_OR_RETURN(Tensor momentum, backend->Allocate(DType::kF32, 1, n));
