@@ -131,6 +131,44 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateLrSchedule(const v1::LrSchedule& schedule, const v1::JobSpec& spec) {
+  const v1::LrScheduleKind kind = schedule.kind();
+  const bool warmup = kind == v1::WARMUP_COSINE || kind == v1::WARMUP_LINEAR;
+  if (kind != v1::CONSTANT && !warmup && kind != v1::STEP) {
+    return Invalid(absl::StrCat(
+        "lr_schedule.kind must be constant, warmup_cosine, warmup_linear or step, got ", kind));
+  }
+  if (!warmup && (schedule.warmup_steps() != 0 || schedule.min_lr() != 0)) {
+    return Invalid("lr_schedule.warmup_steps and min_lr apply to warmup_cosine and "
+                   "warmup_linear only");
+  }
+  if (kind != v1::STEP && (schedule.step_size() != 0 || schedule.gamma() != 0)) {
+    return Invalid("lr_schedule.step_size and gamma apply to step only");
+  }
+  if (warmup) {
+    if (schedule.warmup_steps() < 0 || schedule.warmup_steps() > spec.steps()) {
+      return Invalid(absl::StrCat("lr_schedule.warmup_steps must be in [0, steps = ",
+                                  spec.steps(), "], got ", schedule.warmup_steps()));
+    }
+    if (!std::isfinite(schedule.min_lr()) || schedule.min_lr() < 0 ||
+        schedule.min_lr() > spec.optimizer().lr()) {
+      return Invalid(absl::StrCat("lr_schedule.min_lr must be in [0, optimizer.lr], got ",
+                                  Num(schedule.min_lr())));
+    }
+  }
+  if (kind == v1::STEP) {
+    if (schedule.step_size() < 1 || schedule.step_size() > kMaxSteps) {
+      return Invalid(absl::StrCat("lr_schedule.step_size must be in [1, ", kMaxSteps, "], got ",
+                                  schedule.step_size()));
+    }
+    if (!std::isfinite(schedule.gamma()) || schedule.gamma() <= 0 || schedule.gamma() > 1) {
+      return Invalid(absl::StrCat("lr_schedule.gamma must be in (0, 1], got ",
+                                  Num(schedule.gamma())));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
   if (!std::isfinite(scaler.init_scale()) || scaler.init_scale() <= 0) {
     return Invalid(absl::StrCat("loss_scaler.init_scale must be a finite number > 0, got ",
@@ -194,6 +232,9 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (!scaler->has_growth_factor()) scaler->set_growth_factor(kDefaultGrowthFactor);
   if (!scaler->has_backoff_factor()) scaler->set_backoff_factor(kDefaultBackoffFactor);
   if (!scaler->has_growth_interval()) scaler->set_growth_interval(kDefaultGrowthInterval);
+  if (spec->lr_schedule().kind() == v1::LR_SCHEDULE_KIND_UNSPECIFIED) {
+    spec->mutable_lr_schedule()->set_kind(v1::CONSTANT);
+  }
   if (spec->has_optimizer()) {
     v1::OptimizerSpec* optimizer = spec->mutable_optimizer();
     if (optimizer->kind() == v1::OPTIMIZER_KIND_UNSPECIFIED) optimizer->set_kind(v1::SGD);
@@ -256,6 +297,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_optimizer()) return Invalid("optimizer is required (optimizer.lr at least)");
   if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;
+  if (auto status = ValidateLrSchedule(spec.lr_schedule(), spec); !status.ok()) return status;
   if (auto status = ValidateLossScaler(spec.loss_scaler()); !status.ok()) return status;
   if (!std::isfinite(spec.max_grad_norm()) || spec.max_grad_norm() < 0) {
     return Invalid(absl::StrCat("max_grad_norm must be >= 0 (0 = no clipping), got ",

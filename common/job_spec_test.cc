@@ -323,6 +323,28 @@ TEST(ValidateJobSpec, AdamBetasAndEps_AreBounded) {
   ExpectInvalid(spec, "optimizer.eps must be in [0, 1], got nan");
 }
 
+TEST(ValidateJobSpec, LrSchedule_FieldsAreBoundedAndBelongToTheirKind) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.lr_schedule().kind(), v1::CONSTANT);
+  spec.mutable_lr_schedule()->set_gamma(0.5);
+  ExpectInvalid(spec, "lr_schedule.step_size and gamma apply to step only");
+  spec = ValidSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::WARMUP_COSINE);
+  spec.mutable_lr_schedule()->set_warmup_steps(4);
+  ExpectInvalid(spec, "lr_schedule.warmup_steps must be in [0, steps = 3], got 4");
+  spec.mutable_lr_schedule()->set_warmup_steps(1);
+  spec.mutable_lr_schedule()->set_min_lr(0.2);
+  ExpectInvalid(spec, "lr_schedule.min_lr must be in [0, optimizer.lr], got 0.2");
+  spec.mutable_lr_schedule()->set_min_lr(0.01);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec = ValidSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::STEP);
+  ExpectInvalid(spec, "lr_schedule.step_size must be in [1, 1000000000], got 0");
+  spec.mutable_lr_schedule()->set_step_size(2);
+  spec.mutable_lr_schedule()->set_gamma(1.5);
+  ExpectInvalid(spec, "lr_schedule.gamma must be in (0, 1], got 1.5");
+}
+
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.set_max_grad_norm(-1);

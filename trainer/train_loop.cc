@@ -9,6 +9,7 @@
 #include "trainer/loss/loss.h"
 #include "trainer/mlp.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/rank_data.h"
 
@@ -113,6 +114,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
                    MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    MakeOptimizer(config.optimizer, backend, mlp->layout().total));
+  LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
   // DDP's buckets: each is allreduced (mean over ranks; the loss rides in the first) as soon as
   // the backward pass of the stepping micro-batch completes it, overlapping the rest.
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
@@ -204,6 +206,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   };
 
   for (int64_t step = first_step; step <= config.steps; ++step) {
+    // Known on the host: the schedule advances on every attempted step, skipped or not.
+    const double lr = lr_schedule.At(step);
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
     // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -224,13 +228,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     // at 0.
     RETURN_IF_ERROR(backend->GradientStatistics(mlp->param_grads(), step_state));
     RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->metrics(), step_state));
-    RETURN_IF_ERROR(optimizer->Update(config.optimizer.lr, mlp->params(), mlp->param_grads(),
+    RETURN_IF_ERROR(optimizer->Update(lr, mlp->params(), mlp->param_grads(),
                                       step_state, mlp->low_precision_params()));
     RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
-    pending.push_back({step, slot, config.optimizer.lr});
+    pending.push_back({step, slot, lr});
     while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
     if (rank == 0 && config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
       while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());

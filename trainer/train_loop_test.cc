@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "tests/fake_collectives.h"
 #include "tests/reference_mlp.h"
+#include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
 
 namespace mptrain {
@@ -425,6 +426,27 @@ TEST(RunTraining, AdamW_SkippedStepsLeaveTheOptimizerUntouched) {
   // And the parameters moved: AdamW steps about lr per parameter.
   EXPECT_NE(direct.result->parameters,
             InitializeParameters(MakeParameterLayout(spec.model.widths), spec.seed));
+}
+
+// The schedule advances on every attempted step, skipped or not, and telemetry carries the rate
+// each step used.
+TEST(RunTraining, LrSchedule_AdvancesOnSkippedStepsToo) {
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 20;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 30);  // The first steps overflow.
+  spec.lr_schedule.type = ScheduleType::kWarmupCosine;
+  spec.lr_schedule.warmup_steps = 5;
+  spec.lr_schedule.min_lr = 0.001;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  ASSERT_GT(run.result->skipped_steps, 2);
+  LrSchedule schedule(spec.lr_schedule, spec.optimizer.lr, spec.steps);
+  ASSERT_EQ(run.observer.records.size(), 20u);
+  for (int step = 1; step <= 20; ++step) {
+    EXPECT_EQ(run.observer.records[step - 1].lr, schedule.At(step)) << "step " << step;
+  }
+  EXPECT_EQ(run.observer.records[0].lr, 0.0);
+  EXPECT_EQ(run.observer.records[5].lr, spec.optimizer.lr);
 }
 
 class ResumeWithOptimizer : public ::testing::TestWithParam<OptimizerType> {};

@@ -53,6 +53,17 @@ struct OptimizerConfig {
   double eps = 1e-8;
 };
 
+enum class ScheduleType { kConstant, kWarmupCosine, kWarmupLinear, kStep };
+
+// The learning-rate schedule (trainer/optim/schedule.h).
+struct ScheduleConfig {
+  ScheduleType type = ScheduleType::kConstant;
+  int64_t warmup_steps = 0;  // kWarmup*
+  double min_lr = 0;         // kWarmup*
+  int64_t step_size = 1;     // kStep
+  double gamma = 1;          // kStep
+};
+
 // torch.amp.GradScaler.
 struct LossScalerConfig {
   bool enabled = false;
@@ -73,6 +84,7 @@ struct TrainingConfig {
   // The autocast dtype of GEMM inputs and activations (kF32: no autocast).
   DType compute_dtype = DType::kF16;
   OptimizerConfig optimizer;
+  ScheduleConfig lr_schedule;
   LossScalerConfig loss_scaler;
   double max_grad_norm = 0;  // 0: no clipping.
   uint64_t seed = 0;         // Parameter initialisation.

@@ -53,6 +53,19 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     config.optimizer.beta2 = optimizer.beta2();
     config.optimizer.eps = optimizer.eps();
   }
+  const v1::LrSchedule& schedule = spec.lr_schedule();
+  switch (schedule.kind()) {
+    case v1::WARMUP_COSINE: config.lr_schedule.type = ScheduleType::kWarmupCosine; break;
+    case v1::WARMUP_LINEAR: config.lr_schedule.type = ScheduleType::kWarmupLinear; break;
+    case v1::STEP: config.lr_schedule.type = ScheduleType::kStep; break;
+    default: config.lr_schedule.type = ScheduleType::kConstant; break;
+  }
+  config.lr_schedule.warmup_steps = schedule.warmup_steps();
+  config.lr_schedule.min_lr = schedule.min_lr();
+  if (schedule.kind() == v1::STEP) {
+    config.lr_schedule.step_size = schedule.step_size();
+    config.lr_schedule.gamma = schedule.gamma();
+  }
   const v1::LossScalerSpec& scaler = spec.loss_scaler();  // Every field set by the defaults.
   config.loss_scaler.enabled = scaler.enabled();
   config.loss_scaler.init_scale = scaler.init_scale();
