@@ -14,6 +14,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev                 # tests
   openssl                                   # certificates for the secure demo and tests
   libsqlite3-dev                            # the coordinator's durable job store
+  python3-torch python3-numpy               # the proof against PyTorch in CI (parity/)
+  python3-sklearn                           # the digits data set (scripts/make_digits.py)
 )
 
 missing=()
