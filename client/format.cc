@@ -147,6 +147,10 @@ std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
       record.samples_per_second());
   if (record.lr() != 0) absl::StrAppendFormat(&line, "  lr %.6g", record.lr());
   if (record.has_accuracy()) absl::StrAppendFormat(&line, "  acc %.4f", record.accuracy());
+  if (record.has_eval_loss()) absl::StrAppendFormat(&line, "  eval_loss %.6f", record.eval_loss());
+  if (record.has_eval_accuracy()) {
+    absl::StrAppendFormat(&line, "  eval_acc %.4f", record.eval_accuracy());
+  }
   return line;
 }
 

@@ -82,6 +82,13 @@ absl::Status ValidateData(const v1::DataSpec& data) {
       if (data.npy().targets_path().empty()) {
         return Invalid("data.npy.targets_path must name a .npy file, got an empty string");
       }
+      if (data.npy().shuffle_seed() < 0) {
+        return Invalid(absl::StrCat("data.npy.shuffle_seed must be >= 0, got ",
+                                    data.npy().shuffle_seed()));
+      }
+      if (!data.npy().shuffle() && data.npy().shuffle_seed() != 0) {
+        return Invalid("data.npy.shuffle_seed needs data.npy.shuffle");
+      }
       return absl::OkStatus();
     case v1::DataSpec::SOURCE_NOT_SET:
       break;
@@ -280,6 +287,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("label_smoothing applies to loss cross_entropy only");
   }
   if (auto status = ValidateData(spec.data()); !status.ok()) return status;
+  if (spec.has_eval_data()) {
+    if (spec.eval_data().features_path().empty() || spec.eval_data().targets_path().empty()) {
+      return Invalid("eval_data.features_path and eval_data.targets_path must name .npy files");
+    }
+    if (spec.eval_data().shuffle() || spec.eval_data().shuffle_seed() != 0) {
+      return Invalid("eval_data.shuffle must be off: evaluation visits every row once");
+    }
+  }
+  if (spec.eval_every() < 0 || spec.eval_every() > kMaxSteps) {
+    return Invalid(absl::StrCat("eval_every must be in [0, ", kMaxSteps, "], got ",
+                                spec.eval_every()));
+  }
+  if (spec.eval_every() > 0 && !spec.has_eval_data()) {
+    return Invalid("eval_every needs eval_data");
+  }
   if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {
     return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
                                 spec.micro_batch_size()));

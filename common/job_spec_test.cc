@@ -345,6 +345,30 @@ TEST(ValidateJobSpec, LrSchedule_FieldsAreBoundedAndBelongToTheirKind) {
   ExpectInvalid(spec, "lr_schedule.gamma must be in (0, 1], got 1.5");
 }
 
+TEST(ValidateJobSpec, ShuffleAndEvalData_Rules) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_data()->mutable_npy()->set_features_path("/d/x.npy");
+  spec.mutable_data()->mutable_npy()->set_targets_path("/d/y.npy");
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(3);
+  ExpectInvalid(spec, "data.npy.shuffle_seed needs data.npy.shuffle");
+  spec.mutable_data()->mutable_npy()->set_shuffle(true);
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(-3);
+  ExpectInvalid(spec, "data.npy.shuffle_seed must be >= 0, got -3");
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(3);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_eval_every(2);
+  ExpectInvalid(spec, "eval_every needs eval_data");
+  spec.mutable_eval_data()->set_features_path("/d/ex.npy");
+  ExpectInvalid(spec, "eval_data.features_path and eval_data.targets_path must name .npy files");
+  spec.mutable_eval_data()->set_targets_path("/d/ey.npy");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_eval_data()->set_shuffle(true);
+  ExpectInvalid(spec, "eval_data.shuffle must be off");
+  spec.mutable_eval_data()->set_shuffle(false);
+  spec.set_eval_every(-1);
+  ExpectInvalid(spec, "eval_every must be in [0, 1000000000], got -1");
+}
+
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.set_max_grad_norm(-1);

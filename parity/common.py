@@ -69,18 +69,24 @@ def write_inputs(name, case, out_dir, device, world=2):
     init.safetensors (torch.nn.Linear's distribution), and returns the job spec (a dict)."""
     rng = np.random.default_rng(sum(map(ord, name)))
     widths = widths_of(case["model"])
-    rows = case["rows_per_rank"] * world
-    features = rng.standard_normal((rows, widths[0]), dtype=np.float32)
     classification = case.get("loss", "mse") == "cross_entropy"
-    if classification:
-        # Learnable labels: the class of a fixed random linear map, with some noise.
-        projection = rng.standard_normal((widths[0], widths[-1])).astype(np.float32)
-        logits = features @ projection + 0.5 * rng.standard_normal((rows, widths[-1]))
-        targets = np.argmax(logits, axis=1).astype(np.int64)
-    else:
-        targets = rng.standard_normal((rows, widths[-1]), dtype=np.float32)
-    np.save(os.path.join(out_dir, "features.npy"), features)
-    np.save(os.path.join(out_dir, "targets.npy"), targets)
+    # Learnable labels: the class of a fixed random linear map, with some noise.
+    projection = rng.standard_normal((widths[0], widths[-1])).astype(np.float32)
+
+    def draw(rows, prefix):
+        features = rng.standard_normal((rows, widths[0]), dtype=np.float32)
+        if classification:
+            logits = features @ projection + 0.5 * rng.standard_normal((rows, widths[-1]))
+            targets = np.argmax(logits, axis=1).astype(np.int64)
+        else:
+            targets = rng.standard_normal((rows, widths[-1]), dtype=np.float32)
+        np.save(os.path.join(out_dir, prefix + "features.npy"), features)
+        np.save(os.path.join(out_dir, prefix + "targets.npy"), targets)
+
+    # An odd row count when shuffling: the sampler pads, epochs end inside micro-batches.
+    draw(case.get("rows", case["rows_per_rank"] * world), "")
+    if "eval_rows" in case:
+        draw(case["eval_rows"], "eval_")
     init = {}
     for i in range(len(widths) - 1):
         bound = 1.0 / math.sqrt(widths[i])
@@ -98,9 +104,14 @@ def write_inputs(name, case, out_dir, device, world=2):
         "max_grad_norm": case.get("max_grad_norm", 0.0),
         "init_checkpoint": os.path.join(out_dir, "init.safetensors"),
     }
-    for key in ("loss", "label_smoothing", "lr_schedule", "loss_scaler"):
+    for key in ("loss", "label_smoothing", "lr_schedule", "loss_scaler", "eval_every"):
         if key in case:
             spec[key] = case[key]
+    if case.get("shuffle"):
+        spec["data"]["npy"].update(shuffle=True, shuffle_seed=case.get("shuffle_seed", 0))
+    if "eval_rows" in case:
+        spec["eval_data"] = {"features_path": os.path.join(out_dir, "eval_features.npy"),
+                             "targets_path": os.path.join(out_dir, "eval_targets.npy")}
     return spec
 
 
@@ -160,7 +171,9 @@ class Cluster:
                     "loss_scale": float(t.get("loss_scale", 0)),
                     "skipped": bool(t.get("skipped", False)),
                     "lr": float(t.get("lr", 0)),
-                    "accuracy": float(t["accuracy"]) if "accuracy" in t else None}
+                    "accuracy": float(t["accuracy"]) if "accuracy" in t else None,
+                    "eval_loss": float(t["eval_loss"]) if "eval_loss" in t else None,
+                    "eval_accuracy": float(t["eval_accuracy"]) if "eval_accuracy" in t else None}
             if "state_change" in event:
                 final_state = event["state_change"]
         if result.returncode != 0:
@@ -191,9 +204,9 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0):
-    """Loss within loss_tol (relative); loss scale, skipped and lr exactly; accuracy within
-    accuracy_tol (0: exactly)."""
+def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol=0.0):
+    """Loss and eval loss within loss_tol (relative); loss scale, skipped and lr exactly;
+    accuracy and eval accuracy within accuracy_tol / eval_accuracy_tol (0: exactly)."""
     problems, worst = [], 0.0
     if len(ours) != len(reference):
         return [f"{len(ours)} steps vs {len(reference)}"], math.inf
@@ -207,6 +220,16 @@ def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0):
         if b.get("accuracy") is not None and (
                 a.get("accuracy") is None or abs(a["accuracy"] - b["accuracy"]) > accuracy_tol):
             problems.append(f"step {i}: accuracy {a.get('accuracy')} vs {b['accuracy']}")
+        if b.get("eval_loss") is not None:
+            if a.get("eval_loss") is None:
+                problems.append(f"step {i}: no evaluation")
+            elif abs(a["eval_loss"] - b["eval_loss"]) > loss_tol * abs(b["eval_loss"]):
+                problems.append(f"step {i}: eval loss {a['eval_loss']:.9g} vs {b['eval_loss']:.9g}")
+        if b.get("eval_accuracy") is not None and (
+                a.get("eval_accuracy") is None or
+                abs(a["eval_accuracy"] - b["eval_accuracy"]) > eval_accuracy_tol):
+            problems.append(f"step {i}: eval accuracy {a.get('eval_accuracy')} vs "
+                            f"{b['eval_accuracy']}")
         if math.isfinite(b["loss"]):
             diff = abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30)
             worst = max(worst, diff)

@@ -1,7 +1,7 @@
 """Proof against PyTorch in CI, on the CPU: each case runs through Debian's PyTorch 1.13 (DDP over
 gloo, two ranks started by hand, no_sync, autocast bf16 or none for fp32) and through our
-coordinator and two CPU workers; per step the loss must agree within LOSS_TOL and the learning
-rate exactly, the accuracy exactly in fp32 (in bf16, within one sample of the step: a logit one
+coordinator and two CPU workers; per step the loss (and the eval loss on evaluation steps) must
+agree within LOSS_TOL and the learning rate exactly, the accuracy exactly in fp32 (in bf16, within one sample of the step: a logit one
 bf16 ulp away from another may flip, since OpenBLAS and oneDNN sum in different orders), and the
 final parameters within PARAM_TOL (relative L2), far below how far training moved them.
 
@@ -52,6 +52,18 @@ CASES = {
         rows_per_rank=128, micro_batch_size=16, accumulation_steps=2, steps=12, precision="bf16",
         optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.05},
         lr_schedule={"kind": "warmup_cosine", "warmup_steps": 3, "min_lr": 0.001}),
+    # Shuffled epochs (DistributedSampler; 75 rows: padded shards, epochs ending inside
+    # micro-batches) and evaluation on held-out rows every 4 steps, reduced across ranks.
+    "ce_shuffle_eval_fp32": dict(
+        model=dict(MLP, activation="relu"), loss="cross_entropy", label_smoothing=0.05,
+        rows=75, rows_per_rank=38, shuffle=True, shuffle_seed=3, eval_rows=41, eval_every=4,
+        micro_batch_size=8, accumulation_steps=3, steps=14, precision="fp32",
+        optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.01},
+        lr_schedule={"kind": "warmup_cosine", "warmup_steps": 2, "min_lr": 0.001}),
+    "mse_shuffle_eval_bf16": dict(
+        model=dict(MLP, activation="gelu"), rows=75, rows_per_rank=38, shuffle=True,
+        eval_rows=33, eval_every=5, micro_batch_size=8, accumulation_steps=2, steps=10,
+        precision="bf16", optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9}),
     "mse_sgd_bf16": dict(
         model=dict(MLP, activation="relu"), rows_per_rank=96, micro_batch_size=16,
         accumulation_steps=3, steps=12, precision="bf16",
@@ -115,8 +127,9 @@ def main():
             precision = case["precision"]
             samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
             accuracy_tol = 0.0 if precision == "fp32" else 1.0 / samples
+            eval_accuracy_tol = 0.0 if precision == "fp32" else 1.0 / case.get("eval_rows", 1)
             problems, worst_loss = compare_steps(steps, torch_steps, LOSS_TOL[precision],
-                                                 accuracy_tol)
+                                                 accuracy_tol, eval_accuracy_tol)
             param_err = rel(final, torch_final)
             if param_err > PARAM_TOL[precision]:
                 problems.append(f"parameters differ by {param_err:.3g}")

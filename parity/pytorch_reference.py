@@ -1,7 +1,7 @@
 """The training loop in PyTorch: DDP + autocast + GradScaler + no_sync, with the job spec's
 loss (mse, cross_entropy with label_smoothing), optimizer (SGD with momentum/nesterov/weight
-decay, Adam, AdamW) and learning-rate schedule (LambdaLR / StepLR, stepped once per attempted
-step).
+decay, Adam, AdamW), learning-rate schedule (LambdaLR / StepLR, stepped once per attempted
+step), data (contiguous shards, or DistributedSampler epochs) and evaluation (eval_data).
 
 Two ways to run it, one process per rank, env:// rendezvous:
   GPU (compare.py):     torchrun --nproc_per_node=2 pytorch_reference.py --case C --out D
@@ -12,7 +12,8 @@ Two ways to run it, one process per rank, env:// rendezvous:
                         CPU autocast is bf16 only, fp32 runs without autocast)
 
 Reads a case file (the job spec as JSON; its data and checkpoint paths) and writes from rank 0:
-  <out>/torch_steps.json        per optimizer step: loss, loss_scale, skipped, lr, accuracy
+  <out>/torch_steps.json        per optimizer step: loss, loss_scale, skipped, lr, accuracy,
+                                eval_loss and eval_accuracy on evaluation steps
   <out>/torch_final.safetensors final parameters (layers.{i}.weight / .bias)
 """
 import argparse
@@ -122,39 +123,94 @@ def main():
     model = DDP(model.to(device), device_ids=[device.index] if cuda else None)
 
     classification = spec.get("loss", "mse").lower() == "cross_entropy"
-    smoothing = spec.get("label_smoothing", 0.0)
-    features = np.load(spec["data"]["npy"]["features_path"])
-    targets = np.load(spec["data"]["npy"]["targets_path"])
-    if classification:
-        targets = targets.reshape(-1).astype(np.int64)
-    n = features.shape[0]
-    first, last = rank * n // world, (rank + 1) * n // world
-    shard_x = torch.from_numpy(features[first:last]).to(device)
-    shard_y = torch.from_numpy(targets[first:last]).to(device)
-    batch = spec["micro_batch_size"]
-    accumulation = spec["accumulation_steps"]
-
     precision = spec.get("precision", "fp16").lower()
     autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if autocast_dtype is not None:
         autocast = lambda: torch.autocast("cuda" if cuda else "cpu", dtype=autocast_dtype)
     else:
         autocast = contextlib.nullcontext
+    smoothing = spec.get("label_smoothing", 0.0)
+    features = np.load(spec["data"]["npy"]["features_path"])
+    targets = np.load(spec["data"]["npy"]["targets_path"])
+    if classification:
+        targets = targets.reshape(-1).astype(np.int64)
+    n = features.shape[0]
+    batch = spec["micro_batch_size"]
+    accumulation = spec["accumulation_steps"]
+    npy = spec["data"]["npy"]
+    if npy.get("shuffle", False):
+        # DistributedSampler itself, epoch after epoch; micro-batches take the next rows.
+        data_x = torch.from_numpy(features).to(device)
+        data_y = torch.from_numpy(targets).to(device)
+        sampler = torch.utils.data.DistributedSampler(
+            list(range(n)), num_replicas=world, rank=rank, shuffle=True,
+            seed=npy.get("shuffle_seed", 0), drop_last=False)
+
+        def stream():
+            epoch = 0
+            while True:
+                sampler.set_epoch(epoch)
+                yield from iter(sampler)
+                epoch += 1
+        rows_of = stream()
+
+        def next_batch():
+            rows = [next(rows_of) for _ in range(batch)]
+            return data_x[rows], data_y[rows]
+    else:
+        first, last = rank * n // world, (rank + 1) * n // world
+        shard_x = torch.from_numpy(features[first:last]).to(device)
+        shard_y = torch.from_numpy(targets[first:last]).to(device)
+        cursor = [0]
+
+        def next_batch():
+            rows = [(cursor[0] + r) % shard_x.shape[0] for r in range(batch)]
+            cursor[0] = (cursor[0] + batch) % shard_x.shape[0]
+            return shard_x[rows], shard_y[rows]
+
+    evaluate = None
+    if "eval_data" in spec:
+        eval_x = np.load(spec["eval_data"]["features_path"])
+        eval_y = np.load(spec["eval_data"]["targets_path"])
+        if classification:
+            eval_y = eval_y.reshape(-1).astype(np.int64)
+        eval_n = eval_x.shape[0]
+        first, last = rank * eval_n // world, (rank + 1) * eval_n // world
+        eval_x = torch.from_numpy(eval_x[first:last]).to(device)
+        eval_y = torch.from_numpy(eval_y[first:last]).to(device)
+
+        def evaluate():
+            """Each sample's loss and the correct predictions, summed over the whole set."""
+            sums = torch.zeros(2, device=device)
+            with torch.no_grad():
+                for begin in range(0, eval_x.shape[0], batch):
+                    x, y = eval_x[begin:begin + batch], eval_y[begin:begin + batch]
+                    with autocast():
+                        out = model.module(x)
+                    if classification:
+                        sums[0] += torch.nn.functional.cross_entropy(
+                            out.float(), y, label_smoothing=smoothing, reduction="sum")
+                        sums[1] += (out.float().argmax(dim=1) == y).sum()
+                    else:
+                        sums[0] += torch.nn.functional.mse_loss(
+                            out.float(), y, reduction="sum") / out.shape[1]
+            dist.all_reduce(sums)
+            return sums[0].item() / eval_n, sums[1].item() / eval_n
+
+
     scaler, scaler_enabled = make_scaler(cuda, spec)
     optimizer = make_optimizer(model.parameters(), spec)
     scheduler = make_scheduler(optimizer, spec)
     max_grad_norm = spec.get("max_grad_norm", 0.0)
 
-    cursor = 0
     steps = []
+    eval_every = spec.get("eval_every", 0)
     for step in range(1, spec["steps"] + 1):
         step_loss = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         lr = optimizer.param_groups[0]["lr"]
         for micro in range(accumulation):
-            rows = [(cursor + r) % shard_x.shape[0] for r in range(batch)]
-            cursor = (cursor + batch) % shard_x.shape[0]
-            x, y = shard_x[rows], shard_y[rows]
+            x, y = next_batch()
             stepping = micro == accumulation - 1
             sync = contextlib.nullcontext() if stepping else model.no_sync()
             with sync:
@@ -185,6 +241,11 @@ def main():
                   "skipped": bool(skipped), "lr": lr}
         if classification:
             record["accuracy"] = correct.item() / (batch * accumulation * world)
+        if evaluate is not None and ((eval_every > 0 and step % eval_every == 0)
+                                     or step == spec["steps"]):
+            record["eval_loss"], eval_accuracy = evaluate()
+            if classification:
+                record["eval_accuracy"] = eval_accuracy
         steps.append(record)
 
     if rank == 0:

@@ -90,6 +90,9 @@ class Backend {
   virtual absl::Status Cast(Tensor src, Tensor dst) = 0;
   // dst rows = src rows [first, first + dst.rows), wrapping around the end of src.
   virtual absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) = 0;
+  // dst row i = src row indices[i], f32; indices [1, dst.rows] f32 holding row numbers in
+  // [0, src.rows) (exact below 2^24).
+  virtual absl::Status GatherRows(Tensor src, Tensor indices, Tensor dst) = 0;
 
   // Autocast Linear: pre = round(x · wᵀ + b), y = round(act(pre)), products accumulated in
   // fp32. x [M, K], w [N, K], b [1, N], pre and y [M, N], all in the compute dtype. With

@@ -62,23 +62,33 @@ absl::Status Mlp::RefreshLowPrecisionWeights() {
 }
 
 absl::Status Mlp::Forward(Tensor x, bool x_unchanged) {
+  const int64_t rows = x.rows;
+  if (rows < 1 || rows > input_low_.rows) {
+    return absl::InvalidArgumentError("Mlp::Forward: x must have 1 to micro_batch_size rows");
+  }
+  rows_ = rows;
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
   Tensor input = x;
   if (compute_dtype_ != DType::kF32) {
-    if (!x_unchanged || cast_source_ != x.data) RETURN_IF_ERROR(backend_->Cast(x, input_low_));
+    const Tensor input_low = input_low_.RowSlice(0, rows);
+    if (!x_unchanged || cast_source_ != x.data) RETURN_IF_ERROR(backend_->Cast(x, input_low));
     cast_source_ = x.data;
-    input = input_low_;
+    input = input_low;
   }
   first_input_ = input;
   for (size_t i = 0; i < layout_.layers.size(); ++i) {
+    const Tensor y = outputs_[i].RowSlice(0, rows);
     RETURN_IF_ERROR(backend_->LinearForward(input, Weight(weights, i), Bias(weights, i),
-                                            LayerActivation(i), pre_[i], outputs_[i]));
-    input = outputs_[i];
+                                            LayerActivation(i), pre_[i].RowSlice(0, rows), y));
+    input = y;
   }
   return absl::OkStatus();
 }
 
 absl::Status Mlp::Backward(int64_t micro_batch, LayerGradientObserver* observer) {
+  if (rows_ != input_low_.rows) {
+    return absl::FailedPreconditionError("Mlp::Backward needs a forward pass of a whole batch");
+  }
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
   const bool last = micro_batch + 1 == accumulator_.accumulation_steps();
   if (!last) observer = nullptr;

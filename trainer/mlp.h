@@ -36,14 +36,16 @@ class Mlp {
   Tensor low_precision_params() const {
     return compute_dtype_ == DType::kF32 ? Tensor{} : params_low_;
   }
-  Tensor output() const { return outputs_.back(); }     // [B, out] compute dtype
+  // [rows, out] compute dtype: the rows of the last Forward().
+  Tensor output() const { return outputs_.back().RowSlice(0, rows_); }
   Tensor output_grad() const { return output_grad_; }   // [B, out] compute dtype
 
   // Rounds the fp32 masters into the compute-dtype copies. Called once per optimizer step:
   // the weights do not change between micro-batches.
   absl::Status RefreshLowPrecisionWeights();
-  // x: [B, input_dim] f32 in backend memory. `x_unchanged`: x is the same unmodified tensor
-  // as in the last call (the fixed synthetic batch), so its low-precision cast is reused.
+  // x: [rows, input_dim] f32 in backend memory, 1 <= rows <= B (fewer only for evaluation:
+  // Backward needs a whole batch). `x_unchanged`: x is the same unmodified tensor as in the
+  // last call (the fixed synthetic batch), so its low-precision cast is reused.
   absl::Status Forward(Tensor x, bool x_unchanged = false);
   // Backpropagates output_grad() of micro-batch `micro_batch` (0-based) of an optimizer step
   // into the accumulator. On the last one (accumulation_steps - 1) `observer`, when given, is
@@ -77,6 +79,7 @@ class Mlp {
   std::vector<Tensor> outputs_;       // per layer [B, out]: after it
   std::vector<Tensor> output_grads_;  // per layer [B, out]: d loss / d output (in place to d pre)
   Tensor output_grad_;
+  int64_t rows_ = 0;                  // Rows of the last Forward().
 };
 
 }  // namespace mptrain

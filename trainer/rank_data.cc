@@ -33,6 +33,42 @@ NpyMatrix Rows(const NpyMatrix& matrix, int64_t first, int64_t count) {
 
 }  // namespace
 
+absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes);
+
+namespace {
+
+// Both files whole, checked against the model and each other.
+absl::StatusOr<RankData> LoadNpy(const TrainingConfig& config, const std::string& features_path,
+                                 const std::string& targets_path) {
+  const int64_t input_dim = config.model.input_dim();
+  const int64_t output_dim = config.model.output_dim();
+  const bool classes = config.loss.type == LossType::kCrossEntropy;
+  RankData data;
+  ASSIGN_OR_RETURN(data.features, ReadNpyMatrix(features_path));
+  if (classes) {
+    ASSIGN_OR_RETURN(data.targets, ReadClassIds(targets_path, output_dim));
+  } else {
+    ASSIGN_OR_RETURN(data.targets, ReadNpyMatrix(targets_path));
+  }
+  if (data.features.cols != input_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", data.features.cols,
+                                                   " columns, model.input_dim is ", input_dim));
+  }
+  if (!classes && data.targets.cols != output_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", data.targets.cols,
+                                                   " columns, model.output_dim is ",
+                                                   output_dim));
+  }
+  if (data.features.rows != data.targets.rows) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", data.features.rows,
+                                                   " rows but ", targets_path, " has ",
+                                                   data.targets.rows));
+  }
+  return data;
+}
+
+}  // namespace
+
 absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes) {
   ASSIGN_OR_RETURN(NpyLabels labels, ReadNpyLabels(path));
   NpyMatrix ids{labels.count, 1, std::vector<float>(labels.count)};
@@ -66,38 +102,42 @@ absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, in
     }
     return data;
   }
-  const std::string& features_path = config.data.features_path;
-  const std::string& targets_path = config.data.targets_path;
-  ASSIGN_OR_RETURN(NpyMatrix features, ReadNpyMatrix(features_path));
-  NpyMatrix targets;
-  if (classes) {
-    ASSIGN_OR_RETURN(targets, ReadClassIds(targets_path, output_dim));
-  } else {
-    ASSIGN_OR_RETURN(targets, ReadNpyMatrix(targets_path));
+  ASSIGN_OR_RETURN(RankData all, LoadNpy(config, config.data.features_path,
+                                          config.data.targets_path));
+  if (config.data.shuffle) {
+    if (all.features.rows > kMaxShuffledRows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config.data.features_path, ": ", all.features.rows,
+          " rows; data.npy.shuffle allows at most ", kMaxShuffledRows));
+    }
+    all.total_rows = all.features.rows;
+    return all;
   }
-  if (features.cols != input_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", features.cols,
-                                                   " columns, model.input_dim is ", input_dim));
-  }
-  if (!classes && targets.cols != output_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", targets.cols,
-                                                   " columns, model.output_dim is ", output_dim));
-  }
-  if (features.rows != targets.rows) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", features.rows,
-                                                   " rows but ", targets_path, " has ",
-                                                   targets.rows));
-  }
-  const int64_t first = rank * features.rows / world_size;
-  const int64_t last = (rank + 1) * features.rows / world_size;
+  const int64_t rows = all.features.rows;
+  const int64_t first = rank * rows / world_size;
+  const int64_t last = (rank + 1) * rows / world_size;
   if (last <= first) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, ": ", features.rows,
+    return absl::InvalidArgumentError(absl::StrCat(config.data.features_path, ": ", rows,
                                                    " rows leave rank ", rank, " of ", world_size,
                                                    " no data"));
   }
-  data.features = Rows(features, first, last - first);
-  data.targets = Rows(targets, first, last - first);
+  data.features = Rows(all.features, first, last - first);
+  data.targets = Rows(all.targets, first, last - first);
+  data.total_rows = rows;
   return data;
+}
+
+absl::StatusOr<RankData> LoadEvalShard(const TrainingConfig& config, int rank, int world_size) {
+  ASSIGN_OR_RETURN(RankData all,
+                   LoadNpy(config, config.eval.features_path, config.eval.targets_path));
+  const int64_t rows = all.features.rows;
+  const int64_t first = rank * rows / world_size;
+  const int64_t last = (rank + 1) * rows / world_size;
+  RankData shard;
+  shard.features = Rows(all.features, first, last - first);
+  shard.targets = Rows(all.targets, first, last - first);
+  shard.total_rows = rows;
+  return shard;
 }
 
 }  // namespace mptrain

@@ -1,11 +1,14 @@
 #include "trainer/train_loop.h"
 
 #include <deque>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data/micro_batches.h"
+#include "trainer/evaluator.h"
 #include "trainer/loss/loss.h"
 #include "trainer/mlp.h"
 #include "trainer/optim/optimizer.h"
@@ -15,60 +18,6 @@
 
 namespace mptrain {
 namespace {
-
-// The rank's data in backend memory and the cursor that walks it in micro-batches.
-class MicroBatches {
- public:
-  static absl::StatusOr<MicroBatches> Create(Backend* backend, const RankData& data,
-                                             int64_t batch) {
-    MicroBatches batches;
-    batches.backend_ = backend;
-    ASSIGN_OR_RETURN(batches.features_,
-                     backend->Allocate(DType::kF32, data.features.rows, data.features.cols));
-    ASSIGN_OR_RETURN(batches.targets_,
-                     backend->Allocate(DType::kF32, data.targets.rows, data.targets.cols));
-    RETURN_IF_ERROR(backend->Upload(data.features.values.data(), batches.features_));
-    RETURN_IF_ERROR(backend->Upload(data.targets.values.data(), batches.targets_));
-    batches.batch_ = batch;
-    if (data.features.rows != batch) {
-      ASSIGN_OR_RETURN(batches.x_, backend->Allocate(DType::kF32, batch, data.features.cols));
-      ASSIGN_OR_RETURN(batches.y_, backend->Allocate(DType::kF32, batch, data.targets.cols));
-    }
-    return batches;
-  }
-
-  // The next micro-batch. A shard of exactly one batch (the synthetic data) is used in place;
-  // otherwise rows are copied on the device, wrapping around the end of the shard.
-  absl::Status Next(Tensor* x, Tensor* y) {
-    if (in_place()) {
-      *x = features_;
-      *y = targets_;
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(features_, cursor_, x_));
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(targets_, cursor_, y_));
-    cursor_ = (cursor_ + batch_) % features_.rows;
-    *x = x_;
-    *y = y_;
-    return absl::OkStatus();
-  }
-
-  // Every micro-batch is the same unmodified tensor.
-  bool in_place() const { return features_.rows == batch_; }
-
-  // The next row: a function of the step, so a resumed run can set it for every rank.
-  int64_t cursor() const { return cursor_; }
-  void SeekToStep(int64_t steps_done, int64_t accumulation) {
-    cursor_ = (steps_done % features_.rows) * (accumulation * batch_ % features_.rows) %
-              features_.rows;
-  }
-
- private:
-  Backend* backend_ = nullptr;
-  Tensor features_, targets_, x_, y_;
-  int64_t batch_ = 0;
-  int64_t cursor_ = 0;
-};
 
 absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& config,
                                                      const ParameterLayout& layout) {
@@ -109,12 +58,29 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, mlp->layout()));
   RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
   ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
-  ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
+  Shuffling shuffling;
+  shuffling.enabled = config.data.shuffle;
+  shuffling.seed = config.data.shuffle_seed;
+  shuffling.rank = rank;
+  shuffling.world_size = world_size;
+  ASSIGN_OR_RETURN(MicroBatches micro_batches,
+                   MicroBatches::Create(backend, data, batch, shuffling));
   ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
                    MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    MakeOptimizer(config.optimizer, backend, mlp->layout().total));
   LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
+  std::unique_ptr<Evaluator> evaluator;
+  if (config.eval.enabled()) {
+    ASSIGN_OR_RETURN(RankData eval_shard, LoadEvalShard(config, rank, world_size));
+    ASSIGN_OR_RETURN(evaluator,
+                     Evaluator::Create(backend, eval_shard, eval_shard.total_rows, batch));
+  }
+  auto evaluation_step = [&](int64_t step) {
+    return evaluator != nullptr &&
+           ((config.eval.every > 0 && step % config.eval.every == 0) || step == config.steps);
+  };
+  std::map<int64_t, EvalResult> evaluations;  // By step, until their telemetry is out.
   // DDP's buckets: each is allreduced (mean over ranks; the loss rides in the first) as soon as
   // the backward pass of the stepping micro-batch completes it, overlapping the rest.
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
@@ -184,8 +150,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     ASSIGN_OR_RETURN(StepStats stats, backend->ReadStats(oldest.slot));
     const double step_ms = stats.completed_ms - previous_ms;
     previous_ms = stats.completed_ms;
-    const bool telemetry_step =
-        oldest.step % config.telemetry_every == 0 || oldest.step == config.steps;
+    auto evaluation = evaluations.find(oldest.step);
+    const bool telemetry_step = oldest.step % config.telemetry_every == 0 ||
+                                oldest.step == config.steps || evaluation != evaluations.end();
     StepTelemetry record;
     record.step = oldest.step;
     record.loss = stats.state.last_loss;
@@ -200,6 +167,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // The correct count averaged over ranks, over one rank's samples of the step.
       record.has_accuracy = true;
       record.accuracy = static_cast<double>(stats.state.last_correct) / (batch * accumulation);
+    }
+    if (evaluation != evaluations.end()) {
+      record.has_eval = true;
+      record.eval_loss = evaluation->second.loss;
+      record.eval_accuracy = evaluation->second.accuracy;
+      evaluations.erase(evaluation);
     }
     observer->OnStep(oldest.step, telemetry_step ? &record : nullptr);
     return absl::OkStatus();
@@ -231,6 +204,10 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     RETURN_IF_ERROR(optimizer->Update(lr, mlp->params(), mlp->param_grads(),
                                       step_state, mlp->low_precision_params()));
     RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
+
+    if (evaluation_step(step)) {
+      ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(mlp.get(), loss.get()));
+    }
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));

@@ -27,6 +27,10 @@ struct StepTelemetry {
   // Classification losses: the fraction of the step's samples (all ranks) classified right.
   bool has_accuracy = false;
   double accuracy = 0;
+  // Evaluation steps: the mean loss and the accuracy over the eval set (all ranks).
+  bool has_eval = false;
+  double eval_loss = 0;
+  double eval_accuracy = 0;
 };
 
 // Receives what the loop produces; the rank process batches it to the coordinator.

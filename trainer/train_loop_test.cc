@@ -449,6 +449,58 @@ TEST(RunTraining, LrSchedule_AdvancesOnSkippedStepsToo) {
   EXPECT_EQ(run.observer.records[5].lr, spec.optimizer.lr);
 }
 
+// Shuffled epochs: the stream position is a function of the step, so a resumed run is
+// bit-identical; and held-out evaluation appears on its steps and the last.
+TEST(RunTraining, ShuffledEpochsResumeBitIdentically_AndEvaluationIsReported) {
+  const int in = 16, out = 4, rows = 37;
+  std::mt19937 generator(8);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyMatrix targets{rows, out, std::vector<float>(rows * out)};
+  for (float& v : features.values) v = normal(generator);
+  for (float& v : targets.values) v = normal(generator);
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("shuffle_x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("shuffle_y.npy"), targets).ok());
+  TrainingConfig spec = SmallConfig();
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("shuffle_x.npy");
+  spec.data.targets_path = TempPath("shuffle_y.npy");
+  spec.data.shuffle = true;
+  spec.data.shuffle_seed = 5;
+  spec.eval.features_path = TempPath("shuffle_x.npy");  // 37 rows: 4 batches of 8, then 5
+  spec.eval.targets_path = TempPath("shuffle_y.npy");
+  spec.eval.every = 3;
+  spec.steps = 7;  // 7 · 4 · 8 = 224 rows: several epochs of 37
+  spec.checkpoint_every = 4;
+  spec.checkpoint_dir = TestTmp() + "/shuffle";
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  TrainedRun whole = TrainOneRank(spec);
+  ASSERT_TRUE(whole.result.ok()) << whole.result.status();
+  std::vector<int64_t> evaluated;
+  for (const StepTelemetry& record : whole.observer.records) {
+    if (!record.has_eval) continue;
+    evaluated.push_back(record.step);
+    EXPECT_GT(record.eval_loss, 0);
+  }
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{3, 6, 7}));
+
+  auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  auto resumed = RunTraining(spec, 0, backend.get(), &observer,
+                             spec.checkpoint_dir + "/step-00000004.safetensors");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->parameters, whole.result->parameters);
+  EXPECT_EQ(observer.records.back().eval_loss, whole.observer.records.back().eval_loss);
+
+  // Without shuffling the same job ends elsewhere: the order mattered.
+  spec.data.shuffle = false;
+  spec.data.shuffle_seed = 0;
+  spec.checkpoint_every = 0;
+  TrainedRun in_order = TrainOneRank(spec);
+  ASSERT_TRUE(in_order.result.ok());
+  EXPECT_NE(in_order.result->parameters, whole.result->parameters);
+}
+
 class ResumeWithOptimizer : public ::testing::TestWithParam<OptimizerType> {};
 
 // Every optimizer's state is in the checkpoint: a resumed run is bit-identical.

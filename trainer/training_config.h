@@ -38,6 +38,18 @@ struct DataConfig {
   // [N] class ids in [0, output_dim) for a classification loss.
   std::string features_path;
   std::string targets_path;
+  // kNpy: epochs with DistributedSampler(shuffle=True, seed=shuffle_seed) semantics
+  // (trainer/data/sampler.h) instead of contiguous shards walked in order.
+  bool shuffle = false;
+  uint64_t shuffle_seed = 0;
+};
+
+// Held-out data evaluated every `every` steps (0: after the last step only) when not empty.
+struct EvalConfig {
+  std::string features_path;
+  std::string targets_path;
+  int64_t every = 0;
+  bool enabled() const { return !features_path.empty(); }
 };
 
 enum class OptimizerType { kSgd, kAdam, kAdamW };
@@ -78,6 +90,7 @@ struct TrainingConfig {
   ModelConfig model;
   LossConfig loss;
   DataConfig data;
+  EvalConfig eval;
   int64_t micro_batch_size = 1;
   int64_t accumulation_steps = 1;
   int64_t steps = 1;  // Optimizer steps.

@@ -32,9 +32,16 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     config.data.source = DataConfig::Source::kNpy;
     config.data.features_path = spec.data().npy().features_path();
     config.data.targets_path = spec.data().npy().targets_path();
+    config.data.shuffle = spec.data().npy().shuffle();
+    config.data.shuffle_seed = static_cast<uint64_t>(spec.data().npy().shuffle_seed());
   } else {
     config.data.source = DataConfig::Source::kSynthetic;
     config.data.synthetic_seed = spec.data().synthetic().seed();
+  }
+  if (spec.has_eval_data()) {
+    config.eval.features_path = spec.eval_data().features_path();
+    config.eval.targets_path = spec.eval_data().targets_path();
+    config.eval.every = spec.eval_every();
   }
   config.micro_batch_size = spec.micro_batch_size();
   config.accumulation_steps = spec.accumulation_steps();

@@ -122,6 +122,10 @@ v1::TelemetryRecord ToTelemetryRecord(const StepTelemetry& step) {
   record.set_samples_per_second(step.samples_per_second);
   record.set_lr(step.lr);
   if (step.has_accuracy) record.set_accuracy(step.accuracy);
+  if (step.has_eval) {
+    record.set_eval_loss(step.eval_loss);
+    if (step.has_accuracy) record.set_eval_accuracy(step.eval_accuracy);
+  }
   return record;
 }
 

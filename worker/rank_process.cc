@@ -109,6 +109,13 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
     RETURN_IF_ERROR(confine(policy->CheckRead("data.npy.targets_path", npy->targets_path()),
                             npy->mutable_targets_path()));
   }
+  if (spec->has_eval_data()) {
+    v1::NpyData* eval = spec->mutable_eval_data();
+    RETURN_IF_ERROR(confine(policy->CheckRead("eval_data.features_path", eval->features_path()),
+                            eval->mutable_features_path()));
+    RETURN_IF_ERROR(confine(policy->CheckRead("eval_data.targets_path", eval->targets_path()),
+                            eval->mutable_targets_path()));
+  }
   if (!spec->init_checkpoint().empty()) {
     RETURN_IF_ERROR(confine(policy->CheckRead("init_checkpoint", spec->init_checkpoint()),
                             spec->mutable_init_checkpoint()));

@@ -72,6 +72,21 @@ absl::Status CpuBackend::CopyRowsWrapping(Tensor src, int64_t first, Tensor dst)
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
+  if (src.cols != dst.cols || indices.numel() != dst.rows) {
+    return absl::InvalidArgumentError("GatherRows: column or index count mismatch");
+  }
+  for (int64_t row = 0; row < dst.rows; ++row) {
+    const int64_t from = static_cast<int64_t>(F(indices)[row]);
+    if (from < 0 || from >= src.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("GatherRows: row ", from, " outside [0, ",
+                                                     src.rows, ")"));
+    }
+    std::memcpy(F(dst) + row * dst.cols, F(src) + from * src.cols, src.cols * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                        Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;

@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   absl::Status Zero(Tensor tensor) override;
   absl::Status Cast(Tensor src, Tensor dst) override;
   absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) override;
+  absl::Status GatherRows(Tensor src, Tensor indices, Tensor dst) override;
   absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
                              Tensor y) override;
   absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,

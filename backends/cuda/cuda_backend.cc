@@ -324,6 +324,16 @@ absl::StatusOr<const void*> CudaBackend::Ones(DType dtype, int64_t rows) {
   return absl::InvalidArgumentError("unknown dtype");
 }
 
+absl::Status CudaBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
+  if (src.cols != dst.cols || indices.numel() != dst.rows || src.rows == 0) {
+    return absl::InvalidArgumentError("GatherRows: column or index count mismatch");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::GatherRows(
+      static_cast<const float*>(src.data), src.rows, src.cols,
+      static_cast<const float*>(indices.data), static_cast<float*>(dst.data), dst.rows, stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                         Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;

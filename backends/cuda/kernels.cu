@@ -323,6 +323,16 @@ __global__ void copy_rows_wrapping_kernel(const float* src, int64_t src_rows, in
   }
 }
 
+__global__ void gather_rows_kernel(const float* src, int64_t src_rows, int64_t cols,
+                                   const float* indices, float* dst, int64_t dst_rows) {
+  GRID_STRIDE(i, dst_rows * cols) {
+    const int64_t row = i / cols, col = i % cols;
+    int64_t from = static_cast<int64_t>(indices[row]);
+    from = from < 0 ? 0 : (from >= src_rows ? src_rows - 1 : from);
+    dst[i] = src[from * cols + col];
+  }
+}
+
 }  // namespace
 
 cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
@@ -520,6 +530,13 @@ cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, i
                              float* dst, int64_t dst_rows, cudaStream_t stream) {
   copy_rows_wrapping_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(
       src, src_rows, cols, first % src_rows, dst, dst_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const float* indices,
+                       float* dst, int64_t dst_rows, cudaStream_t stream) {
+  gather_rows_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(src, src_rows, cols,
+                                                                       indices, dst, dst_rows);
   return cudaGetLastError();
 }
 

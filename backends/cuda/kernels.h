@@ -80,4 +80,9 @@ cudaError_t UpdateParameters(const UpdateRule& rule, float* params, const float*
 cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
                              float* dst, int64_t dst_rows, cudaStream_t stream);
 
+// dst row i = src row indices[i] (f32 row numbers, clamped to [0, src_rows)), f32 with `cols`
+// columns.
+cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const float* indices,
+                       float* dst, int64_t dst_rows, cudaStream_t stream);
+
 }  // namespace mptrain::cuda

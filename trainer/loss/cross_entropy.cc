@@ -53,4 +53,14 @@ absl::Status CrossEntropyLoss::Backward(Tensor output, Tensor targets, StepState
   return backend_->Cast(grad, d_output);
 }
 
+absl::Status CrossEntropyLoss::Evaluate(Tensor output, Tensor targets, Tensor sums) {
+  const int64_t rows = output.rows;
+  const Tensor log_probs = log_probs_.RowSlice(0, rows);
+  const Tensor q = target_dist_.RowSlice(0, rows);
+  RETURN_IF_ERROR(backend_->LogSoftmaxRows(output, log_probs));
+  RETURN_IF_ERROR(backend_->SmoothedOneHot(targets, on_, off_, q));
+  RETURN_IF_ERROR(backend_->SumProduct(q, log_probs, -1.0, 1.0f, sums.FlatView(0, 1, 1)));
+  return backend_->CountArgmaxMatches(output, targets, sums.FlatView(1, 1, 1));
+}
+
 }  // namespace mptrain

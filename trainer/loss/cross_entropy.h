@@ -23,6 +23,7 @@ class CrossEntropyLoss final : public Loss {
 
   absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state, Tensor metrics,
                         Tensor d_output) override;
+  absl::Status Evaluate(Tensor output, Tensor targets, Tensor sums) override;
   int64_t target_columns() const override { return 1; }
   bool classifies() const override { return true; }
 

@@ -26,6 +26,9 @@ class Loss {
   // d_output like output.
   virtual absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state,
                                 Tensor metrics, Tensor d_output) = 0;
+  // Evaluation of `rows` <= B rows, no gradient: sums[0] += Σ over rows of each sample's loss
+  // (the same formula, one sample at a time), sums[1] += correct predictions (classifiers).
+  virtual absl::Status Evaluate(Tensor output, Tensor targets, Tensor sums) = 0;
   // Columns of a target row: the model's outputs, or 1 (a class id) for a classifier.
   virtual int64_t target_columns() const = 0;
   // Whether metrics[1] counts correct predictions.

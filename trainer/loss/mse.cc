@@ -14,4 +14,9 @@ absl::Status MseLoss::Backward(Tensor output, Tensor targets, StepStateBuffer st
   return backend_->ScaledDifference(output, targets, norm, step_state, accumulation, d_output);
 }
 
+absl::Status MseLoss::Evaluate(Tensor output, Tensor targets, Tensor sums) {
+  return backend_->SumSquaredDifference(output, targets, static_cast<double>(output_dim_), 1.0f,
+                                        sums.FlatView(0, 1, 1));
+}
+
 }  // namespace mptrain

@@ -14,6 +14,8 @@ class MseLoss final : public Loss {
 
   absl::Status Backward(Tensor output, Tensor targets, StepStateBuffer step_state, Tensor metrics,
                         Tensor d_output) override;
+  // A sample's loss: its squared error summed over the outputs, over output_dim.
+  absl::Status Evaluate(Tensor output, Tensor targets, Tensor sums) override;
   int64_t target_columns() const override { return output_dim_; }
   bool classifies() const override { return false; }
 
