@@ -89,8 +89,16 @@ def run_torch(case_dir, timeout=600):
             [sys.executable, os.path.join(here, "pytorch_reference.py"), "--case",
              os.path.join(case_dir, "case.json"), "--out", case_dir],
             stdout=log, stderr=subprocess.STDOUT, env=env))
+    # Both must end; one that fails ends the other (it would wait for its peer).
     deadline = time.time() + timeout
-    codes = [p.wait(timeout=max(1, deadline - time.time())) for p in processes]
+    while any(p.poll() is None for p in processes) and time.time() < deadline:
+        if any(p.poll() not in (None, 0) for p in processes):
+            break
+        time.sleep(0.1)
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+    codes = [p.wait() for p in processes]
     if any(codes):
         logs = "".join(open(os.path.join(case_dir, f"torch_rank{r}.log")).read()[-3000:]
                        for r in range(2))

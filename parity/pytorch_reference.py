@@ -18,6 +18,7 @@ Reads a case file (the job spec as JSON; its data and checkpoint paths) and writ
 """
 import argparse
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -103,7 +104,7 @@ def main():
     spec = case["spec"]
     cuda = spec.get("device", "cuda").lower() == "cuda"
 
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -256,7 +257,12 @@ def main():
         save_safetensors(final, os.path.join(args.out, "torch_final.safetensors"))
         with open(os.path.join(args.out, "torch_steps.json"), "w") as f:
             json.dump(steps, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Not destroy_process_group() and a normal exit: PyTorch 1.13 with gloo was seen to hang
+    # there once the work was done. Everything is written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
