@@ -88,6 +88,18 @@ TEST(ApplyJobSpecDefaults, ScalerOffByDefaultForBf16_AndExplicitValuesKept) {
   EXPECT_EQ(spec.loss_scaler().init_scale(), 1024);
 }
 
+TEST(ValidateJobSpec, DigitsExample_IsValid) {
+  auto spec = LoadJobSpecFile("examples/digits.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(&*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  EXPECT_EQ(spec->loss(), v1::CROSS_ENTROPY);
+  EXPECT_EQ(spec->optimizer().kind(), v1::ADAMW);
+  EXPECT_EQ(spec->lr_schedule().kind(), v1::WARMUP_COSINE);
+  EXPECT_TRUE(spec->data().npy().shuffle());
+  EXPECT_TRUE(spec->has_eval_data());
+}
+
 TEST(ValidateJobSpec, SeedExamples_AreValid) {
   for (const char* path : {"examples/seed.json", "examples/seed_cpu.json"}) {
     auto spec = LoadJobSpecFile(path);

@@ -167,6 +167,7 @@ class Cluster:
             if "telemetry" in event:
                 t = event["telemetry"]
                 steps[int(t["step"])] = {
+                    "step": int(t["step"]),
                     "loss": float(t.get("loss", 0)),
                     "loss_scale": float(t.get("loss_scale", 0)),
                     "skipped": bool(t.get("skipped", False)),
