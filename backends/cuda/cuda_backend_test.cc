@@ -4,6 +4,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/nccl_collective.h"
 #include "gtest/gtest.h"
+#include "io/npy.h"
 #include "tests/fake_collectives.h"
 #include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
@@ -185,6 +187,85 @@ INSTANTIATE_TEST_SUITE_P(Cases, TrainingParity,
                                            std::make_tuple(v1::BF16, 1.0),
                                            std::make_tuple(v1::FP32, 1.0),
                                            std::make_tuple(v1::FP16, 1e30)));
+
+// Issue 13's features on the GPU against the CPU backend (the CPU side is proven against PyTorch
+// in CI): cross-entropy with label smoothing, AdamW, warm-up + cosine, shuffled epochs and
+// evaluation, in fp16 from an overflowing scale (skipped steps must leave Adam untouched on both),
+// bf16 and fp32.
+class FeatureParity : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FeatureParity, CrossEntropyAdamWScheduleShuffleEval_CudaMatchesCpu) {
+  REQUIRE_GPUS(1);
+  const DType dtype = GetParam();
+  const int in = 64, classes = 10, rows = 300;
+  std::mt19937 generator(13);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyLabels labels{rows, std::vector<int64_t>(rows)};
+  for (float& v : features.values) v = normal(generator);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = &features.values[r * in];
+    labels.values[r] = std::max_element(x, x + classes) - x;
+  }
+  const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  ASSERT_TRUE(WriteNpyMatrix(dir + "/ce_x.npy", features).ok());
+  ASSERT_TRUE(WriteNpyLabels(dir + "/ce_y.npy", labels).ok());
+  TrainingConfig config;
+  config.model.widths = {in, 128, 128, classes};
+  config.model.activation = ActivationKind::kGelu;
+  config.loss.type = LossType::kCrossEntropy;
+  config.loss.label_smoothing = 0.1;
+  config.data.source = DataConfig::Source::kNpy;
+  config.data.features_path = dir + "/ce_x.npy";
+  config.data.targets_path = dir + "/ce_y.npy";
+  config.data.shuffle = true;
+  config.data.shuffle_seed = 2;
+  config.eval.features_path = config.data.features_path;
+  config.eval.targets_path = config.data.targets_path;
+  config.eval.every = 10;
+  config.micro_batch_size = 32;
+  config.accumulation_steps = 2;
+  config.steps = 30;
+  config.compute_dtype = dtype;
+  config.optimizer.type = OptimizerType::kAdamW;
+  config.optimizer.lr = 0.003;
+  config.optimizer.weight_decay = 0.05;
+  config.lr_schedule.type = ScheduleType::kWarmupCosine;
+  config.lr_schedule.warmup_steps = 5;
+  config.lr_schedule.min_lr = 0.0003;
+  config.loss_scaler.enabled = dtype == DType::kF16;
+  config.loss_scaler.init_scale = std::ldexp(1.0, 40);
+  config.loss_scaler.growth_interval = 10;
+  auto gpu = SingleRankBackend();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  NullObserver gpu_observer, cpu_observer;
+  auto on_gpu = RunTraining(config, 0, gpu.get(), &gpu_observer);
+  auto on_cpu = RunTraining(config, 0, &cpu, &cpu_observer);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  if (dtype == DType::kF16) EXPECT_GT(on_cpu->skipped_steps, 0);
+  EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
+  const double tolerance = dtype == DType::kF32 ? 1e-5 : dtype == DType::kF16 ? 2e-3 : 1e-2;
+  ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
+  for (size_t i = 0; i < gpu_observer.records.size(); ++i) {
+    const StepTelemetry& g = gpu_observer.records[i];
+    const StepTelemetry& c = cpu_observer.records[i];
+    EXPECT_EQ(g.skipped, c.skipped) << "step " << i + 1;
+    EXPECT_EQ(g.loss_scale, c.loss_scale);
+    EXPECT_EQ(g.lr, c.lr);
+    EXPECT_NEAR(g.loss, c.loss, tolerance * std::fabs(c.loss)) << "step " << i + 1;
+    EXPECT_NEAR(g.accuracy, c.accuracy, 2.0 / 64 + 1e-12) << "two samples of 64 at most";
+    EXPECT_EQ(g.has_eval, c.has_eval);
+    if (c.has_eval) {
+      EXPECT_NEAR(g.eval_loss, c.eval_loss, tolerance * std::fabs(c.eval_loss));
+      EXPECT_NEAR(g.eval_accuracy, c.eval_accuracy, 2.0 / rows);
+    }
+  }
+  EXPECT_LT(RelativeError(on_gpu->parameters, on_cpu->parameters), 10 * tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, FeatureParity,
+                         ::testing::Values(DType::kF16, DType::kBF16, DType::kF32));
 
 TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   REQUIRE_GPUS(2);
