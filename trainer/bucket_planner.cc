@@ -9,7 +9,8 @@ namespace mptrain {
 absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const std::vector<int64_t>& sizes_bytes,
                                                        int64_t cap_bytes) {
   if (cap_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket cap must be > 0 bytes, got ", cap_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket cap must be > 0 bytes, got ", cap_bytes));
   }
   if (sizes_bytes.size() > kMaxPlannedGroups) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxPlannedGroups,

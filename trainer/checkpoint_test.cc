@@ -51,7 +51,8 @@ std::string WriteWithMetadata(const std::string& name,
   const ParameterLayout layout = SmallLayout();
   const TrainingCheckpoint checkpoint = SmallCheckpoint();
   TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
-  for (auto& [tensor_name, tensor] : ParametersToTensors(layout, checkpoint.optimizer_state.at("momentum"))) {
+  const std::vector<float>& momentum = checkpoint.optimizer_state.at("momentum");
+  for (auto& [tensor_name, tensor] : ParametersToTensors(layout, momentum)) {
     tensors["momentum." + tensor_name] = tensor;
   }
   const std::string path = TempPath(name);
@@ -103,7 +104,8 @@ TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTenso
 
 TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor) {
   TrainingCheckpoint checkpoint = SmallCheckpoint();
-  checkpoint.optimizer_state["momentum"][4] = std::numeric_limits<float>::infinity();  // weight[1][1]
+  // weight[1][1]
+  checkpoint.optimizer_state["momentum"][4] = std::numeric_limits<float>::infinity();
   const std::string path = TempPath("inf_momentum.safetensors");
   ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
   ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,

@@ -20,7 +20,8 @@ class GradientAccumulator {
   static constexpr int64_t kMetricSlots = 2;
 
   // n parameters; the fp32 buffer has kMetricSlots more, for what rides in the gradient
-  // allreduce: the step's loss and its correct count (classification). `element_bytes`: what one compute-dtype element takes in the backend's memory.
+  // allreduce: the step's loss and its correct count (classification). `element_bytes`: what
+  // one compute-dtype element takes in the backend's memory.
   static absl::StatusOr<GradientAccumulator> Create(Backend* backend, int64_t n,
                                                     DType compute_dtype, int64_t element_bytes,
                                                     int64_t accumulation_steps,

@@ -68,7 +68,8 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
   EXPECT_EQ(checked, n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck, ::testing::Values(ActivationKind::kRelu, ActivationKind::kGelu));
+INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck,
+                         ::testing::Values(ActivationKind::kRelu, ActivationKind::kGelu));
 
 }  // namespace
 }  // namespace mptrain

@@ -37,7 +37,8 @@ class GradientReducerTest : public ::testing::Test {
 };
 
 TEST_F(GradientReducerTest, SmallModel_OneBucketWithTheMetricSlots_WhenTheFirstLayerIsDone) {
-  const ParameterLayout layout = MakeParameterLayout({6, 5, 3});  // 35 + 18 = 53 parameters, 2 metrics
+  // 35 + 18 = 53 parameters, then the 2 metric slots.
+  const ParameterLayout layout = MakeParameterLayout({6, 5, 3});
   auto reducer = Make(layout, 25 << 20, 64 << 20);
   EXPECT_EQ(reducer->bucket_count(), 1u);
   ASSERT_TRUE(reducer->LayerReady(1).ok());

@@ -81,8 +81,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
            ((config.eval.every > 0 && step % config.eval.every == 0) || step == config.steps);
   };
   std::map<int64_t, EvalResult> evaluations;  // By step, until their telemetry is out.
-  // DDP's buckets: each is allreduced (mean over ranks; the loss rides in the first) as soon as
-  // the backward pass of the stepping micro-batch completes it, overlapping the rest.
+  // DDP's buckets: each is allreduced (mean over ranks; the loss and the correct count ride in
+  // the first) as soon as the backward pass of the stepping micro-batch completes it,
+  // overlapping the rest.
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
                    GradientReducer::Create(mlp->layout(), mlp->accumulator(), [&](Tensor span) {
                      return collective->AllReduceMeanAsync(span);
@@ -100,7 +101,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
                      ReadTrainingCheckpoint(resume_checkpoint, mlp->layout(), state_names));
     RETURN_IF_ERROR(backend->Upload(checkpoint.parameters.data(), mlp->params()));
     for (const OptimizerSlot& slot : optimizer->slots()) {
-      RETURN_IF_ERROR(backend->Upload(checkpoint.optimizer_state.at(slot.name).data(), slot.values));
+      const std::vector<float>& values = checkpoint.optimizer_state.at(slot.name);
+      RETURN_IF_ERROR(backend->Upload(values.data(), slot.values));
     }
     initial_state = checkpoint.step_state;
     first_step = checkpoint.step + 1;
@@ -116,7 +118,6 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     checkpoint.step = step;
     checkpoint.data_cursor = micro_batches.cursor();
     checkpoint.parameters.resize(mlp->layout().total);
-
     RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
     for (const OptimizerSlot& slot : optimizer->slots()) {
       std::vector<float>& values = checkpoint.optimizer_state[slot.name];

@@ -289,8 +289,8 @@ absl::Status CpuBackend::UpdateParameters(const UpdateRule& rule, Tensor params,
                                           Tensor slot_a, Tensor slot_b,
                                           StepStateBuffer step_state, Tensor params_low) {
   const int64_t n = params.numel();
-  if (grads.numel() != n || (!slot_a.empty() && slot_a.numel() != n) ||
-      (!slot_b.empty() && slot_b.numel() != n) || (!params_low.empty() && params_low.numel() != n)) {
+  auto fits = [n](Tensor t) { return t.empty() || t.numel() == n; };
+  if (grads.numel() != n || !fits(slot_a) || !fits(slot_b) || !fits(params_low)) {
     return absl::InvalidArgumentError("UpdateParameters: buffer sizes do not match");
   }
   const StepState& state = *step_state.data;
