@@ -1,9 +1,10 @@
 """Proof against PyTorch in CI, on the CPU: each case runs through Debian's PyTorch 1.13 (DDP over
 gloo, two ranks started by hand, no_sync, autocast bf16 or none for fp32) and through our
 coordinator and two CPU workers; per step the loss (and the eval loss on evaluation steps) must
-agree within LOSS_TOL and the learning rate exactly, the accuracy exactly in fp32 (in bf16, within one sample of the step: a logit one
-bf16 ulp away from another may flip, since OpenBLAS and oneDNN sum in different orders), and the
-final parameters within PARAM_TOL (relative L2), far below how far training moved them.
+agree within LOSS_TOL and the learning rate exactly, the accuracy exactly in fp32 (in bf16, within
+two samples of the step, one seen: a logit one bf16 ulp away from another may flip, since
+OpenBLAS and oneDNN sum in different orders), and the final parameters within PARAM_TOL
+(relative L2), far below how far training moved them.
 
   /usr/bin/python3 parity/cpu_parity.py --bin DIR --out DIR [--cases a,b]
 
@@ -134,8 +135,8 @@ def main():
             final = flat(load_safetensors(run_spec["output_checkpoint"]))
             precision = case["precision"]
             samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
-            accuracy_tol = 0.0 if precision == "fp32" else 1.0 / samples
-            eval_accuracy_tol = 0.0 if precision == "fp32" else 1.0 / case.get("eval_rows", 1)
+            accuracy_tol = 0.0 if precision == "fp32" else 2.0 / samples
+            eval_accuracy_tol = 0.0 if precision == "fp32" else 2.0 / case.get("eval_rows", 1)
             problems, worst_loss = compare_steps(steps, torch_steps, LOSS_TOL[precision],
                                                  accuracy_tol, eval_accuracy_tol)
             param_err = rel(final, torch_final)
@@ -160,7 +161,7 @@ def main():
         print(f"{r[0]:<24}{r[1]:<6}{r[2]:>6}{r[3]:>15.3e}{r[4]:>12.3e}{r[5]:>14.3e}  "
               f"{r[6]:<13}{r[7]:<17}{r[8]:<13} {r[9]}")
     print(f"tolerances: loss {LOSS_TOL}, parameters {PARAM_TOL}; lr exact; accuracy exact in "
-          "fp32, within one sample in bf16")
+          "fp32, within two samples in bf16")
     print(f"{len(rows) - failures} passed, {failures} failed")
     return 1 if failures or not rows else 0
 
