@@ -18,6 +18,7 @@
 #include "common/job_spec.h"
 #include "trainer/in_memory_store.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 
 ABSL_FLAG(int, gpus, 2, "GPUs (ranks) to use");
 ABSL_FLAG(std::string, configs, "seed,mlp1k,mlp8k", "Comma-separated configurations");
@@ -30,8 +31,8 @@ namespace {
 
 class StepTimes : public TrainingObserver {
  public:
-  void OnStep(int64_t, const v1::TelemetryRecord* record) override {
-    if (record != nullptr) times_ms.push_back(record->step_time_ms());
+  void OnStep(int64_t, const StepTelemetry* record) override {
+    if (record != nullptr) times_ms.push_back(record->step_time_ms);
   }
   bool ShouldStop() override { return false; }
   std::vector<double> times_ms;
@@ -64,7 +65,12 @@ RankResult RunRank(const v1::JobSpec& spec, int rank, int warmup, InMemoryKeyVal
     return result;
   }
   StepTimes observer;
-  auto trained = RunTraining(spec, rank, backend->get(), &observer);
+  absl::StatusOr<TrainingConfig> config = TrainingConfigFromSpec(spec);
+  if (!config.ok()) {
+    result.status = config.status();
+    return result;
+  }
+  auto trained = RunTraining(*config, rank, backend->get(), &observer);
   if (!trained.ok()) {
     result.status = trained.status();
     return result;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -112,6 +113,22 @@ std::string FormatJobDetail(const v1::Job& job) {
                   Precision(spec), ", ", spec.world_size(), " x ", Device(spec.device()), "\n");
   absl::StrAppend(&out, "schedule:   ", spec.steps(), " steps x ", spec.accumulation_steps(),
                   " micro-batches of ", spec.micro_batch_size(), " per rank\n");
+  // The loss, the optimizer and the learning-rate schedule, in the spec's own words.
+  // (Unset kinds are the defaults: the coordinator stores specs with their defaults applied.)
+  const v1::LossKind loss = spec.loss() == v1::LOSS_KIND_UNSPECIFIED ? v1::MSE : spec.loss();
+  const v1::OptimizerKind optimizer = spec.optimizer().kind() == v1::OPTIMIZER_KIND_UNSPECIFIED
+                                          ? v1::SGD
+                                          : spec.optimizer().kind();
+  std::string training = absl::AsciiStrToLower(
+      absl::StrCat(v1::LossKind_Name(loss), ", ", v1::OptimizerKind_Name(optimizer), " lr ",
+                   absl::StrFormat("%g", spec.optimizer().lr())));
+  if (spec.lr_schedule().kind() != v1::CONSTANT &&
+      spec.lr_schedule().kind() != v1::LR_SCHEDULE_KIND_UNSPECIFIED) {
+    absl::StrAppend(&training, ", ",
+                    absl::AsciiStrToLower(v1::LrScheduleKind_Name(spec.lr_schedule().kind())));
+  }
+  if (spec.has_eval_data()) absl::StrAppend(&training, ", evaluated");
+  absl::StrAppend(&out, "training:   ", training, "\n");
   if (job.estimated_rank_memory_bytes() > 0) {
     absl::StrAppend(&out, "memory:     about ", FormatBytes(job.estimated_rank_memory_bytes()),
                     " per rank\n");
@@ -152,12 +169,19 @@ std::string FormatWorkerTable(const std::vector<v1::Worker>& workers) {
 }
 
 std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "step %6d  loss %.6f  grad_norm %.6g  scale %g  skipped %s (%d total)  %.3f ms  "
       "%.0f samples/s",
       record.step(), record.loss(), record.grad_norm(), record.loss_scale(),
       record.skipped() ? "yes" : "no", record.skipped_total(), record.step_time_ms(),
       record.samples_per_second());
+  if (record.lr() != 0) absl::StrAppendFormat(&line, "  lr %.6g", record.lr());
+  if (record.has_accuracy()) absl::StrAppendFormat(&line, "  acc %.4f", record.accuracy());
+  if (record.has_eval_loss()) absl::StrAppendFormat(&line, "  eval_loss %.6f", record.eval_loss());
+  if (record.has_eval_accuracy()) {
+    absl::StrAppendFormat(&line, "  eval_acc %.4f", record.eval_accuracy());
+  }
+  return line;
 }
 
 }  // namespace mptrain

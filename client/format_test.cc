@@ -52,6 +52,32 @@ TEST(FormatJobDetail, ShowsErrorPlacementAndChecksums) {
   EXPECT_NE(text.find("w#2"), std::string::npos);
   EXPECT_NE(text.find("00ff"), std::string::npos);
   EXPECT_NE(text.find("MLP 4->2"), std::string::npos);
+  EXPECT_NE(text.find("training:   mse, sgd lr 0"), std::string::npos) << text;
+}
+
+TEST(FormatJobDetail, ShowsLossOptimizerAndSchedule) {
+  v1::Job job;
+  job.mutable_spec()->set_loss(v1::CROSS_ENTROPY);
+  job.mutable_spec()->mutable_optimizer()->set_kind(v1::ADAMW);
+  job.mutable_spec()->mutable_optimizer()->set_lr(0.002);
+  job.mutable_spec()->mutable_lr_schedule()->set_kind(v1::WARMUP_COSINE);
+  job.mutable_spec()->mutable_eval_data()->set_features_path("/d/x.npy");
+  const std::string text = FormatJobDetail(job);
+  EXPECT_NE(text.find("training:   cross_entropy, adamw lr 0.002, warmup_cosine, evaluated"),
+            std::string::npos)
+      << text;
+}
+
+TEST(FormatTelemetryLine, ShowsLearningRateAccuracyAndEvaluation) {
+  v1::TelemetryRecord record;
+  record.set_lr(0.001);
+  record.set_accuracy(0.75);
+  record.set_eval_loss(0.25);
+  record.set_eval_accuracy(0.5);
+  const std::string line = FormatTelemetryLine(record);
+  for (const char* part : {"lr 0.001", "acc 0.7500", "eval_loss 0.250000", "eval_acc 0.5000"}) {
+    EXPECT_NE(line.find(part), std::string::npos) << part << " not in: " << line;
+  }
 }
 
 }  // namespace

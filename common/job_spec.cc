@@ -20,6 +20,8 @@ constexpr int kMaxRestarts = 100;
 constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 16;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr double kMaxQueueTimeoutS = 30.0 * 24 * 3600;
+// The scaler's growth tracker is a 32-bit counter on the device.
+constexpr int64_t kMaxGrowthInterval = 1'000'000'000;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -80,6 +82,13 @@ absl::Status ValidateData(const v1::DataSpec& data) {
       if (data.npy().targets_path().empty()) {
         return Invalid("data.npy.targets_path must name a .npy file, got an empty string");
       }
+      if (data.npy().shuffle_seed() < 0) {
+        return Invalid(absl::StrCat("data.npy.shuffle_seed must be >= 0, got ",
+                                    data.npy().shuffle_seed()));
+      }
+      if (!data.npy().shuffle() && data.npy().shuffle_seed() != 0) {
+        return Invalid("data.npy.shuffle_seed needs data.npy.shuffle");
+      }
       return absl::OkStatus();
     case v1::DataSpec::SOURCE_NOT_SET:
       break;
@@ -92,6 +101,31 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
     return Invalid(absl::StrCat("optimizer.lr must be a finite number > 0, got ",
                                 Num(optimizer.lr())));
   }
+  const v1::OptimizerKind kind = optimizer.kind();
+  if (kind != v1::SGD && kind != v1::ADAM && kind != v1::ADAMW) {
+    return Invalid(absl::StrCat("optimizer.kind must be sgd, adam or adamw, got ", kind));
+  }
+  if (kind == v1::SGD) {
+    if (optimizer.has_beta1() || optimizer.has_beta2() || optimizer.has_eps()) {
+      return Invalid("optimizer.beta1, beta2 and eps apply to adam and adamw only");
+    }
+    if (optimizer.nesterov() && !(optimizer.momentum() > 0)) {
+      return Invalid("optimizer.nesterov needs optimizer.momentum > 0");
+    }
+  } else {
+    if (optimizer.momentum() != 0 || optimizer.nesterov()) {
+      return Invalid("optimizer.momentum and nesterov apply to sgd only");
+    }
+    for (const auto& [name, value] : {std::pair<const char*, double>{"beta1", optimizer.beta1()},
+                                      {"beta2", optimizer.beta2()}}) {
+      if (!std::isfinite(value) || value < 0 || value >= 1) {
+        return Invalid(absl::StrCat("optimizer.", name, " must be in [0, 1), got ", Num(value)));
+      }
+    }
+    if (!std::isfinite(optimizer.eps()) || optimizer.eps() < 0 || optimizer.eps() > 1) {
+      return Invalid(absl::StrCat("optimizer.eps must be in [0, 1], got ", Num(optimizer.eps())));
+    }
+  }
   if (!std::isfinite(optimizer.momentum()) || optimizer.momentum() < 0 ||
       optimizer.momentum() >= 1) {
     return Invalid(absl::StrCat("optimizer.momentum must be in [0, 1), got ",
@@ -100,6 +134,44 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
   if (!std::isfinite(optimizer.weight_decay()) || optimizer.weight_decay() < 0) {
     return Invalid(absl::StrCat("optimizer.weight_decay must be >= 0, got ",
                                 Num(optimizer.weight_decay())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLrSchedule(const v1::LrSchedule& schedule, const v1::JobSpec& spec) {
+  const v1::LrScheduleKind kind = schedule.kind();
+  const bool warmup = kind == v1::WARMUP_COSINE || kind == v1::WARMUP_LINEAR;
+  if (kind != v1::CONSTANT && !warmup && kind != v1::STEP) {
+    return Invalid(absl::StrCat(
+        "lr_schedule.kind must be constant, warmup_cosine, warmup_linear or step, got ", kind));
+  }
+  if (!warmup && (schedule.warmup_steps() != 0 || schedule.min_lr() != 0)) {
+    return Invalid("lr_schedule.warmup_steps and min_lr apply to warmup_cosine and "
+                   "warmup_linear only");
+  }
+  if (kind != v1::STEP && (schedule.step_size() != 0 || schedule.gamma() != 0)) {
+    return Invalid("lr_schedule.step_size and gamma apply to step only");
+  }
+  if (warmup) {
+    if (schedule.warmup_steps() < 0 || schedule.warmup_steps() > spec.steps()) {
+      return Invalid(absl::StrCat("lr_schedule.warmup_steps must be in [0, steps = ",
+                                  spec.steps(), "], got ", schedule.warmup_steps()));
+    }
+    if (!std::isfinite(schedule.min_lr()) || schedule.min_lr() < 0 ||
+        schedule.min_lr() > spec.optimizer().lr()) {
+      return Invalid(absl::StrCat("lr_schedule.min_lr must be in [0, optimizer.lr], got ",
+                                  Num(schedule.min_lr())));
+    }
+  }
+  if (kind == v1::STEP) {
+    if (schedule.step_size() < 1 || schedule.step_size() > kMaxSteps) {
+      return Invalid(absl::StrCat("lr_schedule.step_size must be in [1, ", kMaxSteps, "], got ",
+                                  schedule.step_size()));
+    }
+    if (!std::isfinite(schedule.gamma()) || schedule.gamma() <= 0 || schedule.gamma() > 1) {
+      return Invalid(absl::StrCat("lr_schedule.gamma must be in (0, 1], got ",
+                                  Num(schedule.gamma())));
+    }
   }
   return absl::OkStatus();
 }
@@ -118,9 +190,9 @@ absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
     return Invalid(absl::StrCat("loss_scaler.backoff_factor must be in (0, 1), got ",
                                 Num(scaler.backoff_factor())));
   }
-  if (scaler.growth_interval() < 1) {
-    return Invalid(absl::StrCat("loss_scaler.growth_interval must be >= 1, got ",
-                                scaler.growth_interval()));
+  if (scaler.growth_interval() < 1 || scaler.growth_interval() > kMaxGrowthInterval) {
+    return Invalid(absl::StrCat("loss_scaler.growth_interval must be in [1, ",
+                                kMaxGrowthInterval, "], got ", scaler.growth_interval()));
   }
   return absl::OkStatus();
 }
@@ -170,6 +242,18 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (!scaler->has_growth_factor()) scaler->set_growth_factor(kDefaultGrowthFactor);
   if (!scaler->has_backoff_factor()) scaler->set_backoff_factor(kDefaultBackoffFactor);
   if (!scaler->has_growth_interval()) scaler->set_growth_interval(kDefaultGrowthInterval);
+  if (spec->lr_schedule().kind() == v1::LR_SCHEDULE_KIND_UNSPECIFIED) {
+    spec->mutable_lr_schedule()->set_kind(v1::CONSTANT);
+  }
+  if (spec->has_optimizer()) {
+    v1::OptimizerSpec* optimizer = spec->mutable_optimizer();
+    if (optimizer->kind() == v1::OPTIMIZER_KIND_UNSPECIFIED) optimizer->set_kind(v1::SGD);
+    if (optimizer->kind() == v1::ADAM || optimizer->kind() == v1::ADAMW) {
+      if (!optimizer->has_beta1()) optimizer->set_beta1(kDefaultAdamBeta1);
+      if (!optimizer->has_beta2()) optimizer->set_beta2(kDefaultAdamBeta2);
+      if (!optimizer->has_eps()) optimizer->set_eps(kDefaultAdamEps);
+    }
+  }
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -194,10 +278,33 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_model()) return Invalid("model is required");
   if (auto status = ValidateModel(spec.model()); !status.ok()) return status;
-  if (spec.loss() != v1::MSE) {
-    return Invalid(absl::StrCat("loss must be mse, got ", spec.loss()));
+  if (spec.loss() != v1::MSE && spec.loss() != v1::CROSS_ENTROPY) {
+    return Invalid(absl::StrCat("loss must be mse or cross_entropy, got ", spec.loss()));
+  }
+  if (!std::isfinite(spec.label_smoothing()) || spec.label_smoothing() < 0 ||
+      spec.label_smoothing() > 1) {
+    return Invalid(absl::StrCat("label_smoothing must be in [0, 1], got ",
+                                Num(spec.label_smoothing())));
+  }
+  if (spec.label_smoothing() != 0 && spec.loss() != v1::CROSS_ENTROPY) {
+    return Invalid("label_smoothing applies to loss cross_entropy only");
   }
   if (auto status = ValidateData(spec.data()); !status.ok()) return status;
+  if (spec.has_eval_data()) {
+    if (spec.eval_data().features_path().empty() || spec.eval_data().targets_path().empty()) {
+      return Invalid("eval_data.features_path and eval_data.targets_path must name .npy files");
+    }
+    if (spec.eval_data().shuffle() || spec.eval_data().shuffle_seed() != 0) {
+      return Invalid("eval_data.shuffle must be off: evaluation visits every row once");
+    }
+  }
+  if (spec.eval_every() < 0 || spec.eval_every() > kMaxSteps) {
+    return Invalid(absl::StrCat("eval_every must be in [0, ", kMaxSteps, "], got ",
+                                spec.eval_every()));
+  }
+  if (spec.eval_every() > 0 && !spec.has_eval_data()) {
+    return Invalid("eval_every needs eval_data");
+  }
   if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {
     return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
                                 spec.micro_batch_size()));
@@ -215,6 +322,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_optimizer()) return Invalid("optimizer is required (optimizer.lr at least)");
   if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;
+  if (auto status = ValidateLrSchedule(spec.lr_schedule(), spec); !status.ok()) return status;
   if (auto status = ValidateLossScaler(spec.loss_scaler()); !status.ok()) return status;
   if (!std::isfinite(spec.max_grad_norm()) || spec.max_grad_norm() < 0) {
     return Invalid(absl::StrCat("max_grad_norm must be >= 0 (0 = no clipping), got ",

@@ -22,6 +22,10 @@ inline constexpr int64_t kDefaultGrowthInterval = 2000;
 inline constexpr double kDefaultProgressTimeoutS = 300;
 inline constexpr double kDefaultCollectiveTimeoutS = 60;
 inline constexpr double kMaxCollectiveTimeoutS = 3600;
+// torch.optim.Adam's defaults.
+inline constexpr double kDefaultAdamBeta1 = 0.9;
+inline constexpr double kDefaultAdamBeta2 = 0.999;
+inline constexpr double kDefaultAdamEps = 1e-8;
 
 // Parses a JSON job spec. Unknown fields are refused; enum values are case-insensitive.
 // INVALID_ARGUMENT: malformed JSON, unknown field or wrong type (protobuf's message says which).
@@ -31,8 +35,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Fills fields the user may leave out: activation (RELU), loss (MSE), precision (FP16),
-// telemetry_every (1), progress_timeout_s (300), collective_timeout_s (60), and every unset
-// loss_scaler field (PyTorch's defaults; enabled only for FP16). Idempotent.
+// telemetry_every (1), progress_timeout_s (300), collective_timeout_s (60), every unset
+// loss_scaler field (PyTorch's defaults; enabled only for FP16), optimizer.kind (SGD) and, for
+// adam/adamw, the unset betas and eps (PyTorch's defaults). Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec* spec);
 
 // Checks every rule of a spec (after ApplyJobSpecDefaults). INVALID_ARGUMENT names the first

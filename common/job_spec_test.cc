@@ -88,6 +88,18 @@ TEST(ApplyJobSpecDefaults, ScalerOffByDefaultForBf16_AndExplicitValuesKept) {
   EXPECT_EQ(spec.loss_scaler().init_scale(), 1024);
 }
 
+TEST(ValidateJobSpec, DigitsExample_IsValid) {
+  auto spec = LoadJobSpecFile("examples/digits.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(&*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  EXPECT_EQ(spec->loss(), v1::CROSS_ENTROPY);
+  EXPECT_EQ(spec->optimizer().kind(), v1::ADAMW);
+  EXPECT_EQ(spec->lr_schedule().kind(), v1::WARMUP_COSINE);
+  EXPECT_TRUE(spec->data().npy().shuffle());
+  EXPECT_TRUE(spec->has_eval_data());
+}
+
 TEST(ValidateJobSpec, SeedExamples_AreValid) {
   for (const char* path : {"examples/seed.json", "examples/seed_cpu.json"}) {
     auto spec = LoadJobSpecFile(path);
@@ -255,10 +267,118 @@ TEST(ValidateJobSpec, BackoffFactor_MustBeInUnitInterval) {
   ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1), got 1.5");
 }
 
-TEST(ValidateJobSpec, GrowthInterval_MustBePositive) {
+TEST(ValidateJobSpec, GrowthInterval_MustBePositiveAndBounded) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_growth_interval(0);
-  ExpectInvalid(spec, "loss_scaler.growth_interval must be >= 1, got 0");
+  ExpectInvalid(spec, "loss_scaler.growth_interval must be in [1, 1000000000], got 0");
+  spec.mutable_loss_scaler()->set_growth_interval(int64_t{1} << 32);
+  ExpectInvalid(spec, "loss_scaler.growth_interval must be in [1, 1000000000], got 4294967296");
+}
+
+TEST(ValidateJobSpec, CrossEntropy_IsALoss_WithLabelSmoothingInUnitInterval) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_loss(v1::CROSS_ENTROPY);
+  spec.set_label_smoothing(0.1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_label_smoothing(1.5);
+  ExpectInvalid(spec, "label_smoothing must be in [0, 1], got 1.5");
+  spec.set_label_smoothing(std::nan(""));
+  ExpectInvalid(spec, "label_smoothing must be in [0, 1], got nan");
+}
+
+TEST(ValidateJobSpec, LabelSmoothing_NeedsCrossEntropy) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_label_smoothing(0.1);
+  ExpectInvalid(spec, "label_smoothing applies to loss cross_entropy only");
+}
+
+TEST(ApplyJobSpecDefaults, AdamGetsTorchBetasAndEps_SgdNone) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.optimizer().kind(), v1::SGD);
+  EXPECT_FALSE(spec.optimizer().has_beta1());
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_beta2(0.95);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.optimizer().beta1(), 0.9);
+  EXPECT_EQ(spec.optimizer().beta2(), 0.95);
+  EXPECT_EQ(spec.optimizer().eps(), 1e-8);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(ValidateJobSpec, Optimizer_FieldsOfTheOtherKind_AreRefused) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_beta1(0.5);
+  ExpectInvalid(spec, "optimizer.beta1, beta2 and eps apply to adam and adamw only");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_nesterov(true);
+  ExpectInvalid(spec, "optimizer.nesterov needs optimizer.momentum > 0");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_kind(v1::ADAM);
+  ApplyJobSpecDefaults(&spec);
+  ExpectInvalid(spec, "optimizer.momentum and nesterov apply to sgd only");
+}
+
+TEST(ValidateJobSpec, AdamBetasAndEps_AreBounded) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_kind(v1::ADAM);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_beta1(1.0);
+  ApplyJobSpecDefaults(&spec);
+  ExpectInvalid(spec, "optimizer.beta1 must be in [0, 1), got 1");
+  spec.mutable_optimizer()->set_beta1(0.9);
+  spec.mutable_optimizer()->set_beta2(-0.1);
+  ExpectInvalid(spec, "optimizer.beta2 must be in [0, 1), got -0.1");
+  spec.mutable_optimizer()->set_beta2(0.99);
+  spec.mutable_optimizer()->set_eps(std::nan(""));
+  ExpectInvalid(spec, "optimizer.eps must be in [0, 1], got nan");
+}
+
+TEST(ValidateJobSpec, LrSchedule_FieldsAreBoundedAndBelongToTheirKind) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.lr_schedule().kind(), v1::CONSTANT);
+  spec.mutable_lr_schedule()->set_gamma(0.5);
+  ExpectInvalid(spec, "lr_schedule.step_size and gamma apply to step only");
+  spec = ValidSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::WARMUP_COSINE);
+  spec.mutable_lr_schedule()->set_warmup_steps(4);
+  ExpectInvalid(spec, "lr_schedule.warmup_steps must be in [0, steps = 3], got 4");
+  spec.mutable_lr_schedule()->set_warmup_steps(1);
+  spec.mutable_lr_schedule()->set_min_lr(0.2);
+  ExpectInvalid(spec, "lr_schedule.min_lr must be in [0, optimizer.lr], got 0.2");
+  spec.mutable_lr_schedule()->set_min_lr(0.01);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec = ValidSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::STEP);
+  ExpectInvalid(spec, "lr_schedule.step_size must be in [1, 1000000000], got 0");
+  spec.mutable_lr_schedule()->set_step_size(2);
+  spec.mutable_lr_schedule()->set_gamma(1.5);
+  ExpectInvalid(spec, "lr_schedule.gamma must be in (0, 1], got 1.5");
+}
+
+TEST(ValidateJobSpec, ShuffleAndEvalData_Rules) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_data()->mutable_npy()->set_features_path("/d/x.npy");
+  spec.mutable_data()->mutable_npy()->set_targets_path("/d/y.npy");
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(3);
+  ExpectInvalid(spec, "data.npy.shuffle_seed needs data.npy.shuffle");
+  spec.mutable_data()->mutable_npy()->set_shuffle(true);
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(-3);
+  ExpectInvalid(spec, "data.npy.shuffle_seed must be >= 0, got -3");
+  spec.mutable_data()->mutable_npy()->set_shuffle_seed(3);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_eval_every(2);
+  ExpectInvalid(spec, "eval_every needs eval_data");
+  spec.mutable_eval_data()->set_features_path("/d/ex.npy");
+  ExpectInvalid(spec, "eval_data.features_path and eval_data.targets_path must name .npy files");
+  spec.mutable_eval_data()->set_targets_path("/d/ey.npy");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_eval_data()->set_shuffle(true);
+  ExpectInvalid(spec, "eval_data.shuffle must be off");
+  spec.mutable_eval_data()->set_shuffle(false);
+  spec.set_eval_every(-1);
+  ExpectInvalid(spec, "eval_every must be in [0, 1000000000], got -1");
 }
 
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {

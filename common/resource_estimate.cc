@@ -77,12 +77,15 @@ RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
 
   RankMemoryEstimate estimate;
   estimate.parameters = Saturate(n * (4 + element));
-  estimate.gradients = Saturate((n + 1) * 4 + gradient_slots);
-  estimate.optimizer = Saturate(n * 4);
+  estimate.gradients = Saturate((n + 2) * 4 + gradient_slots);  // + loss and correct count
+  // SGD's momentum buffer, or Adam's two moments.
+  const v1::OptimizerKind kind = spec.optimizer().kind();
+  const double state_buffers = kind == v1::ADAM || kind == v1::ADAMW ? 2 : 1;
+  estimate.optimizer = Saturate(n * 4 * state_buffers);
   estimate.activations = Saturate(activations);
   estimate.workspace = Saturate(workspace);
-  estimate.total = Saturate(n * (4 + element) + (n + 1) * 4 + gradient_slots + n * 4 +
-                            activations + workspace);
+  estimate.total = Saturate(n * (4 + element) + (n + 2) * 4 + gradient_slots +
+                            n * 4 * state_buffers + activations + workspace);
   return estimate;
 }
 

@@ -16,7 +16,7 @@ namespace mptrain {
 struct RankMemoryEstimate {
   int64_t parameters = 0;   // fp32 master weights and their low-precision copy
   int64_t gradients = 0;    // fp32 gradients (+ per-micro-batch low-precision slots)
-  int64_t optimizer = 0;    // momentum
+  int64_t optimizer = 0;    // momentum (SGD) or the two moments (Adam, AdamW)
   int64_t activations = 0;  // one micro-batch: inputs, outputs, pre-activations, their grads
   int64_t workspace = 0;    // GEMM workspace, CUDA context and communicator buffers
   int64_t total = 0;        // Saturates at INT64_MAX: absurd specs do not overflow.

@@ -24,12 +24,18 @@ TEST(EstimateRankMemory, SeedJob_CountsEveryBuffer) {
   // Linear 1024 -> 16, fp16: n = 16400 parameters.
   RankMemoryEstimate estimate = EstimateRankMemory(Mlp(1024, {}, 16, 64));
   EXPECT_EQ(estimate.parameters, 16400 * 6);
-  EXPECT_EQ(estimate.gradients, 16401 * 4);
+  EXPECT_EQ(estimate.gradients, 16402 * 4);  // + loss and correct count
   EXPECT_EQ(estimate.optimizer, 16400 * 4);
   EXPECT_EQ(estimate.activations, 64 * 1024 * 2 + 64 * 2 * 16 * 2 + 2 * 64 * (1024 + 16) * 4);
   EXPECT_EQ(estimate.total, estimate.parameters + estimate.gradients + estimate.optimizer +
                                 estimate.activations + estimate.workspace);
   EXPECT_LT(estimate.total, int64_t{1} << 30);
+}
+
+TEST(EstimateRankMemory, Adam_KeepsTwoMoments) {
+  v1::JobSpec spec = Mlp(1024, {}, 16, 64);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  EXPECT_EQ(EstimateRankMemory(spec).optimizer, 2 * 16400 * 4);
 }
 
 TEST(EstimateRankMemory, HugeLayers_AreTerabytesWithoutOverflow) {

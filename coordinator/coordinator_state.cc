@@ -44,6 +44,10 @@ std::vector<SpecPath> SpecPaths(const v1::JobSpec& spec) {
     paths.push_back({"data.npy.features_path", spec.data().npy().features_path(), false});
     paths.push_back({"data.npy.targets_path", spec.data().npy().targets_path(), false});
   }
+  if (spec.has_eval_data()) {
+    paths.push_back({"eval_data.features_path", spec.eval_data().features_path(), false});
+    paths.push_back({"eval_data.targets_path", spec.eval_data().targets_path(), false});
+  }
   if (!spec.init_checkpoint().empty()) {
     paths.push_back({"init_checkpoint", spec.init_checkpoint(), false});
   }

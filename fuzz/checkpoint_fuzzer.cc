@@ -34,11 +34,7 @@ void RemoveTempFile() { unlink(InputPath().c_str()); }
 
 const mptrain::ParameterLayout& Layout() {
   static const mptrain::ParameterLayout* layout = [] {
-    mptrain::v1::ModelSpec model;
-    model.set_input_dim(3);
-    model.add_hidden_dims(2);
-    model.set_output_dim(1);
-    return new mptrain::ParameterLayout(mptrain::MakeParameterLayout(model));
+    return new mptrain::ParameterLayout(mptrain::MakeParameterLayout({3, 2, 1}));
   }();
   return *layout;
 }
@@ -76,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       mptrain::ReadTrainingCheckpoint(InputPath(), Layout());
   if (checkpoint.ok()) {
     CheckParameters(checkpoint->parameters);
-    CheckParameters(checkpoint->momentum);
+    CheckParameters(checkpoint->optimizer_state.at("momentum"));
     const mptrain::StepState& state = checkpoint->step_state;
     if (checkpoint->step < 0 || checkpoint->data_cursor < 0 || state.growth_tracker < 0 ||
         state.skipped_total < 0 || state.steps_done < 0) {

@@ -47,6 +47,15 @@ def job_spec_corpus():
                 data={"npy": {"features_path": "/data/x.npy", "targets_path": "/data/y.npy"}},
                 loss_scaler={"enabled": False})
     write("job_spec_fuzzer", "full.json", json.dumps(full))
+    training = dict(minimal, loss="cross_entropy", label_smoothing=0.1, eval_every=10,
+                    model={"input_dim": 8, "hidden_dims": [16], "output_dim": 4},
+                    data={"npy": {"features_path": "/data/x.npy", "targets_path": "/data/y.npy",
+                                  "shuffle": True, "shuffle_seed": 3}},
+                    eval_data={"features_path": "/data/ex.npy", "targets_path": "/data/ey.npy"},
+                    optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.01,
+                               "beta2": 0.98},
+                    lr_schedule={"kind": "warmup_cosine", "warmup_steps": 1, "min_lr": 0.001})
+    write("job_spec_fuzzer", "training.json", json.dumps(training))
     huge = dict(minimal, model={"input_dim": 1 << 20, "hidden_dims": [1 << 20, 1 << 20],
                                 "output_dim": 1 << 20},
                 micro_batch_size=1 << 20, accumulation_steps=1 << 16)

@@ -1,20 +1,36 @@
-"""The original example's loop in PyTorch: DDP + autocast + GradScaler + no_sync.
+"""The training loop in PyTorch: DDP + autocast + GradScaler + no_sync, with the job spec's
+loss (mse, cross_entropy with label_smoothing), optimizer (SGD with momentum/nesterov/weight
+decay, Adam, AdamW), learning-rate schedule (LambdaLR / StepLR, stepped once per attempted
+step), data (contiguous shards, or DistributedSampler epochs) and evaluation (eval_data).
 
-Run with torchrun (one process per GPU). Reads a case file written by compare.py (the job spec
-as JSON plus the data and checkpoint paths), trains, and writes from rank 0:
-  <out>/torch_steps.json        per optimizer step: loss, loss_scale, skipped
+Two ways to run it, one process per rank, env:// rendezvous:
+  GPU (compare.py):     torchrun --nproc_per_node=2 pytorch_reference.py --case C --out D
+                        (NCCL, torch.amp.GradScaler; PyTorch 2.x)
+  CPU (cpu_parity.py):  RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p \
+                        python3 pytorch_reference.py --case C --out D
+                        (gloo; Debian's PyTorch 1.13, whose torchrun fails under Python 3.11;
+                        CPU autocast is bf16 only, fp32 runs without autocast)
+
+Reads a case file (the job spec as JSON; its data and checkpoint paths) and writes from rank 0:
+  <out>/torch_steps.json        per optimizer step: loss, loss_scale, skipped, lr, accuracy,
+                                eval_loss and eval_accuracy on evaluation steps
   <out>/torch_final.safetensors final parameters (layers.{i}.weight / .bias)
 """
 import argparse
 import contextlib
+import datetime
 import json
+import math
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import load_safetensors, save_safetensors  # noqa: E402
 
 
 def build_model(model_spec):
@@ -28,6 +44,56 @@ def build_model(model_spec):
     return torch.nn.Sequential(*layers), [l for l in layers if isinstance(l, torch.nn.Linear)]
 
 
+def make_optimizer(parameters, spec):
+    o = spec["optimizer"]
+    kind = o.get("kind", "sgd").lower()
+    if kind == "sgd":
+        return torch.optim.SGD(parameters, lr=o["lr"], momentum=o.get("momentum", 0.0),
+                               nesterov=o.get("nesterov", False),
+                               weight_decay=o.get("weight_decay", 0.0), foreach=False)
+    betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
+    cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+    # weight_decay defaults to 0 for every optimizer in a job spec (AdamW's own default is 1e-2).
+    return cls(parameters, lr=o["lr"], betas=betas, eps=o.get("eps", 1e-8),
+               weight_decay=o.get("weight_decay", 0.0), foreach=False)
+
+
+def make_scheduler(optimizer, spec):
+    """The same factors as trainer/optim/schedule.cc, operation for operation."""
+    s = spec.get("lr_schedule", {})
+    kind = s.get("kind", "constant").lower()
+    total, base = spec["steps"], spec["optimizer"]["lr"]
+    if kind in ("warmup_cosine", "warmup_linear"):
+        warmup, ratio = s.get("warmup_steps", 0), s.get("min_lr", 0.0) / base
+
+        def factor(t):
+            if t < warmup:
+                return t / warmup
+            progress = (t - warmup) / max(1, total - warmup)
+            shape = (0.5 * (1.0 + math.cos(math.pi * progress)) if kind == "warmup_cosine"
+                     else 1.0 - progress)
+            return ratio + (1.0 - ratio) * shape
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if kind == "step":
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=s["step_size"],
+                                               gamma=s["gamma"])
+    return None
+
+
+def make_scaler(cuda, spec):
+    precision = spec.get("precision", "fp16").lower()
+    s = spec.get("loss_scaler", {})
+    enabled = s.get("enabled", precision == "fp16")
+    if enabled and not cuda:
+        raise SystemExit("GradScaler runs on CUDA only")
+    kwargs = dict(init_scale=s.get("init_scale", 65536.0), growth_factor=s.get("growth_factor", 2.0),
+                  backoff_factor=s.get("backoff_factor", 0.5),
+                  growth_interval=s.get("growth_interval", 2000), enabled=enabled)
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", **kwargs), enabled
+    return torch.cuda.amp.GradScaler(**kwargs), enabled
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", required=True)
@@ -36,89 +102,167 @@ def main():
     with open(args.case) as f:
         case = json.load(f)
     spec = case["spec"]
+    cuda = spec.get("device", "cuda").lower() == "cuda"
 
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    # Pure fp32 GEMMs for the fp32 case, as our backend does.
-    torch.backends.cuda.matmul.allow_tf32 = False
+    if cuda:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        # Pure fp32 GEMMs for the fp32 case, as our backend does.
+        torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
 
     model, linears = build_model(spec["model"])
-    init = load_file(spec["init_checkpoint"])
+    init = load_safetensors(spec["init_checkpoint"])
     with torch.no_grad():
         for i, linear in enumerate(linears):
-            linear.weight.copy_(init[f"layers.{i}.weight"])
-            linear.bias.copy_(init[f"layers.{i}.bias"])
-    model = DDP(model.to(device), device_ids=[device.index])
+            linear.weight.copy_(torch.from_numpy(init[f"layers.{i}.weight"]))
+            linear.bias.copy_(torch.from_numpy(init[f"layers.{i}.bias"]))
+    model = DDP(model.to(device), device_ids=[device.index] if cuda else None)
 
-    features = np.load(spec["data"]["npy"]["features_path"])
-    targets = np.load(spec["data"]["npy"]["targets_path"])
-    n = features.shape[0]
-    first, last = rank * n // world, (rank + 1) * n // world
-    shard_x = torch.from_numpy(features[first:last]).to(device)
-    shard_y = torch.from_numpy(targets[first:last]).to(device)
-    batch = spec["micro_batch_size"]
-    accumulation = spec["accumulation_steps"]
-
+    classification = spec.get("loss", "mse").lower() == "cross_entropy"
     precision = spec.get("precision", "fp16").lower()
     autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    scaler_spec = spec.get("loss_scaler", {})
-    scaler_enabled = scaler_spec.get("enabled", precision == "fp16")
-    scaler = torch.amp.GradScaler(
-        "cuda",
-        init_scale=scaler_spec.get("init_scale", 65536.0),
-        growth_factor=scaler_spec.get("growth_factor", 2.0),
-        backoff_factor=scaler_spec.get("backoff_factor", 0.5),
-        growth_interval=scaler_spec.get("growth_interval", 2000),
-        enabled=scaler_enabled,
-    )
-    optimizer_spec = spec["optimizer"]
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=optimizer_spec["lr"],
-        momentum=optimizer_spec.get("momentum", 0.0),
-        weight_decay=optimizer_spec.get("weight_decay", 0.0),
-    )
+    if autocast_dtype is not None:
+        autocast = lambda: torch.autocast("cuda" if cuda else "cpu", dtype=autocast_dtype)
+    else:
+        autocast = contextlib.nullcontext
+    smoothing = spec.get("label_smoothing", 0.0)
+    features = np.load(spec["data"]["npy"]["features_path"])
+    targets = np.load(spec["data"]["npy"]["targets_path"])
+    if classification:
+        targets = targets.reshape(-1).astype(np.int64)
+    n = features.shape[0]
+    batch = spec["micro_batch_size"]
+    accumulation = spec["accumulation_steps"]
+    npy = spec["data"]["npy"]
+    if npy.get("shuffle", False):
+        # DistributedSampler itself, epoch after epoch; micro-batches take the next rows.
+        data_x = torch.from_numpy(features).to(device)
+        data_y = torch.from_numpy(targets).to(device)
+        sampler = torch.utils.data.DistributedSampler(
+            list(range(n)), num_replicas=world, rank=rank, shuffle=True,
+            seed=npy.get("shuffle_seed", 0), drop_last=False)
+
+        def stream():
+            epoch = 0
+            while True:
+                sampler.set_epoch(epoch)
+                yield from iter(sampler)
+                epoch += 1
+        rows_of = stream()
+
+        def next_batch():
+            rows = [next(rows_of) for _ in range(batch)]
+            return data_x[rows], data_y[rows]
+    else:
+        first, last = rank * n // world, (rank + 1) * n // world
+        shard_x = torch.from_numpy(features[first:last]).to(device)
+        shard_y = torch.from_numpy(targets[first:last]).to(device)
+        cursor = [0]
+
+        def next_batch():
+            rows = [(cursor[0] + r) % shard_x.shape[0] for r in range(batch)]
+            cursor[0] = (cursor[0] + batch) % shard_x.shape[0]
+            return shard_x[rows], shard_y[rows]
+
+    evaluate = None
+    if "eval_data" in spec:
+        eval_x = np.load(spec["eval_data"]["features_path"])
+        eval_y = np.load(spec["eval_data"]["targets_path"])
+        if classification:
+            eval_y = eval_y.reshape(-1).astype(np.int64)
+        eval_n = eval_x.shape[0]
+        first, last = rank * eval_n // world, (rank + 1) * eval_n // world
+        eval_x = torch.from_numpy(eval_x[first:last]).to(device)
+        eval_y = torch.from_numpy(eval_y[first:last]).to(device)
+
+        def evaluate():
+            """Each sample's loss and the correct predictions, summed over the whole set."""
+            sums = torch.zeros(2, device=device)
+            with torch.no_grad():
+                for begin in range(0, eval_x.shape[0], batch):
+                    x, y = eval_x[begin:begin + batch], eval_y[begin:begin + batch]
+                    with autocast():
+                        out = model.module(x)
+                    if classification:
+                        sums[0] += torch.nn.functional.cross_entropy(
+                            out.float(), y, label_smoothing=smoothing, reduction="sum")
+                        sums[1] += (out.float().argmax(dim=1) == y).sum()
+                    else:
+                        sums[0] += torch.nn.functional.mse_loss(
+                            out.float(), y, reduction="sum") / out.shape[1]
+            dist.all_reduce(sums)
+            return sums[0].item() / eval_n, sums[1].item() / eval_n
+
+
+    scaler, scaler_enabled = make_scaler(cuda, spec)
+    optimizer = make_optimizer(model.parameters(), spec)
+    scheduler = make_scheduler(optimizer, spec)
     max_grad_norm = spec.get("max_grad_norm", 0.0)
 
-    cursor = 0
     steps = []
+    eval_every = spec.get("eval_every", 0)
     for step in range(1, spec["steps"] + 1):
         step_loss = torch.zeros((), device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        lr = optimizer.param_groups[0]["lr"]
         for micro in range(accumulation):
-            rows = [(cursor + r) % shard_x.shape[0] for r in range(batch)]
-            cursor = (cursor + batch) % shard_x.shape[0]
-            x, y = shard_x[rows], shard_y[rows]
+            x, y = next_batch()
             stepping = micro == accumulation - 1
             sync = contextlib.nullcontext() if stepping else model.no_sync()
             with sync:
-                with torch.autocast("cuda", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                with autocast():
                     out = model(x)
-                    loss = torch.nn.functional.mse_loss(out.float(), y) / accumulation
+                    if classification:
+                        loss = torch.nn.functional.cross_entropy(
+                            out.float(), y, label_smoothing=smoothing) / accumulation
+                    else:
+                        loss = torch.nn.functional.mse_loss(out.float(), y) / accumulation
                 scaler.scale(loss).backward()
             step_loss += loss.detach()
+            if classification:
+                correct += (out.detach().float().argmax(dim=1) == y).sum()
         scale_used = scaler.get_scale() if scaler_enabled else 1.0
         if max_grad_norm > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         scaler.step(optimizer)
         scaler.update()
+        if scheduler is not None:
+            scheduler.step()  # Once per attempted step, skipped or not.
         skipped = scaler_enabled and scaler.get_scale() < scale_used
         optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)  # Telemetry only.
-        steps.append({"step": step, "loss": step_loss.item(), "loss_scale": scale_used,
-                      "skipped": bool(skipped)})
+        dist.all_reduce(step_loss)  # Telemetry only (SUM: gloo has no AVG).
+        dist.all_reduce(correct)
+        record = {"step": step, "loss": step_loss.item() / world, "loss_scale": scale_used,
+                  "skipped": bool(skipped), "lr": lr}
+        if classification:
+            record["accuracy"] = correct.item() / (batch * accumulation * world)
+        if evaluate is not None and ((eval_every > 0 and step % eval_every == 0)
+                                     or step == spec["steps"]):
+            record["eval_loss"], eval_accuracy = evaluate()
+            if classification:
+                record["eval_accuracy"] = eval_accuracy
+        steps.append(record)
 
     if rank == 0:
         final = {}
         for i, linear in enumerate(linears):
-            final[f"layers.{i}.weight"] = linear.weight.detach().float().cpu().contiguous()
-            final[f"layers.{i}.bias"] = linear.bias.detach().float().cpu().contiguous()
-        save_file(final, os.path.join(args.out, "torch_final.safetensors"))
+            final[f"layers.{i}.weight"] = linear.weight.detach().float().cpu().numpy()
+            final[f"layers.{i}.bias"] = linear.bias.detach().float().cpu().numpy()
+        save_safetensors(final, os.path.join(args.out, "torch_final.safetensors"))
         with open(os.path.join(args.out, "torch_steps.json"), "w") as f:
             json.dump(steps, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Not destroy_process_group() and a normal exit: PyTorch 1.13 with gloo was seen to hang
+    # there once the work was done. Everything is written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ PACKAGES=(
   libsqlite3-dev                            # the coordinator's durable job store
   libcpp-httplib-dev                        # the coordinator's /metrics and dashboard
   prometheus chromium fonts-dejavu-core curl  # tests: promtool, dashboard screenshots, HTTP
+  python3-torch python3-numpy               # the proof against PyTorch in CI (parity/)
+  python3-sklearn                           # the digits data set (scripts/make_digits.py)
 )
 
 missing=()

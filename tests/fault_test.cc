@@ -244,7 +244,12 @@ TEST(Faults, CancelMidJob_StopsAllRanksWithinFiveSeconds) {
   ExpectWorkersTakeTheNextJob(cluster);
 }
 
-TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
+// The training part of the restarted job: SGD with momentum and MSE, or (issue 13) AdamW with
+// a warm-up + cosine schedule and cross-entropy, whose moments and step count must come back
+// from the checkpoint.
+class RestartFromCheckpoint : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RestartFromCheckpoint, EndsBitIdenticalToAnUninterruptedRun) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
   const std::string dir = TestTempDir();
@@ -253,7 +258,7 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
       "name": ")", name, R"(", "world_size": 2, "device": "cpu",
       "model": {"input_dim": 256, "hidden_dims": [256, 256], "output_dim": 16},
       "data": {"synthetic": {"seed": 4}}, "micro_batch_size": 64, "accumulation_steps": 2,
-      "steps": 300, "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.001},
+      "steps": 300, )", GetParam(), R"(,
       "loss_scaler": {"growth_interval": 40}, "telemetry_every": 10,
       "checkpoint_every": 100, "checkpoint_dir": ")", dir, "/", name, R"(",
       "max_restarts": 1, "output_checkpoint": ")", dir, "/", name, R"(.safetensors"})"));
@@ -287,6 +292,14 @@ TEST(Faults, RestartFromCheckpoint_EndsBitIdenticalToAnUninterruptedRun) {
   CommandResult status = cluster.Trainctl("status " + job_id);
   EXPECT_NE(status.output.find("restarts:   1"), std::string::npos) << status.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, RestartFromCheckpoint,
+    ::testing::Values(R"("optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.001})",
+                      R"("optimizer": {"kind": "adamw", "lr": 0.001, "weight_decay": 0.01},
+                         "lr_schedule": {"kind": "warmup_cosine", "warmup_steps": 20,
+                                         "min_lr": 0.0001},
+                         "loss": "cross_entropy", "label_smoothing": 0.1)"));
 
 TEST(Faults, WorkerDaemonSigterm_StopsItsRanksDeregistersAndExitsCleanly) {
   LocalCluster::Options options;

@@ -74,11 +74,7 @@ TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference)
   std::remove((dir + "/out.safetensors").c_str());  // Outputs are never replaced.
   ASSERT_TRUE(WriteNpyMatrix(dir + "/features.npy", features).ok());
   ASSERT_TRUE(WriteNpyMatrix(dir + "/targets.npy", targets).ok());
-  v1::ModelSpec model;
-  model.set_input_dim(in);
-  model.add_hidden_dims(hidden);
-  model.set_output_dim(out);
-  ParameterLayout layout = MakeParameterLayout(model);
+  ParameterLayout layout = MakeParameterLayout({in, hidden, out});
   std::vector<float> init(layout.total);
   for (float& v : init) v = 0.3f * normal(generator);
   ASSERT_TRUE(WriteSafetensors(dir + "/init.safetensors", ParametersToTensors(layout, init)).ok());

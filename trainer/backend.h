@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainer/backend_types.h"
+#include "trainer/optim/update_math.h"
 #include "trainer/precision.h"
 #include "trainer/step_math.h"
 
@@ -69,6 +70,13 @@ class Collective {
   virtual void Abort(const std::string& reason) = 0;
 };
 
+// The StepState (step_math.h) in backend memory (device memory on CUDA): a typed handle, so that
+// it is never read or written as a tensor of floats.
+struct StepStateBuffer {
+  StepState* data = nullptr;
+  bool empty() const { return data == nullptr; }
+};
+
 // What ReadStats returns for one optimizer step.
 struct StepStats {
   StepState state;
@@ -91,6 +99,9 @@ class Backend {
   virtual absl::Status Cast(Tensor src, Tensor dst) = 0;
   // dst rows = src rows [first, first + dst.rows), wrapping around the end of src.
   virtual absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) = 0;
+  // dst row i = src row indices[i], f32; indices [1, dst.rows] f32 holding row numbers in
+  // [0, src.rows) (exact below 2^24).
+  virtual absl::Status GatherRows(Tensor src, Tensor indices, Tensor dst) = 0;
 
   // Autocast Linear: pre = round(x · wᵀ + b), y = round(act(pre)), products accumulated in
   // fp32. x [M, K], w [N, K], b [1, N], pre and y [M, N], all in the compute dtype. With
@@ -112,25 +123,55 @@ class Backend {
   // out[c] = Σ_r f32(rows[r, c]) summed in row order; rows [R, C] in the compute dtype (may be a
   // strided column slice), out [1, C] f32.
   virtual absl::Status SumRowsToF32(Tensor rows, Tensor out) = 0;
-  // MSE (mean over all elements) of pred (compute dtype) against target (f32):
-  //   loss_acc[0] += loss / accumulation_steps
-  //   d_pred = round((2 / numel) * (pred - target) * (scale / accumulation_steps))
-  // where scale is state->scale on the backend (1 without a scaler).
-  virtual absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                       Tensor step_state, Tensor loss_acc, Tensor d_pred) = 0;
-  // The optimizer step over flat f32 buffers of n parameters (step_math.h's three phases):
-  // grads holds n gradients followed by the averaged loss. Afterwards the loss slot is zero;
-  // the gradients are left as they are (the next step's first micro-batch writes over them).
-  // step_state is a tensor made by AllocateStepState. When params_low is
-  // not empty, the updated parameters are also written there, rounded to its dtype (the
-  // low-precision copies for the next micro-batches, in the same pass).
-  virtual absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                     Tensor momentum, Tensor step_state, Tensor params_low) = 0;
+  // ---- Elementwise and reductions for losses (trainer/loss/) ----
+  // out = round(coef · (f32(a) − b) · seed), where seed = step_state.scale / seed_divisor is read
+  // on the backend (no host synchronisation). a [R, C] in any dtype, b [R, C] f32, out [R, C].
+  virtual absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
+                                        float seed_divisor, Tensor out) = 0;
+  // acc[0] += f32(Σ (f32(a) − b)² / divide_by) / then_divide, the sum in double. a [R, C] in any
+  // dtype, b [R, C] f32, acc [1, 1] f32.
+  virtual absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                            float then_divide, Tensor acc) = 0;
+  // acc[0] += f32(Σ a · b / divide_by) / then_divide, the sum in double; a, b [R, C] f32.
+  virtual absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                  Tensor acc) = 0;
+  // Row-wise log-softmax in fp32: out[r, c] = f32(x[r, c]) − max_r − log Σ_c exp(f32(x[r, c]) −
+  // max_r), the sum in double. x [R, C] in any dtype, out [R, C] f32.
+  virtual absl::Status LogSoftmaxRows(Tensor x, Tensor out) = 0;
+  // out = exp(x), elementwise, f32.
+  virtual absl::Status Exp(Tensor x, Tensor out) = 0;
+  // out[r, c] = (c == ids[r] ? on : 0) + off, f32 [R, C]; ids [R, 1] f32 holding integers in
+  // [0, C) (out of range: no `on` entry).
+  virtual absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) = 0;
+  // acc[0] += the rows r of x [R, C] (any dtype) whose first maximum is at column ids[r].
+  virtual absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) = 0;
+
+  // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
+  // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):
+  // step_state.found_inf = any non-finite; step_state.sum_squares = Σ (g · inv_scale)², in
+  // double, inv_scale = InverseScale(step_state.scale).
+  virtual absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) = 0;
+  // Phase 2 on the backend: FinalizeStep(config, metrics[0], step_state) (step_math.h), and
+  // step_state.last_correct = metrics[1]. metrics [1, 2] f32: the step's averaged loss and
+  // correct count.
+  virtual absl::Status FinalizeStep(const StepConfig& config, Tensor metrics,
+                                    StepStateBuffer step_state) = 0;
+  // Phase 3, elementwise over the n parameters, unless step_state.skipped: with
+  // g = grads[i] · InverseScale(last_scale) · clip_coef, ApplyUpdate(rule, PrepareUpdate(rule,
+  // state), g, &params[i], &slot_a[i], &slot_b[i]) (trainer/optim/update_math.h), and, when
+  // params_low is not empty, params_low[i] = round(params[i]) in its dtype (the low-precision
+  // copies for the next micro-batches, in the same pass). slot_a / slot_b may be empty when the
+  // rule does not use them. The gradients are left as they are or zeroed.
+  virtual absl::Status UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                        Tensor slot_a, Tensor slot_b, StepStateBuffer step_state,
+                                        Tensor params_low) = 0;
 
   // A StepState in backend memory, initialised from `initial`.
-  virtual absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) = 0;
+  virtual absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) = 0;
+  // The state after all issued work (waits for it).
+  virtual absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) = 0;
   // Queues a copy of step_state (after all issued work) into host ring slot `slot`.
-  virtual absl::Status SnapshotStats(Tensor step_state, int slot) = 0;
+  virtual absl::Status SnapshotStats(StepStateBuffer step_state, int slot) = 0;
   // Waits for slot's copy and returns it.
   virtual absl::StatusOr<StepStats> ReadStats(int slot) = 0;
   static constexpr int kStatsSlots = 16;

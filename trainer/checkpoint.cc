@@ -110,8 +110,10 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
                                      const TrainingCheckpoint& checkpoint,
                                      const SafetensorsWriteOptions& options) {
   TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
-  for (auto& [name, tensor] : ParametersToTensors(layout, checkpoint.momentum)) {
-    tensors["momentum." + name] = std::move(tensor);
+  for (const auto& [state, values] : checkpoint.optimizer_state) {
+    for (auto& [name, tensor] : ParametersToTensors(layout, values)) {
+      tensors[state + "." + name] = std::move(tensor);
+    }
   }
   const StepState& state = checkpoint.step_state;
   std::map<std::string, std::string> metadata = {
@@ -126,8 +128,9 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
   return WriteSafetensors(path, tensors, metadata, options);
 }
 
-absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& path,
-                                                          const ParameterLayout& layout) {
+absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
+    const std::string& path, const ParameterLayout& layout,
+    const std::vector<std::string>& optimizer_state) {
   std::map<std::string, std::string> metadata;
   // A resumed run must not inherit NaN weights or momentum: they would poison every step.
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly()));
@@ -139,11 +142,15 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& pat
   }
   TrainingCheckpoint checkpoint;
   ASSIGN_OR_RETURN(checkpoint.parameters, TensorsToParameters(layout, tensors, path));
-  TensorMap momentum;
-  for (auto& [name, tensor] : tensors) {
-    if (name.rfind("momentum.", 0) == 0) momentum[name.substr(9)] = tensor;
+  for (const std::string& state : optimizer_state) {
+    const std::string prefix = state + ".";
+    TensorMap buffers;
+    for (auto& [name, tensor] : tensors) {
+      if (name.rfind(prefix, 0) == 0) buffers[name.substr(prefix.size())] = tensor;
+    }
+    ASSIGN_OR_RETURN(checkpoint.optimizer_state[state],
+                     TensorsToParameters(layout, buffers, path + " (" + state + ")"));
   }
-  ASSIGN_OR_RETURN(checkpoint.momentum, TensorsToParameters(layout, momentum, path + " (momentum)"));
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   ASSIGN_OR_RETURN(checkpoint.step, fields.Integer("step", 0, kMax));
   ASSIGN_OR_RETURN(checkpoint.data_cursor, fields.Integer("data_cursor", 0, kMax));

@@ -1,12 +1,15 @@
 #pragma once
 
 // Training checkpoints: everything needed to continue a run bit-identically — fp32 parameters,
-// SGD momentum buffers, the scaler state (scale, growth tracker, skipped total), the step and
-// the data position — in one safetensors file written atomically. Tensors are named as in the
-// output checkpoint (layers.{i}.weight / .bias) plus momentum.layers.{i}.weight / .bias; the
-// scalars live in the header's __metadata__ (floats in exact hex notation).
+// the optimizer's state buffers (SGD's momentum, Adam's exp_avg and exp_avg_sq; Adam's step
+// count is steps_done - skipped_total), the scaler state (scale, growth tracker, skipped total),
+// the step and the data position — in one safetensors file written atomically. Tensors are named
+// as in the output checkpoint (layers.{i}.weight / .bias) plus <state>.layers.{i}.weight / .bias
+// for each optimizer state buffer; the scalars live in the header's __metadata__ (floats in
+// exact hex notation).
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,7 +24,8 @@ struct TrainingCheckpoint {
   int64_t step = 0;         // Optimizer steps completed.
   int64_t data_cursor = 0;  // Next row of this rank's shard (rank 0's; see train_loop.cc).
   std::vector<float> parameters;
-  std::vector<float> momentum;
+  // The optimizer's state buffers by name ("momentum", "exp_avg", ...), each like parameters.
+  std::map<std::string, std::vector<float>> optimizer_state;
   StepState step_state;
 };
 
@@ -36,11 +40,13 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
 
 // The errors of ReadSafetensors (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT naming the
 // file), and INVALID_ARGUMENT naming the file and the tensor or metadata key when a tensor is
-// missing, has the wrong shape or holds a NaN or Inf (parameters or momentum), or a metadata
+// missing, has the wrong shape or holds a NaN or Inf (parameters or the optimizer state
+// buffers named in `optimizer_state`), or a metadata
 // value is missing or malformed: step, data_cursor, skipped_total and steps_done must be
 // decimal integers >= 0, growth_tracker one in [0, 2^31), scale a finite float > 0.
-absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(const std::string& path,
-                                                          const ParameterLayout& layout);
+absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
+    const std::string& path, const ParameterLayout& layout,
+    const std::vector<std::string>& optimizer_state = {"momentum"});
 
 // The parameters a run starts from (JobSpec.init_checkpoint): layers.{i}.weight / .bias of the
 // shapes in `layout`, all finite. The errors of ReadSafetensors, and INVALID_ARGUMENT naming

@@ -30,7 +30,7 @@ TrainingCheckpoint SmallCheckpoint() {
   checkpoint.step = 12;
   checkpoint.data_cursor = 5;
   checkpoint.parameters = {0.5f, -1, 2, 3, 4, 5, 6, 7};
-  checkpoint.momentum = {0.25f, 0, 0, 1, 0, 0, 0, -2};
+  checkpoint.optimizer_state["momentum"] = {0.25f, 0, 0, 1, 0, 0, 0, -2};
   checkpoint.step_state.scale = 0x1.8p+14f;
   checkpoint.step_state.growth_tracker = 3;
   checkpoint.step_state.skipped_total = 2;
@@ -51,7 +51,8 @@ std::string WriteWithMetadata(const std::string& name,
   const ParameterLayout layout = SmallLayout();
   const TrainingCheckpoint checkpoint = SmallCheckpoint();
   TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
-  for (auto& [tensor_name, tensor] : ParametersToTensors(layout, checkpoint.momentum)) {
+  const std::vector<float>& momentum = checkpoint.optimizer_state.at("momentum");
+  for (auto& [tensor_name, tensor] : ParametersToTensors(layout, momentum)) {
     tensors["momentum." + tensor_name] = tensor;
   }
   const std::string path = TempPath(name);
@@ -85,7 +86,7 @@ TEST(Checkpoint, WriteThenRead_RoundTripsEverything) {
   EXPECT_EQ(read->step, 12);
   EXPECT_EQ(read->data_cursor, 5);
   EXPECT_EQ(read->parameters, written.parameters);
-  EXPECT_EQ(read->momentum, written.momentum);
+  EXPECT_EQ(read->optimizer_state, written.optimizer_state);
   EXPECT_EQ(read->step_state.scale, written.step_state.scale);
   EXPECT_EQ(read->step_state.growth_tracker, 3);
   EXPECT_EQ(read->step_state.skipped_total, 2);
@@ -103,11 +104,27 @@ TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTenso
 
 TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor) {
   TrainingCheckpoint checkpoint = SmallCheckpoint();
-  checkpoint.momentum[4] = std::numeric_limits<float>::infinity();  // weight[1][1]
+  // weight[1][1]
+  checkpoint.optimizer_state["momentum"][4] = std::numeric_limits<float>::infinity();
   const std::string path = TempPath("inf_momentum.safetensors");
   ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
   ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
                 "tensor 'momentum.layers.0.weight' holds inf at index 4");
+}
+
+TEST(Checkpoint, AdamState_RoundTrips_AndAMissingBufferIsNamed) {
+  TrainingCheckpoint checkpoint = SmallCheckpoint();
+  checkpoint.optimizer_state.clear();
+  checkpoint.optimizer_state["exp_avg"] = {1, 2, 3, 4, 5, 6, 7, 8};
+  checkpoint.optimizer_state["exp_avg_sq"] = {0.5f, 0, 0, 0, 0, 0, 0, 9};
+  const std::string path = TempPath("adam.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
+  auto read = ReadTrainingCheckpoint(path, SmallLayout(), {"exp_avg", "exp_avg_sq"});
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->optimizer_state, checkpoint.optimizer_state);
+  // An SGD run cannot resume from it: no momentum.
+  ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout(), {"momentum"}).status(), path,
+                "(momentum): tensor layers.0.weight is missing");
 }
 
 TEST(Checkpoint, ReadTrainingCheckpoint_Directory_IsInvalidNotARegularFile) {

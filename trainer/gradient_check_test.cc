@@ -7,20 +7,18 @@
 #include "backends/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
 
 namespace mptrain {
 namespace {
 
-class GradientCheck : public ::testing::TestWithParam<v1::Activation> {};
+class GradientCheck : public ::testing::TestWithParam<ActivationKind> {};
 
 TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
-  v1::ModelSpec model;
-  model.set_input_dim(5);
-  model.add_hidden_dims(7);
-  model.add_hidden_dims(6);
-  model.set_output_dim(3);
-  model.set_activation(GetParam());
+  ModelConfig model;
+  model.widths = {5, 7, 6, 3};
+  model.activation = GetParam();
   const int64_t batch = 4;
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF32, batch);
@@ -46,10 +44,10 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(backend.Upload(p.data(), (*mlp)->params()).ok());
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(*xt).ok());
-    EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), *yt, 1, *state, (*mlp)->loss_slot(),
-                                        (*mlp)->output_grad()).ok());
+    EXPECT_TRUE(MseLoss(&backend, 3, 1).Backward((*mlp)->output(), *yt, *state, (*mlp)->metrics(),
+                                                 (*mlp)->output_grad()).ok());
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0).ok());
-    std::vector<float> all(n + 1);
+    std::vector<float> all(n + 2);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), all.data()).ok());
     if (grads != nullptr) grads->assign(all.begin(), all.begin() + n);
     return static_cast<double>(all[n]);
@@ -70,7 +68,8 @@ TEST_P(GradientCheck, BackwardMatchesFiniteDifferences) {
   EXPECT_EQ(checked, n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck, ::testing::Values(v1::RELU, v1::GELU));
+INSTANTIATE_TEST_SUITE_P(Activations, GradientCheck,
+                         ::testing::Values(ActivationKind::kRelu, ActivationKind::kGelu));
 
 }  // namespace
 }  // namespace mptrain

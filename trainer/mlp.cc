@@ -6,26 +6,22 @@
 
 namespace mptrain {
 
-absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::ModelSpec& model,
+absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const ModelConfig& model,
                                                  DType compute_dtype, int64_t batch,
                                                  int64_t accumulation_steps,
                                                  int64_t deferred_budget_bytes) {
-  ActivationKind activation =
-      model.activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
+  if (model.widths.size() < 2) {
+    return absl::InvalidArgumentError("model: needs an input and an output width");
+  }
   std::unique_ptr<Mlp> mlp(
-      new Mlp(backend, MakeParameterLayout(model), activation, compute_dtype));
+      new Mlp(backend, MakeParameterLayout(model.widths), model.activation, compute_dtype));
   const int64_t n = mlp->layout_.total;
   ASSIGN_OR_RETURN(mlp->params_, backend->Allocate(DType::kF32, 1, n));
-  ASSIGN_OR_RETURN(mlp->grads_, backend->Allocate(DType::kF32, 1, n + 1));
-  ASSIGN_OR_RETURN(mlp->momentum_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(mlp->params_low_, backend->Allocate(compute_dtype, 1, n));
-  mlp->accumulation_steps_ = accumulation_steps;
-  const int64_t slot_bytes = accumulation_steps * n * mlp->params_low_.element_bytes;
-  if (compute_dtype != DType::kF32 && accumulation_steps > 1 &&
-      slot_bytes <= deferred_budget_bytes) {
-    ASSIGN_OR_RETURN(mlp->gradient_slots_,
-                     backend->Allocate(compute_dtype, accumulation_steps, n));
-  }
+  ASSIGN_OR_RETURN(mlp->accumulator_,
+                   GradientAccumulator::Create(backend, n, compute_dtype,
+                                               mlp->params_low_.element_bytes,
+                                               accumulation_steps, deferred_budget_bytes));
   ASSIGN_OR_RETURN(mlp->input_low_,
                    backend->Allocate(compute_dtype, batch, mlp->layout_.layers[0].in));
   for (size_t i = 0; i < mlp->layout_.layers.size(); ++i) {
@@ -43,18 +39,6 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const v1::Mod
     mlp->output_grads_.push_back(dy);
   }
   mlp->output_grad_ = mlp->output_grads_.back();
-  int64_t bucket_bytes = 0;
-  for (size_t i = mlp->layout_.layers.size(); i-- > 0;) {
-    const LayerLayout& layer = mlp->layout_.layers[i];
-    const int64_t bytes = (layer.in * layer.out + layer.out) * 4;
-    if (mlp->bucket_first_layer_.empty() || bucket_bytes + bytes > kBucketBytes) {
-      mlp->bucket_first_layer_.push_back(i);
-      bucket_bytes = bytes;
-    } else {
-      mlp->bucket_first_layer_.back() = i;
-      bucket_bytes += bytes;
-    }
-  }
   return mlp;
 }
 
@@ -78,42 +62,37 @@ absl::Status Mlp::RefreshLowPrecisionWeights() {
 }
 
 absl::Status Mlp::Forward(Tensor x, bool x_unchanged) {
+  const int64_t rows = x.rows;
+  if (rows < 1 || rows > input_low_.rows) {
+    return absl::InvalidArgumentError("Mlp::Forward: x must have 1 to micro_batch_size rows");
+  }
+  rows_ = rows;
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
   Tensor input = x;
   if (compute_dtype_ != DType::kF32) {
-    if (!x_unchanged || cast_source_ != x.data) RETURN_IF_ERROR(backend_->Cast(x, input_low_));
+    const Tensor input_low = input_low_.RowSlice(0, rows);
+    if (!x_unchanged || cast_source_ != x.data) RETURN_IF_ERROR(backend_->Cast(x, input_low));
     cast_source_ = x.data;
-    input = input_low_;
+    input = input_low;
   }
   first_input_ = input;
   for (size_t i = 0; i < layout_.layers.size(); ++i) {
+    const Tensor y = outputs_[i].RowSlice(0, rows);
     RETURN_IF_ERROR(backend_->LinearForward(input, Weight(weights, i), Bias(weights, i),
-                                            LayerActivation(i), pre_[i], outputs_[i]));
-    input = outputs_[i];
+                                            LayerActivation(i), pre_[i].RowSlice(0, rows), y));
+    input = y;
   }
   return absl::OkStatus();
 }
 
-absl::Status Mlp::SpanReady(int64_t offset, int64_t count, const BucketReady& on_bucket_ready) {
-  if (defers_accumulation()) {
-    // grads[span] = Σ_micro-batches f32(slot[span]), in micro-batch order; the loss slot (past
-    // the parameters) is not in the slots.
-    const int64_t params = std::min(count, layout_.total - offset);
-    RETURN_IF_ERROR(backend_->SumRowsToF32(gradient_slots_.ColumnSlice(offset, params),
-                                           grads_.FlatView(offset, 1, params)));
+absl::Status Mlp::Backward(int64_t micro_batch, LayerGradientObserver* observer) {
+  if (rows_ != input_low_.rows) {
+    return absl::FailedPreconditionError("Mlp::Backward needs a forward pass of a whole batch");
   }
-  if (!on_bucket_ready) return absl::OkStatus();
-  return on_bucket_ready(grads_.FlatView(offset, 1, count));
-}
-
-absl::Status Mlp::Backward(int64_t micro_batch, const BucketReady& on_bucket_ready) {
   const Tensor weights = compute_dtype_ == DType::kF32 ? params_ : params_low_;
-  const bool last = micro_batch + 1 == accumulation_steps_;
-  // Where this micro-batch's weight and bias gradients go: its own low-precision slot when
-  // deferring; otherwise into the fp32 sums, written over on the first micro-batch.
-  const Tensor target = defers_accumulation() ? gradient_slots_.RowSlice(micro_batch, 1) : grads_;
-  const bool overwrite = defers_accumulation() || micro_batch == 0;
-  size_t bucket = 0;
+  const bool last = micro_batch + 1 == accumulator_.accumulation_steps();
+  if (!last) observer = nullptr;
+  const GradientAccumulator::Target target = accumulator_.For(micro_batch);
   for (size_t i = layout_.layers.size(); i-- > 0;) {
     const LayerLayout& layer = layout_.layers[i];
     Tensor d_pre = output_grads_[i];
@@ -122,44 +101,30 @@ absl::Status Mlp::Backward(int64_t micro_batch, const BucketReady& on_bucket_rea
           backend_->ActivationBackward(LayerActivation(i), pre_[i], output_grads_[i], d_pre));
     }
     const Tensor layer_input = i == 0 ? first_input_ : outputs_[i - 1];
-    const bool ends_bucket = last && bucket < bucket_first_layer_.size() &&
-                             bucket_first_layer_[bucket] == i;
-    const int64_t bucket_end = bucket == 0 ? layout_.total + 1  // with the loss slot
-                                           : layout_.layers[bucket_first_layer_[bucket - 1]].weight_offset;
-    // The last layer of the backward pass, alone in the last bucket and large: its weight
-    // gradient goes in row chunks (output features), each reduced while the next is computed.
-    const int64_t weight_bytes = layer.in * layer.out * 4;
-    const int64_t chunks = std::min<int64_t>(layer.out, weight_bytes / kChunkBytes);
-    const bool chunked = ends_bucket && on_bucket_ready && i == 0 &&
-                         bucket + 1 == bucket_first_layer_.size() &&
-                         bucket_end == layer.bias_offset + layer.out + (bucket == 0) &&
-                         chunks > 1;
-    if (!chunked) {
+    // The first layer (whose input gradient is not needed) may go in row chunks of its output
+    // features, each handed over while the next is computed.
+    const std::vector<RowRange> chunks =
+        i == 0 && observer != nullptr ? observer->FirstLayerRowChunks()
+                                      : std::vector<RowRange>{{0, layer.out}};
+    if (chunks.size() == 1) {
       RETURN_IF_ERROR(backend_->LinearBackward(layer_input, Weight(weights, i), d_pre,
                                                i == 0 ? Tensor{} : output_grads_[i - 1],
-                                               Weight(target, i), Bias(target, i), overwrite));
+                                               Weight(target.flat, i), Bias(target.flat, i),
+                                               target.overwrite));
     } else {
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t first = layer.out * c / chunks, count = layer.out * (c + 1) / chunks - first;
+      for (const RowRange& rows : chunks) {
         RETURN_IF_ERROR(backend_->LinearBackward(
-            layer_input, Weight(weights, i).RowSlice(first, count), d_pre.ColumnSlice(first, count),
-            Tensor{}, Weight(target, i).RowSlice(first, count),
-            Bias(target, i).FlatView(first, 1, count), overwrite));
-        RETURN_IF_ERROR(SpanReady(layer.weight_offset + first * layer.in, count * layer.in,
-                                  on_bucket_ready));
+            layer_input, Weight(weights, i).RowSlice(rows.first, rows.count),
+            d_pre.ColumnSlice(rows.first, rows.count), Tensor{},
+            Weight(target.flat, i).RowSlice(rows.first, rows.count),
+            Bias(target.flat, i).FlatView(rows.first, 1, rows.count), target.overwrite));
+        RETURN_IF_ERROR(observer->FirstLayerRowsReady(rows));
       }
-      // The biases (and the loss slot if this is the only bucket) last.
-      RETURN_IF_ERROR(SpanReady(layer.bias_offset, bucket_end - layer.bias_offset,
-                                on_bucket_ready));
-      ++bucket;
-      continue;
     }
-    if (ends_bucket) {
-      // Layers [i, end of the bucket] are done: one contiguous span of the flat buffer.
-      RETURN_IF_ERROR(SpanReady(layer.weight_offset, bucket_end - layer.weight_offset,
-                                on_bucket_ready));
-      ++bucket;
-    }
+    if (observer != nullptr) RETURN_IF_ERROR(observer->LayerReady(i));
+  }
+  if (last && observer == nullptr) {
+    return accumulator_.Finalize(0, layout_.total + GradientAccumulator::kMetricSlots);
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 
 namespace mptrain {
 namespace {
@@ -12,9 +13,8 @@ namespace {
 // The spans handed to the allreduce hook must cover every gradient (and the loss slot) exactly
 // once, and computing the last layer in chunks must give the same gradients.
 TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
-  v1::ModelSpec model;
-  model.set_input_dim(8192);  // 8192 x 4096 fp32 = 128 MiB: two 64 MiB chunks
-  model.set_output_dim(4096);
+  ModelConfig model;
+  model.widths = {8192, 4096};  // 8192 x 4096 fp32 = 128 MiB: two 64 MiB chunks
   const int64_t batch = 2;
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF16, batch);
@@ -30,24 +30,26 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
   Tensor ty = *backend.Allocate(DType::kF32, batch, 4096);
   StepState unit;
   unit.scale = 1024;
-  Tensor state = *backend.AllocateStepState(unit);
+  StepStateBuffer state = *backend.AllocateStepState(unit);
   ASSERT_TRUE(backend.Upload(params.data(), (*mlp)->params()).ok());
   ASSERT_TRUE(backend.Upload(x.data(), tx).ok());
   ASSERT_TRUE(backend.Upload(y.data(), ty).ok());
   ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
 
-  auto gradients = [&](const Mlp::BucketReady& hook) {
+  auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(backend.MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
-                                        (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, hook).ok());
-    std::vector<float> grads(n + 1);
+    EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
+                                                    (*mlp)->output_grad()).ok());
+    std::unique_ptr<GradientReducer> reducer;
+    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, reducer.get()).ok());
+    std::vector<float> grads(n + 2);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
     return grads;
   };
   const std::vector<float> whole = gradients({});
-  std::vector<int> covered(n + 1, 0);
+  std::vector<int> covered(n + 2, 0);
   int spans = 0;
   const float* base = static_cast<const float*>((*mlp)->grads().data);
   const std::vector<float> chunked = gradients([&](Tensor span) {
@@ -56,36 +58,34 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
     ++spans;
     return absl::OkStatus();
   });
-  EXPECT_EQ(spans, 3) << "two weight chunks, then the biases with the loss slot";
+  EXPECT_EQ(spans, 3) << "two weight chunks, then the biases with the metric slots";
   EXPECT_EQ(chunked, whole);
-  for (int64_t i = 0; i <= n; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
+  for (int64_t i = 0; i < n + 2; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
 }
 
 TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
-  v1::ModelSpec model;
-  model.set_input_dim(6);
-  model.add_hidden_dims(5);
-  model.set_output_dim(3);
+  ModelConfig model;
+  model.widths = {6, 5, 3};
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   auto mlp = Mlp::Create(&backend, model, DType::kF32, 2);
   ASSERT_TRUE(mlp.ok());
   Tensor tx = *backend.Allocate(DType::kF32, 2, 6);
   ASSERT_TRUE((*mlp)->Forward(tx).ok());
   std::vector<int64_t> sizes;
-  ASSERT_TRUE((*mlp)->Backward(0, [&](Tensor span) {
+  auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor span) {
     sizes.push_back(span.numel());
     return absl::OkStatus();
-  }).ok());
-  EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 1}));
+  });
+  ASSERT_TRUE(reducer.ok());
+  ASSERT_TRUE((*mlp)->Backward(0, reducer->get()).ok());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{(*mlp)->layout().total + 2}));
 }
 
 // Keeping each micro-batch's low-precision gradients and summing them on the last micro-batch
 // must give exactly the fp32 sums of adding them one micro-batch after the other.
 TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
-  v1::ModelSpec model;
-  model.set_input_dim(24);
-  model.add_hidden_dims(16);
-  model.set_output_dim(8);
+  ModelConfig model;
+  model.widths = {24, 16, 8};
   const int64_t batch = 4, accumulation = 3;
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     std::vector<std::vector<float>> results;
@@ -102,10 +102,15 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
       StepState unit;
       unit.scale = 4096;
-      Tensor state = *backend.AllocateStepState(unit);
+      StepStateBuffer state = *backend.AllocateStepState(unit);
       Tensor x = *backend.Allocate(DType::kF32, batch, 24);
       Tensor y = *backend.Allocate(DType::kF32, batch, 8);
       int spans = 0;
+      auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor) {
+        ++spans;
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(reducer.ok());
       for (int64_t micro = 0; micro < accumulation; ++micro) {
         std::vector<float> xs(batch * 24), ys(batch * 8);
         for (float& v : xs) v = normal(generator);
@@ -113,15 +118,13 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
         ASSERT_TRUE(backend.Upload(xs.data(), x).ok());
         ASSERT_TRUE(backend.Upload(ys.data(), y).ok());
         ASSERT_TRUE((*mlp)->Forward(x).ok());
-        ASSERT_TRUE(backend.MseLossBackward((*mlp)->output(), y, accumulation, state,
-                                            (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
-        ASSERT_TRUE((*mlp)->Backward(micro, [&](Tensor) {
-          ++spans;
-          return absl::OkStatus();
-        }).ok());
+        ASSERT_TRUE(MseLoss(&backend, 8, accumulation)
+                        .Backward((*mlp)->output(), y, state, (*mlp)->metrics(),
+                                  (*mlp)->output_grad()).ok());
+        ASSERT_TRUE((*mlp)->Backward(micro, reducer->get()).ok());
       }
       EXPECT_EQ(spans, 1) << "spans are handed over on the last micro-batch only";
-      std::vector<float> grads((*mlp)->layout().total + 1);
+      std::vector<float> grads((*mlp)->layout().total + 2);
       ASSERT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
       results.push_back(grads);
     }

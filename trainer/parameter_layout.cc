@@ -5,14 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
 #include "xxhash.h"
 
 namespace mptrain {
 
-ParameterLayout MakeParameterLayout(const v1::ModelSpec& model) {
+ParameterLayout MakeParameterLayout(const std::vector<int64_t>& widths) {
   ParameterLayout layout;
-  std::vector<int64_t> widths = LayerWidths(model);
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
     LayerLayout layer;
     layer.in = widths[i];

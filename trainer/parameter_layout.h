@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "io/safetensors.h"
-#include "proto/mptrain.pb.h"
 
 namespace mptrain {
 
@@ -25,7 +24,8 @@ struct ParameterLayout {
   int64_t total = 0;
 };
 
-ParameterLayout MakeParameterLayout(const v1::ModelSpec& model);
+// Linear(widths[i], widths[i + 1]) for each i: [input_dim, hidden..., output_dim].
+ParameterLayout MakeParameterLayout(const std::vector<int64_t>& widths);
 
 // torch.nn.Linear's distribution (weight and bias uniform in ±1/sqrt(in)), drawn from `seed`
 // with a fixed generator, so every rank computes the same values.

@@ -33,43 +33,111 @@ NpyMatrix Rows(const NpyMatrix& matrix, int64_t first, int64_t count) {
 
 }  // namespace
 
-absl::StatusOr<RankData> LoadRankData(const v1::JobSpec& spec, int rank, int world_size) {
-  const int64_t input_dim = spec.model().input_dim();
-  const int64_t output_dim = spec.model().output_dim();
+absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes);
+
+namespace {
+
+// Both files whole, checked against the model and each other.
+absl::StatusOr<RankData> LoadNpy(const TrainingConfig& config, const std::string& features_path,
+                                 const std::string& targets_path) {
+  const int64_t input_dim = config.model.input_dim();
+  const int64_t output_dim = config.model.output_dim();
+  const bool classes = config.loss.type == LossType::kCrossEntropy;
   RankData data;
-  if (spec.data().has_synthetic()) {
-    std::mt19937_64 generator(static_cast<uint64_t>(spec.data().synthetic().seed()) + rank);
-    data.features = NormalMatrix(spec.micro_batch_size(), input_dim, &generator);
-    data.targets = NormalMatrix(spec.micro_batch_size(), output_dim, &generator);
-    return data;
+  ASSIGN_OR_RETURN(data.features, ReadNpyMatrix(features_path));
+  if (classes) {
+    ASSIGN_OR_RETURN(data.targets, ReadClassIds(targets_path, output_dim));
+  } else {
+    ASSIGN_OR_RETURN(data.targets, ReadNpyMatrix(targets_path));
   }
-  const std::string& features_path = spec.data().npy().features_path();
-  const std::string& targets_path = spec.data().npy().targets_path();
-  ASSIGN_OR_RETURN(NpyMatrix features, ReadNpyMatrix(features_path));
-  ASSIGN_OR_RETURN(NpyMatrix targets, ReadNpyMatrix(targets_path));
-  if (features.cols != input_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", features.cols,
+  if (data.features.cols != input_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", data.features.cols,
                                                    " columns, model.input_dim is ", input_dim));
   }
-  if (targets.cols != output_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", targets.cols,
-                                                   " columns, model.output_dim is ", output_dim));
+  if (!classes && data.targets.cols != output_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", data.targets.cols,
+                                                   " columns, model.output_dim is ",
+                                                   output_dim));
   }
-  if (features.rows != targets.rows) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", features.rows,
+  if (data.features.rows != data.targets.rows) {
+    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", data.features.rows,
                                                    " rows but ", targets_path, " has ",
-                                                   targets.rows));
+                                                   data.targets.rows));
   }
-  const int64_t first = rank * features.rows / world_size;
-  const int64_t last = (rank + 1) * features.rows / world_size;
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes) {
+  ASSIGN_OR_RETURN(NpyLabels labels, ReadNpyLabels(path));
+  NpyMatrix ids{labels.count, 1, std::vector<float>(labels.count)};
+  for (int64_t i = 0; i < labels.count; ++i) {
+    const int64_t id = labels.values[i];
+    if (id < 0 || id >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": row ", i, " has class ", id,
+                                                     ", model.output_dim allows [0, ", classes,
+                                                     ")"));
+    }
+    ids.values[i] = static_cast<float>(id);  // Exact: output_dim <= 2^20.
+  }
+  return ids;
+}
+
+absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, int world_size) {
+  const int64_t input_dim = config.model.input_dim();
+  const int64_t output_dim = config.model.output_dim();
+  const bool classes = config.loss.type == LossType::kCrossEntropy;
+  RankData data;
+  if (config.data.source == DataConfig::Source::kSynthetic) {
+    std::mt19937_64 generator(static_cast<uint64_t>(config.data.synthetic_seed) + rank);
+    data.features = NormalMatrix(config.micro_batch_size, input_dim, &generator);
+    if (classes) {
+      data.targets = {config.micro_batch_size, 1, std::vector<float>(config.micro_batch_size)};
+      for (float& id : data.targets.values) {
+        id = static_cast<float>(generator() % static_cast<uint64_t>(output_dim));
+      }
+    } else {
+      data.targets = NormalMatrix(config.micro_batch_size, output_dim, &generator);
+    }
+    return data;
+  }
+  ASSIGN_OR_RETURN(RankData all, LoadNpy(config, config.data.features_path,
+                                          config.data.targets_path));
+  if (config.data.shuffle) {
+    if (all.features.rows > kMaxShuffledRows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config.data.features_path, ": ", all.features.rows,
+          " rows; data.npy.shuffle allows at most ", kMaxShuffledRows));
+    }
+    all.total_rows = all.features.rows;
+    return all;
+  }
+  const int64_t rows = all.features.rows;
+  const int64_t first = rank * rows / world_size;
+  const int64_t last = (rank + 1) * rows / world_size;
   if (last <= first) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, ": ", features.rows,
+    return absl::InvalidArgumentError(absl::StrCat(config.data.features_path, ": ", rows,
                                                    " rows leave rank ", rank, " of ", world_size,
                                                    " no data"));
   }
-  data.features = Rows(features, first, last - first);
-  data.targets = Rows(targets, first, last - first);
+  data.features = Rows(all.features, first, last - first);
+  data.targets = Rows(all.targets, first, last - first);
+  data.total_rows = rows;
   return data;
+}
+
+absl::StatusOr<RankData> LoadEvalShard(const TrainingConfig& config, int rank, int world_size) {
+  ASSIGN_OR_RETURN(RankData all,
+                   LoadNpy(config, config.eval.features_path, config.eval.targets_path));
+  const int64_t rows = all.features.rows;
+  const int64_t first = rank * rows / world_size;
+  const int64_t last = (rank + 1) * rows / world_size;
+  RankData shard;
+  shard.features = Rows(all.features, first, last - first);
+  shard.targets = Rows(all.targets, first, last - first);
+  shard.total_rows = rows;
+  return shard;
 }
 
 }  // namespace mptrain

@@ -96,15 +96,20 @@ absl::StatusOr<ResumeState> DecodeResumeHeader(const std::vector<float>& header,
 
 absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
                                             const ParameterLayout& layout, Backend* backend,
-                                            Tensor params, Tensor momentum) {
+                                            Tensor params, const std::vector<ResumeSlot>& slots) {
   Collective* collective = backend->collective();
   std::vector<float> header;
   absl::Status read = absl::OkStatus();
   if (rank == 0) {
-    absl::StatusOr<TrainingCheckpoint> checkpoint = ReadTrainingCheckpoint(path, layout);
+    std::vector<std::string> names;
+    for (const ResumeSlot& slot : slots) names.push_back(slot.name);
+    absl::StatusOr<TrainingCheckpoint> checkpoint = ReadTrainingCheckpoint(path, layout, names);
     if (checkpoint.ok()) {
       RETURN_IF_ERROR(backend->Upload(checkpoint->parameters.data(), params));
-      RETURN_IF_ERROR(backend->Upload(checkpoint->momentum.data(), momentum));
+      for (const ResumeSlot& slot : slots) {
+        RETURN_IF_ERROR(
+            backend->Upload(checkpoint->optimizer_state.at(slot.name).data(), slot.values));
+      }
       header = EncodeResumeHeader(&*checkpoint, layout.total);
     } else {
       // Still take part in the header's broadcast, so the others fail at once instead of
@@ -122,7 +127,7 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
   if (!read.ok()) return read;
   ASSIGN_OR_RETURN(ResumeState state, DecodeResumeHeader(header, layout.total));
   RETURN_IF_ERROR(collective->Broadcast(params, 0));
-  RETURN_IF_ERROR(collective->Broadcast(momentum, 0));
+  for (const ResumeSlot& slot : slots) RETURN_IF_ERROR(collective->Broadcast(slot.values, 0));
   return state;
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 
 // Resuming from a checkpoint that only one host holds (as DeepSpeed and torchrun jobs load on
-// rank 0 and broadcast): rank 0 reads the file; parameters, optimizer state (momentum), scaler
-// state and step reach every other rank through the job's collective, and the data position
-// follows from the step. A rank other than 0 never opens the file, so the checkpoint need not
+// rank 0 and broadcast): rank 0 reads the file; parameters, every optimizer state buffer,
+// scaler state and step (Adam's step count is the scaler's applied steps) reach every other
+// rank through the job's collective, and the data position and learning rate follow from the
+// step. A rank other than 0 never opens the file, so the checkpoint need not
 // be on its disk. Every rank ends with rank 0's state exactly (broadcasts copy bits).
 
 #include <cstdint>
@@ -23,14 +24,22 @@ struct ResumeState {
   StepState step_state;  // scale, growth_tracker, skipped_total, steps_done; the rest default.
 };
 
-// Called by every rank of the job at the same point. `params` and `momentum` are the rank's
-// flat f32 tensors of `layout`; on return they hold the checkpoint's values on every rank.
+// One optimizer state buffer (momentum, Adam's exp_avg, ...): its checkpoint name and the rank's
+// flat f32 tensor of it.
+struct ResumeSlot {
+  std::string name;
+  Tensor values;
+};
+
+// Called by every rank of the job at the same point. `params` and each slot's values are the
+// rank's flat f32 tensors of `layout`; on return they hold the checkpoint's values on every
+// rank (broadcast in the order given, which every rank must share).
 // Rank 0: the errors of ReadTrainingCheckpoint for `path` (the others then fail too, at once).
 // Other ranks: UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own
 // error is the job's cause); the collective's errors; INTERNAL for a malformed state.
 absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
                                             const ParameterLayout& layout, Backend* backend,
-                                            Tensor params, Tensor momentum);
+                                            Tensor params, const std::vector<ResumeSlot>& slots);
 
 // The scalars of a resume as floats that a broadcast carries exactly: every integer in 16-bit
 // pieces (each a float holding 0..65535), the scale by its bits. `checkpoint` null: rank 0

@@ -15,6 +15,7 @@
 #include "io/npy.h"
 #include "trainer/in_memory_store.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 
 namespace mptrain {
 namespace {
@@ -25,7 +26,7 @@ std::string TempPath(const std::string& name) {
 
 class NullObserver : public TrainingObserver {
  public:
-  void OnStep(int64_t step, const v1::TelemetryRecord*) override { last_step = step; }
+  void OnStep(int64_t step, const StepTelemetry*) override { last_step = step; }
   bool ShouldStop() override { return false; }
   int64_t last_step = 0;
 };
@@ -56,7 +57,12 @@ TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2]) {
       CpuBackend backend(std::move(*collective));
       NullObserver observer;
       const auto start = std::chrono::steady_clock::now();
-      out.results[rank] = RunTraining(spec, rank, &backend, &observer, resume[rank]);
+      absl::StatusOr<TrainingConfig> config = TrainingConfigFromSpec(spec);
+      if (!config.ok()) {
+        out.results[rank] = config.status();
+        return;
+      }
+      out.results[rank] = RunTraining(*config, rank, &backend, &observer, resume[rank]);
       out.seconds[rank] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });

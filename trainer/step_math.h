@@ -1,13 +1,16 @@
 #pragma once
 
-// The arithmetic of one optimizer step, shared by every backend (host and device code):
-// torch.amp.GradScaler's unscale / inf check / scale update and torch.optim.SGD's update.
+// The arithmetic of one optimizer step around the optimizer itself, shared by every backend
+// (host and device code): torch.amp.GradScaler's unscale / inf check / scale update and
+// torch.nn.utils.clip_grad_norm_'s coefficient.
 //
 // A backend runs the step in three phases over the flat fp32 gradient buffer:
-//   1. for each gradient g: found_inf |= !isfinite(g); u = g * inv_scale; sumsq += u * u
-//   2. FinalizeStep(): decides skip or step, the clip coefficient, and the next scale
-//   3. unless skipped, SgdUpdate() on every parameter with the clipped gradient u * clip_coef;
-//      then the gradients are zeroed.
+//   1. Backend::GradientStatistics: for each gradient g: found_inf |= !isfinite(g);
+//      u = g * inv_scale; sumsq += u * u
+//   2. Backend::FinalizeStep (FinalizeStep() below): skip or step, the clip coefficient, the
+//      next scale
+//   3. Backend::UpdateParameters: unless skipped, the optimizer's update
+//      (trainer/optim/update_math.h) of every parameter with the gradient u * clip_coef.
 
 #include <cmath>
 #include <cstdint>
@@ -21,11 +24,8 @@ using std::isfinite;
 using std::sqrt;
 #endif
 
-// Fixed configuration of the step, copied to the device once.
+// Fixed configuration of the scaler and clipping, copied to the device once.
 struct StepConfig {
-  float lr = 0;
-  float momentum = 0;
-  float weight_decay = 0;
   float max_grad_norm = 0;  // 0: no clipping.
   bool scaler_enabled = false;
   float growth_factor = 2.0f;
@@ -47,6 +47,7 @@ struct StepState {
   float last_scale = 1.0f;     // The scale the last step's gradients were computed with.
   float last_loss = 0;         // Effective-batch loss of the last step, averaged over ranks.
   float last_grad_norm = 0;    // Global L2 norm of the last step's unscaled gradients.
+  float last_correct = 0;      // Correct predictions of the last step, averaged over ranks.
 };
 
 // inv_scale as GradScaler computes it: the reciprocal in double, then rounded to float.
@@ -87,19 +88,6 @@ MPTRAIN_HD inline void FinalizeStep(const StepConfig& config, float loss, StepSt
       state->growth_tracker = successful;
     }
   }
-}
-
-// Phase 3 for one parameter: torch.optim.SGD (dampening 0, no nesterov). A momentum buffer
-// that starts at zero gives exactly PyTorch's first step (buf = d_p).
-MPTRAIN_HD inline void SgdUpdate(const StepConfig& config, float unscaled_grad, float clip_coef,
-                                 float* param, float* momentum_buffer) {
-  float d_p = unscaled_grad * clip_coef;
-  if (config.weight_decay != 0) d_p = d_p + config.weight_decay * *param;
-  if (config.momentum != 0) {
-    *momentum_buffer = *momentum_buffer * config.momentum + d_p;
-    d_p = *momentum_buffer;
-  }
-  *param = *param + (-config.lr) * d_p;
 }
 
 }  // namespace mptrain

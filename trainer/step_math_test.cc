@@ -9,7 +9,6 @@ namespace {
 
 StepConfig ScalerConfig(int growth_interval) {
   StepConfig config;
-  config.lr = 0.1f;
   config.scaler_enabled = true;
   config.growth_interval = growth_interval;
   return config;
@@ -78,22 +77,6 @@ TEST(FinalizeStep, ClipCoefficient_FollowsClipGradNorm) {
   state.sum_squares = 0.25;  // norm 0.5: below the limit, coefficient clamped to 1
   FinalizeStep(config, 0, &state);
   EXPECT_EQ(state.clip_coef, 1.0f);
-}
-
-TEST(SgdUpdate, MatchesTorchSgdWithMomentumAndWeightDecay) {
-  StepConfig config;
-  config.lr = 0.1f;
-  config.momentum = 0.9f;
-  config.weight_decay = 0.01f;
-  float param = 1.0f, buffer = 0.0f;
-  SgdUpdate(config, 0.5f, 1.0f, &param, &buffer);
-  // First step: buf = g + wd * p = 0.51; p = 1 - 0.1 * 0.51
-  EXPECT_FLOAT_EQ(buffer, 0.51f);
-  EXPECT_FLOAT_EQ(param, 1.0f - 0.051f);
-  SgdUpdate(config, 0.5f, 1.0f, &param, &buffer);
-  const float d_p = 0.5f + 0.01f * (1.0f - 0.051f);
-  EXPECT_FLOAT_EQ(buffer, 0.9f * 0.51f + d_p);
-  EXPECT_FLOAT_EQ(param, 1.0f - 0.051f - 0.1f * (0.9f * 0.51f + d_p));
 }
 
 TEST(InverseScale, IsComputedInDouble) {

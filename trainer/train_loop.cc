@@ -1,13 +1,18 @@
 #include "trainer/train_loop.h"
 
 #include <deque>
+#include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data/micro_batches.h"
+#include "trainer/evaluator.h"
+#include "trainer/loss/loss.h"
 #include "trainer/mlp.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/rank_data.h"
 #include "trainer/resume.h"
@@ -15,125 +20,93 @@
 namespace mptrain {
 namespace {
 
-// The rank's data in backend memory and the cursor that walks it in micro-batches.
-class MicroBatches {
- public:
-  static absl::StatusOr<MicroBatches> Create(Backend* backend, const RankData& data,
-                                             int64_t batch) {
-    MicroBatches batches;
-    batches.backend_ = backend;
-    ASSIGN_OR_RETURN(batches.features_,
-                     backend->Allocate(DType::kF32, data.features.rows, data.features.cols));
-    ASSIGN_OR_RETURN(batches.targets_,
-                     backend->Allocate(DType::kF32, data.targets.rows, data.targets.cols));
-    RETURN_IF_ERROR(backend->Upload(data.features.values.data(), batches.features_));
-    RETURN_IF_ERROR(backend->Upload(data.targets.values.data(), batches.targets_));
-    batches.batch_ = batch;
-    if (data.features.rows != batch) {
-      ASSIGN_OR_RETURN(batches.x_, backend->Allocate(DType::kF32, batch, data.features.cols));
-      ASSIGN_OR_RETURN(batches.y_, backend->Allocate(DType::kF32, batch, data.targets.cols));
-    }
-    return batches;
-  }
-
-  // The next micro-batch. A shard of exactly one batch (the synthetic data) is used in place;
-  // otherwise rows are copied on the device, wrapping around the end of the shard.
-  absl::Status Next(Tensor* x, Tensor* y) {
-    if (in_place()) {
-      *x = features_;
-      *y = targets_;
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(features_, cursor_, x_));
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(targets_, cursor_, y_));
-    cursor_ = (cursor_ + batch_) % features_.rows;
-    *x = x_;
-    *y = y_;
-    return absl::OkStatus();
-  }
-
-  // Every micro-batch is the same unmodified tensor.
-  bool in_place() const { return features_.rows == batch_; }
-
-  // The next row: a function of the step, so a resumed run can set it for every rank.
-  int64_t cursor() const { return cursor_; }
-  void SeekToStep(int64_t steps_done, int64_t accumulation) {
-    cursor_ = (steps_done % features_.rows) * (accumulation * batch_ % features_.rows) %
-              features_.rows;
-  }
-
- private:
-  Backend* backend_ = nullptr;
-  Tensor features_, targets_, x_, y_;
-  int64_t batch_ = 0;
-  int64_t cursor_ = 0;
-};
-
-absl::StatusOr<std::vector<float>> InitialParameters(const v1::JobSpec& spec,
+absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& config,
                                                      const ParameterLayout& layout) {
-  if (spec.init_checkpoint().empty()) {
-    return InitializeParameters(layout, static_cast<uint64_t>(spec.seed()));
-  }
-  return ReadInitialParameters(spec.init_checkpoint(), layout);
+  if (config.init_checkpoint.empty()) return InitializeParameters(layout, config.seed);
+  return ReadInitialParameters(config.init_checkpoint, layout);
 }
 
 }  // namespace
 
-DType ComputeDType(v1::Precision precision) {
-  switch (precision) {
-    case v1::BF16: return DType::kBF16;
-    case v1::FP32: return DType::kF32;
-    default: return DType::kF16;
-  }
+StepConfig MakeStepConfig(const TrainingConfig& config) {
+  StepConfig step;
+  step.max_grad_norm = static_cast<float>(config.max_grad_norm);
+  step.scaler_enabled = config.loss_scaler.enabled;
+  step.growth_factor = static_cast<float>(config.loss_scaler.growth_factor);
+  step.backoff_factor = static_cast<float>(config.loss_scaler.backoff_factor);
+  step.growth_interval = static_cast<int32_t>(config.loss_scaler.growth_interval);
+  return step;
 }
 
-StepConfig MakeStepConfig(const v1::JobSpec& spec) {
-  StepConfig config;
-  config.lr = static_cast<float>(spec.optimizer().lr());
-  config.momentum = static_cast<float>(spec.optimizer().momentum());
-  config.weight_decay = static_cast<float>(spec.optimizer().weight_decay());
-  config.max_grad_norm = static_cast<float>(spec.max_grad_norm());
-  config.scaler_enabled = LossScalingEnabled(spec);
-  config.growth_factor = static_cast<float>(spec.loss_scaler().growth_factor());
-  config.backoff_factor = static_cast<float>(spec.loss_scaler().backoff_factor());
-  config.growth_interval = static_cast<int32_t>(spec.loss_scaler().growth_interval());
-  return config;
-}
-
-absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
-                                           TrainingObserver* observer,
+absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
+                                           Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint,
                                            const std::string& job_id) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
-  const int64_t batch = spec.micro_batch_size();
-  const int64_t accumulation = spec.accumulation_steps();
-  const DType dtype = ComputeDType(spec.precision());
+  if (config.world_size != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size is ", config.world_size,
+                                                   " but the collective has ", world_size,
+                                                   " ranks"));
+  }
+  const int64_t batch = config.micro_batch_size;
+  const int64_t accumulation = config.accumulation_steps;
+  const DType dtype = config.compute_dtype;
 
   ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp,
-                   Mlp::Create(backend, spec.model(), dtype, batch, accumulation));
+                   Mlp::Create(backend, config.model, dtype, batch, accumulation));
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
-  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(spec, mlp->layout()));
+  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, mlp->layout()));
   RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
-  ASSIGN_OR_RETURN(RankData data, LoadRankData(spec, rank, world_size));
-  ASSIGN_OR_RETURN(MicroBatches micro_batches, MicroBatches::Create(backend, data, batch));
+  ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
+  Shuffling shuffling;
+  shuffling.enabled = config.data.shuffle;
+  shuffling.seed = config.data.shuffle_seed;
+  shuffling.rank = rank;
+  shuffling.world_size = world_size;
+  ASSIGN_OR_RETURN(MicroBatches micro_batches,
+                   MicroBatches::Create(backend, data, batch, shuffling));
+  ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
+                   MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                   MakeOptimizer(config.optimizer, backend, mlp->layout().total));
+  LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
+  std::unique_ptr<Evaluator> evaluator;
+  if (config.eval.enabled()) {
+    ASSIGN_OR_RETURN(RankData eval_shard, LoadEvalShard(config, rank, world_size));
+    ASSIGN_OR_RETURN(evaluator,
+                     Evaluator::Create(backend, eval_shard, eval_shard.total_rows, batch));
+  }
+  auto evaluation_step = [&](int64_t step) {
+    return evaluator != nullptr &&
+           ((config.eval.every > 0 && step % config.eval.every == 0) || step == config.steps);
+  };
+  std::map<int64_t, EvalResult> evaluations;  // By step, until their telemetry is out.
+  // DDP's buckets: each is allreduced (mean over ranks; the loss and the correct count ride in
+  // the first) as soon as the backward pass of the stepping micro-batch completes it,
+  // overlapping the rest.
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
+                   GradientReducer::Create(mlp->layout(), mlp->accumulator(), [&](Tensor span) {
+                     return collective->AllReduceMeanAsync(span);
+                   }));
 
-  const StepConfig config = MakeStepConfig(spec);
+  const StepConfig step_config = MakeStepConfig(config);
   StepState initial_state;
   initial_state.scale =
-      config.scaler_enabled ? static_cast<float>(spec.loss_scaler().init_scale()) : 1.0f;
+      step_config.scaler_enabled ? static_cast<float>(config.loss_scaler.init_scale) : 1.0f;
   int64_t first_step = 1;
   if (!resume_checkpoint.empty()) {
     // Rank 0 reads the checkpoint; every other rank receives its state through the collective
     // (trainer/resume.h), so the file need only be on rank 0's host.
-    ASSIGN_OR_RETURN(ResumeState resumed,
-                     LoadResumeState(resume_checkpoint, rank, mlp->layout(), backend,
-                                     mlp->params(), mlp->momentum()));
+    std::vector<ResumeSlot> slots;
+    for (const OptimizerSlot& slot : optimizer->slots()) slots.push_back({slot.name, slot.values});
+    ASSIGN_OR_RETURN(ResumeState resumed, LoadResumeState(resume_checkpoint, rank, mlp->layout(),
+                                                          backend, mlp->params(), slots));
     initial_state = resumed.step_state;
     first_step = resumed.step + 1;
     micro_batches.SeekToStep(resumed.step, accumulation);
   }
-  ASSIGN_OR_RETURN(Tensor step_state, backend->AllocateStepState(initial_state));
+  ASSIGN_OR_RETURN(StepStateBuffer step_state, backend->AllocateStepState(initial_state));
   RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
 
   // Rank 0 saves what a restarted run needs (a host synchronisation, every checkpoint_every
@@ -143,16 +116,18 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     checkpoint.step = step;
     checkpoint.data_cursor = micro_batches.cursor();
     checkpoint.parameters.resize(mlp->layout().total);
-    checkpoint.momentum.resize(mlp->layout().total);
     RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
-    RETURN_IF_ERROR(backend->Download(mlp->momentum(), checkpoint.momentum.data()));
-    RETURN_IF_ERROR(
-        backend->Download(step_state, reinterpret_cast<float*>(&checkpoint.step_state)));
-    const std::string path = CheckpointPath(spec.checkpoint_dir(), step);
+    for (const OptimizerSlot& slot : optimizer->slots()) {
+      std::vector<float>& values = checkpoint.optimizer_state[slot.name];
+      values.resize(mlp->layout().total);
+      RETURN_IF_ERROR(backend->Download(slot.values, values.data()));
+    }
+    ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
+    const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A resumed run may write again a step file its failed attempt already wrote; a fresh run
     // never replaces a file it did not write, unless the spec says so.
     SafetensorsWriteOptions write;
-    write.replace_existing = spec.overwrite_output() || !resume_checkpoint.empty();
+    write.replace_existing = config.overwrite_output || !resume_checkpoint.empty();
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     return absl::OkStatus();
@@ -163,6 +138,7 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   struct Pending {
     int64_t step;
     int slot;
+    double lr;
   };
   std::deque<Pending> pending;
   ASSIGN_OR_RETURN(double previous_ms, backend->NowMs());
@@ -173,22 +149,37 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
     ASSIGN_OR_RETURN(StepStats stats, backend->ReadStats(oldest.slot));
     const double step_ms = stats.completed_ms - previous_ms;
     previous_ms = stats.completed_ms;
-    const bool telemetry_step =
-        oldest.step % spec.telemetry_every() == 0 || oldest.step == spec.steps();
-    v1::TelemetryRecord record;
-    record.set_step(oldest.step);
-    record.set_loss(stats.state.last_loss);
-    record.set_grad_norm(stats.state.last_grad_norm);
-    record.set_loss_scale(stats.state.last_scale);
-    record.set_skipped(stats.state.skipped != 0);
-    record.set_skipped_total(stats.state.skipped_total);
-    record.set_step_time_ms(step_ms);
-    record.set_samples_per_second(step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0);
+    auto evaluation = evaluations.find(oldest.step);
+    const bool telemetry_step = oldest.step % config.telemetry_every == 0 ||
+                                oldest.step == config.steps || evaluation != evaluations.end();
+    StepTelemetry record;
+    record.step = oldest.step;
+    record.loss = stats.state.last_loss;
+    record.grad_norm = stats.state.last_grad_norm;
+    record.loss_scale = stats.state.last_scale;
+    record.skipped = stats.state.skipped != 0;
+    record.skipped_total = stats.state.skipped_total;
+    record.step_time_ms = step_ms;
+    record.samples_per_second = step_ms > 0 ? samples_per_step * 1000.0 / step_ms : 0;
+    record.lr = oldest.lr;
+    if (loss->classifies()) {
+      // The correct count averaged over ranks, over one rank's samples of the step.
+      record.has_accuracy = true;
+      record.accuracy = static_cast<double>(stats.state.last_correct) / (batch * accumulation);
+    }
+    if (evaluation != evaluations.end()) {
+      record.has_eval = true;
+      record.eval_loss = evaluation->second.loss;
+      record.eval_accuracy = evaluation->second.accuracy;
+      evaluations.erase(evaluation);
+    }
     observer->OnStep(oldest.step, telemetry_step ? &record : nullptr);
     return absl::OkStatus();
   };
 
-  for (int64_t step = first_step; step <= spec.steps(); ++step) {
+  for (int64_t step = first_step; step <= config.steps; ++step) {
+    // Known on the host: the schedule advances on every attempted step, skipped or not.
+    const double lr = lr_schedule.At(step);
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
     // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -197,29 +188,31 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
       RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
-      RETURN_IF_ERROR(backend->MseLossBackward(mlp->output(), y, accumulation, step_state,
-                                               mlp->loss_slot(), mlp->output_grad()));
-      if (!stepping) {
-        RETURN_IF_ERROR(mlp->Backward(micro));
-        continue;
-      }
-      // The stepping micro-batch: the gradient allreduce (mean over ranks; the loss rides in the
-      // last slot), bucket by bucket as soon as each bucket's gradients are complete, so that
-      // it overlaps the rest of the backward pass, as DDP's buckets do.
-      RETURN_IF_ERROR(mlp->Backward(
-          micro, [&](Tensor span) { return collective->AllReduceMeanAsync(span); }));
+      RETURN_IF_ERROR(
+          loss->Backward(mlp->output(), y, step_state, mlp->metrics(), mlp->output_grad()));
+      // The stepping micro-batch tells the reducer as each layer's gradients are done.
+      RETURN_IF_ERROR(mlp->Backward(micro, stepping ? reducer.get() : nullptr));
     }
     RETURN_IF_ERROR(collective->JoinAllReduces());
-    // Unscale, check for inf/NaN, clip, SGD step or skip, scale update, zero the gradients,
-    // and the low-precision weight copies for the next step's micro-batches.
-    RETURN_IF_ERROR(backend->OptimizerStep(config, mlp->params(), mlp->grads(), mlp->momentum(),
-                                           step_state, mlp->low_precision_params()));
+    // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip
+    // or step and update the scale; the optimizer's step (with the low-precision weight copies
+    // for the next step's micro-batches) unless skipped. The metric slots start the next step
+    // at 0.
+    RETURN_IF_ERROR(backend->GradientStatistics(mlp->param_grads(), step_state));
+    RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->metrics(), step_state));
+    RETURN_IF_ERROR(optimizer->Update(lr, mlp->params(), mlp->param_grads(),
+                                      step_state, mlp->low_precision_params()));
+    RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
+
+    if (evaluation_step(step)) {
+      ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(mlp.get(), loss.get()));
+    }
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
     RETURN_IF_ERROR(backend->SnapshotStats(step_state, slot));
-    pending.push_back({step, slot});
+    pending.push_back({step, slot, lr});
     while (pending.size() >= Backend::kStatsSlots / 2) RETURN_IF_ERROR(emit_oldest());
-    if (rank == 0 && spec.checkpoint_every() > 0 && step % spec.checkpoint_every() == 0) {
+    if (rank == 0 && config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
       while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
       RETURN_IF_ERROR(write_checkpoint(step));
     }
@@ -234,17 +227,17 @@ absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Ba
   result.parameters.resize(mlp->layout().total);
   RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
   result.checksum = ParameterChecksum(result.parameters);
-  ASSIGN_OR_RETURN(StepStats last, backend->ReadStats(static_cast<int>(spec.steps() %
-                                                                       Backend::kStatsSlots)));
+  ASSIGN_OR_RETURN(StepStats last,
+                   backend->ReadStats(static_cast<int>(config.steps % Backend::kStatsSlots)));
   result.skipped_steps = last.state.skipped_total;
   result.final_loss_scale = last.state.scale;
-  if (rank == 0 && !spec.output_checkpoint().empty()) {
+  if (rank == 0 && !config.output_checkpoint.empty()) {
     SafetensorsWriteOptions write;
-    write.replace_existing = spec.overwrite_output();  // Checked before training, enforced here.
+    write.replace_existing = config.overwrite_output;  // Checked before training, enforced here.
     std::map<std::string, std::string> metadata = {{"format", "pt"},
-                                                    {"steps", std::to_string(spec.steps())}};
+                                                    {"steps", std::to_string(config.steps)}};
     if (!job_id.empty()) metadata["mptrain_job"] = job_id;
-    RETURN_IF_ERROR(WriteSafetensors(spec.output_checkpoint(),
+    RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint,
                                      ParametersToTensors(mlp->layout(), result.parameters),
                                      metadata, write));
   }

@@ -8,10 +8,30 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/mptrain.pb.h"
 #include "trainer/backend.h"
+#include "trainer/training_config.h"
 
 namespace mptrain {
+
+// One optimizer step as this rank saw it (values averaged over ranks by the allreduce).
+struct StepTelemetry {
+  int64_t step = 0;        // 1-based optimizer step.
+  double loss = 0;         // Effective-batch loss, averaged over ranks.
+  double grad_norm = 0;    // Global L2 norm of the unscaled gradients before clipping.
+  double loss_scale = 0;   // The scale used for this step.
+  bool skipped = false;    // Overflow: the optimizer step was skipped.
+  int64_t skipped_total = 0;
+  double step_time_ms = 0;
+  double samples_per_second = 0;  // Over all ranks.
+  double lr = 0;                  // The learning rate the step used.
+  // Classification losses: the fraction of the step's samples (all ranks) classified right.
+  bool has_accuracy = false;
+  double accuracy = 0;
+  // Evaluation steps: the mean loss and the accuracy over the eval set (all ranks).
+  bool has_eval = false;
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+};
 
 // Receives what the loop produces; the rank process batches it to the coordinator.
 class TrainingObserver {
@@ -20,7 +40,7 @@ class TrainingObserver {
   // After each optimizer step, as its statistics arrive (possibly a few steps late on
   // asynchronous backends). `record` is set on telemetry steps (every telemetry_every, and
   // the last step) and null otherwise.
-  virtual void OnStep(int64_t step, const v1::TelemetryRecord* record) = 0;
+  virtual void OnStep(int64_t step, const StepTelemetry* record) = 0;
   // Polled between optimizer steps: true stops the loop with ABORTED and StopReason().
   virtual bool ShouldStop() = 0;
   virtual std::string StopReason() { return "a stop was requested"; }
@@ -35,24 +55,22 @@ struct TrainingResult {
   double final_loss_scale = 0;
 };
 
-// Runs optimizer steps up to spec.steps on this rank, from the start or, with
+// Runs optimizer steps up to config.steps on this rank, from the start or, with
 // `resume_checkpoint`, from the step after that checkpoint (parameters, momentum, scaler state
 // and data position restored: the run continues bit-identically). Every rank must be given a
 // non-empty `resume_checkpoint` to resume, but only rank 0 reads it: the others receive its
-// state through the collective and never open the path. Rank 0 writes a checkpoint
-// every spec.checkpoint_every steps and spec.output_checkpoint at the end. Errors carry their
+// state through the collective and never open the path. Rank 0 writes a checkpoint every
+// config.checkpoint_every steps and config.output_checkpoint at the end. Errors carry their
 // cause (data files, checkpoint, backend, collective, stop request).
 // `job_id`, when given, is stamped in the output checkpoint's metadata ("mptrain_job"): a later
 // attempt of the same job may then replace it (see worker/rank_process.cc).
-absl::StatusOr<TrainingResult> RunTraining(const v1::JobSpec& spec, int rank, Backend* backend,
-                                           TrainingObserver* observer,
+// INVALID_ARGUMENT when config.world_size is not the collective's.
+absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
+                                           Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint = "",
                                            const std::string& job_id = "");
 
-// The compute dtype of a precision: FP16/BF16 autocast, or FP32.
-DType ComputeDType(v1::Precision precision);
-
-// The optimizer/scaler configuration of a spec (after defaults).
-StepConfig MakeStepConfig(const v1::JobSpec& spec);
+// The optimizer/scaler configuration of the step kernels.
+StepConfig MakeStepConfig(const TrainingConfig& config);
 
 }  // namespace mptrain

@@ -1,17 +1,20 @@
 #include "trainer/train_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gloo_collective.h"
-#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "tests/fake_collectives.h"
 #include "tests/reference_mlp.h"
+#include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
 
 namespace mptrain {
@@ -19,34 +22,32 @@ namespace {
 
 class RecordingObserver : public TrainingObserver {
  public:
-  void OnStep(int64_t step, const v1::TelemetryRecord* record) override {
+  void OnStep(int64_t step, const StepTelemetry* record) override {
     steps.push_back(step);
     if (record != nullptr) records.push_back(*record);
   }
   bool ShouldStop() override { return stop_after > 0 && steps.size() >= stop_after; }
 
   std::vector<int64_t> steps;
-  std::vector<v1::TelemetryRecord> records;
+  std::vector<StepTelemetry> records;
   size_t stop_after = 0;
 };
 
-v1::JobSpec SmallSpec() {
-  v1::JobSpec spec;
-  spec.set_name("t");
-  spec.set_world_size(1);
-  spec.set_device(v1::CPU);
-  spec.mutable_model()->set_input_dim(16);
-  spec.mutable_model()->add_hidden_dims(12);
-  spec.mutable_model()->set_output_dim(4);
-  spec.mutable_data()->mutable_synthetic()->set_seed(3);
-  spec.set_micro_batch_size(8);
-  spec.set_accumulation_steps(4);
-  spec.set_steps(3);
-  spec.set_precision(v1::FP16);
-  spec.mutable_optimizer()->set_lr(0.05);
-  ApplyJobSpecDefaults(&spec);
-  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
-  return spec;
+// MLP 16 -> 12 -> 4 (ReLU), synthetic data, 3 steps of 4 micro-batches of 8, fp16 with the
+// scaler's defaults, SGD lr 0.05.
+TrainingConfig SmallConfig() {
+  TrainingConfig config;
+  config.world_size = 1;
+  config.model.widths = {16, 12, 4};
+  config.data.source = DataConfig::Source::kSynthetic;
+  config.data.synthetic_seed = 3;
+  config.micro_batch_size = 8;
+  config.accumulation_steps = 4;
+  config.steps = 3;
+  config.compute_dtype = DType::kF16;
+  config.loss_scaler.enabled = true;
+  config.optimizer.lr = 0.05;
+  return config;
 }
 
 struct TrainedRun {
@@ -55,7 +56,7 @@ struct TrainedRun {
   int collective_calls = 0;
 };
 
-TrainedRun TrainOneRank(const v1::JobSpec& spec) {
+TrainedRun TrainOneRank(const TrainingConfig& spec) {
   auto counting = std::make_unique<testing::CountingCollective>(
       std::make_unique<testing::SingleRankCollective>());
   testing::CountingCollective* counter = counting.get();
@@ -73,105 +74,103 @@ std::string TempPath(const std::string& name) {
 }
 
 TEST(RunTraining, NonSteppingMicroBatches_IssueNoCollective) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   // The model is far below one 25 MiB bucket: one allreduce per optimizer step.
   EXPECT_EQ(run.collective_calls, 3) << "one allreduce per optimizer step, none per micro-batch";
-  spec.set_accumulation_steps(1);
+  spec.accumulation_steps = 1;
   EXPECT_EQ(TrainOneRank(spec).collective_calls, 3);
 }
 
 TEST(RunTraining, LargeModel_AllreducesOneBucketPerLayerGroup_OnlyWhenStepping) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   // Two 2048x2048 layers (16 MiB each) do not fit one 25 MiB bucket: two buckets per step.
-  spec.mutable_model()->set_input_dim(2048);
-  spec.mutable_model()->set_hidden_dims(0, 2048);
-  spec.mutable_model()->set_output_dim(2048);
-  spec.set_micro_batch_size(2);
-  spec.set_steps(2);
+  spec.model.widths = {2048, 2048, 2048};
+  spec.micro_batch_size = 2;
+  spec.steps = 2;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   EXPECT_EQ(run.collective_calls, 2 * 2);
 }
 
 TEST(RunTraining, TelemetryEveryStep_WithLossDecreasing) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(8);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 8;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
   ASSERT_EQ(run.observer.records.size(), 8u);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(run.observer.records[i].step(), i + 1);
-  EXPECT_LT(run.observer.records.back().loss(), run.observer.records.front().loss());
-  EXPECT_GT(run.observer.records.front().grad_norm(), 0);
-  EXPECT_GT(run.observer.records.front().samples_per_second(), 0);
-  EXPECT_EQ(run.observer.records.front().loss_scale(), 65536.0);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(run.observer.records[i].step, i + 1);
+  EXPECT_LT(run.observer.records.back().loss, run.observer.records.front().loss);
+  EXPECT_GT(run.observer.records.front().grad_norm, 0);
+  EXPECT_GT(run.observer.records.front().samples_per_second, 0);
+  EXPECT_EQ(run.observer.records.front().loss_scale, 65536.0);
 }
 
 TEST(RunTraining, TelemetryEvery_SkipsRecordsButKeepsTheLast) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(7);
-  spec.set_telemetry_every(3);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 7;
+  spec.telemetry_every = 3;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   std::vector<int64_t> steps;
-  for (const auto& record : run.observer.records) steps.push_back(record.step());
+  for (const auto& record : run.observer.records) steps.push_back(record.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 6, 7}));
   EXPECT_EQ(run.observer.steps.size(), 7u) << "progress is reported for every step";
 }
 
 TEST(RunTraining, ScaleGrowsExactlyAtGrowthInterval) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(5);
-  spec.mutable_loss_scaler()->set_init_scale(1024);
-  spec.mutable_loss_scaler()->set_growth_interval(2);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 5;
+  spec.loss_scaler.init_scale = 1024;
+  spec.loss_scaler.growth_interval = 2;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   std::vector<double> scales;
   for (const auto& record : run.observer.records) {
-    scales.push_back(record.loss_scale());
-    EXPECT_FALSE(record.skipped());
+    scales.push_back(record.loss_scale);
+    EXPECT_FALSE(record.skipped);
   }
   EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 2048, 2048, 4096}));
   EXPECT_EQ(run.result->final_loss_scale, 4096);
 }
 
 TEST(RunTraining, Overflow_SkipsStepsBacksOffAndLeavesParametersUntouched) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(40);
-  spec.mutable_loss_scaler()->set_init_scale(std::ldexp(1.0, 40));  // fp16 gradients overflow
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 40;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 40);  // fp16 gradients overflow
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   int skipped = 0;
-  while (skipped < 40 && run.observer.records[skipped].skipped()) {
-    EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
-    EXPECT_FALSE(std::isfinite(run.observer.records[skipped].grad_norm()));
+  while (skipped < 40 && run.observer.records[skipped].skipped) {
+    EXPECT_EQ(run.observer.records[skipped].loss_scale, std::ldexp(1.0, 40 - skipped));
+    EXPECT_FALSE(std::isfinite(run.observer.records[skipped].grad_norm));
     ++skipped;
   }
   ASSERT_GT(skipped, 5) << "the initial scale must overflow fp16 for several steps";
   ASSERT_LT(skipped, 40) << "backoff must eventually reach a usable scale";
   EXPECT_EQ(run.result->skipped_steps, skipped);
   // After the last skip the scale stays put (growth interval 2000).
-  EXPECT_EQ(run.observer.records[skipped].loss_scale(), std::ldexp(1.0, 40 - skipped));
-  EXPECT_TRUE(std::isfinite(run.observer.records[skipped].grad_norm()));
+  EXPECT_EQ(run.observer.records[skipped].loss_scale, std::ldexp(1.0, 40 - skipped));
+  EXPECT_TRUE(std::isfinite(run.observer.records[skipped].grad_norm));
 
   // A run that stops at the last skipped step has exactly the initial parameters.
-  spec.set_steps(skipped);
+  spec.steps = skipped;
   TrainedRun only_skipped = TrainOneRank(spec);
   ASSERT_TRUE(only_skipped.result.ok());
-  ParameterLayout layout = MakeParameterLayout(spec.model());
-  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed()));
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
+  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed));
 }
 
 TEST(RunTraining, ClippingSeesUnscaledGradients) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(1);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 1;
   const double max_norm = 1e-3;
-  spec.set_max_grad_norm(max_norm);
+  spec.max_grad_norm = max_norm;
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
-  ParameterLayout layout = MakeParameterLayout(spec.model());
-  std::vector<float> initial = InitializeParameters(layout, spec.seed());
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
+  std::vector<float> initial = InitializeParameters(layout, spec.seed);
   double step_norm = 0;
   for (size_t i = 0; i < initial.size(); ++i) {
     double delta = run.result->parameters[i] - initial[i];
@@ -180,21 +179,21 @@ TEST(RunTraining, ClippingSeesUnscaledGradients) {
   step_norm = std::sqrt(step_norm);
   // Clipped to max_norm after unscaling: the step is lr * max_norm. Clipping the scaled
   // gradients would have made it 65536 times smaller.
-  EXPECT_NEAR(step_norm, spec.optimizer().lr() * max_norm, 0.01 * spec.optimizer().lr() * max_norm);
+  EXPECT_NEAR(step_norm, spec.optimizer.lr * max_norm, 0.01 * spec.optimizer.lr * max_norm);
   // The reported norm is the unscaled one: close to the fp32 run's.
-  v1::JobSpec fp32 = spec;
-  fp32.set_precision(v1::FP32);
-  fp32.mutable_loss_scaler()->set_enabled(false);
+  TrainingConfig fp32 = spec;
+  fp32.compute_dtype = DType::kF32;
+  fp32.loss_scaler.enabled = false;
   TrainedRun reference = TrainOneRank(fp32);
   ASSERT_TRUE(reference.result.ok());
-  EXPECT_NEAR(run.observer.records[0].grad_norm(), reference.observer.records[0].grad_norm(),
-              0.02 * reference.observer.records[0].grad_norm());
-  EXPECT_GT(run.observer.records[0].grad_norm(), 10 * max_norm);
+  EXPECT_NEAR(run.observer.records[0].grad_norm, reference.observer.records[0].grad_norm,
+              0.02 * reference.observer.records[0].grad_norm);
+  EXPECT_GT(run.observer.records[0].grad_norm, 10 * max_norm);
 }
 
 TEST(RunTraining, ObserverStop_AbortsBetweenSteps) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_steps(100);
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 100;
   auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver observer;
   observer.stop_after = 1;
@@ -203,9 +202,9 @@ TEST(RunTraining, ObserverStop_AbortsBetweenSteps) {
 }
 
 TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
-  v1::JobSpec spec = SmallSpec();
-  spec.set_world_size(2);
-  spec.mutable_optimizer()->set_momentum(0.9);
+  TrainingConfig spec = SmallConfig();
+  spec.world_size = 2;
+  spec.optimizer.momentum = 0.9;
   InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
@@ -227,8 +226,8 @@ TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
   EXPECT_EQ(results[0]->parameters, results[1]->parameters);
   // Each rank alone (its own data, no averaging) ends elsewhere: the allreduce mattered.
-  v1::JobSpec alone = spec;
-  alone.set_world_size(1);
+  TrainingConfig alone = spec;
+  alone.world_size = 1;
   TrainedRun single = TrainOneRank(alone);
   ASSERT_TRUE(single.result.ok());
   EXPECT_NE(single.result->checksum, results[0]->checksum);
@@ -245,31 +244,30 @@ TEST(RunTraining, NpyDataAndCheckpointInit_OneFp32StepMatchesIndependentReferenc
   ASSERT_TRUE(WriteNpyMatrix(TempPath("x.npy"), features).ok());
   ASSERT_TRUE(WriteNpyMatrix(TempPath("y.npy"), targets).ok());
 
-  v1::JobSpec spec = SmallSpec();
-  spec.mutable_model()->set_input_dim(in);
-  spec.mutable_model()->set_hidden_dims(0, hidden);
-  spec.mutable_model()->set_output_dim(out);
-  spec.mutable_model()->set_activation(v1::GELU);
-  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("x.npy"));
-  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("y.npy"));
-  spec.set_micro_batch_size(batch);
-  spec.set_accumulation_steps(accumulation);
-  spec.set_steps(1);
-  spec.set_precision(v1::FP32);
-  spec.mutable_loss_scaler()->set_enabled(false);
-  spec.mutable_optimizer()->set_lr(0.1);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.mutable_optimizer()->set_weight_decay(0.01);
-  ParameterLayout layout = MakeParameterLayout(spec.model());
+  TrainingConfig spec = SmallConfig();
+  spec.model.widths = {in, hidden, out};
+  spec.model.activation = ActivationKind::kGelu;
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("x.npy");
+  spec.data.targets_path = TempPath("y.npy");
+  spec.micro_batch_size = batch;
+  spec.accumulation_steps = accumulation;
+  spec.steps = 1;
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.optimizer.lr = 0.1;
+  spec.optimizer.momentum = 0.9;
+  spec.optimizer.weight_decay = 0.01;
+  ParameterLayout layout = MakeParameterLayout(spec.model.widths);
   std::vector<float> init(layout.total);
   for (float& v : init) v = 0.3f * normal(generator);
-  spec.set_init_checkpoint(TempPath("init.safetensors"));
-  spec.set_output_checkpoint(TempPath("out.safetensors"));
-  ASSERT_TRUE(WriteSafetensors(spec.init_checkpoint(), ParametersToTensors(layout, init)).ok());
+  spec.init_checkpoint = TempPath("init.safetensors");
+  spec.output_checkpoint = TempPath("out.safetensors");
+  ASSERT_TRUE(WriteSafetensors(spec.init_checkpoint, ParametersToTensors(layout, init)).ok());
 
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok()) << run.result.status();
-  auto written = ReadSafetensors(spec.output_checkpoint());
+  auto written = ReadSafetensors(spec.output_checkpoint);
   ASSERT_TRUE(written.ok()) << written.status();
   auto trained = TensorsToParameters(layout, *written, "out");
   ASSERT_TRUE(trained.ok());
@@ -323,14 +321,15 @@ TEST(RunTraining, ResumeFromCheckpoint_IsBitIdenticalToAnUninterruptedRun) {
   for (float& v : targets.values) v = normal(generator);
   ASSERT_TRUE(WriteNpyMatrix(TempPath("resume_x.npy"), features).ok());
   ASSERT_TRUE(WriteNpyMatrix(TempPath("resume_y.npy"), targets).ok());
-  v1::JobSpec spec = SmallSpec();
-  spec.mutable_data()->mutable_npy()->set_features_path(TempPath("resume_x.npy"));
-  spec.mutable_data()->mutable_npy()->set_targets_path(TempPath("resume_y.npy"));
-  spec.set_steps(12);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.mutable_loss_scaler()->set_growth_interval(3);
-  spec.set_checkpoint_every(5);
-  spec.set_checkpoint_dir(TestTmp());
+  TrainingConfig spec = SmallConfig();
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("resume_x.npy");
+  spec.data.targets_path = TempPath("resume_y.npy");
+  spec.steps = 12;
+  spec.optimizer.momentum = 0.9;
+  spec.loss_scaler.growth_interval = 3;
+  spec.checkpoint_every = 5;
+  spec.checkpoint_dir = TestTmp();
   TrainedRun whole = TrainOneRank(spec);
   ASSERT_TRUE(whole.result.ok()) << whole.result.status();
 
@@ -343,13 +342,198 @@ TEST(RunTraining, ResumeFromCheckpoint_IsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(resumed->parameters, whole.result->parameters);
   EXPECT_EQ(resumed->final_loss_scale, whole.result->final_loss_scale);
   ASSERT_FALSE(observer.records.empty());
-  EXPECT_EQ(observer.records.front().step(), 6) << "telemetry continues from the checkpoint";
+  EXPECT_EQ(observer.records.front().step, 6) << "telemetry continues from the checkpoint";
   // The scale doubled every 3 steps before and after the checkpoint, as without it.
-  EXPECT_EQ(observer.records.back().loss_scale(), whole.observer.records.back().loss_scale());
+  EXPECT_EQ(observer.records.back().loss_scale, whole.observer.records.back().loss_scale);
 }
 
+// A linearly separable 3-class problem (the class is the largest of the first 3 features):
+// cross-entropy training drives the training accuracy from chance towards 1.
+TEST(RunTraining, CrossEntropy_LearnsAndReportsAccuracy) {
+  const int in = 6, rows = 96;
+  std::mt19937 generator(4);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyLabels labels{rows, std::vector<int64_t>(rows)};
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < in; ++c) features.values[r * in + c] = normal(generator);
+    const float* x = &features.values[r * in];
+    labels.values[r] = std::max_element(x, x + 3) - x;
+  }
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("ce_x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyLabels(TempPath("ce_y.npy"), labels).ok());
+  TrainingConfig spec = SmallConfig();
+  spec.model.widths = {in, 16, 3};
+  spec.loss.type = LossType::kCrossEntropy;
+  spec.loss.label_smoothing = 0.05;
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("ce_x.npy");
+  spec.data.targets_path = TempPath("ce_y.npy");
+  spec.micro_batch_size = 24;
+  spec.accumulation_steps = 2;
+  spec.steps = 60;
+  spec.compute_dtype = DType::kBF16;
+  spec.loss_scaler.enabled = false;
+  spec.optimizer.lr = 0.5;
+  spec.optimizer.momentum = 0.9;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  ASSERT_EQ(run.observer.records.size(), 60u);
+  for (const StepTelemetry& record : run.observer.records) {
+    ASSERT_TRUE(record.has_accuracy);
+    // 48 samples per step: the accuracy is a whole number of them.
+    EXPECT_DOUBLE_EQ(record.accuracy * 48, std::round(record.accuracy * 48));
+    EXPECT_EQ(record.lr, 0.5);
+  }
+  EXPECT_LT(run.observer.records.front().accuracy, 0.7);
+  EXPECT_GE(run.observer.records.back().accuracy, 0.95);
+  EXPECT_LT(run.observer.records.back().loss, 0.5 * run.observer.records.front().loss);
+
+  // A class id outside [0, output_dim) fails the run naming the file and the row.
+  labels.values[17] = 3;
+  ASSERT_TRUE(WriteNpyLabels(TempPath("ce_bad.npy"), labels).ok());
+  spec.data.targets_path = TempPath("ce_bad.npy");
+  TrainedRun bad = TrainOneRank(spec);
+  EXPECT_EQ(bad.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.result.status().message().find("ce_bad.npy: row 17 has class 3"),
+            absl::string_view::npos)
+      << bad.result.status();
+}
+
+// GradScaler.step skips optimizer.step() on overflow: Adam's state, its step count included,
+// must not move. So a run whose first k steps overflow, then trains N steps, ends exactly where
+// a run started at the scale it backed off to, training N steps, ends (the synthetic batch is
+// the same at every step).
+TEST(RunTraining, AdamW_SkippedStepsLeaveTheOptimizerUntouched) {
+  TrainingConfig spec = SmallConfig();
+  spec.optimizer.type = OptimizerType::kAdamW;
+  spec.optimizer.lr = 0.01;
+  spec.optimizer.weight_decay = 0.1;
+  spec.steps = 40;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 40);
+  TrainedRun overflowing = TrainOneRank(spec);
+  ASSERT_TRUE(overflowing.result.ok()) << overflowing.result.status();
+  const int64_t skipped = overflowing.result->skipped_steps;
+  ASSERT_GT(skipped, 3);
+  ASSERT_LT(skipped, 30);
+  TrainingConfig clean = spec;
+  clean.loss_scaler.init_scale = overflowing.observer.records[skipped].loss_scale;
+  clean.steps = spec.steps - skipped;
+  TrainedRun direct = TrainOneRank(clean);
+  ASSERT_TRUE(direct.result.ok()) << direct.result.status();
+  EXPECT_EQ(direct.result->skipped_steps, 0);
+  EXPECT_EQ(direct.result->parameters, overflowing.result->parameters);
+  // And the parameters moved: AdamW steps about lr per parameter.
+  EXPECT_NE(direct.result->parameters,
+            InitializeParameters(MakeParameterLayout(spec.model.widths), spec.seed));
+}
+
+// The schedule advances on every attempted step, skipped or not, and telemetry carries the rate
+// each step used.
+TEST(RunTraining, LrSchedule_AdvancesOnSkippedStepsToo) {
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 20;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 30);  // The first steps overflow.
+  spec.lr_schedule.type = ScheduleType::kWarmupCosine;
+  spec.lr_schedule.warmup_steps = 5;
+  spec.lr_schedule.min_lr = 0.001;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  ASSERT_GT(run.result->skipped_steps, 2);
+  LrSchedule schedule(spec.lr_schedule, spec.optimizer.lr, spec.steps);
+  ASSERT_EQ(run.observer.records.size(), 20u);
+  for (int step = 1; step <= 20; ++step) {
+    EXPECT_EQ(run.observer.records[step - 1].lr, schedule.At(step)) << "step " << step;
+  }
+  EXPECT_EQ(run.observer.records[0].lr, 0.0);
+  EXPECT_EQ(run.observer.records[5].lr, spec.optimizer.lr);
+}
+
+// Shuffled epochs: the stream position is a function of the step, so a resumed run is
+// bit-identical; and held-out evaluation appears on its steps and the last.
+TEST(RunTraining, ShuffledEpochsResumeBitIdentically_AndEvaluationIsReported) {
+  const int in = 16, out = 4, rows = 37;
+  std::mt19937 generator(8);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyMatrix targets{rows, out, std::vector<float>(rows * out)};
+  for (float& v : features.values) v = normal(generator);
+  for (float& v : targets.values) v = normal(generator);
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("shuffle_x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("shuffle_y.npy"), targets).ok());
+  TrainingConfig spec = SmallConfig();
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("shuffle_x.npy");
+  spec.data.targets_path = TempPath("shuffle_y.npy");
+  spec.data.shuffle = true;
+  spec.data.shuffle_seed = 5;
+  spec.eval.features_path = TempPath("shuffle_x.npy");  // 37 rows: 4 batches of 8, then 5
+  spec.eval.targets_path = TempPath("shuffle_y.npy");
+  spec.eval.every = 3;
+  spec.steps = 7;  // 7 · 4 · 8 = 224 rows: several epochs of 37
+  spec.checkpoint_every = 4;
+  spec.checkpoint_dir = TestTmp() + "/shuffle";
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  TrainedRun whole = TrainOneRank(spec);
+  ASSERT_TRUE(whole.result.ok()) << whole.result.status();
+  std::vector<int64_t> evaluated;
+  for (const StepTelemetry& record : whole.observer.records) {
+    if (!record.has_eval) continue;
+    evaluated.push_back(record.step);
+    EXPECT_GT(record.eval_loss, 0);
+  }
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{3, 6, 7}));
+
+  auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  auto resumed = RunTraining(spec, 0, backend.get(), &observer,
+                             spec.checkpoint_dir + "/step-00000004.safetensors");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->parameters, whole.result->parameters);
+  EXPECT_EQ(observer.records.back().eval_loss, whole.observer.records.back().eval_loss);
+
+  // Without shuffling the same job ends elsewhere: the order mattered.
+  spec.data.shuffle = false;
+  spec.data.shuffle_seed = 0;
+  spec.checkpoint_every = 0;
+  TrainedRun in_order = TrainOneRank(spec);
+  ASSERT_TRUE(in_order.result.ok());
+  EXPECT_NE(in_order.result->parameters, whole.result->parameters);
+}
+
+class ResumeWithOptimizer : public ::testing::TestWithParam<OptimizerType> {};
+
+// Every optimizer's state is in the checkpoint: a resumed run is bit-identical.
+TEST_P(ResumeWithOptimizer, IsBitIdenticalToAnUninterruptedRun) {
+  TrainingConfig spec = SmallConfig();
+  spec.optimizer.type = GetParam();
+  spec.optimizer.lr = 0.01;
+  spec.optimizer.momentum = GetParam() == OptimizerType::kSgd ? 0.9 : 0;
+  spec.optimizer.nesterov = GetParam() == OptimizerType::kSgd;
+  spec.optimizer.weight_decay = 0.01;
+  spec.steps = 9;
+  spec.loss_scaler.init_scale = std::ldexp(1.0, 24);  // A few skipped steps first.
+  spec.loss_scaler.growth_interval = 2;
+  spec.checkpoint_every = 4;
+  spec.checkpoint_dir = TestTmp() + "/resume_" + std::to_string(static_cast<int>(GetParam()));
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  TrainedRun whole = TrainOneRank(spec);
+  ASSERT_TRUE(whole.result.ok()) << whole.result.status();
+  auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  auto resumed = RunTraining(spec, 0, backend.get(), &observer,
+                             spec.checkpoint_dir + "/step-00000004.safetensors");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->parameters, whole.result->parameters);
+  EXPECT_EQ(resumed->skipped_steps, whole.result->skipped_steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ResumeWithOptimizer,
+                         ::testing::Values(OptimizerType::kSgd, OptimizerType::kAdam,
+                                           OptimizerType::kAdamW));
+
 TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {
-  v1::JobSpec spec = SmallSpec();
+  TrainingConfig spec = SmallConfig();
   auto backend = std::make_unique<CpuBackend>(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver observer;
   auto result = RunTraining(spec, 0, backend.get(), &observer, "/nonexistent/step-1.safetensors");

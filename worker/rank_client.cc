@@ -99,19 +99,37 @@ std::string TelemetryReporter::StopReason() {
   return reason.empty() ? "a stop was requested" : reason;
 }
 
-void TelemetryReporter::OnStep(int64_t step, const v1::TelemetryRecord* record) {
+v1::TelemetryRecord ToTelemetryRecord(const StepTelemetry& step) {
+  v1::TelemetryRecord record;
+  record.set_step(step.step);
+  record.set_loss(step.loss);
+  record.set_grad_norm(step.grad_norm);
+  record.set_loss_scale(step.loss_scale);
+  record.set_skipped(step.skipped);
+  record.set_skipped_total(step.skipped_total);
+  record.set_step_time_ms(step.step_time_ms);
+  record.set_samples_per_second(step.samples_per_second);
+  record.set_lr(step.lr);
+  if (step.has_accuracy) record.set_accuracy(step.accuracy);
+  if (step.has_eval) {
+    record.set_eval_loss(step.eval_loss);
+    if (step.has_accuracy) record.set_eval_accuracy(step.eval_accuracy);
+  }
+  return record;
+}
+
+void TelemetryReporter::OnStep(int64_t step, const StepTelemetry* record) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
   // Only rank 0 sends records: after the allreduce every rank holds the same values.
-  if (record != nullptr && identity_.rank == 0) queued_.push_back(*record);
-  if (record != nullptr && identity_.rank == 0) {
-    spdlog::info(
-        "step {:>6} loss {:.6f} grad_norm {:.6g} scale {:g} skipped {} ({} total) "
-        "{:.3f} ms {:.0f} samples/s",
-        record->step(), record->loss(), record->grad_norm(), record->loss_scale(),
-        record->skipped() ? "yes" : "no", record->skipped_total(), record->step_time_ms(),
-        record->samples_per_second());
-  }
+  if (record == nullptr || identity_.rank != 0) return;
+  queued_.push_back(ToTelemetryRecord(*record));
+  spdlog::info(
+      "step {:>6} loss {:.6f} grad_norm {:.6g} scale {:g} skipped {} ({} total) "
+      "{:.3f} ms {:.0f} samples/s",
+      record->step, record->loss, record->grad_norm, record->loss_scale,
+      record->skipped ? "yes" : "no", record->skipped_total, record->step_time_ms,
+      record->samples_per_second);
 }
 
 void TelemetryReporter::Run() {

@@ -39,6 +39,9 @@ class GrpcKeyValueStore final : public KeyValueStore {
   RankIdentity identity_;
 };
 
+// The wire form of a step's telemetry.
+v1::TelemetryRecord ToTelemetryRecord(const StepTelemetry& step);
+
 // A TrainingObserver that queues records and sends them from a background thread every
 // flush_interval_ms (so a rank never makes one RPC per step), with its step and latest
 // checkpoint. The report doubles as the rank's liveness signal, so it is sent even when no step
@@ -51,7 +54,7 @@ class TelemetryReporter final : public TrainingObserver {
                     StopToken* stop, int64_t flush_interval_ms = 500);
   ~TelemetryReporter() override;
 
-  void OnStep(int64_t step, const v1::TelemetryRecord* record) override;
+  void OnStep(int64_t step, const StepTelemetry* record) override;
   bool ShouldStop() override { return stop_->stop_requested(); }
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;

@@ -15,13 +15,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/stop_token.h"
-#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/backend_registry.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 #include "io/safetensors.h"
 #include "worker/path_policy.h"
 #include "worker/rank_client.h"
@@ -106,6 +106,13 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
     RETURN_IF_ERROR(confine(policy->CheckRead("data.npy.targets_path", npy->targets_path()),
                             npy->mutable_targets_path()));
   }
+  if (spec->has_eval_data()) {
+    v1::NpyData* eval = spec->mutable_eval_data();
+    RETURN_IF_ERROR(confine(policy->CheckRead("eval_data.features_path", eval->features_path()),
+                            eval->mutable_features_path()));
+    RETURN_IF_ERROR(confine(policy->CheckRead("eval_data.targets_path", eval->targets_path()),
+                            eval->mutable_targets_path()));
+  }
   if (!spec->init_checkpoint().empty()) {
     RETURN_IF_ERROR(confine(policy->CheckRead("init_checkpoint", spec->init_checkpoint()),
                             spec->mutable_init_checkpoint()));
@@ -142,9 +149,10 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
                                   TrainingObserver* observer) {
   v1::JobSpec spec = assignment.spec();
-  ApplyJobSpecDefaults(&spec);
   std::string resume_checkpoint = assignment.resume_checkpoint();
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
+  // The one conversion of the spec (defaults, validation) into what the trainer reads.
+  ASSIGN_OR_RETURN(TrainingConfig config, TrainingConfigFromSpec(spec));
   auto entry = FindBackend(spec.device());
   if (!entry.ok()) return entry.status();
   BackendOptions backend_options;
@@ -164,11 +172,11 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   if (!backend.ok()) return backend.status();
   spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",
                assignment.rank(), assignment.world_size(), (*backend)->Name(),
-               assignment.device_index(), spec.steps(), spec.accumulation_steps(),
-               spec.micro_batch_size());
+               assignment.device_index(), config.steps, config.accumulation_steps,
+               config.micro_batch_size);
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
-  auto result = RunTraining(spec, assignment.rank(), backend->get(), observer, resume_checkpoint,
-                            assignment.job_id());
+  auto result = RunTraining(config, assignment.rank(), backend->get(), observer,
+                            resume_checkpoint, assignment.job_id());
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
                result->checksum, result->skipped_steps, result->final_loss_scale);

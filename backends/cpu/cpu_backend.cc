@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -21,8 +22,6 @@ absl::Status CheckSameSize(const char* op, Tensor a, Tensor b) {
   }
   return absl::OkStatus();
 }
-
-StepState* State(Tensor t) { return static_cast<StepState*>(t.data); }
 
 }  // namespace
 
@@ -68,6 +67,21 @@ absl::Status CpuBackend::CopyRowsWrapping(Tensor src, int64_t first, Tensor dst)
   }
   for (int64_t row = 0; row < dst.rows; ++row) {
     const int64_t from = (first + row) % src.rows;
+    std::memcpy(F(dst) + row * dst.cols, F(src) + from * src.cols, src.cols * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
+  if (src.cols != dst.cols || indices.numel() != dst.rows) {
+    return absl::InvalidArgumentError("GatherRows: column or index count mismatch");
+  }
+  for (int64_t row = 0; row < dst.rows; ++row) {
+    const int64_t from = static_cast<int64_t>(F(indices)[row]);
+    if (from < 0 || from >= src.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("GatherRows: row ", from, " outside [0, ",
+                                                     src.rows, ")"));
+    }
     std::memcpy(F(dst) + row * dst.cols, F(src) + from * src.cols, src.cols * sizeof(float));
   }
   return absl::OkStatus();
@@ -161,74 +175,157 @@ absl::Status CpuBackend::SumRowsToF32(Tensor rows, Tensor out) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                         Tensor step_state, Tensor loss_acc, Tensor d_pred) {
-  if (auto status = CheckSameSize("MseLossBackward", pred, target); !status.ok()) return status;
-  const int64_t numel = pred.numel();
-  const float* p = F(pred);
-  const float* t = F(target);
-  float* d = F(d_pred);
+absl::Status CpuBackend::ScaledDifference(Tensor a, Tensor b, float coef,
+                                          StepStateBuffer step_state, float seed_divisor,
+                                          Tensor out) {
+  if (auto status = CheckSameSize("ScaledDifference", a, b); !status.ok()) return status;
+  if (auto status = CheckSameSize("ScaledDifference", a, out); !status.ok()) return status;
+  const float seed = step_state.data->scale / seed_divisor;
+  const float* x = F(a);
+  const float* y = F(b);
+  float* d = F(out);
+  for (int64_t i = 0; i < a.numel(); ++i) d[i] = RoundTo(out.dtype, coef * (x[i] - y[i]) * seed);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                              float then_divide, Tensor acc) {
+  if (auto status = CheckSameSize("SumSquaredDifference", a, b); !status.ok()) return status;
+  const float* x = F(a);
+  const float* y = F(b);
   double sum = 0;
-  for (int64_t i = 0; i < numel; ++i) {
-    const float diff = p[i] - t[i];
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float diff = x[i] - y[i];
     sum += static_cast<double>(diff) * diff;
   }
-  const float accumulation = static_cast<float>(accumulation_steps);
-  F(loss_acc)[0] += static_cast<float>(sum / numel) / accumulation;
-  // The chain PyTorch runs: (loss / A) * scale -> d loss = scale / A -> mse backward.
-  const float upstream = State(step_state)->scale / accumulation;
-  const float norm = static_cast<float>(2.0 / numel);
-  for (int64_t i = 0; i < numel; ++i) {
-    d[i] = RoundTo(d_pred.dtype, norm * (p[i] - t[i]) * upstream);
+  F(acc)[0] += static_cast<float>(sum / divide_by) / then_divide;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                    Tensor acc) {
+  if (auto status = CheckSameSize("SumProduct", a, b); !status.ok()) return status;
+  const float* x = F(a);
+  const float* y = F(b);
+  double sum = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) sum += static_cast<double>(x[i]) * y[i];
+  F(acc)[0] += static_cast<float>(sum / divide_by) / then_divide;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LogSoftmaxRows(Tensor x, Tensor out) {
+  if (auto status = CheckSameSize("LogSoftmaxRows", x, out); !status.ok()) return status;
+  const int64_t cols = x.cols;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* in = F(x) + r * cols;
+    float* o = F(out) + r * cols;
+    float max = in[0];
+    for (int64_t c = 1; c < cols; ++c) max = std::max(max, in[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(in[c] - max));
+    const float log_sum = static_cast<float>(std::log(sum));
+    for (int64_t c = 0; c < cols; ++c) o[c] = in[c] - max - log_sum;
   }
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                       Tensor momentum, Tensor step_state, Tensor params_low) {
-  const int64_t n = params.numel();
-  if (grads.numel() != n + 1 || momentum.numel() != n) {
-    return absl::InvalidArgumentError("OptimizerStep: buffer sizes do not match");
+absl::Status CpuBackend::Exp(Tensor x, Tensor out) {
+  if (auto status = CheckSameSize("Exp", x, out); !status.ok()) return status;
+  for (int64_t i = 0; i < x.numel(); ++i) F(out)[i] = std::exp(F(x)[i]);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SmoothedOneHot(Tensor ids, float on, float off, Tensor out) {
+  if (ids.numel() != out.rows) return absl::InvalidArgumentError("SmoothedOneHot: ids size");
+  for (int64_t r = 0; r < out.rows; ++r) {
+    const float id = F(ids)[r];
+    for (int64_t c = 0; c < out.cols; ++c) {
+      F(out)[r * out.cols + c] = (static_cast<float>(c) == id ? on : 0.0f) + off;
+    }
   }
-  StepState* state = State(step_state);
-  float* g = F(grads);
-  float* p = F(params);
-  float* m = F(momentum);
-  // Phase 1: unscale in place (as GradScaler.unscale_), inf/NaN check, squared norm.
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) {
+  if (ids.numel() != x.rows) return absl::InvalidArgumentError("CountArgmaxMatches: ids size");
+  float count = 0;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* row = F(x) + r * x.cols;
+    int64_t best = 0;
+    for (int64_t c = 1; c < x.cols; ++c) {
+      if (row[c] > row[best]) best = c;
+    }
+    if (static_cast<float>(best) == F(ids)[r]) count += 1;
+  }
+  F(acc)[0] += count;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
+  StepState* state = step_state.data;
+  const float* g = F(grads);
   const float inv_scale = InverseScale(state->scale);
   int32_t found_inf = 0;
   double sum_squares = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < grads.numel(); ++i) {
     if (!std::isfinite(g[i])) found_inf = 1;
-    g[i] *= inv_scale;
-    sum_squares += static_cast<double>(g[i]) * g[i];
+    const float u = g[i] * inv_scale;
+    sum_squares += static_cast<double>(u) * u;
   }
   state->found_inf = found_inf;
   state->sum_squares = sum_squares;
-  // Phase 2: skip or step, clip coefficient, scale update.
-  FinalizeStep(config, g[n], state);
-  // Phase 3: the SGD update, unless the step is skipped; then zero the gradients.
-  if (!state->skipped) {
-    for (int64_t i = 0; i < n; ++i) SgdUpdate(config, g[i], state->clip_coef, &p[i], &m[i]);
-    if (!params_low.empty()) {
-      float* low = F(params_low);
-      for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
-    }
-  }
-  g[n] = 0.0f;  // The loss slot; the next first micro-batch writes over the gradients.
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CpuBackend::AllocateStepState(const StepState& initial) {
-  static_assert(sizeof(StepState) % sizeof(float) == 0, "StepState must be whole floats");
-  auto tensor = Allocate(DType::kF32, 1, sizeof(StepState) / sizeof(float));
-  if (!tensor.ok()) return tensor.status();
-  std::memcpy(tensor->data, &initial, sizeof(StepState));
-  return tensor;
+absl::Status CpuBackend::FinalizeStep(const StepConfig& config, Tensor metrics,
+                                      StepStateBuffer step_state) {
+  if (metrics.numel() != 2) return absl::InvalidArgumentError("FinalizeStep: needs 2 metrics");
+  mptrain::FinalizeStep(config, F(metrics)[0], step_state.data);
+  step_state.data->last_correct = F(metrics)[1];
+  return absl::OkStatus();
 }
 
-absl::Status CpuBackend::SnapshotStats(Tensor step_state, int slot) {
-  stats_ring_[slot].state = *State(step_state);
+absl::Status CpuBackend::UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                          Tensor slot_a, Tensor slot_b,
+                                          StepStateBuffer step_state, Tensor params_low) {
+  const int64_t n = params.numel();
+  auto fits = [n](Tensor t) { return t.empty() || t.numel() == n; };
+  if (grads.numel() != n || !fits(slot_a) || !fits(slot_b) || !fits(params_low)) {
+    return absl::InvalidArgumentError("UpdateParameters: buffer sizes do not match");
+  }
+  const StepState& state = *step_state.data;
+  if (state.skipped) return absl::OkStatus();
+  const UpdateCoefficients coefficients = PrepareUpdate(rule, state);
+  // The gradients as unscale_ leaves them (g * inv_scale), times clip_grad_norm_'s coefficient.
+  const float inv_scale = InverseScale(state.last_scale);
+  const float clip_coef = state.clip_coef;
+  float* p = F(params);
+  const float* g = F(grads);
+  float unused = 0;
+  float* a = slot_a.empty() ? nullptr : F(slot_a);
+  float* b = slot_b.empty() ? nullptr : F(slot_b);
+  for (int64_t i = 0; i < n; ++i) {
+    ApplyUpdate(rule, coefficients, g[i] * inv_scale * clip_coef, &p[i],
+                a != nullptr ? &a[i] : &unused, b != nullptr ? &b[i] : &unused);
+  }
+  if (!params_low.empty()) {
+    float* low = F(params_low);
+    for (int64_t i = 0; i < n; ++i) low[i] = RoundTo(params_low.dtype, p[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStateBuffer> CpuBackend::AllocateStepState(const StepState& initial) {
+  step_states_.push_back(std::make_unique<StepState>(initial));
+  return StepStateBuffer{step_states_.back().get()};
+}
+
+absl::StatusOr<StepState> CpuBackend::ReadStepState(StepStateBuffer step_state) {
+  return *step_state.data;
+}
+
+absl::Status CpuBackend::SnapshotStats(StepStateBuffer step_state, int slot) {
+  stats_ring_[slot].state = *step_state.data;
   auto now = NowMs();
   if (!now.ok()) return now.status();
   stats_ring_[slot].completed_ms = *now;

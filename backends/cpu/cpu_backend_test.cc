@@ -47,52 +47,109 @@ TEST_F(CpuBackendTest, LinearForward_AddsBiasAppliesReluAndRoundsOnce) {
   EXPECT_EQ(Read(y), (std::vector<float>{3.0f, 0.0f}));
 }
 
-TEST_F(CpuBackendTest, MseLossBackward_ScalesByLossScaleOverAccumulation) {
-  Tensor pred = Make(DType::kF32, 1, 2, {1.0f, 3.0f});
-  Tensor target = Make(DType::kF32, 1, 2, {0.0f, 0.0f});
+TEST_F(CpuBackendTest, ScaledDifference_ReadsTheSeedFromTheStepState) {
+  Tensor a = Make(DType::kF16, 1, 2, {1.0f, 3.0f});
+  Tensor b = Make(DType::kF32, 1, 2, {0.0f, 0.5f});
   StepState initial;
   initial.scale = 8.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
-  Tensor loss = *backend_.Allocate(DType::kF32, 1, 1);
-  Tensor grad = *backend_.Allocate(DType::kF32, 1, 2);
-  ASSERT_TRUE(backend_.MseLossBackward(pred, target, 4, state, loss, grad).ok());
-  EXPECT_FLOAT_EQ(Read(loss)[0], (1.0f + 9.0f) / 2 / 4);
-  // d = 2/numel * (p - t) * scale / A = (p - t) * 2
-  EXPECT_EQ(Read(grad), (std::vector<float>{2.0f, 6.0f}));
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
+  Tensor out = *backend_.Allocate(DType::kF16, 1, 2);
+  // coef 0.5 * (a - b) * (8 / 4)
+  ASSERT_TRUE(backend_.ScaledDifference(a, b, 0.5f, state, 4.0f, out).ok());
+  EXPECT_EQ(Read(out), (std::vector<float>{1.0f, 2.5f}));
 }
 
-TEST_F(CpuBackendTest, OptimizerStep_OnInfSkipsUpdateAndZeroesGradients) {
+TEST_F(CpuBackendTest, SumSquaredDifference_AccumulatesMeanOverDivisor) {
+  Tensor a = Make(DType::kF32, 1, 2, {1.0f, 3.0f});
+  Tensor b = Make(DType::kF32, 1, 2, {0.0f, 0.0f});
+  Tensor acc = Make(DType::kF32, 1, 1, {1.0f});
+  ASSERT_TRUE(backend_.SumSquaredDifference(a, b, 2.0, 4.0f, acc).ok());
+  EXPECT_FLOAT_EQ(Read(acc)[0], 1.0f + (1.0f + 9.0f) / 2 / 4);
+}
+
+TEST_F(CpuBackendTest, LogSoftmaxRows_AndExp_GiveRowsThatSumToOne) {
+  Tensor x = Make(DType::kF16, 2, 3, {1.0f, 2.0f, 3.0f, 1000.0f, 0.0f, -1000.0f});
+  Tensor log_probs = *backend_.Allocate(DType::kF32, 2, 3);
+  Tensor probs = *backend_.Allocate(DType::kF32, 2, 3);
+  ASSERT_TRUE(backend_.LogSoftmaxRows(x, log_probs).ok());
+  ASSERT_TRUE(backend_.Exp(log_probs, probs).ok());
+  const std::vector<float> lp = Read(log_probs), p = Read(probs);
+  const double log_sum = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  EXPECT_NEAR(lp[0], 1.0 - log_sum, 1e-6);
+  EXPECT_NEAR(lp[2], 3.0 - log_sum, 1e-6);
+  EXPECT_NEAR(p[0] + p[1] + p[2], 1.0, 1e-6);
+  EXPECT_EQ(lp[3], 0.0f) << "large logits do not overflow";
+  EXPECT_EQ(p[5], 0.0f);
+}
+
+TEST_F(CpuBackendTest, SmoothedOneHot_AndSumProduct_GiveSmoothedCrossEntropy) {
+  Tensor ids = Make(DType::kF32, 2, 1, {2.0f, 0.0f});
+  Tensor q = *backend_.Allocate(DType::kF32, 2, 3);
+  ASSERT_TRUE(backend_.SmoothedOneHot(ids, 0.7f, 0.1f, q).ok());
+  EXPECT_EQ(Read(q), (std::vector<float>{0.1f, 0.1f, 0.8f, 0.8f, 0.1f, 0.1f}));
+  Tensor log_probs = Make(DType::kF32, 2, 3, {-1.0f, -2.0f, -3.0f, -4.0f, -5.0f, -6.0f});
+  Tensor acc = Make(DType::kF32, 1, 1, {0.0f});
+  ASSERT_TRUE(backend_.SumProduct(q, log_probs, -2.0, 4.0f, acc).ok());
+  const double expected = (0.1 * 1 + 0.1 * 2 + 0.8 * 3 + 0.8 * 4 + 0.1 * 5 + 0.1 * 6) / 2 / 4;
+  EXPECT_NEAR(Read(acc)[0], expected, 1e-6);
+}
+
+TEST_F(CpuBackendTest, CountArgmaxMatches_TakesTheFirstMaximum) {
+  Tensor x = Make(DType::kF32, 3, 3, {0, 5, 5, 9, 1, 2, 0, 0, 1});
+  Tensor ids = Make(DType::kF32, 3, 1, {2, 0, 2});
+  Tensor acc = Make(DType::kF32, 1, 1, {1.0f});
+  ASSERT_TRUE(backend_.CountArgmaxMatches(x, ids, acc).ok());
+  EXPECT_EQ(Read(acc)[0], 3.0f) << "row 0's first maximum is column 1, not 2";
+}
+
+// The three phases of a step, as the loop runs them.
+struct StepResult {
+  std::vector<float> params;
+  StepState state;
+};
+
+TEST_F(CpuBackendTest, Step_OnInfSkipsUpdateAndBacksOff) {
   Tensor params = Make(DType::kF32, 1, 2, {1.0f, 2.0f});
-  Tensor grads = Make(DType::kF32, 1, 3, {INFINITY, 1.0f, 0.5f});
+  Tensor grads = Make(DType::kF32, 1, 2, {INFINITY, 1.0f});
+  Tensor loss = Make(DType::kF32, 1, 2, {0.5f, 0.0f});
   Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
   StepState initial;
   initial.scale = 4.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
   StepConfig config;
-  config.lr = 0.1f;
   config.scaler_enabled = true;
-  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
+  UpdateRule rule;
+  rule.lr = 0.1;
+  ASSERT_TRUE(backend_.GradientStatistics(grads, state).ok());
+  ASSERT_TRUE(backend_.FinalizeStep(config, loss, state).ok());
+  ASSERT_TRUE(backend_.UpdateParameters(rule, params, grads, momentum, Tensor{}, state, Tensor{})
+                  .ok());
   EXPECT_EQ(Read(params), (std::vector<float>{1.0f, 2.0f}));
-  EXPECT_EQ(Read(grads)[2], 0.0f) << "the loss slot starts the next step at zero";
-  StepState after = *static_cast<StepState*>(state.data);
+  StepState after = *backend_.ReadStepState(state);
   EXPECT_EQ(after.skipped, 1);
   EXPECT_EQ(after.scale, 2.0f);
   EXPECT_EQ(after.last_loss, 0.5f);
 }
 
-TEST_F(CpuBackendTest, OptimizerStep_UnscalesThenSteps) {
+TEST_F(CpuBackendTest, Step_UnscalesThenSteps) {
   Tensor params = Make(DType::kF32, 1, 2, {1.0f, 2.0f});
-  Tensor grads = Make(DType::kF32, 1, 3, {4.0f, -8.0f, 0.0f});
+  Tensor grads = Make(DType::kF32, 1, 2, {4.0f, -8.0f});
+  Tensor loss = Make(DType::kF32, 1, 2, {0.0f, 0.0f});
   Tensor momentum = *backend_.Allocate(DType::kF32, 1, 2);
+  Tensor low = *backend_.Allocate(DType::kBF16, 1, 2);
   StepState initial;
   initial.scale = 4.0f;
-  Tensor state = *backend_.AllocateStepState(initial);
+  StepStateBuffer state = *backend_.AllocateStepState(initial);
   StepConfig config;
-  config.lr = 0.5f;
   config.scaler_enabled = true;
-  ASSERT_TRUE(backend_.OptimizerStep(config, params, grads, momentum, state, Tensor{}).ok());
+  UpdateRule rule;
+  rule.lr = 0.5;
+  ASSERT_TRUE(backend_.GradientStatistics(grads, state).ok());
+  ASSERT_TRUE(backend_.FinalizeStep(config, loss, state).ok());
+  ASSERT_TRUE(backend_.UpdateParameters(rule, params, grads, momentum, Tensor{}, state, low).ok());
   EXPECT_EQ(Read(params), (std::vector<float>{0.5f, 3.0f}));
-  EXPECT_FLOAT_EQ(static_cast<StepState*>(state.data)->last_grad_norm, std::sqrt(5.0f));
+  EXPECT_EQ(Read(low), (std::vector<float>{0.5f, 3.0f}));
+  EXPECT_FLOAT_EQ(backend_.ReadStepState(state)->last_grad_norm, std::sqrt(5.0f));
 }
 
 TEST_F(CpuBackendTest, CopyRowsWrapping_WrapsAroundTheEnd) {

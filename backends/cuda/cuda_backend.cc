@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->partials_, kReductionBlocks * sizeof(double)));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->inf_flags_, kReductionBlocks * sizeof(int)));
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->stats_ring_, kStatsSlots * sizeof(StepState)));
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->readback_, sizeof(StepState)));
   for (cudaEvent_t& event : backend->stats_events_) {
     CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
   }
@@ -64,6 +65,7 @@ CudaBackend::~CudaBackend() {
   if (partials_ != nullptr) cudaFree(partials_);
   if (inf_flags_ != nullptr) cudaFree(inf_flags_);
   if (stats_ring_ != nullptr) cudaFreeHost(stats_ring_);
+  if (readback_ != nullptr) cudaFreeHost(readback_);
   for (cudaEvent_t event : stats_events_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
@@ -324,6 +326,16 @@ absl::StatusOr<const void*> CudaBackend::Ones(DType dtype, int64_t rows) {
   return absl::InvalidArgumentError("unknown dtype");
 }
 
+absl::Status CudaBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
+  if (src.cols != dst.cols || indices.numel() != dst.rows || src.rows == 0) {
+    return absl::InvalidArgumentError("GatherRows: column or index count mismatch");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::GatherRows(
+      static_cast<const float*>(src.data), src.rows, src.cols,
+      static_cast<const float*>(indices.data), static_cast<float*>(dst.data), dst.rows, stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                         Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;
@@ -434,35 +446,130 @@ absl::Status CudaBackend::SumRowsToF32(Tensor rows, Tensor out) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                                          Tensor step_state, Tensor loss_acc, Tensor d_pred) {
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::MseLossBackward(
-      pred.data, pred.dtype, static_cast<const float*>(target.data), pred.numel(),
-      accumulation_steps, static_cast<const StepState*>(step_state.data),
-      static_cast<float*>(loss_acc.data), d_pred.data, partials_, stream_));
+absl::Status CudaBackend::ScaledDifference(Tensor a, Tensor b, float coef,
+                                           StepStateBuffer step_state, float seed_divisor,
+                                           Tensor out) {
+  if (a.numel() != b.numel() || a.numel() != out.numel() || a.dtype != out.dtype ||
+      b.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        "ScaledDifference: a and out must match in size and dtype, b must be f32");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::ScaledDifference(
+      a.data, a.dtype, static_cast<const float*>(b.data), a.numel(), coef, step_state.data,
+      seed_divisor, out.data, stream_));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                                        Tensor momentum, Tensor step_state, Tensor params_low) {
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::OptimizerStep(
-      config, static_cast<float*>(params.data), static_cast<float*>(grads.data),
-      static_cast<float*>(momentum.data), params.numel(), static_cast<StepState*>(step_state.data),
-      params_low.data, params_low.dtype, partials_, inf_flags_, stream_));
+absl::Status CudaBackend::SumSquaredDifference(Tensor a, Tensor b, double divide_by,
+                                               float then_divide, Tensor acc) {
+  if (a.numel() != b.numel() || b.dtype != DType::kF32 || acc.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SumSquaredDifference: sizes or dtypes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SumSquaredDifference(
+      a.data, a.dtype, static_cast<const float*>(b.data), a.numel(), divide_by, then_divide,
+      static_cast<float*>(acc.data), partials_, stream_));
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CudaBackend::AllocateStepState(const StepState& initial) {
-  auto tensor = Allocate(DType::kF32, 1, sizeof(StepState) / sizeof(float));
-  if (!tensor.ok()) return tensor.status();
-  std::memcpy(&stats_ring_[0], &initial, sizeof(StepState));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tensor->data, &stats_ring_[0], sizeof(StepState),
+absl::Status CudaBackend::SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                                     Tensor acc) {
+  if (a.numel() != b.numel() || a.dtype != DType::kF32 || b.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SumProduct: needs two f32 tensors of one size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SumProduct(
+      static_cast<const float*>(a.data), static_cast<const float*>(b.data), a.numel(), divide_by,
+      then_divide, static_cast<float*>(acc.data), partials_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LogSoftmaxRows(Tensor x, Tensor out) {
+  if (x.numel() != out.numel() || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("LogSoftmaxRows: needs an f32 output of x's size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::LogSoftmaxRows(x.data, x.dtype, x.rows, x.cols,
+                                                     static_cast<float*>(out.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Exp(Tensor x, Tensor out) {
+  if (x.numel() != out.numel() || x.dtype != DType::kF32 || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("Exp: needs two f32 tensors of one size");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::Exp(static_cast<const float*>(x.data),
+                                          static_cast<float*>(out.data), x.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SmoothedOneHot(Tensor ids, float on, float off, Tensor out) {
+  if (ids.numel() != out.rows || out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SmoothedOneHot: needs one id per row and an f32 output");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SmoothedOneHot(static_cast<const float*>(ids.data), on, off,
+                                                     out.rows, out.cols,
+                                                     static_cast<float*>(out.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) {
+  if (ids.numel() != x.rows) {
+    return absl::InvalidArgumentError("CountArgmaxMatches: needs one id per row");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::CountArgmaxMatches(
+      x.data, x.dtype, x.rows, x.cols, static_cast<const float*>(ids.data),
+      static_cast<float*>(acc.data), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GradientStatistics(Tensor grads, StepStateBuffer step_state) {
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::GradientStatistics(static_cast<const float*>(grads.data),
+                                                         grads.numel(), step_state.data,
+                                                         partials_, inf_flags_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FinalizeStep(const StepConfig& config, Tensor metrics,
+                                       StepStateBuffer step_state) {
+  if (metrics.numel() != 2) return absl::InvalidArgumentError("FinalizeStep: needs 2 metrics");
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::FinalizeStep(
+      config, static_cast<const float*>(metrics.data), step_state.data, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                           Tensor slot_a, Tensor slot_b,
+                                           StepStateBuffer step_state, Tensor params_low) {
+  const int64_t n = params.numel();
+  auto fits = [n](Tensor t) { return t.empty() || t.numel() == n; };
+  if (grads.numel() != n || !fits(slot_a) || !fits(slot_b) || !fits(params_low)) {
+    return absl::InvalidArgumentError("UpdateParameters: buffer sizes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::UpdateParameters(
+      rule, static_cast<float*>(params.data), static_cast<const float*>(grads.data),
+      static_cast<float*>(slot_a.data), static_cast<float*>(slot_b.data), n, step_state.data,
+      params_low.data, params_low.dtype, stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStateBuffer> CudaBackend::AllocateStepState(const StepState& initial) {
+  void* memory = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, sizeof(StepState)));
+  allocations_.push_back(memory);
+  StepStateBuffer buffer{static_cast<StepState*>(memory)};
+  std::memcpy(readback_, &initial, sizeof(StepState));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.data, readback_, sizeof(StepState),
                                        cudaMemcpyHostToDevice, stream_));
   if (absl::Status status = WaitForStream("step state upload"); !status.ok()) return status;
-  return tensor;
+  return buffer;
 }
 
-absl::Status CudaBackend::SnapshotStats(Tensor step_state, int slot) {
+absl::StatusOr<StepState> CudaBackend::ReadStepState(StepStateBuffer step_state) {
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(readback_, step_state.data, sizeof(StepState),
+                                       cudaMemcpyDeviceToHost, stream_));
+  if (absl::Status status = WaitForStream("step state download"); !status.ok()) return status;
+  return *readback_;
+}
+
+absl::Status CudaBackend::SnapshotStats(StepStateBuffer step_state, int slot) {
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&stats_ring_[slot], step_state.data, sizeof(StepState),
                                        cudaMemcpyDeviceToHost, stream_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(stats_events_[slot], stream_));

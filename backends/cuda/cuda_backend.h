@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   absl::Status Zero(Tensor tensor) override;
   absl::Status Cast(Tensor src, Tensor dst) override;
   absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) override;
+  absl::Status GatherRows(Tensor src, Tensor indices, Tensor dst) override;
   absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
                              Tensor y) override;
   absl::Status ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
@@ -45,12 +46,25 @@ class CudaBackend final : public Backend {
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
-  absl::Status MseLossBackward(Tensor pred, Tensor target, int64_t accumulation_steps,
-                               Tensor step_state, Tensor loss_acc, Tensor d_pred) override;
-  absl::Status OptimizerStep(const StepConfig& config, Tensor params, Tensor grads,
-                             Tensor momentum, Tensor step_state, Tensor params_low) override;
-  absl::StatusOr<Tensor> AllocateStepState(const StepState& initial) override;
-  absl::Status SnapshotStats(Tensor step_state, int slot) override;
+  absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
+                                float seed_divisor, Tensor out) override;
+  absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
+                                    Tensor acc) override;
+  absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
+                          Tensor acc) override;
+  absl::Status LogSoftmaxRows(Tensor x, Tensor out) override;
+  absl::Status Exp(Tensor x, Tensor out) override;
+  absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) override;
+  absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) override;
+  absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) override;
+  absl::Status FinalizeStep(const StepConfig& config, Tensor metrics,
+                            StepStateBuffer step_state) override;
+  absl::Status UpdateParameters(const UpdateRule& rule, Tensor params, Tensor grads,
+                                Tensor slot_a, Tensor slot_b, StepStateBuffer step_state,
+                                Tensor params_low) override;
+  absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) override;
+  absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) override;
+  absl::Status SnapshotStats(StepStateBuffer step_state, int slot) override;
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
@@ -112,6 +126,7 @@ class CudaBackend final : public Backend {
   double* partials_ = nullptr;  // Reduction scratch (kReductionBlocks doubles).
   int* inf_flags_ = nullptr;
   StepState* stats_ring_ = nullptr;  // Pinned host memory, kStatsSlots entries.
+  StepState* readback_ = nullptr;    // Pinned host memory for step state uploads and reads.
   cudaEvent_t stats_events_[kStatsSlots] = {};
   cudaEvent_t base_event_ = nullptr;
   cudaEvent_t now_event_ = nullptr;

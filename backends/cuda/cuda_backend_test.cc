@@ -4,17 +4,20 @@
 
 #include "backends/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/nccl_collective.h"
-#include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "io/npy.h"
 #include "tests/fake_collectives.h"
+#include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
 #include "trainer/train_loop.h"
+#include "trainer/training_config_from_spec.h"
 
 namespace mptrain::cuda {
 namespace {
@@ -125,14 +128,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 class NullObserver : public TrainingObserver {
  public:
-  void OnStep(int64_t, const v1::TelemetryRecord* record) override {
+  void OnStep(int64_t, const StepTelemetry* record) override {
     if (record != nullptr) records.push_back(*record);
   }
   bool ShouldStop() override { return false; }
-  std::vector<v1::TelemetryRecord> records;
+  std::vector<StepTelemetry> records;
 };
 
-v1::JobSpec MlpSpec(v1::Precision precision, double init_scale) {
+TrainingConfig MlpSpec(v1::Precision precision, double init_scale) {
   v1::JobSpec spec;
   spec.set_world_size(1);
   spec.set_device(v1::CUDA);
@@ -149,8 +152,9 @@ v1::JobSpec MlpSpec(v1::Precision precision, double init_scale) {
   spec.mutable_optimizer()->set_momentum(0.9);
   spec.mutable_loss_scaler()->set_init_scale(init_scale);
   spec.mutable_loss_scaler()->set_enabled(precision != v1::FP32);
-  ApplyJobSpecDefaults(&spec);
-  return spec;
+  absl::StatusOr<TrainingConfig> config = TrainingConfigFromSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : TrainingConfig{};
 }
 
 class TrainingParity : public ::testing::TestWithParam<std::tuple<v1::Precision, double>> {};
@@ -158,7 +162,7 @@ class TrainingParity : public ::testing::TestWithParam<std::tuple<v1::Precision,
 TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
   REQUIRE_GPUS(1);
   const auto [precision, init_scale] = GetParam();
-  v1::JobSpec spec = MlpSpec(precision, init_scale);
+  TrainingConfig spec = MlpSpec(precision, init_scale);
   auto gpu = SingleRankBackend();
   CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
   NullObserver gpu_observer, cpu_observer;
@@ -169,10 +173,10 @@ TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
   // Overflow decisions and the scale trajectory are discrete: they must agree exactly.
   ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
   for (size_t i = 0; i < gpu_observer.records.size(); ++i) {
-    EXPECT_EQ(gpu_observer.records[i].skipped(), cpu_observer.records[i].skipped()) << "step " << i + 1;
-    EXPECT_EQ(gpu_observer.records[i].loss_scale(), cpu_observer.records[i].loss_scale());
-    EXPECT_NEAR(gpu_observer.records[i].loss(), cpu_observer.records[i].loss(),
-                2e-3 * std::fabs(cpu_observer.records[i].loss()));
+    EXPECT_EQ(gpu_observer.records[i].skipped, cpu_observer.records[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(gpu_observer.records[i].loss_scale, cpu_observer.records[i].loss_scale);
+    EXPECT_NEAR(gpu_observer.records[i].loss, cpu_observer.records[i].loss,
+                2e-3 * std::fabs(cpu_observer.records[i].loss));
   }
   EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
   EXPECT_LT(RelativeError(on_gpu->parameters, on_cpu->parameters), 1e-3);
@@ -184,10 +188,89 @@ INSTANTIATE_TEST_SUITE_P(Cases, TrainingParity,
                                            std::make_tuple(v1::FP32, 1.0),
                                            std::make_tuple(v1::FP16, 1e30)));
 
+// Issue 13's features on the GPU against the CPU backend (the CPU side is proven against PyTorch
+// in CI): cross-entropy with label smoothing, AdamW, warm-up + cosine, shuffled epochs and
+// evaluation, in fp16 from an overflowing scale (skipped steps must leave Adam untouched on both),
+// bf16 and fp32.
+class FeatureParity : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FeatureParity, CrossEntropyAdamWScheduleShuffleEval_CudaMatchesCpu) {
+  REQUIRE_GPUS(1);
+  const DType dtype = GetParam();
+  const int in = 64, classes = 10, rows = 300;
+  std::mt19937 generator(13);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyLabels labels{rows, std::vector<int64_t>(rows)};
+  for (float& v : features.values) v = normal(generator);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = &features.values[r * in];
+    labels.values[r] = std::max_element(x, x + classes) - x;
+  }
+  const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  ASSERT_TRUE(WriteNpyMatrix(dir + "/ce_x.npy", features).ok());
+  ASSERT_TRUE(WriteNpyLabels(dir + "/ce_y.npy", labels).ok());
+  TrainingConfig config;
+  config.model.widths = {in, 128, 128, classes};
+  config.model.activation = ActivationKind::kGelu;
+  config.loss.type = LossType::kCrossEntropy;
+  config.loss.label_smoothing = 0.1;
+  config.data.source = DataConfig::Source::kNpy;
+  config.data.features_path = dir + "/ce_x.npy";
+  config.data.targets_path = dir + "/ce_y.npy";
+  config.data.shuffle = true;
+  config.data.shuffle_seed = 2;
+  config.eval.features_path = config.data.features_path;
+  config.eval.targets_path = config.data.targets_path;
+  config.eval.every = 10;
+  config.micro_batch_size = 32;
+  config.accumulation_steps = 2;
+  config.steps = 30;
+  config.compute_dtype = dtype;
+  config.optimizer.type = OptimizerType::kAdamW;
+  config.optimizer.lr = 0.003;
+  config.optimizer.weight_decay = 0.05;
+  config.lr_schedule.type = ScheduleType::kWarmupCosine;
+  config.lr_schedule.warmup_steps = 5;
+  config.lr_schedule.min_lr = 0.0003;
+  config.loss_scaler.enabled = dtype == DType::kF16;
+  config.loss_scaler.init_scale = std::ldexp(1.0, 40);
+  config.loss_scaler.growth_interval = 10;
+  auto gpu = SingleRankBackend();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  NullObserver gpu_observer, cpu_observer;
+  auto on_gpu = RunTraining(config, 0, gpu.get(), &gpu_observer);
+  auto on_cpu = RunTraining(config, 0, &cpu, &cpu_observer);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  if (dtype == DType::kF16) EXPECT_GT(on_cpu->skipped_steps, 0);
+  EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
+  const double tolerance = dtype == DType::kF32 ? 1e-5 : dtype == DType::kF16 ? 2e-3 : 1e-2;
+  ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
+  for (size_t i = 0; i < gpu_observer.records.size(); ++i) {
+    const StepTelemetry& g = gpu_observer.records[i];
+    const StepTelemetry& c = cpu_observer.records[i];
+    EXPECT_EQ(g.skipped, c.skipped) << "step " << i + 1;
+    EXPECT_EQ(g.loss_scale, c.loss_scale);
+    EXPECT_EQ(g.lr, c.lr);
+    EXPECT_NEAR(g.loss, c.loss, tolerance * std::fabs(c.loss)) << "step " << i + 1;
+    EXPECT_NEAR(g.accuracy, c.accuracy, 2.0 / 64 + 1e-12) << "two samples of 64 at most";
+    EXPECT_EQ(g.has_eval, c.has_eval);
+    if (c.has_eval) {
+      EXPECT_NEAR(g.eval_loss, c.eval_loss, tolerance * std::fabs(c.eval_loss));
+      EXPECT_NEAR(g.eval_accuracy, c.eval_accuracy, 2.0 / rows);
+    }
+  }
+  EXPECT_LT(RelativeError(on_gpu->parameters, on_cpu->parameters), 10 * tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, FeatureParity,
+                         ::testing::Values(DType::kF16, DType::kBF16, DType::kF32));
+
 TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   REQUIRE_GPUS(2);
-  v1::JobSpec spec = MlpSpec(v1::FP16, 65536.0);
-  spec.set_world_size(2);
+  TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
+  spec.world_size = 2;
   InMemoryKeyValueStore store;
   absl::StatusOr<TrainingResult> results[2];
   std::thread ranks[2];
@@ -219,9 +302,8 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
 // the gradients of the whole-layer computation.
 TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   REQUIRE_GPUS(1);
-  v1::ModelSpec model;
-  model.set_input_dim(8192);
-  model.set_output_dim(4096);
+  ModelConfig model;
+  model.widths = {8192, 4096};
   const int64_t batch = 64;
   auto gpu = SingleRankBackend();
   auto mlp = Mlp::Create(gpu.get(), model, DType::kF16, batch);
@@ -237,18 +319,20 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
   Tensor ty = *gpu->Allocate(DType::kF32, batch, 4096);
   StepState unit;
   unit.scale = 1024;
-  Tensor state = *gpu->AllocateStepState(unit);
+  StepStateBuffer state = *gpu->AllocateStepState(unit);
   ASSERT_TRUE(gpu->Upload(params.data(), (*mlp)->params()).ok());
   ASSERT_TRUE(gpu->Upload(x.data(), tx).ok());
   ASSERT_TRUE(gpu->Upload(y.data(), ty).ok());
   ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
-  auto gradients = [&](const Mlp::BucketReady& hook) {
+  auto gradients = [&](const GradientReducer::SpanReady& hook) {
     EXPECT_TRUE(gpu->Zero((*mlp)->grads()).ok());
     EXPECT_TRUE((*mlp)->Forward(tx).ok());
-    EXPECT_TRUE(gpu->MseLossBackward((*mlp)->output(), ty, 1, state, (*mlp)->loss_slot(),
-                                     (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(0, hook).ok());
-    std::vector<float> grads(n + 1);
+    EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
+                                                     (*mlp)->output_grad()).ok());
+    std::unique_ptr<GradientReducer> reducer;
+    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    EXPECT_TRUE((*mlp)->Backward(0, reducer.get()).ok());
+    std::vector<float> grads(n + 2);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     return grads;
   };
@@ -266,10 +350,8 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
 // micro-batch) must equal adding each micro-batch's gradients as it comes.
 TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
   REQUIRE_GPUS(1);
-  v1::ModelSpec model;
-  model.set_input_dim(512);
-  model.add_hidden_dims(256);
-  model.set_output_dim(64);
+  ModelConfig model;
+  model.widths = {512, 256, 64};
   const int64_t batch = 32, accumulation = 4;
   std::vector<std::vector<float>> results;
   for (int64_t budget : {int64_t{0}, Mlp::kDeferredBudgetBytes}) {
@@ -285,7 +367,7 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
     ASSERT_TRUE((*mlp)->RefreshLowPrecisionWeights().ok());
     StepState unit;
     unit.scale = 4096;
-    Tensor state = *gpu->AllocateStepState(unit);
+    StepStateBuffer state = *gpu->AllocateStepState(unit);
     Tensor x = *gpu->Allocate(DType::kF32, batch, 512);
     Tensor y = *gpu->Allocate(DType::kF32, batch, 64);
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -295,11 +377,12 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       ASSERT_TRUE(gpu->Upload(xs.data(), x).ok());
       ASSERT_TRUE(gpu->Upload(ys.data(), y).ok());
       ASSERT_TRUE((*mlp)->Forward(x).ok());
-      ASSERT_TRUE(gpu->MseLossBackward((*mlp)->output(), y, accumulation, state,
-                                       (*mlp)->loss_slot(), (*mlp)->output_grad()).ok());
+      ASSERT_TRUE(MseLoss(gpu.get(), 64, accumulation)
+                      .Backward((*mlp)->output(), y, state, (*mlp)->metrics(),
+                                (*mlp)->output_grad()).ok());
       ASSERT_TRUE((*mlp)->Backward(micro).ok());
     }
-    std::vector<float> grads((*mlp)->layout().total + 1);
+    std::vector<float> grads((*mlp)->layout().total + 2);
     ASSERT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());
     results.push_back(grads);
   }

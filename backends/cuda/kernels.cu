@@ -171,28 +171,82 @@ __device__ double BlockSum(double value) {
 }
 
 template <typename T>
-__global__ void mse_backward_kernel(const T* pred, const float* target, int64_t numel,
-                                    float accumulation, const StepState* state, T* d_pred,
-                                    double* partials) {
-  const float upstream = state->scale / accumulation;
-  const float norm = static_cast<float>(2.0 / static_cast<double>(numel));
+__global__ void scaled_difference_kernel(const T* a, const float* b, int64_t n, float coef,
+                                         const StepState* state, float seed_divisor, T* out) {
+  const float seed = state->scale / seed_divisor;
+  GRID_STRIDE(i, n) { out[i] = FromFloat<T>(coef * (ToFloat<T>(a[i]) - b[i]) * seed); }
+}
+
+template <typename T>
+__global__ void squared_difference_partials_kernel(const T* a, const float* b, int64_t n,
+                                                   double* partials) {
   double local = 0;
-  GRID_STRIDE(i, numel) {
-    const float p = ToFloat<T>(pred[i]);
-    const float diff = p - target[i];
+  GRID_STRIDE(i, n) {
+    const float diff = ToFloat<T>(a[i]) - b[i];
     local += static_cast<double>(diff) * diff;
-    d_pred[i] = FromFloat<T>(norm * (p - target[i]) * upstream);
   }
   const double block_sum = BlockSum(local);
   if (threadIdx.x == 0) partials[blockIdx.x] = block_sum;
 }
 
 // Deterministic: one thread adds the per-block partials in order.
-__global__ void mse_finalize_kernel(const double* partials, int count, int64_t numel,
-                                    float accumulation, float* loss_acc) {
+__global__ void mean_finalize_kernel(const double* partials, int count, double divide_by,
+                                     float then_divide, float* acc) {
   double sum = 0;
   for (int i = 0; i < count; ++i) sum += partials[i];
-  loss_acc[0] += static_cast<float>(sum / static_cast<double>(numel)) / accumulation;
+  acc[0] += static_cast<float>(sum / divide_by) / then_divide;
+}
+
+__global__ void product_partials_kernel(const float* a, const float* b, int64_t n,
+                                        double* partials) {
+  double local = 0;
+  GRID_STRIDE(i, n) { local += static_cast<double>(a[i]) * b[i]; }
+  const double block_sum = BlockSum(local);
+  if (threadIdx.x == 0) partials[blockIdx.x] = block_sum;
+}
+
+template <typename T>
+__global__ void log_softmax_rows_kernel(const T* x, int64_t rows, int64_t cols, float* out) {
+  GRID_STRIDE(r, rows) {
+    const T* in = x + r * cols;
+    float max = ToFloat<T>(in[0]);
+    for (int64_t c = 1; c < cols; ++c) max = fmaxf(max, ToFloat<T>(in[c]));
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += exp(static_cast<double>(ToFloat<T>(in[c]) - max));
+    const float log_sum = static_cast<float>(log(sum));
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = ToFloat<T>(in[c]) - max - log_sum;
+  }
+}
+
+__global__ void exp_kernel(const float* x, float* out, int64_t n) {
+  GRID_STRIDE(i, n) { out[i] = expf(x[i]); }
+}
+
+__global__ void smoothed_one_hot_kernel(const float* ids, float on, float off, int64_t rows,
+                                        int64_t cols, float* out) {
+  GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i % cols;
+    out[i] = (static_cast<float>(c) == ids[r] ? on : 0.0f) + off;
+  }
+}
+
+// Counts are whole numbers below 2^24: float atomics add them exactly in any order.
+template <typename T>
+__global__ void count_argmax_matches_kernel(const T* x, int64_t rows, int64_t cols,
+                                            const float* ids, float* acc) {
+  GRID_STRIDE(r, rows) {
+    const T* row = x + r * cols;
+    int64_t best = 0;
+    float best_value = ToFloat<T>(row[0]);
+    for (int64_t c = 1; c < cols; ++c) {
+      const float v = ToFloat<T>(row[c]);
+      if (v > best_value) {
+        best = c;
+        best_value = v;
+      }
+    }
+    if (static_cast<float>(best) == ids[r]) atomicAdd(acc, 1.0f);
+  }
 }
 
 // Phase 1: inf/NaN flag and squared norm of the unscaled gradients, per block. Read-only: phase
@@ -216,10 +270,9 @@ __global__ void unscale_check_kernel(const float* grads, int64_t n, const StepSt
   }
 }
 
-// Phase 2: one thread combines the partials and updates the scaler state.
-__global__ void finalize_step_kernel(StepConfig config, const double* partials,
-                                     const int* inf_flags, int blocks, const float* loss,
-                                     StepState* state) {
+// One thread combines the partials in order.
+__global__ void gradient_statistics_finalize_kernel(const double* partials, const int* inf_flags,
+                                                    int blocks, StepState* state) {
   double sum = 0;
   int found = 0;
   for (int i = 0; i < blocks; ++i) {
@@ -228,28 +281,38 @@ __global__ void finalize_step_kernel(StepConfig config, const double* partials,
   }
   state->sum_squares = sum;
   state->found_inf = found;
-  FinalizeStep(config, *loss, state);
 }
 
-// Phase 3: SGD on the unscaled gradients (inv_scale of the scale the step used) unless
-// skipped, and the low-precision copy of each updated parameter.
+// Phase 2: the scaler state on one thread.
+__global__ void finalize_step_kernel(StepConfig config, const float* metrics, StepState* state) {
+  FinalizeStep(config, metrics[0], state);
+  state->last_correct = metrics[1];
+}
+
+// Phase 3: the optimizer's update on the unscaled, clipped gradients (inv_scale of the scale the
+// step used) unless skipped, and the low-precision copy of each updated parameter. The step's
+// scalars are computed once per block.
 template <typename T>
-__global__ void sgd_update_kernel(StepConfig config, float* params, float* grads, float* momentum,
-                                  T* params_low, int64_t n, const StepState* state) {
-  const bool skipped = state->skipped != 0;
+__global__ void update_parameters_kernel(UpdateRule rule, float* params, const float* grads,
+                                         float* slot_a, float* slot_b, T* params_low, int64_t n,
+                                         const StepState* state) {
+  if (state->skipped != 0) return;
+  __shared__ UpdateCoefficients shared;
+  if (threadIdx.x == 0) shared = PrepareUpdate(rule, *state);
+  __syncthreads();
+  const UpdateCoefficients coefficients = shared;
   const float clip_coef = state->clip_coef;
   const float inv_scale = InverseScale(state->last_scale);
   GRID_STRIDE(i, n) {
-    if (!skipped) {
-      float p = params[i], m = momentum[i];
-      SgdUpdate(config, grads[i] * inv_scale, clip_coef, &p, &m);
-      params[i] = p;
-      momentum[i] = m;
-      if (params_low != nullptr) params_low[i] = FromFloat<T>(p);
-    }
-    grads[i] = 0.0f;
+    float p = params[i];
+    float a = slot_a != nullptr ? slot_a[i] : 0.0f;
+    float b = slot_b != nullptr ? slot_b[i] : 0.0f;
+    ApplyUpdate(rule, coefficients, grads[i] * inv_scale * clip_coef, &p, &a, &b);
+    params[i] = p;
+    if (slot_a != nullptr) slot_a[i] = a;
+    if (slot_b != nullptr) slot_b[i] = b;
+    if (params_low != nullptr) params_low[i] = FromFloat<T>(p);
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) grads[n] = 0.0f;
 }
 
 __global__ void copy_rows_wrapping_kernel(const float* src, int64_t src_rows, int64_t cols,
@@ -257,6 +320,16 @@ __global__ void copy_rows_wrapping_kernel(const float* src, int64_t src_rows, in
   GRID_STRIDE(i, dst_rows * cols) {
     const int64_t row = i / cols, col = i % cols;
     dst[i] = src[((first + row) % src_rows) * cols + col];
+  }
+}
+
+__global__ void gather_rows_kernel(const float* src, int64_t src_rows, int64_t cols,
+                                   const float* indices, float* dst, int64_t dst_rows) {
+  GRID_STRIDE(i, dst_rows * cols) {
+    const int64_t row = i / cols, col = i % cols;
+    int64_t from = static_cast<int64_t>(indices[row]);
+    from = from < 0 ? 0 : (from >= src_rows ? src_rows - 1 : from);
+    dst[i] = src[from * cols + col];
   }
 }
 
@@ -359,35 +432,96 @@ cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols
   });
 }
 
-cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, int64_t numel,
-                            int64_t accumulation, const StepState* state, float* loss_acc,
-                            void* d_pred, double* partials, cudaStream_t stream) {
+cudaError_t ScaledDifference(const void* a, DType dtype, const float* b, int64_t n, float coef,
+                             const StepState* state, float seed_divisor, void* out,
+                             cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    scaled_difference_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(a), b, n, coef, state, seed_divisor, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int64_t n,
+                                 double divide_by, float then_divide, float* acc,
+                                 double* partials, cudaStream_t stream) {
   cudaError_t error = Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    mse_backward_kernel<T><<<kReductionBlocks, kThreads, 0, stream>>>(
-        static_cast<const T*>(pred), target, numel, static_cast<float>(accumulation), state,
-        static_cast<T*>(d_pred), partials);
+    squared_difference_partials_kernel<T><<<kReductionBlocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(a), b, n, partials);
     return cudaGetLastError();
   });
   if (error != cudaSuccess) return error;
-  mse_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, numel,
-                                           static_cast<float>(accumulation), loss_acc);
+  mean_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, divide_by, then_divide,
+                                            acc);
   return cudaGetLastError();
 }
 
-cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
-                          int64_t n, StepState* state, void* params_low, DType low_dtype,
-                          double* partials, int* inf_flags, cudaStream_t stream) {
+cudaError_t SumProduct(const float* a, const float* b, int64_t n, double divide_by,
+                       float then_divide, float* acc, double* partials, cudaStream_t stream) {
+  product_partials_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(a, b, n, partials);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  mean_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, divide_by, then_divide,
+                                            acc);
+  return cudaGetLastError();
+}
+
+cudaError_t LogSoftmaxRows(const void* x, DType dtype, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    log_softmax_rows_kernel<T><<<Blocks(rows), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                      rows, cols, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t Exp(const float* x, float* out, int64_t n, cudaStream_t stream) {
+  exp_kernel<<<Blocks(n), kThreads, 0, stream>>>(x, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t SmoothedOneHot(const float* ids, float on, float off, int64_t rows, int64_t cols,
+                           float* out, cudaStream_t stream) {
+  smoothed_one_hot_kernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(ids, on, off, rows, cols,
+                                                                         out);
+  return cudaGetLastError();
+}
+
+cudaError_t CountArgmaxMatches(const void* x, DType dtype, int64_t rows, int64_t cols,
+                               const float* ids, float* acc, cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    count_argmax_matches_kernel<T><<<Blocks(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), rows, cols, ids, acc);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t GradientStatistics(const float* grads, int64_t n, StepState* state, double* partials,
+                               int* inf_flags, cudaStream_t stream) {
   unscale_check_kernel<<<kReductionBlocks, kThreads, 0, stream>>>(grads, n, state, partials,
                                                                   inf_flags);
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  finalize_step_kernel<<<1, 1, 0, stream>>>(config, partials, inf_flags, kReductionBlocks,
-                                            grads + n, state);
-  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  gradient_statistics_finalize_kernel<<<1, 1, 0, stream>>>(partials, inf_flags, kReductionBlocks,
+                                                           state);
+  return cudaGetLastError();
+}
+
+cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepState* state,
+                         cudaStream_t stream) {
+  finalize_step_kernel<<<1, 1, 0, stream>>>(config, metrics, state);
+  return cudaGetLastError();
+}
+
+cudaError_t UpdateParameters(const UpdateRule& rule, float* params, const float* grads,
+                             float* slot_a, float* slot_b, int64_t n, const StepState* state,
+                             void* params_low, DType low_dtype, cudaStream_t stream) {
   return Dispatch(params_low == nullptr ? DType::kF32 : low_dtype, [&](auto tag) {
     using T = decltype(tag);
-    sgd_update_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        config, params, grads, momentum, static_cast<T*>(params_low), n, state);
+    update_parameters_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        rule, params, grads, slot_a, slot_b, static_cast<T*>(params_low), n, state);
     return cudaGetLastError();
   });
 }
@@ -396,6 +530,13 @@ cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, i
                              float* dst, int64_t dst_rows, cudaStream_t stream) {
   copy_rows_wrapping_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(
       src, src_rows, cols, first % src_rows, dst, dst_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const float* indices,
+                       float* dst, int64_t dst_rows, cudaStream_t stream) {
+  gather_rows_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(src, src_rows, cols,
+                                                                       indices, dst, dst_rows);
   return cudaGetLastError();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "trainer/backend_types.h"
+#include "trainer/optim/update_math.h"
 #include "trainer/step_math.h"
 
 namespace mptrain::cuda {
@@ -35,21 +36,53 @@ cudaError_t SumRowsToF32(const void* rows, DType dtype, int64_t row_count, int64
 // db_acc[c] += f32(round(Σ_r dy[r, c])) for dy [rows, cols] of dtype.
 cudaError_t BiasGradient(const void* dy, DType dtype, int64_t rows, int64_t cols, float* db_acc,
                          cudaStream_t stream);
-// MSE of pred (dtype) against target (f32), numel elements: partial sums go to `partials`
-// (kReductionBlocks doubles), then loss_acc[0] += (sum / numel) / accumulation, and
-// d_pred = round((2 / numel) * (pred - target) * (state->scale / accumulation)).
 inline constexpr int kReductionBlocks = 264;
-cudaError_t MseLossBackward(const void* pred, DType dtype, const float* target, int64_t numel,
-                            int64_t accumulation, const StepState* state, float* loss_acc,
-                            void* d_pred, double* partials, cudaStream_t stream);
-// The optimizer step of step_math.h over n parameters; grads has n + 1 entries (the loss last).
-// `partials` holds kReductionBlocks doubles and ints of scratch.
-// `params_low` (may be null) receives the updated parameters rounded to `low_dtype`.
-cudaError_t OptimizerStep(const StepConfig& config, float* params, float* grads, float* momentum,
-                          int64_t n, StepState* state, void* params_low, DType low_dtype,
-                          double* partials, int* inf_flags, cudaStream_t stream);
+// out = round(coef * (f32(a) - b) * (state->scale / seed_divisor)), n elements; a and out of
+// `dtype`, b f32.
+cudaError_t ScaledDifference(const void* a, DType dtype, const float* b, int64_t n, float coef,
+                             const StepState* state, float seed_divisor, void* out,
+                             cudaStream_t stream);
+// acc[0] += f32(Σ (f32(a) - b)² / divide_by) / then_divide over n elements, the sum in double
+// (per-block partials in `partials`, kReductionBlocks doubles, added in order: deterministic).
+cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int64_t n,
+                                 double divide_by, float then_divide, float* acc,
+                                 double* partials, cudaStream_t stream);
+// acc[0] += f32(Σ a·b / divide_by) / then_divide over n f32 elements, the sum in double
+// (deterministic, as SumSquaredDifference).
+cudaError_t SumProduct(const float* a, const float* b, int64_t n, double divide_by,
+                       float then_divide, float* acc, double* partials, cudaStream_t stream);
+// Row-wise log-softmax of x [rows, cols] (dtype) into out f32, one thread per row.
+cudaError_t LogSoftmaxRows(const void* x, DType dtype, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream);
+// out = exp(x), n f32 elements.
+cudaError_t Exp(const float* x, float* out, int64_t n, cudaStream_t stream);
+// out[r, c] = (c == ids[r] ? on : 0) + off over [rows, cols] f32.
+cudaError_t SmoothedOneHot(const float* ids, float on, float off, int64_t rows, int64_t cols,
+                           float* out, cudaStream_t stream);
+// acc[0] += rows of x [rows, cols] (dtype) whose first maximum is at column ids[r].
+cudaError_t CountArgmaxMatches(const void* x, DType dtype, int64_t rows, int64_t cols,
+                               const float* ids, float* acc, cudaStream_t stream);
+// Phase 1 of step_math.h over n gradients: state->found_inf and state->sum_squares.
+// `partials` and `inf_flags` hold kReductionBlocks entries of scratch.
+cudaError_t GradientStatistics(const float* grads, int64_t n, StepState* state, double* partials,
+                               int* inf_flags, cudaStream_t stream);
+// Phase 2: FinalizeStep(config, metrics[0], state) and state->last_correct = metrics[1] on
+// one thread.
+cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepState* state,
+                         cudaStream_t stream);
+// Phase 3: the optimizer update of trainer/optim/update_math.h over n parameters unless the
+// step is skipped; slot_a / slot_b may be null when the rule does not use them. `params_low`
+// (may be null) receives the updated parameters rounded to `low_dtype`.
+cudaError_t UpdateParameters(const UpdateRule& rule, float* params, const float* grads,
+                             float* slot_a, float* slot_b, int64_t n, const StepState* state,
+                             void* params_low, DType low_dtype, cudaStream_t stream);
 // dst rows = src rows [first, first + dst_rows) mod src_rows, f32 with `cols` columns.
 cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
                              float* dst, int64_t dst_rows, cudaStream_t stream);
+
+// dst row i = src row indices[i] (f32 row numbers, clamped to [0, src_rows)), f32 with `cols`
+// columns.
+cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const float* indices,
+                       float* dst, int64_t dst_rows, cudaStream_t stream);
 
 }  // namespace mptrain::cuda

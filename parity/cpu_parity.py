@@ -1,0 +1,170 @@
+"""Proof against PyTorch in CI, on the CPU: each case runs through Debian's PyTorch 1.13 (DDP over
+gloo, two ranks started by hand, no_sync, autocast bf16 or none for fp32) and through our
+coordinator and two CPU workers; per step the loss (and the eval loss on evaluation steps) must
+agree within LOSS_TOL and the learning rate exactly, the accuracy exactly in fp32 (in bf16, within
+two samples of the step, one seen: a logit one bf16 ulp away from another may flip, since
+OpenBLAS and oneDNN sum in different orders), and the final parameters within PARAM_TOL
+(relative L2), far below how far training moved them.
+
+  /usr/bin/python3 parity/cpu_parity.py --bin DIR --out DIR [--cases a,b]
+
+DIR holds the coordinator, worker and trainctl binaries. Exits 0 when every case agrees.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Cluster, compare_steps, flat, load_safetensors, rel, write_inputs  # noqa: E402
+
+LOSS_TOL = {"bf16": 1e-2, "fp32": 1e-5}
+PARAM_TOL = {"bf16": 1e-2, "fp32": 1e-5}
+
+MLP = {"input_dim": 20, "hidden_dims": [32, 32], "output_dim": 5}
+
+CASES = {
+    # SGD with momentum, nesterov and weight decay, clipping, StepLR; MSE.
+    "mse_sgd_nesterov_fp32": dict(
+        model=dict(MLP, activation="relu"), rows_per_rank=96, micro_batch_size=16,
+        accumulation_steps=3, steps=12, precision="fp32",
+        optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True,
+                   "weight_decay": 1e-3},
+        max_grad_norm=0.5, lr_schedule={"kind": "step", "step_size": 4, "gamma": 0.5}),
+    # Cross-entropy with label smoothing, AdamW, warm-up then cosine to min_lr.
+    "ce_adamw_cosine_fp32": dict(
+        model=dict(MLP, activation="gelu"), loss="cross_entropy", label_smoothing=0.1,
+        rows_per_rank=128, micro_batch_size=16, accumulation_steps=2, steps=16, precision="fp32",
+        optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.05},
+        lr_schedule={"kind": "warmup_cosine", "warmup_steps": 4, "min_lr": 0.001}),
+    # Adam with L2 weight decay and a linear decay; cross-entropy without smoothing.
+    "ce_adam_linear_fp32": dict(
+        model=dict(MLP, activation="relu"), loss="cross_entropy", rows_per_rank=64,
+        micro_batch_size=8, accumulation_steps=4, steps=12, precision="fp32",
+        optimizer={"kind": "adam", "lr": 0.005, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6,
+                   "weight_decay": 0.01},
+        lr_schedule={"kind": "warmup_linear", "warmup_steps": 2, "min_lr": 0.0005}),
+    # The same kinds under bf16 autocast.
+    "ce_adamw_bf16": dict(
+        model=dict(MLP, activation="gelu"), loss="cross_entropy", label_smoothing=0.05,
+        rows_per_rank=128, micro_batch_size=16, accumulation_steps=2, steps=12, precision="bf16",
+        optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.05},
+        lr_schedule={"kind": "warmup_cosine", "warmup_steps": 3, "min_lr": 0.001}),
+    # Shuffled epochs (DistributedSampler; 75 rows: padded shards, epochs ending inside
+    # micro-batches) and evaluation on held-out rows every 4 steps, reduced across ranks.
+    "ce_shuffle_eval_fp32": dict(
+        model=dict(MLP, activation="relu"), loss="cross_entropy", label_smoothing=0.05,
+        rows=75, rows_per_rank=38, shuffle=True, shuffle_seed=3, eval_rows=41, eval_every=4,
+        micro_batch_size=8, accumulation_steps=3, steps=14, precision="fp32",
+        optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.01},
+        lr_schedule={"kind": "warmup_cosine", "warmup_steps": 2, "min_lr": 0.001}),
+    "mse_shuffle_eval_bf16": dict(
+        model=dict(MLP, activation="gelu"), rows=75, rows_per_rank=38, shuffle=True,
+        eval_rows=33, eval_every=5, micro_batch_size=8, accumulation_steps=2, steps=10,
+        precision="bf16", optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9}),
+    "mse_sgd_bf16": dict(
+        model=dict(MLP, activation="relu"), rows_per_rank=96, micro_batch_size=16,
+        accumulation_steps=3, steps=12, precision="bf16",
+        optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch(case_dir, timeout=600):
+    here = os.path.dirname(os.path.abspath(__file__))
+    port = str(free_port())
+    processes = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        log = open(os.path.join(case_dir, f"torch_rank{rank}.log"), "w")
+        processes.append(subprocess.Popen(
+            [sys.executable, os.path.join(here, "pytorch_reference.py"), "--case",
+             os.path.join(case_dir, "case.json"), "--out", case_dir],
+            stdout=log, stderr=subprocess.STDOUT, env=env))
+    # Both must end; one that fails ends the other (it would wait for its peer).
+    deadline = time.time() + timeout
+    while any(p.poll() is None for p in processes) and time.time() < deadline:
+        if any(p.poll() not in (None, 0) for p in processes):
+            break
+        time.sleep(0.1)
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+    codes = [p.wait() for p in processes]
+    if any(codes):
+        logs = "".join(open(os.path.join(case_dir, f"torch_rank{r}.log")).read()[-3000:]
+                       for r in range(2))
+        raise RuntimeError(f"PyTorch reference failed ({codes}):\n{logs}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default=",".join(CASES))
+    args = parser.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    cluster = Cluster(args.bin, out, gpus=0, roots_dir=out)
+    rows, failures = [], 0
+    try:
+        for name in args.cases.split(","):
+            case = CASES[name]
+            case_dir = os.path.join(out, name)
+            os.makedirs(case_dir, exist_ok=True)
+            spec = write_inputs(name, case, case_dir, device="cpu")
+            with open(os.path.join(case_dir, "case.json"), "w") as f:
+                json.dump({"spec": spec}, f)
+            started = time.time()
+            run_torch(case_dir)
+            torch_s = time.time() - started
+            torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
+            torch_final = flat(load_safetensors(os.path.join(case_dir, "torch_final.safetensors")))
+            init = flat(load_safetensors(spec["init_checkpoint"]))
+            run_spec = dict(spec, output_checkpoint=os.path.join(case_dir, "ours.safetensors"))
+            steps, ours_s = cluster.run(run_spec, os.path.join(case_dir, "ours.json"))
+            final = flat(load_safetensors(run_spec["output_checkpoint"]))
+            precision = case["precision"]
+            samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
+            accuracy_tol = 0.0 if precision == "fp32" else 2.0 / samples
+            eval_accuracy_tol = 0.0 if precision == "fp32" else 2.0 / case.get("eval_rows", 1)
+            problems, worst_loss = compare_steps(steps, torch_steps, LOSS_TOL[precision],
+                                                 accuracy_tol, eval_accuracy_tol)
+            param_err = rel(final, torch_final)
+            if param_err > PARAM_TOL[precision]:
+                problems.append(f"parameters differ by {param_err:.3g}")
+            change = rel(torch_final, init)
+            if change < 10 * max(param_err, PARAM_TOL[precision] / 10):
+                problems.append(f"training barely moved the parameters ({change:.3g}): no proof")
+            accuracy = [s.get("accuracy") for s in steps]
+            ok = not problems
+            failures += 0 if ok else 1
+            rows.append((name, precision, len(steps), worst_loss, param_err, change,
+                         f"{accuracy[0]:.3f}->{accuracy[-1]:.3f}" if accuracy[0] is not None else "-",
+                         f"{steps[0]['lr']:.3g}->{steps[-1]['lr']:.3g}", f"{torch_s:.1f}/{ours_s:.1f}",
+                         "ok" if ok else "FAIL: " + "; ".join(problems[:4])))
+    finally:
+        cluster.close()
+    print("\nPer-step loss (relative), lr and accuracy (exact), final parameters (relative L2):")
+    print(f"{'case':<24}{'prec':<6}{'steps':>6}{'max loss diff':>15}{'param diff':>12}"
+          f"{'param change':>14}  {'accuracy':<13}{'lr':<17}{'torch/ours s':<13} result")
+    for r in rows:
+        print(f"{r[0]:<24}{r[1]:<6}{r[2]:>6}{r[3]:>15.3e}{r[4]:>12.3e}{r[5]:>14.3e}  "
+              f"{r[6]:<13}{r[7]:<17}{r[8]:<13} {r[9]}")
+    print(f"tolerances: loss {LOSS_TOL}, parameters {PARAM_TOL}; lr exact; accuracy exact in "
+          "fp32, within two samples in bf16")
+    print(f"{len(rows) - failures} passed, {failures} failed")
+    return 1 if failures or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+#pragma once
+
+// The rank's training data in backend memory and the cursor that walks it in micro-batches:
+// either its contiguous shard in order, wrapping around (the fixed synthetic batch is used in
+// place), or, with shuffling, the stream of DistributedSampler indices over all rows, epoch after
+// epoch (sampler.h). The position is a function of the optimizer step, so that a resumed run
+// continues where the checkpoint was.
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "trainer/backend.h"
+#include "trainer/rank_data.h"
+
+namespace mptrain {
+
+struct Shuffling {
+  bool enabled = false;
+  uint64_t seed = 0;
+  int rank = 0;
+  int world_size = 1;
+};
+
+class MicroBatches {
+ public:
+  // `data`: the rank's shard, or all rows when shuffling.
+  static absl::StatusOr<MicroBatches> Create(Backend* backend, const RankData& data,
+                                             int64_t batch, const Shuffling& shuffling = {});
+
+  // The next micro-batch, [batch, input_dim] and [batch, target columns] f32.
+  absl::Status Next(Tensor* x, Tensor* y);
+
+  // Every micro-batch is the same unmodified tensor.
+  bool in_place() const { return !shuffling_.enabled && features_.rows == batch_; }
+
+  // Shard order: the next row; shuffled: the offset in the current epoch.
+  int64_t cursor() const;
+  // Where the stream is after `steps_done` optimizer steps of `accumulation` micro-batches.
+  void SeekToStep(int64_t steps_done, int64_t accumulation);
+
+ private:
+  absl::Status IndicesOfEpoch(int64_t epoch, Tensor* indices);
+
+  Backend* backend_ = nullptr;
+  Tensor features_, targets_, x_, y_;
+  int64_t batch_ = 0;
+  int64_t cursor_ = 0;
+  Shuffling shuffling_;
+  // Shuffled: rows per epoch of this rank, the epoch of the cursor, and the index lists of two
+  // epochs (a micro-batch may span the end of one), uploaded once per epoch.
+  int64_t epoch_rows_ = 0;
+  int64_t epoch_ = 0;
+  Tensor epoch_indices_[2];
+  int64_t indices_epoch_[2] = {-1, -1};
+};
+
+}  // namespace mptrain

@@ -1,0 +1,49 @@
+#include "trainer/evaluator.h"
+
+#include <algorithm>
+
+#include "common/status_macros.h"
+
+namespace mptrain {
+
+absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(Backend* backend,
+                                                             const RankData& shard,
+                                                             int64_t total_rows, int64_t batch) {
+  if (total_rows < 1) return absl::InvalidArgumentError("eval_data: the set has no rows");
+  std::unique_ptr<Evaluator> evaluator(new Evaluator());
+  evaluator->backend_ = backend;
+  evaluator->rows_ = shard.features.rows;
+  evaluator->total_rows_ = total_rows;
+  evaluator->batch_ = batch;
+  if (evaluator->rows_ > 0) {
+    ASSIGN_OR_RETURN(evaluator->features_,
+                     backend->Allocate(DType::kF32, shard.features.rows, shard.features.cols));
+    ASSIGN_OR_RETURN(evaluator->targets_,
+                     backend->Allocate(DType::kF32, shard.targets.rows, shard.targets.cols));
+    RETURN_IF_ERROR(backend->Upload(shard.features.values.data(), evaluator->features_));
+    RETURN_IF_ERROR(backend->Upload(shard.targets.values.data(), evaluator->targets_));
+  }
+  ASSIGN_OR_RETURN(evaluator->sums_, backend->Allocate(DType::kF32, 1, 2));
+  return evaluator;
+}
+
+absl::StatusOr<EvalResult> Evaluator::Run(Mlp* mlp, Loss* loss) {
+  RETURN_IF_ERROR(backend_->Zero(sums_));
+  for (int64_t first = 0; first < rows_; first += batch_) {
+    const int64_t rows = std::min(batch_, rows_ - first);
+    RETURN_IF_ERROR(mlp->Forward(features_.RowSlice(first, rows)));
+    RETURN_IF_ERROR(loss->Evaluate(mlp->output(), targets_.RowSlice(first, rows), sums_));
+  }
+  Collective* collective = backend_->collective();
+  RETURN_IF_ERROR(collective->AllReduceMean(sums_));
+  float sums[2];
+  RETURN_IF_ERROR(backend_->Download(sums_, sums));
+  // The mean over ranks times the ranks: the sums over the whole set.
+  const double ranks = static_cast<double>(collective->world_size());
+  EvalResult result;
+  result.loss = static_cast<double>(sums[0]) * ranks / static_cast<double>(total_rows_);
+  result.accuracy = static_cast<double>(sums[1]) * ranks / static_cast<double>(total_rows_);
+  return result;
+}
+
+}  // namespace mptrain

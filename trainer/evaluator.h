@@ -1,0 +1,43 @@
+#pragma once
+
+// Evaluation on held-out data: this rank's contiguous rows of the eval set go through the model
+// in micro-batches (the last one shorter); each sample's loss and the correct predictions are
+// summed, the sums averaged over ranks by one allreduce, and turned into the mean loss and the
+// accuracy over the whole set. Blocks until the result is on the host (evaluation steps only).
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainer/backend.h"
+#include "trainer/loss/loss.h"
+#include "trainer/mlp.h"
+#include "trainer/rank_data.h"
+
+namespace mptrain {
+
+struct EvalResult {
+  double loss = 0;      // Mean over the set of each sample's loss.
+  double accuracy = 0;  // Classifiers: the fraction of the set predicted right.
+};
+
+class Evaluator {
+ public:
+  // `shard`: this rank's rows; `total_rows`: the whole set's (all ranks).
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(Backend* backend, const RankData& shard,
+                                                           int64_t total_rows, int64_t batch);
+  // Every rank must call it at the same step (it allreduces).
+  absl::StatusOr<EvalResult> Run(Mlp* mlp, Loss* loss);
+
+ private:
+  Evaluator() = default;
+
+  Backend* backend_ = nullptr;
+  Tensor features_, targets_;  // This rank's rows (absent when it has none).
+  Tensor sums_;                // [1, 2]: loss sum, correct count
+  int64_t rows_ = 0;
+  int64_t total_rows_ = 0;
+  int64_t batch_ = 0;
+};
+
+}  // namespace mptrain

@@ -1,0 +1,112 @@
+#pragma once
+
+// What one rank trains, as a plain struct: built once from the wire spec, with its defaults
+// applied and its rules checked (training_config_from_spec.h). Nothing below that builder (the
+// loop, the model, the data, checkpoints) sees the protobuf schema.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/backend_types.h"
+
+namespace mptrain {
+
+struct ModelConfig {
+  // Layer widths [input_dim, hidden..., output_dim]: Linear(widths[i], widths[i + 1]) with the
+  // activation between consecutive layers.
+  std::vector<int64_t> widths;
+  ActivationKind activation = ActivationKind::kRelu;
+
+  int64_t input_dim() const { return widths.front(); }
+  int64_t output_dim() const { return widths.back(); }
+};
+
+enum class LossType { kMse, kCrossEntropy };
+
+struct LossConfig {
+  LossType type = LossType::kMse;
+  double label_smoothing = 0;  // kCrossEntropy: ε in [0, 1].
+};
+
+struct DataConfig {
+  enum class Source { kSynthetic, kNpy };
+  Source source = Source::kSynthetic;
+  // kSynthetic: rank r draws one fixed batch from synthetic_seed + r.
+  int64_t synthetic_seed = 0;
+  // kNpy: float32 [N, input_dim] features and float32 [N, output_dim] targets, or int64/int32
+  // [N] class ids in [0, output_dim) for a classification loss.
+  std::string features_path;
+  std::string targets_path;
+  // kNpy: epochs with DistributedSampler(shuffle=True, seed=shuffle_seed) semantics
+  // (trainer/data/sampler.h) instead of contiguous shards walked in order.
+  bool shuffle = false;
+  uint64_t shuffle_seed = 0;
+};
+
+// Held-out data evaluated every `every` steps (0: after the last step only) when not empty.
+struct EvalConfig {
+  std::string features_path;
+  std::string targets_path;
+  int64_t every = 0;
+  bool enabled() const { return !features_path.empty(); }
+};
+
+enum class OptimizerType { kSgd, kAdam, kAdamW };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kSgd;
+  double lr = 0;  // The base learning rate.
+  double weight_decay = 0;
+  double momentum = 0;  // kSgd
+  bool nesterov = false;
+  double beta1 = 0.9;   // kAdam, kAdamW
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+enum class ScheduleType { kConstant, kWarmupCosine, kWarmupLinear, kStep };
+
+// The learning-rate schedule (trainer/optim/schedule.h).
+struct ScheduleConfig {
+  ScheduleType type = ScheduleType::kConstant;
+  int64_t warmup_steps = 0;  // kWarmup*
+  double min_lr = 0;         // kWarmup*
+  int64_t step_size = 1;     // kStep
+  double gamma = 1;          // kStep
+};
+
+// torch.amp.GradScaler.
+struct LossScalerConfig {
+  bool enabled = false;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct TrainingConfig {
+  int world_size = 1;
+  ModelConfig model;
+  LossConfig loss;
+  DataConfig data;
+  EvalConfig eval;
+  int64_t micro_batch_size = 1;
+  int64_t accumulation_steps = 1;
+  int64_t steps = 1;  // Optimizer steps.
+  // The autocast dtype of GEMM inputs and activations (kF32: no autocast).
+  DType compute_dtype = DType::kF16;
+  OptimizerConfig optimizer;
+  ScheduleConfig lr_schedule;
+  LossScalerConfig loss_scaler;
+  double max_grad_norm = 0;  // 0: no clipping.
+  uint64_t seed = 0;         // Parameter initialisation.
+  std::string init_checkpoint;    // Empty: initialise from the seed.
+  std::string output_checkpoint;  // Empty: none.
+  int64_t telemetry_every = 1;
+  int64_t checkpoint_every = 0;  // 0: no checkpoints.
+  std::string checkpoint_dir;
+  bool overwrite_output = false;
+};
+
+}  // namespace mptrain
