@@ -124,6 +124,31 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
       text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, gauge.value(job));
     }
   }
+  // Metrics a job has only when it computes them (classification, evaluation).
+  struct OptionalGauge {
+    const char* name;
+    const char* help;
+    bool (v1::TelemetryRecord::*has)() const;
+    double (v1::TelemetryRecord::*value)() const;
+  };
+  const OptionalGauge optional_gauges[] = {
+      {"mptrain_job_learning_rate", "The learning rate of the latest step.", nullptr,
+       &v1::TelemetryRecord::lr},
+      {"mptrain_job_accuracy", "Latest training-batch accuracy (classification).",
+       &v1::TelemetryRecord::has_accuracy, &v1::TelemetryRecord::accuracy},
+      {"mptrain_job_eval_loss", "Loss over the held-out set at the latest evaluation.",
+       &v1::TelemetryRecord::has_eval_loss, &v1::TelemetryRecord::eval_loss},
+      {"mptrain_job_eval_accuracy", "Accuracy over the held-out set at the latest evaluation.",
+       &v1::TelemetryRecord::has_eval_accuracy, &v1::TelemetryRecord::eval_accuracy},
+  };
+  for (const OptionalGauge& gauge : optional_gauges) {
+    text.Family(gauge.name, gauge.help, "gauge");
+    for (const v1::Job& job : overview.running) {
+      const v1::TelemetryRecord& latest = job.latest_telemetry();
+      if (gauge.has != nullptr && !(latest.*gauge.has)()) continue;
+      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, (latest.*gauge.value)());
+    }
+  }
 
   const std::map<std::string, RpcMetrics::Method> methods = rpcs.Snapshot();
   text.Family("mptrain_rpcs_total", "RPCs answered, by method and status code.", "counter");

@@ -56,8 +56,13 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   job.mutable_latest_telemetry()->set_loss(0.125);
   job.mutable_latest_telemetry()->set_loss_scale(65536);
   job.mutable_latest_telemetry()->set_skipped_total(3);
+  job.mutable_latest_telemetry()->set_lr(0.0025);
+  job.mutable_latest_telemetry()->set_eval_accuracy(0.975);
   overview.running.push_back(job);
   const std::string text = RenderMetrics(overview, RpcMetrics());
+  EXPECT_TRUE(Contains(text, "mptrain_job_learning_rate{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.0025\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_accuracy{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.975\n"));
+  EXPECT_FALSE(Contains(text, "mptrain_job_eval_loss{")) << "a job without evaluation has none";
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"running\"} 1\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"failed\"} 2\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"pending\"} 0\n"));

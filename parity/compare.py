@@ -121,12 +121,13 @@ def main():
                     ("cuda vs torch", results["cuda"], (torch_steps, torch_final)),
                     ("cpu vs torch", results["cpu"], (torch_steps, torch_final)),
                     ("cpu vs cuda", results["cpu"], results["cuda"])):
-                # One sample of the step may flip its prediction in low precision (a logit one
-                # ulp from another); fp32 must agree exactly.
+                # In low precision a sample whose top two logits are an ulp apart may flip its
+                # prediction (parameters may differ by the tolerance below): two samples of the
+                # step, as parity/cpu_parity.py allows in CI; fp32 must agree exactly.
                 samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
                 problems, worst_loss = compare_steps(
                     steps, ref_steps, LOSS_TOL[precision],
-                    0.0 if precision == "fp32" else 1.0 / samples)
+                    0.0 if precision == "fp32" else 2.0 / samples)
                 param_err = rel(final, ref_final)
                 if param_err > PARAM_TOL[precision]:
                     problems.append(f"parameters differ by {param_err:.3g}")
@@ -148,7 +149,7 @@ def main():
         print(f"{r[0]:<10}{r[1]:<6}{r[2]:<15}{r[3]:>6}{r[4]:>8}{r[5]:>19.3e}{r[6]:>16.3e}"
               f"{r[7]:>14.3e}  {r[8]}")
     print(f"tolerances: loss {LOSS_TOL}, parameters {PARAM_TOL}; scale, skipped and lr exact; "
-          "accuracy exact in fp32, within one sample of the step otherwise")
+          "accuracy exact in fp32, within two samples of the step otherwise")
     return 1 if failures else 0
 
 
