@@ -125,7 +125,16 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
       {"skipped_total", absl::StrCat(state.skipped_total)},
       {"steps_done", absl::StrCat(state.steps_done)},
   };
+  if (!checkpoint.job_id.empty()) metadata["mptrain_job"] = checkpoint.job_id;
   return WriteSafetensors(path, tensors, metadata, options);
+}
+
+bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id) {
+  if (job_id.empty()) return false;
+  std::map<std::string, std::string> metadata;
+  if (!ReadSafetensors(path, &metadata).ok()) return false;
+  auto it = metadata.find("mptrain_job");
+  return it != metadata.end() && it->second == job_id;
 }
 
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(

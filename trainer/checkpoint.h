@@ -27,7 +27,14 @@ struct TrainingCheckpoint {
   // The optimizer's state buffers by name ("momentum", "exp_avg", ...), each like parameters.
   std::map<std::string, std::vector<float>> optimizer_state;
   StepState step_state;
+  // The job that wrote it (stamped as "mptrain_job"; empty: no stamp). Job ids never repeat, so
+  // a later attempt of the same job may replace its own files, never another job's.
+  std::string job_id;
 };
+
+// Whether `path` is a safetensors file stamped as written by job `job_id` (false for "", a
+// missing or unreadable file, or another job's).
+bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id);
 
 // The file of step `step` in `directory`: <directory>/step-00000100.safetensors.
 std::string CheckpointPath(const std::string& directory, int64_t step);

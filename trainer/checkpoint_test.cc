@@ -93,6 +93,23 @@ TEST(Checkpoint, WriteThenRead_RoundTripsEverything) {
   EXPECT_EQ(read->step_state.steps_done, 12);
 }
 
+TEST(Checkpoint, JobStamp_TellsTheJobsOwnFilesFromOthers) {
+  const std::string path = TempPath("stamped.safetensors");
+  TrainingCheckpoint written = SmallCheckpoint();
+  written.job_id = "job-0042";
+  SafetensorsWriteOptions replace;
+  replace.replace_existing = true;
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), written, replace).ok());
+  EXPECT_TRUE(CheckpointWrittenByJob(path, "job-0042"));
+  EXPECT_FALSE(CheckpointWrittenByJob(path, "job-0043"));
+  EXPECT_FALSE(CheckpointWrittenByJob(path, ""));
+  EXPECT_FALSE(CheckpointWrittenByJob(TempPath("missing.safetensors"), "job-0042"));
+  const std::string unstamped = TempPath("unstamped.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(unstamped, SmallLayout(), SmallCheckpoint(), replace).ok());
+  EXPECT_FALSE(CheckpointWrittenByJob(unstamped, "job-0042"));
+  EXPECT_TRUE(ReadTrainingCheckpoint(path, SmallLayout()).ok()) << "the stamp reads back fine";
+}
+
 TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTensor) {
   TrainingCheckpoint checkpoint = SmallCheckpoint();
   checkpoint.parameters[7] = std::numeric_limits<float>::quiet_NaN();  // bias[1]

@@ -123,11 +123,14 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       RETURN_IF_ERROR(backend->Download(slot.values, values.data()));
     }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
+    checkpoint.job_id = job_id;
     const std::string path = CheckpointPath(config.checkpoint_dir, step);
-    // A resumed run may write again a step file its failed attempt already wrote; a fresh run
-    // never replaces a file it did not write, unless the spec says so.
+    // A later attempt may write again a step file an earlier attempt of this job wrote (it
+    // resumed from an older checkpoint, or from the beginning when the coordinator never heard
+    // of that file); a run never replaces another job's file, unless the spec says so.
     SafetensorsWriteOptions write;
-    write.replace_existing = config.overwrite_output || !resume_checkpoint.empty();
+    write.replace_existing = config.overwrite_output || !resume_checkpoint.empty() ||
+                             CheckpointWrittenByJob(path, job_id);
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     return absl::OkStatus();
