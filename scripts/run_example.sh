@@ -58,7 +58,11 @@ fi
 if [ "$DIGITS" = 1 ]; then
   # The data under /tmp/mptrain-digits (the paths examples/digits.json names), a data root of
   # the workers; the same spec on GPUs with its device changed.
-  /usr/bin/python3 scripts/make_digits.py /tmp/mptrain-digits
+  # Debian's python3 (with python3-numpy from setup.sh); elsewhere the first python3 that has
+  # numpy (the GPU machine's lives in a virtual environment).
+  PYTHON=/usr/bin/python3
+  if ! "$PYTHON" -c 'import numpy' 2>/dev/null; then PYTHON=python3; fi
+  "$PYTHON" scripts/make_digits.py /tmp/mptrain-digits
   WORKER_ARGS+=(--data_root=/tmp/mptrain-digits)
   SPEC=examples/digits.json
   if [ "$GPUS" -ge 2 ]; then
