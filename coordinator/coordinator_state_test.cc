@@ -1142,3 +1142,52 @@ TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
 
 }  // namespace
 }  // namespace mptrain
+
+namespace mptrain {
+namespace {
+
+// The RPCs added for logs and history refuse what a hostile caller sends.
+TEST_F(CoordinatorStateTest, RankLogAndJobEvents_RefuseHostileRequests) {
+  const std::string job = Submit(1);
+  const std::string worker = Register("w", 1);
+  const std::string other = Register("x", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  const std::string runs = state_->GetJob(job)->placement(0).worker_id();
+  const std::string idle = runs == worker ? other : worker;
+  v1::ReportRankLogRequest log;
+  log.set_job_id(job);
+  log.set_rank(0);
+  log.set_attempt(1);
+  log.set_data("hello\n");
+  log.set_worker_id(runs);
+  log.set_worker_secret("wrong");
+  EXPECT_EQ(state_->ReportRankLog(log).code(), absl::StatusCode::kPermissionDenied);
+  log.set_worker_id(idle);  // A real worker speaking for a rank it does not run.
+  log.set_worker_secret(worker_secrets_[idle]);
+  EXPECT_EQ(state_->ReportRankLog(log).code(), absl::StatusCode::kPermissionDenied);
+  log.set_worker_id(runs);
+  log.set_worker_secret(worker_secrets_[runs]);
+  log.set_data(std::string(RankLogs::kMaxChunkBytes + 1, 'x'));
+  EXPECT_EQ(state_->ReportRankLog(log).code(), absl::StatusCode::kInvalidArgument);
+  log.set_data("hello\n");
+  ASSERT_TRUE(state_->ReportRankLog(log).ok());
+  v1::GetRankLogRequest read;
+  read.set_job_id(job);
+  read.set_rank(0);
+  EXPECT_EQ(state_->GetRankLog(read)->data(), "hello\n");
+  read.set_rank(7);
+  EXPECT_EQ(state_->GetRankLog(read).status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::GetJobEventsRequest events;
+  events.set_job_id(job);
+  events.set_max_events(10'001);
+  EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kInvalidArgument);
+  events.set_max_events(-1);
+  EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kInvalidArgument);
+  events.set_max_events(0);
+  events.set_job_id("job-9999");
+  EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace mptrain
