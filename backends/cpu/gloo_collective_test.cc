@@ -374,9 +374,12 @@ TEST(GlooCollective, PortRangeOnANetworkAddress_ListensThere) {
   options.store = &store;
   options.rendezvous_timeout_ms = 20'000;
   options.ports = TestPorts(2);
-  std::thread rank0([options] {
-    auto collective = GlooCollective::Connect(options);
-    EXPECT_TRUE(collective.ok()) << collective.status();
+  // Rank 0's collective outlives its thread: closing it while rank 1 still finishes its side
+  // of the handshake would fail rank 1 with "Connection closed by peer".
+  absl::StatusOr<std::unique_ptr<GlooCollective>> collective0;
+  std::thread rank0([options, &collective0] {
+    collective0 = GlooCollective::Connect(options);
+    EXPECT_TRUE(collective0.ok()) << collective0.status();
   });
   std::vector<Listener> listeners = WaitForListeners(1);
   ASSERT_EQ(listeners.size(), 1u);
@@ -396,9 +399,12 @@ TEST(GlooCollective, PortRangeFromTheEnvironment_IsUsed) {
   options.world_size = 2;
   options.store = &store;
   options.rendezvous_timeout_ms = 20'000;
-  std::thread rank0([options] {
-    auto collective = GlooCollective::Connect(options);
-    EXPECT_TRUE(collective.ok()) << collective.status();
+  // Rank 0's collective outlives its thread: closing it while rank 1 still finishes its side
+  // of the handshake would fail rank 1 with "Connection closed by peer".
+  absl::StatusOr<std::unique_ptr<GlooCollective>> collective0;
+  std::thread rank0([options, &collective0] {
+    collective0 = GlooCollective::Connect(options);
+    EXPECT_TRUE(collective0.ok()) << collective0.status();
   });
   std::vector<Listener> listeners = WaitForListeners(1);
   ASSERT_EQ(listeners.size(), 1u);
