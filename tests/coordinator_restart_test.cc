@@ -68,30 +68,34 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
     ++restarts;
   }
   // Then at points spread over its training (checkpoints every 400 steps fall between them):
-  // each time once the restarted coordinator has seen the job move on (its ranks are back).
+  // each time once the ranks are back with the restarted coordinator and have reported a step
+  // beyond what it restored from its store (the job moved on under this incarnation), and
+  // about kSteps / 24 steps after the last kill.
   std::vector<int64_t> seen_steps;
-  int64_t last_kill_step = -1;
+  int kills_mid_training = 0;
+  int64_t last_kill_step = 0;
   const auto deadline = Clock::now() + std::chrono::seconds(240);
   while (Clock::now() < deadline && restarts < 22) {
-    // (A kill before the ranks started leaves nothing to re-adopt: the job restarts, PENDING
-    // for a moment, from its latest checkpoint.)
-    // At most 8 s: a kill before the ranks are back is a point worth trying too.
+    auto restored = Get(cluster, interrupted_id);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    const int64_t restored_step = MinStep(*restored);
     auto moved = cluster.WaitForJob(
         interrupted_id,
         [&](const v1::Job& job) {
           const bool ended = job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
                              job.state() == v1::CANCELLED;
-          return ended ||
-                 (job.state() == v1::RUNNING && MinStep(job) > last_kill_step);
+          return ended || (job.state() == v1::RUNNING && MinStep(job) > restored_step &&
+                           MinStep(job) >= last_kill_step + kSteps / 24);
         },
-        8);
+        20);
     auto job = Get(cluster, interrupted_id);
     ASSERT_TRUE(job.ok()) << job.status();
     const bool ended = job->state() == v1::SUCCEEDED || job->state() == v1::FAILED ||
                        job->state() == v1::CANCELLED;
     if (ended) break;
-    (void)moved;
-    if (MinStep(*job) < last_kill_step) last_kill_step = -1;  // Restarted from a checkpoint.
+    // (A kill before the ranks are back, when they take longer than 20 s, is a point worth
+    // trying too: the job then restarts from its latest checkpoint.)
+    if (moved.ok()) ++kills_mid_training;
     last_kill_step = MinStep(*job);
     seen_steps.push_back(last_kill_step);
     ASSERT_TRUE(cluster.RestartCoordinator().ok());
@@ -102,8 +106,14 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
   // After the results: once more, and the job keeps its record.
   ASSERT_TRUE(cluster.RestartCoordinator().ok());
   ++restarts;
-  EXPECT_GE(restarts, 20);
-  std::cout << "coordinator restarts: " << restarts << "; job restarts " << ended->restarts()
+  EXPECT_GE(restarts, 15);
+  // Workers and ranks reach a restarted coordinator within a second or two (they retry and
+  // gRPC polls reconnects promptly), long before they would fence themselves: almost every kill
+  // lands on a job that its ranks had moved on under the coordinator just killed.
+  EXPECT_GE(kills_mid_training, 10) << "ranks slow to come back to a restarted coordinator";
+  std::cout << "coordinator restarts: " << restarts << " (" << kills_mid_training
+            << " with the job moving under the coordinator killed); job restarts "
+            << ended->restarts()
             << "; steps seen at kills:";
   for (int64_t step : seen_steps) std::cout << " " << step;
   std::cout << "\n";
