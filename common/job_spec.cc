@@ -231,6 +231,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   }
   if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(v1::MSE);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
+  if (spec->grad_comm_dtype() == v1::PRECISION_UNSPECIFIED) spec->set_grad_comm_dtype(v1::FP32);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
   if (spec->progress_timeout_s() == 0) spec->set_progress_timeout_s(kDefaultProgressTimeoutS);
   if (spec->collective_timeout_s() == 0) {
@@ -319,6 +320,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.precision() != v1::FP16 && spec.precision() != v1::BF16 &&
       spec.precision() != v1::FP32) {
     return Invalid(absl::StrCat("precision must be fp16, bf16 or fp32, got ", spec.precision()));
+  }
+  if (spec.grad_comm_dtype() != v1::PRECISION_UNSPECIFIED && spec.grad_comm_dtype() != v1::FP32 &&
+      spec.grad_comm_dtype() != v1::FP16 && spec.grad_comm_dtype() != v1::BF16) {
+    return Invalid(absl::StrCat("grad_comm_dtype must be fp32, fp16 or bf16, got ",
+                                spec.grad_comm_dtype()));
   }
   if (!spec.has_optimizer()) return Invalid("optimizer is required (optimizer.lr at least)");
   if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;

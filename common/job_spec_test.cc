@@ -225,6 +225,17 @@ TEST(ValidateJobSpec, Precision_MustBeKnown) {
   ExpectInvalid(spec, "precision must be fp16, bf16 or fp32");
 }
 
+TEST(ValidateJobSpec, GradCommDtype_MustBeKnown_AndDefaultsToFp32) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_grad_comm_dtype(static_cast<v1::Precision>(9));
+  ExpectInvalid(spec, "grad_comm_dtype must be fp32, fp16 or bf16, got 9");
+  v1::JobSpec defaulted;
+  ApplyJobSpecDefaults(&defaulted);
+  EXPECT_EQ(defaulted.grad_comm_dtype(), v1::FP32) << "not the autocast dtype's FP16 default";
+  spec.set_grad_comm_dtype(v1::BF16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
 TEST(ValidateJobSpec, Optimizer_IsRequired) {
   v1::JobSpec spec = ValidSpec();
   spec.clear_optimizer();

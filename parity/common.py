@@ -104,7 +104,8 @@ def write_inputs(name, case, out_dir, device, world=2):
         "max_grad_norm": case.get("max_grad_norm", 0.0),
         "init_checkpoint": os.path.join(out_dir, "init.safetensors"),
     }
-    for key in ("loss", "label_smoothing", "lr_schedule", "loss_scaler", "eval_every"):
+    for key in ("loss", "label_smoothing", "lr_schedule", "loss_scaler", "eval_every",
+                "grad_comm_dtype"):
         if key in case:
             spec[key] = case[key]
     if case.get("shuffle"):

@@ -1,5 +1,6 @@
 """The training loop in PyTorch: DDP + autocast + GradScaler + no_sync, with the job spec's
-loss (mse, cross_entropy with label_smoothing), optimizer (SGD with momentum/nesterov/weight
+loss (mse, cross_entropy with label_smoothing), gradient communication (fp32, or DDP's fp16/bf16
+compress hook for grad_comm_dtype), optimizer (SGD with momentum/nesterov/weight
 decay, Adam, AdamW), learning-rate schedule (LambdaLR / StepLR, stepped once per attempted
 step), data (contiguous shards, or DistributedSampler epochs) and evaluation (eval_data).
 
@@ -27,10 +28,30 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import load_safetensors, save_safetensors  # noqa: E402
+
+
+def bf16_compress_hook_gloo(process_group, bucket):
+    """DDP's bf16_compress_hook for gloo, which has no bf16 allreduce (PyTorch 1.13 refuses the
+    hook without NCCL): the same arithmetic, the bucket rounded to bf16 and divided by the world
+    size in bf16, the ranks' values summed in bf16 in rank order (with two ranks exactly the one
+    rounded addition of a ring allreduce), copied back into the fp32 bucket."""
+    world = dist.get_world_size()
+    compressed = bucket.buffer().to(torch.bfloat16).div_(world)
+    gathered = [torch.empty_like(compressed, dtype=torch.float32) for _ in range(world)]
+    dist.all_gather(gathered, compressed.float())  # bf16 values travel exactly as fp32.
+    total = gathered[0].to(torch.bfloat16)
+    for values in gathered[1:]:
+        total = total + values.to(torch.bfloat16)
+    buffer = bucket.buffer()
+    buffer.copy_(total)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
 
 
 def build_model(model_spec):
@@ -122,6 +143,12 @@ def main():
             linear.weight.copy_(torch.from_numpy(init[f"layers.{i}.weight"]))
             linear.bias.copy_(torch.from_numpy(init[f"layers.{i}.bias"]))
     model = DDP(model.to(device), device_ids=[device.index] if cuda else None)
+    comm_dtype = spec.get("grad_comm_dtype", "fp32").lower()
+    if comm_dtype == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif comm_dtype == "bf16":
+        model.register_comm_hook(
+            None, default_hooks.bf16_compress_hook if cuda else bf16_compress_hook_gloo)
 
     classification = spec.get("loss", "mse").lower() == "cross_entropy"
     precision = spec.get("precision", "fp16").lower()

@@ -18,6 +18,9 @@ class SingleRankCollective final : public Collective {
     if (aborted_) return absl::AbortedError("collective allreduce aborted: " + reason_);
     return absl::OkStatus();
   }
+  absl::Status AllReduceSumCompressedAsync(Tensor buffer) override {
+    return AllReduceMean(buffer);  // The sum over one rank, too.
+  }
   absl::Status Broadcast(Tensor, int root) override {
     if (root != 0) return absl::InvalidArgumentError("broadcast root must be 0 in a world of 1");
     if (aborted_) return absl::AbortedError("collective broadcast aborted: " + reason_);
@@ -46,6 +49,10 @@ class CountingCollective final : public Collective {
   absl::Status AllReduceMeanAsync(Tensor buffer) override {
     ++calls_;
     return inner_->AllReduceMeanAsync(buffer);
+  }
+  absl::Status AllReduceSumCompressedAsync(Tensor buffer) override {
+    ++calls_;
+    return inner_->AllReduceSumCompressedAsync(buffer);
   }
   absl::Status JoinAllReduces() override { return inner_->JoinAllReduces(); }
   // Not counted: `calls` is about the allreduces of the steps.

@@ -57,6 +57,13 @@ class Collective {
   // uses these to reduce one gradient bucket while the backward pass computes the next.
   virtual absl::Status AllReduceMeanAsync(Tensor buffer) { return AllReduceMean(buffer); }
   virtual absl::Status JoinAllReduces() { return absl::OkStatus(); }
+  // In-place sum over ranks of an f16 or bf16 buffer (compressed gradients: DDP's fp16/bf16
+  // compress hooks), summed in that dtype, every addition rounded to it, as NCCL and gloo do;
+  // ordered like AllReduceMeanAsync and joined by JoinAllReduces(). UNIMPLEMENTED where a
+  // collective has none.
+  virtual absl::Status AllReduceSumCompressedAsync(Tensor buffer) {
+    return absl::UnimplementedError("this collective has no compressed allreduce");
+  }
   // In-place copy of rank `root`'s f32 buffer (in the backend's memory) to every rank, bit for
   // bit, ordered like AllReduceMean. Every rank calls it with the same root and element count.
   // INVALID_ARGUMENT for a root outside the world; otherwise the errors of AllReduceMean.
@@ -95,7 +102,8 @@ class Backend {
   // Tensor -> host fp32. Waits for the work that produces it.
   virtual absl::Status Download(Tensor src, float* host) = 0;
   virtual absl::Status Zero(Tensor tensor) = 0;
-  // dst = src rounded to dst's dtype (same element count).
+  // dst = src rounded to dst's dtype (same element count). src is f32, or, when dst is f32, any
+  // dtype (widening is exact).
   virtual absl::Status Cast(Tensor src, Tensor dst) = 0;
   // dst rows = src rows [first, first + dst.rows), wrapping around the end of src.
   virtual absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) = 0;
@@ -145,6 +153,12 @@ class Backend {
   virtual absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) = 0;
   // acc[0] += the rows r of x [R, C] (any dtype) whose first maximum is at column ids[r].
   virtual absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) = 0;
+
+  // ---- Compressed gradient communication (trainer/gradient_communicator.h) ----
+  // dst = round(round(src) / divisor), both roundings to dst's dtype (f16 or bf16), the division
+  // in fp32: DDP's compress hooks' `bucket.buffer().to(dtype).div_(world_size)`. src [R, C] f32,
+  // dst the same element count.
+  virtual absl::Status CompressGradients(Tensor src, float divisor, Tensor dst) = 0;
 
   // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
   // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):

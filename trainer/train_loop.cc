@@ -9,6 +9,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data/micro_batches.h"
 #include "trainer/evaluator.h"
+#include "trainer/gradient_communicator.h"
 #include "trainer/loss/loss.h"
 #include "trainer/mlp.h"
 #include "trainer/optim/optimizer.h"
@@ -84,10 +85,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   std::map<int64_t, EvalResult> evaluations;  // By step, until their telemetry is out.
   // DDP's buckets: each is allreduced (mean over ranks; the loss and the correct count ride in
   // the first) as soon as the backward pass of the stepping micro-batch completes it,
-  // overlapping the rest.
+  // overlapping the rest; in fp32 or compressed (DDP's compress hooks), as the job says.
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientCommunicator> communicator,
+                   GradientCommunicator::Create(backend, collective, config.grad_comm_dtype,
+                                                mlp->grads(), mlp->layout().total));
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
                    GradientReducer::Create(mlp->layout(), mlp->accumulator(), [&](Tensor span) {
-                     return collective->AllReduceMeanAsync(span);
+                     return communicator->Start(span);
                    }));
 
   const StepConfig step_config = MakeStepConfig(config);
@@ -196,7 +200,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // The stepping micro-batch tells the reducer as each layer's gradients are done.
       RETURN_IF_ERROR(mlp->Backward(micro, stepping ? reducer.get() : nullptr));
     }
-    RETURN_IF_ERROR(collective->JoinAllReduces());
+    RETURN_IF_ERROR(communicator->Finish());
     // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip
     // or step and update the scale; the optimizer's step (with the low-precision weight copies
     // for the next step's micro-batches) unless skipped. The metric slots start the next step

@@ -96,6 +96,9 @@ struct TrainingConfig {
   int64_t steps = 1;  // Optimizer steps.
   // The autocast dtype of GEMM inputs and activations (kF32: no autocast).
   DType compute_dtype = DType::kF16;
+  // The dtype gradients are allreduced in: kF32, or kF16 / kBF16 with the semantics of DDP's
+  // fp16/bf16 compress hooks (trainer/gradient_communicator.h).
+  DType grad_comm_dtype = DType::kF32;
   OptimizerConfig optimizer;
   ScheduleConfig lr_schedule;
   LossScalerConfig loss_scaler;

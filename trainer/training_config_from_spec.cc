@@ -47,6 +47,7 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.accumulation_steps = spec.accumulation_steps();
   config.steps = spec.steps();
   config.compute_dtype = ComputeDType(spec.precision());
+  config.grad_comm_dtype = ComputeDType(spec.grad_comm_dtype());
   const v1::OptimizerSpec& optimizer = spec.optimizer();
   config.optimizer.type = optimizer.kind() == v1::ADAM    ? OptimizerType::kAdam
                           : optimizer.kind() == v1::ADAMW ? OptimizerType::kAdamW

@@ -61,6 +61,19 @@ absl::Status CpuBackend::Cast(Tensor src, Tensor dst) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CompressGradients(Tensor src, float divisor, Tensor dst) {
+  if (auto status = CheckSameSize("CompressGradients", src, dst); !status.ok()) return status;
+  if (dst.dtype == DType::kF32) {
+    return absl::InvalidArgumentError("CompressGradients: the destination must be f16 or bf16");
+  }
+  const float* in = F(src);
+  float* out = F(dst);
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    out[i] = RoundTo(dst.dtype, RoundTo(dst.dtype, in[i]) / divisor);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) {
   if (src.cols != dst.cols || src.rows == 0) {
     return absl::InvalidArgumentError("CopyRowsWrapping: column mismatch or empty source");

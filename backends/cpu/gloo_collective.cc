@@ -22,9 +22,34 @@
 #include "gloo/transport/tcp/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/tcp/pair.h"
+#include "gloo/types.h"
+#include "trainer/precision.h"
 
 namespace mptrain {
 namespace {
+
+float Bf16BitsToFloat(uint16_t bits) {
+  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+uint16_t FloatToBf16Bits(float value) {  // `value` already rounded to bf16: exact.
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// gloo's reduce function for bf16 (gloo has no bf16 type): c = round_bf16(a + b).
+void SumBf16(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = FloatToBf16Bits(RoundToBF16(Bf16BitsToFloat(x[i]) + Bf16BitsToFloat(y[i])));
+  }
+}
 
 // gloo's Store interface over our KeyValueStore. gloo reports errors by exception, so failures
 // of the store are thrown here and caught in GlooCollective::Connect.
@@ -343,6 +368,45 @@ absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
     const int n = options_.world_size;
     return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
                    {(options_.rank + n - 1) % n});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCollective::AllReduceSumCompressedAsync(Tensor buffer) {
+  if (buffer.dtype != DType::kF16 && buffer.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("compressed allreduce: the buffer must be f16 or bf16");
+  }
+  if (aborted_.load()) return Failure("allreduce", "");
+  if (options_.world_size == 1) return absl::OkStatus();
+  float* values = static_cast<float*>(buffer.data);
+  const size_t count = static_cast<size_t>(buffer.numel());
+  const bool f16 = buffer.dtype == DType::kF16;
+  wire_.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    wire_[i] = f16 ? gloo::cpu_float2half_rn(values[i]).x : FloatToBf16Bits(values[i]);
+  }
+  try {
+    gloo::AllreduceOptions gloo_options(context_);
+    if (f16) {
+      gloo_options.setOutput(reinterpret_cast<gloo::float16*>(wire_.data()), count);
+      gloo_options.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<gloo::float16>));
+    } else {
+      gloo_options.setOutput(wire_.data(), count);
+      gloo_options.setReduceFunction(&SumBf16);
+    }
+    gloo_options.setTag(next_tag_++);
+    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
+    gloo::allreduce(gloo_options);
+  } catch (const std::exception& error) {
+    const int n = options_.world_size;
+    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
+                   {(options_.rank + n - 1) % n});
+  }
+  for (size_t i = 0; i < count; ++i) {
+    gloo::float16 half;  // (Its constructors convert numbers; the bits are set directly.)
+    half.x = wire_[i];
+    values[i] = f16 ? gloo::cpu_half2float(half) : Bf16BitsToFloat(wire_[i]);
   }
   return absl::OkStatus();
 }

@@ -66,6 +66,10 @@ class GlooCollective final : public Collective {
   // 60 s: rank 0 on h1 (10.0.0.2) waited for rank 1 on h2 (10.0.0.3)"). UNAVAILABLE: a peer's
   // connection broke. ABORTED: Abort() was called (the message carries its reason).
   absl::Status AllReduceMean(Tensor buffer) override;
+  // The buffer holds f16 or bf16 values in 4-byte floats (the CPU backend's low-precision
+  // layout): they travel as 2-byte values, fp16 with gloo's float16 sum (as PyTorch's gloo
+  // process group), bf16 with a sum that rounds each addition to bf16. Errors as AllReduceMean.
+  absl::Status AllReduceSumCompressedAsync(Tensor buffer) override;
   // gloo's binomial tree from `root`; a timeout names the parent this rank waited to receive
   // from, or the children it waited to send to.
   absl::Status Broadcast(Tensor buffer, int root) override;
@@ -85,6 +89,7 @@ class GlooCollective final : public Collective {
   std::unique_ptr<PeerDirectory> peers_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
+  std::vector<uint16_t> wire_;  // Compressed values as they travel (2 bytes each).
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;

@@ -182,8 +182,13 @@ absl::Status CudaBackend::Zero(Tensor tensor) {
 }
 
 absl::Status CudaBackend::Cast(Tensor src, Tensor dst) {
+  if (src.numel() == dst.numel() && src.dtype != DType::kF32 && dst.dtype == DType::kF32) {
+    CUDA_RETURN_IF_ERROR(
+        CastToF32(src.data, src.dtype, static_cast<float*>(dst.data), src.numel(), stream_));
+    return absl::OkStatus();
+  }
   if (src.numel() != dst.numel() || src.dtype != DType::kF32) {
-    return absl::InvalidArgumentError("Cast: needs an f32 source of the same size");
+    return absl::InvalidArgumentError("Cast: needs an f32 source or destination of the same size");
   }
   if (dst.dtype == DType::kF32) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.numel() * 4,
@@ -192,6 +197,16 @@ absl::Status CudaBackend::Cast(Tensor src, Tensor dst) {
   }
   CUDA_RETURN_IF_ERROR(
       CastFromF32(static_cast<const float*>(src.data), dst.data, dst.dtype, dst.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CompressGradients(Tensor src, float divisor, Tensor dst) {
+  if (src.numel() != dst.numel() || src.dtype != DType::kF32 || dst.dtype == DType::kF32) {
+    return absl::InvalidArgumentError(
+        "CompressGradients: needs an f32 source and an f16 or bf16 destination of the same size");
+  }
+  CUDA_RETURN_IF_ERROR(CompressF32(static_cast<const float*>(src.data), divisor, dst.data,
+                                   dst.dtype, dst.numel(), stream_));
   return absl::OkStatus();
 }
 

@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   absl::Status Exp(Tensor x, Tensor out) override;
   absl::Status SmoothedOneHot(Tensor ids, float on, float off, Tensor out) override;
   absl::Status CountArgmaxMatches(Tensor x, Tensor ids, Tensor acc) override;
+  absl::Status CompressGradients(Tensor src, float divisor, Tensor dst) override;
   absl::Status GradientStatistics(Tensor grads, StepStateBuffer step_state) override;
   absl::Status FinalizeStep(const StepConfig& config, Tensor metrics,
                             StepStateBuffer step_state) override;

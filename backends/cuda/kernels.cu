@@ -315,6 +315,11 @@ __global__ void update_parameters_kernel(UpdateRule rule, float* params, const f
   }
 }
 
+template <typename T>
+__global__ void compress_kernel(const float* src, float divisor, T* dst, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = FromFloat<T>(ToFloat<T>(FromFloat<T>(src[i])) / divisor);
+}
+
 __global__ void copy_rows_wrapping_kernel(const float* src, int64_t src_rows, int64_t cols,
                                           int64_t first, float* dst, int64_t dst_rows) {
   GRID_STRIDE(i, dst_rows * cols) {
@@ -339,6 +344,15 @@ cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cud
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     cast_from_f32_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(src, static_cast<T*>(dst), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t CompressF32(const float* src, float divisor, void* dst, DType dtype, int64_t n,
+                        cudaStream_t stream) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    compress_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(src, divisor, static_cast<T*>(dst), n);
     return cudaGetLastError();
   });
 }

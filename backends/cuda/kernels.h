@@ -16,6 +16,9 @@ namespace mptrain::cuda {
 
 // dst (dtype) = round(src f32), n elements.
 cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+// dst (dtype) = round(round(src) / divisor), n elements (DDP's compress hooks).
+cudaError_t CompressF32(const float* src, float divisor, void* dst, DType dtype, int64_t n,
+                        cudaStream_t stream);
 // dst f32 = src (dtype), n elements.
 cudaError_t CastToF32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream);
 // out[r, c] = bias[c] for a [rows, cols] buffer of dtype (the GEMM then adds x · wᵀ with beta 1).

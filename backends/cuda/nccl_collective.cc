@@ -176,6 +176,17 @@ absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
   });
 }
 
+absl::Status NcclCollective::AllReduceSumCompressedAsync(Tensor buffer) {
+  if (buffer.dtype != DType::kF16 && buffer.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("compressed allreduce: the buffer must be f16 or bf16");
+  }
+  const ncclDataType_t type = buffer.dtype == DType::kF16 ? ncclFloat16 : ncclBfloat16;
+  return Enqueue("allreduce", [&] {
+    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()), type,
+                         ncclSum, comm_, comm_stream_);
+  });
+}
+
 absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
   if (root < 0 || root >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root,

@@ -57,6 +57,7 @@ class NcclCollective final : public Collective {
   absl::Status AllReduceMean(Tensor buffer) override;
   absl::Status AllReduceMeanAsync(Tensor buffer) override;
   absl::Status JoinAllReduces() override;
+  absl::Status AllReduceSumCompressedAsync(Tensor buffer) override;
   // ncclBroadcast in place on the comm stream, ordered between compute-stream work like
   // AllReduceMean.
   absl::Status Broadcast(Tensor buffer, int root) override;
