@@ -3,6 +3,10 @@ example's loop, on the configurations of bench_configs.h. Run under torchrun (on
 GPU); rank 0 prints one JSON object per configuration.
 
   torchrun --standalone --nproc_per_node 2 bench/pytorch_baseline.py --warmup 10 --steps 50
+
+--hook fp16|bf16 registers DDP's fp16/bf16_compress_hook (our grad_comm_dtype); --as_hosts gives
+each rank its own NCCL_HOSTID, so that with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 the two GPUs
+talk as two hosts would, over NCCL's socket transport (bench/run_net_bench.sh).
 """
 import argparse
 import contextlib
@@ -12,6 +16,7 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 CONFIGS = {
@@ -36,7 +41,11 @@ def main():
     parser.add_argument("--configs", default="seed,mlp1k,mlp8k")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--hook", choices=["none", "fp16", "bf16"], default="none")
+    parser.add_argument("--as_hosts", action="store_true")
     args = parser.parse_args()
+    if args.as_hosts:
+        os.environ["NCCL_HOSTID"] = f"bench-host-{os.environ['RANK']}"
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -45,6 +54,9 @@ def main():
         widths, batch = CONFIGS[name]
         torch.manual_seed(0)
         model = DDP(model_for(widths).to(device), device_ids=[device.index])
+        if args.hook != "none":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook if args.hook == "fp16"
+                                     else default_hooks.bf16_compress_hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cuda")
         generator = torch.Generator(device=device).manual_seed(rank)
@@ -86,6 +98,7 @@ def main():
         if rank == 0:
             print(json.dumps({
                 "engine": "pytorch", "config": name, "gpus": world, "step_ms": step_ms,
+                "grad_comm": args.hook if args.hook != "none" else "fp32",
                 "samples_per_s": samples_per_gpu * world / (step_ms * 1e-3),
                 "tflops_per_gpu": 6 * params * samples_per_gpu / (step_ms * 1e-3) / 1e12,
                 "params": params, "allreduce_ms": allreduce_ms,

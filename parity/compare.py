@@ -65,6 +65,21 @@ CASES = {
         optimizer={"kind": "adamw", "lr": 0.003, "weight_decay": 0.05},
         lr_schedule={"kind": "warmup_cosine", "warmup_steps": 5, "min_lr": 0.0003},
         loss_scaler={"init_scale": 2.0 ** 40, "growth_interval": 10}),
+    # Gradients allreduced in fp16 with DDP's fp16_compress_hook on the PyTorch side, from a
+    # scale at which the compressed (scaled) gradients overflow fp16: the skips and the scale
+    # trajectory must be PyTorch's.
+    "comm_fp16": dict(model={"input_dim": 512, "hidden_dims": [1024, 1024], "output_dim": 128,
+                             "activation": "relu"},
+                      rows_per_rank=2048, micro_batch_size=256, accumulation_steps=4, steps=30,
+                      precision="fp16", grad_comm_dtype="fp16",
+                      optimizer={"lr": 0.05, "momentum": 0.9},
+                      loss_scaler={"init_scale": 2.0 ** 30, "growth_interval": 10}),
+    # bf16 autocast, gradients through bf16_compress_hook.
+    "comm_bf16": dict(model={"input_dim": 512, "hidden_dims": [1024, 1024], "output_dim": 128,
+                             "activation": "gelu"},
+                      rows_per_rank=2048, micro_batch_size=256, accumulation_steps=4, steps=20,
+                      precision="bf16", grad_comm_dtype="bf16",
+                      optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}),
     # The same model in bf16 with Adam (L2 weight decay) and step decay.
     "ce_adam_bf16": dict(
         model={"input_dim": 256, "hidden_dims": [512, 512], "output_dim": 10,

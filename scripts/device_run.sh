@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench] [net] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -31,6 +31,10 @@ for step in $STEPS; do
     bench)
       PYTHONUNBUFFERED=1 timeout 500 bash bench/run_bench.sh >"$OUT/bench.log" 2>&1 || status=1
       tail -22 "$OUT/bench.log" ;;
+    net)
+      # The two GPUs as two hosts over NCCL's socket transport, ours and PyTorch's.
+      PYTHONUNBUFFERED=1 timeout 500 bash bench/run_net_bench.sh >"$OUT/net.log" 2>&1 || status=1
+      tail -12 "$OUT/net.log" ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;
