@@ -7,6 +7,8 @@
 # (bench/pytorch_baseline.py --as_hosts), each with fp32 gradients and with the fp16 and bf16
 # compress hooks (our grad_comm_dtype).
 #   CONFIGS="mlp1k mlp8k" WARMUP=5 STEPS=20 bash bench/run_net_bench.sh
+# NCCL's socket settings apply to both engines alike: e.g. NCCL_SOCKET_NTHREADS=4
+# NCCL_NSOCKS_PERTHREAD=4 in the environment (TAG names the variant in the results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mptrain-out}
@@ -15,14 +17,16 @@ WARMUP=${WARMUP:-5}
 STEPS=${STEPS:-20}
 CONFIGS=${CONFIGS:-mlp1k mlp8k}
 COMMS=${COMMS:-fp32 fp16 bf16}
-RESULTS="$OUT/net_bench.jsonl"
+TAG=${TAG:-default}
+RESULTS="$OUT/net_bench_$TAG.jsonl"
 : >"$RESULTS"
 export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
 
+# input|hidden|output|micro-batch, as bench/bench_configs.h.
 widths_of() { case $1 in
-  mlp1k) echo "1024 1024,1024,1024 1024 512" ;;
-  mlp8k) echo "8192 8192,8192,8192 8192 4096" ;;
-  seed) echo "1024  16 64" ;;
+  mlp1k) echo "1024|1024,1024,1024|1024|512" ;;
+  mlp8k) echo "8192|8192,8192,8192|8192|4096" ;;
+  seed) echo "1024||16|64" ;;
 esac; }
 
 COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
@@ -33,7 +37,7 @@ NCCL_HOSTID=net-host-b start_worker hostB 1 --device=cuda
 wait_for_workers 2 || exit 1
 status=0
 for config in $CONFIGS; do
-  read -r input hidden output batch <<<"$(widths_of "$config")"
+  IFS='|' read -r input hidden output batch <<<"$(widths_of "$config")"
   for comm in $COMMS; do
     spec="$CLUSTER_DIR/$config-$comm.json"
     cat >"$spec" <<SPEC
@@ -46,13 +50,15 @@ SPEC
     job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
     "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl >"$CLUSTER_DIR/$config-$comm.jsonl" || status=1
     python3 - "$CLUSTER_DIR/$config-$comm.jsonl" "$config" "$comm" "$WARMUP" <<'PY' | tee -a "$RESULTS"
-import json, statistics, sys
+import json, os, statistics, sys
 path, config, comm, warmup = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 records = [json.loads(line) for line in open(path) if line.strip()]
 times = [r.get("stepTimeMs", r.get("step_time_ms")) for r in records
          if int(r.get("step", 0)) > warmup and r.get("rank", 0) in (0, None)]
 times = [t for t in times if t is not None]
 print(json.dumps({"engine": "mptrain (service)", "config": config, "grad_comm": comm,
+                  "nccl_socket": "threads %s x socks %s" % (os.environ.get("NCCL_SOCKET_NTHREADS", "default"),
+                                                          os.environ.get("NCCL_NSOCKS_PERTHREAD", "default")),
                   "step_ms": statistics.median(times) if times else None, "steps": len(times)}))
 PY
   done
@@ -64,11 +70,12 @@ for comm in $COMMS; do
     --configs "$(echo $CONFIGS | tr ' ' ,)" --warmup "$WARMUP" --steps "$STEPS" --hook "$hook" \
     --as_hosts 2>"$OUT/net_pytorch_$comm.err" | tee -a "$RESULTS" || status=1
 done
-python3 - "$RESULTS" <<'PY'
-import json, sys
+TAG=$TAG python3 - "$RESULTS" <<'PY'
+import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 ours = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] != "pytorch"}
 torch = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] == "pytorch"}
+print(f"NCCL socket transport, {os.environ.get('TAG', 'default')} settings")
 print(f"{'config':<8}{'grad comm':<11}{'mptrain ms':>12}{'pytorch ms':>12}{'speed-up':>10}")
 for key in sorted(set(ours) | set(torch)):
     a, b = ours.get(key), torch.get(key)
