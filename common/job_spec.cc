@@ -64,6 +64,12 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
     return Invalid(absl::StrCat("model.activation must be relu or gelu, got ",
                                 model.activation()));
   }
+  if (model.norm() != v1::NONE && model.norm() != v1::LAYER_NORM &&
+      model.norm() != v1::BATCH_NORM && model.norm() != v1::SYNC_BATCH_NORM) {
+    return Invalid(absl::StrCat(
+        "model.norm must be none, layer_norm, batch_norm or sync_batch_norm, got ",
+        model.norm()));
+  }
   return absl::OkStatus();
 }
 
@@ -229,6 +235,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
     spec->mutable_model()->set_activation(v1::RELU);
   }
+  if (spec->model().norm() == v1::NORM_KIND_UNSPECIFIED) spec->mutable_model()->set_norm(v1::NONE);
   if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(v1::MSE);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
   if (spec->grad_comm_dtype() == v1::PRECISION_UNSPECIFIED) spec->set_grad_comm_dtype(v1::FP32);
@@ -309,6 +316,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {
     return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
                                 spec.micro_batch_size()));
+  }
+  // As torch: "Expected more than 1 value per channel when training".
+  if (spec.model().norm() == v1::BATCH_NORM && spec.micro_batch_size() < 2) {
+    return Invalid(absl::StrCat("model.norm batch_norm needs micro_batch_size >= 2 (batch "
+                                "statistics of one row are undefined), got ",
+                                spec.micro_batch_size()));
+  }
+  if (spec.model().norm() == v1::SYNC_BATCH_NORM &&
+      spec.micro_batch_size() * spec.world_size() < 2) {
+    return Invalid(absl::StrCat("model.norm sync_batch_norm needs micro_batch_size * world_size "
+                                ">= 2 (batch statistics of one row are undefined), got ",
+                                spec.micro_batch_size(), " * ", spec.world_size()));
   }
   if (spec.accumulation_steps() < 1 || spec.accumulation_steps() > kMaxAccumulationSteps) {
     return Invalid(absl::StrCat("accumulation_steps must be in [1, ", kMaxAccumulationSteps,

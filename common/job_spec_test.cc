@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -161,6 +163,54 @@ TEST(ValidateJobSpec, OutputDim_MustBePositive) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_model()->set_output_dim(0);
   ExpectInvalid(spec, "model.output_dim must be in [1, 1048576], got 0");
+}
+
+TEST(ParseJobSpecJson, Norm_ParsesAndDefaultsToNone) {
+  EXPECT_EQ(ValidSpec().model().norm(), v1::NONE);
+  for (const auto& [text, kind] : std::vector<std::pair<std::string, v1::NormKind>>{
+           {"none", v1::NONE},
+           {"layer_norm", v1::LAYER_NORM},
+           {"BATCH_NORM", v1::BATCH_NORM},
+           {"sync_batch_norm", v1::SYNC_BATCH_NORM}}) {
+    auto spec = ParseJobSpecJson(R"({"model": {"input_dim": 2, "output_dim": 1, "norm": ")" +
+                                 text + R"("}})");
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_EQ(spec->model().norm(), kind) << text;
+  }
+  EXPECT_FALSE(ParseJobSpecJson(R"({"model": {"norm": "group_norm"}})").ok());
+}
+
+TEST(ValidateJobSpec, Norm_MustBeKnown) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_norm(static_cast<v1::NormKind>(9));
+  ExpectInvalid(spec, "model.norm must be none, layer_norm, batch_norm or sync_batch_norm");
+}
+
+TEST(ValidateJobSpec, Norm_EveryKindIsValid) {
+  for (v1::NormKind kind : {v1::NONE, v1::LAYER_NORM, v1::BATCH_NORM, v1::SYNC_BATCH_NORM}) {
+    v1::JobSpec spec = ValidSpec();
+    spec.mutable_model()->set_norm(kind);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << kind << ": " << ValidateJobSpec(spec);
+  }
+}
+
+TEST(ValidateJobSpec, BatchNorm_NeedsTwoRowsPerMicroBatch) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_norm(v1::BATCH_NORM);
+  spec.set_micro_batch_size(1);
+  ExpectInvalid(spec, "model.norm batch_norm needs micro_batch_size >= 2");
+  // Layer norm normalises each row by itself: one row is fine.
+  spec.mutable_model()->set_norm(v1::LAYER_NORM);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(ValidateJobSpec, SyncBatchNorm_NeedsTwoRowsOverAllRanks) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->set_norm(v1::SYNC_BATCH_NORM);
+  spec.set_micro_batch_size(1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);  // 1 row on each of 2 ranks
+  spec.set_world_size(1);
+  ExpectInvalid(spec, "model.norm sync_batch_norm needs micro_batch_size * world_size >= 2");
 }
 
 TEST(ValidateJobSpec, Activation_MustBeKnown) {

@@ -47,7 +47,10 @@ RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
   // Doubles: a hostile spec (three layers 2^20 wide) is ~10^13 bytes, far from double's limits,
   // and nothing here can overflow.
   const std::vector<int64_t> widths = LayerWidths(spec.model());
-  double n = 0, largest_layer = 0, outputs = 0, gelu_outputs = 0;
+  const bool norm = spec.model().norm() == v1::LAYER_NORM ||
+                    spec.model().norm() == v1::BATCH_NORM ||
+                    spec.model().norm() == v1::SYNC_BATCH_NORM;
+  double n = 0, largest_layer = 0, outputs = 0, gelu_outputs = 0, norm_outputs = 0;
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
     const double weights = static_cast<double>(widths[i]) * widths[i + 1];
     n += weights + widths[i + 1];
@@ -55,13 +58,17 @@ RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
     outputs += widths[i + 1];
     const bool hidden = i + 2 < widths.size();
     if (hidden && spec.model().activation() == v1::GELU) gelu_outputs += widths[i + 1];
+    if (hidden && norm) {
+      n += 2.0 * widths[i + 1];  // the norm's weight and bias
+      norm_outputs += widths[i + 1];
+    }
   }
   const double element = spec.precision() == v1::FP32 ? 4 : 2;  // the compute dtype
   const double batch = static_cast<double>(spec.micro_batch_size());
   const double accumulation = static_cast<double>(spec.accumulation_steps());
 
-  double gradient_slots = 0;
-  if (spec.precision() != v1::FP32 && accumulation > 1 &&
+  double gradient_slots = 0;  // None with a norm (trainer/mlp.cc).
+  if (!norm && spec.precision() != v1::FP32 && accumulation > 1 &&
       accumulation * n * element <= kDeferredGradientBudgetBytes) {
     gradient_slots = accumulation * n * element;
   }
@@ -70,7 +77,8 @@ RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
   const double activations =
       batch * in * element                          // the input cast to the compute dtype
       + batch * (2 * outputs + gelu_outputs) * element  // outputs, their gradients, pre-GELU
-      + 2 * batch * (in + out) * 4;                 // the fp32 micro-batch and its data
+      + 2 * batch * (in + out) * 4                  // the fp32 micro-batch and its data
+      + 3 * batch * norm_outputs * 4;               // norms: z, its output and gradient
   const double workspace = spec.device() == v1::CUDA
                                ? kCudaWorkspaceBytes
                                : kCpuWorkspaceBytes + 4 * largest_layer;  // GEMM scratch

@@ -38,6 +38,18 @@ TEST(EstimateRankMemory, Adam_KeepsTwoMoments) {
   EXPECT_EQ(EstimateRankMemory(spec).optimizer, 2 * 16400 * 4);
 }
 
+TEST(EstimateRankMemory, Norm_CountsItsParametersAndActivations) {
+  v1::JobSpec plain = Mlp(64, {128, 32}, 8, 16);
+  v1::JobSpec normed = plain;
+  normed.mutable_model()->set_norm(v1::BATCH_NORM);
+  const RankMemoryEstimate a = EstimateRankMemory(plain), b = EstimateRankMemory(normed);
+  // Weight and bias per hidden feature: 2 · (128 + 32) parameters, each with its fp32 master,
+  // low-precision copy, gradient and momentum.
+  EXPECT_EQ(b.parameters - a.parameters, 2 * (128 + 32) * (4 + 2));
+  EXPECT_EQ(b.gradients - a.gradients, 2 * (128 + 32) * 4);
+  EXPECT_EQ(b.activations - a.activations, 3 * 16 * (128 + 32) * 4);
+}
+
 TEST(EstimateRankMemory, HugeLayers_AreTerabytesWithoutOverflow) {
   RankMemoryEstimate estimate = EstimateRankMemory(
       Mlp(int64_t{1} << 20, {int64_t{1} << 20, int64_t{1} << 20}, int64_t{1} << 20, 1));

@@ -85,6 +85,13 @@ def write_inputs(name, case, out_dir, device, world=2):
 
     # An odd row count when shuffling: the sampler pads, epochs end inside micro-batches.
     draw(case.get("rows", case["rows_per_rank"] * world), "")
+    if case.get("shift_rank1"):
+        # Different data per rank: rank 1's contiguous shard scaled and shifted, so that its
+        # batch statistics are far from rank 0's.
+        path = os.path.join(out_dir, "features.npy")
+        features = np.load(path)
+        features[case["rows_per_rank"]:] = 2.0 * features[case["rows_per_rank"]:] + 1.5
+        np.save(path, features)
     if "eval_rows" in case:
         draw(case["eval_rows"], "eval_")
     init = {}
@@ -93,6 +100,13 @@ def write_inputs(name, case, out_dir, device, world=2):
         init[f"layers.{i}.weight"] = rng.uniform(
             -bound, bound, (widths[i + 1], widths[i])).astype(np.float32)
         init[f"layers.{i}.bias"] = rng.uniform(-bound, bound, (widths[i + 1],)).astype(np.float32)
+    if case["model"].get("norm", "none").lower() != "none":
+        # Affine parameters away from torch's 1 and 0, so that their use is tested too (drawn
+        # after everything else: the cases without norms keep their inputs).
+        for i in range(len(widths) - 2):
+            init[f"norms.{i}.weight"] = (1.0 + 0.2 * rng.standard_normal(widths[i + 1])).astype(
+                np.float32)
+            init[f"norms.{i}.bias"] = (0.2 * rng.standard_normal(widths[i + 1])).astype(np.float32)
     save_safetensors(init, os.path.join(out_dir, "init.safetensors"))
     spec = {
         "name": name, "world_size": world, "device": device, "model": case["model"],
@@ -197,9 +211,18 @@ class Cluster:
 # Comparison.
 
 
-def flat(tensors):
-    return np.concatenate([np.asarray(tensors[k], dtype=np.float64).ravel()
-                           for k in sorted(tensors)])
+def is_buffer(name):
+    """Batch norms' running statistics (norms.{i}.running_mean / running_var /
+    num_batches_tracked), as opposed to parameters."""
+    return ".running_" in name or name.endswith(".num_batches_tracked")
+
+
+def flat(tensors, buffers=False):
+    """The parameters (or, with buffers=True, the running statistics) in name order."""
+    keys = [k for k in sorted(tensors) if is_buffer(k) == buffers]
+    if not keys:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(tensors[k], dtype=np.float64).ravel() for k in keys])
 
 
 def rel(a, b):

@@ -1,7 +1,8 @@
 """Proof against PyTorch in CI, on the CPU: each case runs through Debian's PyTorch 1.13 (DDP over
 gloo, two ranks started by hand, no_sync, autocast bf16 or none for fp32) and through our
 coordinator and two CPU workers; per step the loss (and the eval loss on evaluation steps) must
-agree within LOSS_TOL and the learning rate exactly, the accuracy exactly in fp32 (in bf16, within
+agree within LOSS_TOL and the learning rate exactly, batch norms' running statistics (rank 0's)
+within PARAM_TOL, the accuracy exactly in fp32 (in bf16, within
 two samples of the step, one seen: a logit one bf16 ulp away from another may flip, since
 OpenBLAS and oneDNN sum in different orders), and the final parameters within PARAM_TOL
 (relative L2), far below how far training moved them.
@@ -88,6 +89,28 @@ CASES = {
         model=dict(MLP, activation="relu"), rows_per_rank=96, micro_batch_size=16,
         accumulation_steps=3, steps=12, precision="bf16",
         optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
+    # Normalization layers (issue 14), with evaluation (batch norms: the running statistics,
+    # compared too). Layer norm in fp32 only: Debian's PyTorch 1.13 refuses layer_norm under
+    # CPU bf16 autocast ("expected scalar type BFloat16 but found Float"); CUDA autocast runs it
+    # in fp32, which is what both our backends do (README "Normalization layers").
+    "ln_relu_fp32": dict(
+        model=dict(MLP, activation="relu", norm="layer_norm"), loss="cross_entropy",
+        rows_per_rank=96, eval_rows=40, eval_every=4, micro_batch_size=16,
+        accumulation_steps=3, steps=12, precision="fp32",
+        optimizer={"kind": "adamw", "lr": 0.01, "weight_decay": 0.01}),
+    "bn_gelu_fp32": dict(
+        model=dict(MLP, activation="gelu", norm="batch_norm"), rows_per_rank=96, eval_rows=40,
+        eval_every=4, micro_batch_size=16, accumulation_steps=3, steps=12, precision="fp32",
+        optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9}),
+    # SGD, not Adam: a Linear's bias right before a batch norm has an exact gradient of 0 (the
+    # norm removes the mean), so in bf16 its gradient is rounding noise, and Adam, which
+    # normalises gradients, turns noise that differs by summation order (OpenBLAS vs oneDNN)
+    # into lr-sized steps that differ (seen: 40% on those biases, 5% on the weights).
+    "bn_relu_bf16": dict(
+        model=dict(MLP, activation="relu", norm="batch_norm"), loss="cross_entropy",
+        rows_per_rank=96, eval_rows=40, eval_every=4, micro_batch_size=16,
+        accumulation_steps=3, steps=12, precision="bf16",
+        optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
 }
 
 
@@ -147,11 +170,13 @@ def main():
             run_torch(case_dir)
             torch_s = time.time() - started
             torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
-            torch_final = flat(load_safetensors(os.path.join(case_dir, "torch_final.safetensors")))
+            torch_tensors = load_safetensors(os.path.join(case_dir, "torch_final.safetensors"))
+            torch_final = flat(torch_tensors)
             init = flat(load_safetensors(spec["init_checkpoint"]))
             run_spec = dict(spec, output_checkpoint=os.path.join(case_dir, "ours.safetensors"))
             steps, ours_s = cluster.run(run_spec, os.path.join(case_dir, "ours.json"))
-            final = flat(load_safetensors(run_spec["output_checkpoint"]))
+            ours_tensors = load_safetensors(run_spec["output_checkpoint"])
+            final = flat(ours_tensors)
             precision = case["precision"]
             samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
             accuracy_tol = 0.0 if precision == "fp32" else 2.0 / samples
@@ -162,13 +187,22 @@ def main():
             param_tol = case.get("param_tol", PARAM_TOL[precision])
             if param_err > param_tol:
                 problems.append(f"parameters differ by {param_err:.3g}")
+            if sorted(ours_tensors) != sorted(torch_tensors):
+                problems.append(f"tensor names differ: {sorted(set(ours_tensors) ^ set(torch_tensors))}")
+            stats_err = None
+            if len(flat(torch_tensors, buffers=True)):
+                # Rank 0's running statistics and num_batches_tracked (DDP's broadcast_buffers).
+                stats_err = rel(flat(ours_tensors, buffers=True), flat(torch_tensors, buffers=True))
+                if stats_err > PARAM_TOL[precision]:
+                    problems.append(f"running statistics differ by {stats_err:.3g}")
             change = rel(torch_final, init)
             if change < 10 * max(param_err, param_tol / 10):
                 problems.append(f"training barely moved the parameters ({change:.3g}): no proof")
             accuracy = [s.get("accuracy") for s in steps]
             ok = not problems
             failures += 0 if ok else 1
-            rows.append((name, precision, len(steps), worst_loss, param_err, change,
+            rows.append((name, precision, len(steps), worst_loss, param_err,
+                         "-" if stats_err is None else f"{stats_err:.3e}", change,
                          f"{accuracy[0]:.3f}->{accuracy[-1]:.3f}" if accuracy[0] is not None else "-",
                          f"{steps[0]['lr']:.3g}->{steps[-1]['lr']:.3g}", f"{torch_s:.1f}/{ours_s:.1f}",
                          "ok" if ok else "FAIL: " + "; ".join(problems[:4])))
@@ -176,10 +210,11 @@ def main():
         cluster.close()
     print("\nPer-step loss (relative), lr and accuracy (exact), final parameters (relative L2):")
     print(f"{'case':<24}{'prec':<6}{'steps':>6}{'max loss diff':>15}{'param diff':>12}"
-          f"{'param change':>14}  {'accuracy':<13}{'lr':<17}{'torch/ours s':<13} result")
+          f"{'stats diff':>12}{'param change':>14}  {'accuracy':<13}{'lr':<17}{'torch/ours s':<13}"
+          " result")
     for r in rows:
-        print(f"{r[0]:<24}{r[1]:<6}{r[2]:>6}{r[3]:>15.3e}{r[4]:>12.3e}{r[5]:>14.3e}  "
-              f"{r[6]:<13}{r[7]:<17}{r[8]:<13} {r[9]}")
+        print(f"{r[0]:<24}{r[1]:<6}{r[2]:>6}{r[3]:>15.3e}{r[4]:>12.3e}{r[5]:>12}{r[6]:>14.3e}  "
+              f"{r[7]:<13}{r[8]:<17}{r[9]:<13} {r[10]}")
     print(f"tolerances: loss {LOSS_TOL}, parameters {PARAM_TOL}; lr exact; accuracy exact in "
           "fp32, within two samples in bf16")
     print(f"{len(rows) - failures} passed, {failures} failed")

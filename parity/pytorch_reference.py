@@ -12,10 +12,17 @@ Two ways to run it, one process per rank, env:// rendezvous:
                         (gloo; Debian's PyTorch 1.13, whose torchrun fails under Python 3.11;
                         CPU autocast is bf16 only, fp32 runs without autocast)
 
+model.norm (none | layer_norm | batch_norm | sync_batch_norm) puts torch.nn.LayerNorm,
+BatchNorm1d or SyncBatchNorm (CUDA only) after each hidden Linear, before its activation; DDP
+keeps its default broadcast_buffers=True; evaluation runs the module in eval mode.
+
 Reads a case file (the job spec as JSON; its data and checkpoint paths) and writes from rank 0:
   <out>/torch_steps.json        per optimizer step: loss, loss_scale, skipped, lr, accuracy,
                                 eval_loss and eval_accuracy on evaluation steps
-  <out>/torch_final.safetensors final parameters (layers.{i}.weight / .bias)
+  <out>/torch_final.safetensors final parameters (layers.{i}.weight / .bias, norms.{i}.weight /
+                                .bias) and rank 0's running statistics (norms.{i}.running_mean /
+                                .running_var / .num_batches_tracked), under our checkpoint names
+  <out>/torch_buffers_rank{r}.safetensors  every rank's running statistics (batch norms)
 """
 import argparse
 import contextlib
@@ -54,15 +61,41 @@ def bf16_compress_hook_gloo(process_group, bucket):
     return future
 
 
+NORMS = {"layer_norm": torch.nn.LayerNorm, "batch_norm": torch.nn.BatchNorm1d,
+         "sync_batch_norm": torch.nn.SyncBatchNorm}
+
+
 def build_model(model_spec):
+    """nn.Sequential(Linear, [norm,] act, ..., Linear); returns it, its Linear layers and its
+    norms (one per hidden Linear, or none)."""
     widths = [model_spec["input_dim"], *model_spec.get("hidden_dims", []), model_spec["output_dim"]]
     activation = model_spec.get("activation", "relu").lower()
-    layers = []
+    norm = model_spec.get("norm", "none").lower()
+    layers, norms = [], []
     for i in range(len(widths) - 1):
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
         if i + 2 < len(widths):
+            if norm != "none":
+                norms.append(NORMS[norm](widths[i + 1]))  # eps 1e-5, momentum 0.1, affine
+                layers.append(norms[-1])
             layers.append(torch.nn.ReLU() if activation == "relu" else torch.nn.GELU())
-    return torch.nn.Sequential(*layers), [l for l in layers if isinstance(l, torch.nn.Linear)]
+    return (torch.nn.Sequential(*layers), [l for l in layers if isinstance(l, torch.nn.Linear)],
+            norms)
+
+
+def norm_tensors(norms, buffers_only=False):
+    """Our checkpoint names for the norms' tensors (README "Normalization layers")."""
+    out = {}
+    for i, norm in enumerate(norms):
+        if not buffers_only:
+            out[f"norms.{i}.weight"] = norm.weight.detach().float().cpu().numpy()
+            out[f"norms.{i}.bias"] = norm.bias.detach().float().cpu().numpy()
+        if getattr(norm, "running_mean", None) is not None:
+            out[f"norms.{i}.running_mean"] = norm.running_mean.float().cpu().numpy()
+            out[f"norms.{i}.running_var"] = norm.running_var.float().cpu().numpy()
+            out[f"norms.{i}.num_batches_tracked"] = np.array(
+                norm.num_batches_tracked.item(), dtype=np.float32)
+    return out
 
 
 def make_optimizer(parameters, spec):
@@ -136,12 +169,16 @@ def main():
         device = torch.device("cpu")
         torch.set_num_threads(1)
 
-    model, linears = build_model(spec["model"])
+    model, linears, norms = build_model(spec["model"])
     init = load_safetensors(spec["init_checkpoint"])
     with torch.no_grad():
         for i, linear in enumerate(linears):
             linear.weight.copy_(torch.from_numpy(init[f"layers.{i}.weight"]))
             linear.bias.copy_(torch.from_numpy(init[f"layers.{i}.bias"]))
+        for i, norm in enumerate(norms):
+            if f"norms.{i}.weight" in init:
+                norm.weight.copy_(torch.from_numpy(init[f"norms.{i}.weight"]))
+                norm.bias.copy_(torch.from_numpy(init[f"norms.{i}.bias"]))
     model = DDP(model.to(device), device_ids=[device.index] if cuda else None)
     comm_dtype = spec.get("grad_comm_dtype", "fp32").lower()
     if comm_dtype == "fp16":
@@ -210,6 +247,7 @@ def main():
         def evaluate():
             """Each sample's loss and the correct predictions, summed over the whole set."""
             sums = torch.zeros(2, device=device)
+            model.module.eval()  # batch norms: the running statistics
             with torch.no_grad():
                 for begin in range(0, eval_x.shape[0], batch):
                     x, y = eval_x[begin:begin + batch], eval_y[begin:begin + batch]
@@ -222,6 +260,7 @@ def main():
                     else:
                         sums[0] += torch.nn.functional.mse_loss(
                             out.float(), y, reduction="sum") / out.shape[1]
+            model.module.train()
             dist.all_reduce(sums)
             return sums[0].item() / eval_n, sums[1].item() / eval_n
 
@@ -276,11 +315,15 @@ def main():
                 record["eval_accuracy"] = eval_accuracy
         steps.append(record)
 
+    if norms and getattr(norms[0], "running_mean", None) is not None:
+        save_safetensors(norm_tensors(norms, buffers_only=True),
+                         os.path.join(args.out, f"torch_buffers_rank{rank}.safetensors"))
     if rank == 0:
         final = {}
         for i, linear in enumerate(linears):
             final[f"layers.{i}.weight"] = linear.weight.detach().float().cpu().numpy()
             final[f"layers.{i}.bias"] = linear.bias.detach().float().cpu().numpy()
+        final.update(norm_tensors(norms))
         save_safetensors(final, os.path.join(args.out, "torch_final.safetensors"))
         with open(os.path.join(args.out, "torch_steps.json"), "w") as f:
             json.dump(steps, f)

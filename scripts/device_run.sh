@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [bench] [net] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [bench] [net] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -28,6 +28,11 @@ for step in $STEPS; do
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \
         >"$OUT/parity.log" 2>&1 || status=1
       tail -30 "$OUT/parity.log" ;;
+    syncbn)
+      # Issue 14: torch.nn.SyncBatchNorm + DDP + no_sync + GradScaler (fp16) against ours.
+      PYTHONUNBUFFERED=1 timeout 500 python3 parity/sync_bn_compare.py --out "$OUT/syncbn" \
+        >"$OUT/syncbn.log" 2>&1 || status=1
+      tail -24 "$OUT/syncbn.log" ;;
     bench)
       PYTHONUNBUFFERED=1 timeout 500 bash bench/run_bench.sh >"$OUT/bench.log" 2>&1 || status=1
       tail -22 "$OUT/bench.log" ;;

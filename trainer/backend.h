@@ -45,7 +45,9 @@ struct Tensor {
 };
 
 // The one collective the loop uses. Counting calls through this interface is how the tests
-// prove that non-stepping micro-batches issue none.
+// prove that non-stepping micro-batches issue no gradient allreduce (AllReduceMean*); the
+// normalization layers' small collectives (AllGather, AllReduceSum) and the buffer Broadcast
+// are separate methods, counted separately.
 class Collective {
  public:
   virtual ~Collective() = default;
@@ -68,6 +70,14 @@ class Collective {
   // bit, ordered like AllReduceMean. Every rank calls it with the same root and element count.
   // INVALID_ARGUMENT for a root outside the world; otherwise the errors of AllReduceMean.
   virtual absl::Status Broadcast(Tensor buffer, int root) = 0;
+  // sync_batch_norm's forward: recv row r = rank r's `send`, bit for bit. send [1, k] f32,
+  // recv [world_size, k] f32, both in the backend's memory, ordered like AllReduceMean. Every
+  // rank calls it with the same k. INVALID_ARGUMENT for mismatched shapes; otherwise the
+  // errors of AllReduceMean. Default: UNIMPLEMENTED.
+  virtual absl::Status AllGather(Tensor send, Tensor recv);
+  // sync_batch_norm's backward: in-place sum over ranks of a small f32 buffer in the backend's
+  // memory, ordered like AllReduceMean. Default: UNIMPLEMENTED.
+  virtual absl::Status AllReduceSum(Tensor buffer);
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   // Thread-safe and idempotent: a collective in progress and every later one return ABORTED
@@ -159,6 +169,55 @@ class Backend {
   // in fp32: DDP's compress hooks' `bucket.buffer().to(dtype).div_(world_size)`. src [R, C] f32,
   // dst the same element count.
   virtual absl::Status CompressGradients(Tensor src, float divisor, Tensor dst) = 0;
+
+  // ---- Normalization layers (trainer/mlp.cc; formulas in trainer/norm_math.h) ----
+  // Rows are samples, columns features: x [R, C]. PyTorch's dtypes under autocast: batch norm
+  // runs in x's dtype (it is on no autocast list) with fp32 statistics and fp32 affine
+  // parameters; layer norm is on the fp32 list (x upcast, output fp32). Statistics, sums and
+  // parameter gradients are f32; every sum is taken in double. The defaults return
+  // UNIMPLEMENTED naming model.norm, for a backend without them.
+  //
+  // An activation alone: y = round_y(act(f32(x))). x and y [R, C], any dtypes (after a norm).
+  virtual absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y);
+  // torch.batch_norm_stats: stats [1, 2C + 1] f32 = [mean[C], invstd[C], R] of x (any dtype)
+  // with invstd = 1 / sqrt(biased variance + eps).
+  virtual absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats);
+  // torch.batch_norm_gather_stats_with_counts over gathered [W, 2C + 1] rows of
+  // BatchNormStatistics (one per rank; W = 1 for a local batch norm): the combined mean and
+  // biased variance (Chan's parallel formula, in the order of the rows), into mean_invstd
+  // [2, C] f32 = [mean; 1 / sqrt(var + eps)], and running [2, C] f32 = [running_mean;
+  // running_var] updated as (1 − momentum) · old + momentum · new with the unbiased variance.
+  virtual absl::Status BatchNormCombineStatistics(Tensor gathered, float eps, float momentum,
+                                                  Tensor running, Tensor mean_invstd);
+  // Evaluation: mean_invstd = [running_mean; 1 / sqrt(running_var + eps)], from running [2, C].
+  virtual absl::Status BatchNormRunningStatistics(Tensor running, float eps, Tensor mean_invstd);
+  // y = round_y(f32(x) · a + b') per feature, a = invstd · weight, b' = bias − mean · a.
+  // x, y [R, C] (y in x's dtype under autocast); mean_invstd [2, C], weight, bias [1, C] f32.
+  virtual absl::Status BatchNormApply(Tensor x, Tensor mean_invstd, Tensor weight, Tensor bias,
+                                      Tensor y);
+  // torch.batch_norm_backward_reduce: sums [2, C] f32 = [Σ_r dy; Σ_r dy · (x − mean)] over this
+  // rank's rows, and the affine gradients dweight_acc += f32(Σ dy · (x − mean) · invstd),
+  // dbias_acc += f32(Σ dy) ([1, C] f32; written instead with `overwrite_grads`). dy and x
+  // [R, C], any dtypes.
+  virtual absl::Status BatchNormBackwardReduce(Tensor dy, Tensor x, Tensor mean_invstd,
+                                               Tensor sums, Tensor dweight_acc, Tensor dbias_acc,
+                                               bool overwrite_grads);
+  // torch.batch_norm_backward_elemt: dx = round_dx((dy − Σdy / N − (x − mean) · invstd² ·
+  // Σdy(x − mean) / N) · invstd · weight), with `sums` as BatchNormBackwardReduce left them
+  // (summed over ranks for sync_batch_norm) and N the rows they cover (all ranks').
+  virtual absl::Status BatchNormBackwardInput(Tensor dy, Tensor x, Tensor mean_invstd,
+                                              Tensor weight, Tensor sums, double count,
+                                              Tensor dx);
+  // torch.nn.functional.layer_norm in fp32: per row, mean and rstd = 1 / sqrt(biased var +
+  // eps) into row_stats [R, 2] f32, y [R, C] f32 = (f32(x) − mean) · rstd · weight + bias.
+  virtual absl::Status LayerNormForward(Tensor x, Tensor weight, Tensor bias, float eps,
+                                        Tensor row_stats, Tensor y);
+  // Its backward: with x̂ = (x − mean) · rstd and g = dy · weight, dx = round_dx(rstd · (g −
+  // mean_c(g) − x̂ · mean_c(g · x̂))); dweight_acc += f32(Σ_r dy · x̂), dbias_acc += f32(Σ_r dy)
+  // ([1, C] f32; written instead with `overwrite_grads`). dy [R, C] f32, x [R, C] any dtype.
+  virtual absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
+                                         Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
+                                         bool overwrite_grads);
 
   // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
   // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):

@@ -115,6 +115,17 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
       tensors[state + "." + name] = std::move(tensor);
     }
   }
+  if (layout.buffers_total > 0) {
+    if (static_cast<int64_t>(checkpoint.buffers.size()) != layout.buffers_total) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", checkpoint.buffers.size(),
+                                                     " running statistics, the model has ",
+                                                     layout.buffers_total));
+    }
+    for (auto& [name, tensor] :
+         BuffersToTensors(layout, checkpoint.buffers, checkpoint.num_batches_tracked)) {
+      tensors[name] = std::move(tensor);
+    }
+  }
   const StepState& state = checkpoint.step_state;
   std::map<std::string, std::string> metadata = {
       {"format", kFormat},
@@ -160,6 +171,9 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
     ASSIGN_OR_RETURN(checkpoint.optimizer_state[state],
                      TensorsToParameters(layout, buffers, path + " (" + state + ")"));
   }
+  if (layout.buffers_total > 0) {
+    ASSIGN_OR_RETURN(checkpoint.buffers, TensorsToBuffers(layout, tensors, path));
+  }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   ASSIGN_OR_RETURN(checkpoint.step, fields.Integer("step", 0, kMax));
   ASSIGN_OR_RETURN(checkpoint.data_cursor, fields.Integer("data_cursor", 0, kMax));
@@ -176,7 +190,8 @@ absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path
                                                          const ParameterLayout& layout) {
   // A run started from NaN weights would report every step as skipped or diverged, not fail.
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly()));
-  return TensorsToParameters(layout, tensors, path);
+  // Norm weights and biases may be left out (they start at 1 and 0, as torch's).
+  return TensorsToParameters(layout, tensors, path, /*norm_defaults=*/true);
 }
 
 }  // namespace mptrain

@@ -6,7 +6,9 @@
 // the step and the data position — in one safetensors file written atomically. Tensors are named
 // as in the output checkpoint (layers.{i}.weight / .bias) plus <state>.layers.{i}.weight / .bias
 // for each optimizer state buffer; the scalars live in the header's __metadata__ (floats in
-// exact hex notation).
+// exact hex notation). With normalization layers: norms.{i}.weight / .bias with the parameters
+// (and <state>.norms.{i}.*), and for batch norms the buffers norms.{i}.running_mean,
+// .running_var and .num_batches_tracked (parameter_layout.h).
 
 #include <cstdint>
 #include <map>
@@ -26,6 +28,10 @@ struct TrainingCheckpoint {
   std::vector<float> parameters;
   // The optimizer's state buffers by name ("momentum", "exp_avg", ...), each like parameters.
   std::map<std::string, std::vector<float>> optimizer_state;
+  // Batch norms' running statistics (layout.buffers_total values; empty without batch norms),
+  // and torch's num_batches_tracked (written only; a resume derives it from the step).
+  std::vector<float> buffers;
+  int64_t num_batches_tracked = 0;
   StepState step_state;
   // The job that wrote it (stamped as "mptrain_job"; empty: no stamp). Job ids never repeat, so
   // a later attempt of the same job may replace its own files, never another job's.
@@ -56,7 +62,8 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
     const std::vector<std::string>& optimizer_state = {"momentum"});
 
 // The parameters a run starts from (JobSpec.init_checkpoint): layers.{i}.weight / .bias of the
-// shapes in `layout`, all finite. The errors of ReadSafetensors, and INVALID_ARGUMENT naming
+// shapes in `layout`, all finite; norms.{i}.weight / .bias when present (1 and 0 otherwise).
+// Running statistics are not read: they start at 0 and 1. The errors of ReadSafetensors, and INVALID_ARGUMENT naming
 // the file and the tensor when one is missing, has the wrong shape or holds a NaN or Inf.
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
                                                          const ParameterLayout& layout);

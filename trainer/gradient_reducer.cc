@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   std::vector<int64_t> sizes;
   for (size_t i = layers; i-- > 0;) {
     const LayerLayout& layer = layout.layers[i];
-    sizes.push_back((layer.in * layer.out + layer.out) * 4);
+    sizes.push_back((layer.end() - layer.weight_offset) * 4);  // Linear and its norm
   }
   ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(sizes, bucket_bytes));
   reducer->bucket_of_layer_.resize(layers);
@@ -24,8 +24,7 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     const size_t highest = layers - 1 - buckets[b].first;
     reducer->bucket_first_layer_.push_back(lowest);
     reducer->bucket_end_.push_back(b == 0 ? layout.total + GradientAccumulator::kMetricSlots
-                                          : layout.layers[highest].bias_offset +
-                                                layout.layers[highest].out);
+                                          : layout.layers[highest].end());
     for (size_t layer = lowest; layer <= highest; ++layer) reducer->bucket_of_layer_[layer] = b;
   }
   // The first layer in row chunks when it is alone in the last bucket.
@@ -58,7 +57,8 @@ absl::Status GradientReducer::LayerReady(size_t layer) {
   const size_t bucket = bucket_of_layer_[layer];
   if (bucket_first_layer_[bucket] != layer) return absl::OkStatus();  // The bucket goes on.
   const LayerLayout& l = layout_.layers[layer];
-  // In chunks, the weight rows went already: the biases (and the metric slots) are left.
+  // In chunks, the weight rows went already: the biases, the norm's parameters (and the metric
+  // slots) are left.
   const int64_t offset = layer == 0 && first_layer_chunks_.size() > 1 ? l.bias_offset
                                                                       : l.weight_offset;
   return FinishSpan(offset, bucket_end_[bucket]);

@@ -1,7 +1,17 @@
 #pragma once
 
-// The MLP (Linear, activation, ..., Linear) built from backend operations: its buffers, forward
-// and backward under autocast. Written once for every backend.
+// The MLP (Linear, [norm,] activation, ..., Linear) built from backend operations: its buffers,
+// forward and backward under autocast. Written once for every backend.
+//
+// With a normalization (ModelConfig::norm), each hidden layer is Linear → norm → activation:
+// z = round(x · wᵀ + b) in the compute dtype; then
+//   batch norm (in z's dtype): statistics of z (sync_batch_norm: every rank's, gathered),
+//     zn = round(BN(z)), y = round(act(zn)); the running statistics updated;
+//   layer norm (fp32, autocast's fp32 list): zn = LN(f32(z)) in f32, y = act(zn) in f32,
+//     stored rounded to the compute dtype (the next Linear's autocast cast).
+// Backward: d_zn = dy · act'(zn) (in zn's dtype), then the norm's backward into dz (compute
+// dtype) and its affine gradients (fp32), then the Linear's. sync_batch_norm gathers its
+// statistics in every forward and sums its two gradient sums in every backward, no_sync or not.
 
 #include <memory>
 #include <vector>
@@ -40,19 +50,30 @@ class Mlp {
   Tensor output() const { return outputs_.back().RowSlice(0, rows_); }
   Tensor output_grad() const { return output_grad_; }   // [B, out] compute dtype
 
+  // Batch norms' running statistics: [1, buffers_total] f32 (parameter_layout.h); empty
+  // otherwise.
+  Tensor buffers() const { return buffers_; }
+  // Training forwards so far that updated the running statistics (torch's num_batches_tracked).
+  int64_t num_batches_tracked() const { return num_batches_tracked_; }
+  void set_num_batches_tracked(int64_t count) { num_batches_tracked_ = count; }
+
   // Rounds the fp32 masters into the compute-dtype copies. Called once per optimizer step:
   // the weights do not change between micro-batches.
   absl::Status RefreshLowPrecisionWeights();
   // x: [rows, input_dim] f32 in backend memory, 1 <= rows <= B (fewer only for evaluation:
   // Backward needs a whole batch). `x_unchanged`: x is the same unmodified tensor as in the
-  // last call (the fixed synthetic batch), so its low-precision cast is reused.
-  absl::Status Forward(Tensor x, bool x_unchanged = false);
+  // last call (the fixed synthetic batch), so its low-precision cast is reused. `training`
+  // false: evaluation (batch norms use their running statistics and update nothing, as
+  // model.eval()).
+  absl::Status Forward(Tensor x, bool x_unchanged = false, bool training = true);
   // Backpropagates output_grad() of micro-batch `micro_batch` (0-based) of an optimizer step
   // into the accumulator. On the last one (accumulation_steps - 1) `observer`, when given, is
   // told as each layer's gradients are computed (last layer first) and makes them final (the
   // gradient reducer); without one, grads() is made final at the end. Before the last
   // micro-batch, grads() is undefined and `observer` is not used.
   absl::Status Backward(int64_t micro_batch, LayerGradientObserver* observer = nullptr);
+  // The output of the norm after hidden layer `layer` in the last Forward() (tests).
+  Tensor norm_output(size_t layer) const { return norms_[layer].zn; }
   bool defers_accumulation() const { return accumulator_.defers(); }
 
  private:
@@ -61,6 +82,21 @@ class Mlp {
         layout_(std::move(layout)),
         activation_(activation),
         compute_dtype_(compute_dtype) {}
+
+  // The buffers of the norm after hidden layer i (empty tensors for the others).
+  struct NormBuffers {
+    Tensor zn;           // [B, out] the norm's output (compute dtype for batch norm, f32 for LN)
+    Tensor d_zn;         // [B, out] d loss / d zn, zn's dtype
+    Tensor stats;        // BN: [1, 2·out + 1] this rank's mean, invstd, count
+    Tensor gathered;     // BN: [W, 2·out + 1] every rank's (sync), or `stats` itself (local)
+    Tensor mean_invstd;  // BN: [2, out] what normalised the batch
+    Tensor sums;         // BN: [2, out] Σ dy, Σ dy·(z − mean) (summed over ranks for sync)
+    Tensor row_stats;    // LN: [B, 2] each row's mean and rstd
+  };
+  absl::Status NormForward(size_t layer, Tensor z, bool training);
+  absl::Status NormBackward(size_t layer, Tensor dy, const GradientAccumulator::Target& target);
+  Tensor NormWeight(size_t layer) const;
+  Tensor NormBias(size_t layer) const;
 
   Tensor Weight(Tensor flat, size_t layer) const;
   Tensor Bias(Tensor flat, size_t layer) const;
@@ -78,6 +114,10 @@ class Mlp {
   std::vector<Tensor> pre_;           // per layer [B, out]: before the activation
   std::vector<Tensor> outputs_;       // per layer [B, out]: after it
   std::vector<Tensor> output_grads_;  // per layer [B, out]: d loss / d output (in place to d pre)
+  std::vector<NormBuffers> norms_;    // per layer
+  Tensor buffers_;                    // running statistics
+  int64_t num_batches_tracked_ = 0;
+  int world_size_ = 1;
   Tensor output_grad_;
   int64_t rows_ = 0;                  // Rows of the last Forward().
 };

@@ -96,7 +96,8 @@ absl::StatusOr<ResumeState> DecodeResumeHeader(const std::vector<float>& header,
 
 absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
                                             const ParameterLayout& layout, Backend* backend,
-                                            Tensor params, const std::vector<ResumeSlot>& slots) {
+                                            Tensor params, const std::vector<ResumeSlot>& slots,
+                                            Tensor buffers) {
   Collective* collective = backend->collective();
   std::vector<float> header;
   absl::Status read = absl::OkStatus();
@@ -110,6 +111,7 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
         RETURN_IF_ERROR(
             backend->Upload(checkpoint->optimizer_state.at(slot.name).data(), slot.values));
       }
+      if (!buffers.empty()) RETURN_IF_ERROR(backend->Upload(checkpoint->buffers.data(), buffers));
       header = EncodeResumeHeader(&*checkpoint, layout.total);
     } else {
       // Still take part in the header's broadcast, so the others fail at once instead of
@@ -128,6 +130,7 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
   ASSIGN_OR_RETURN(ResumeState state, DecodeResumeHeader(header, layout.total));
   RETURN_IF_ERROR(collective->Broadcast(params, 0));
   for (const ResumeSlot& slot : slots) RETURN_IF_ERROR(collective->Broadcast(slot.values, 0));
+  if (!buffers.empty()) RETURN_IF_ERROR(collective->Broadcast(buffers, 0));
   return state;
 }
 

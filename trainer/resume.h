@@ -33,13 +33,16 @@ struct ResumeSlot {
 
 // Called by every rank of the job at the same point. `params` and each slot's values are the
 // rank's flat f32 tensors of `layout`; on return they hold the checkpoint's values on every
-// rank (broadcast in the order given, which every rank must share).
+// rank (broadcast in the order given, which every rank must share). `buffers` (the batch
+// norms' running statistics, [1, layout.buffers_total]; empty without batch norms) too,
+// broadcast last.
 // Rank 0: the errors of ReadTrainingCheckpoint for `path` (the others then fail too, at once).
 // Other ranks: UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own
 // error is the job's cause); the collective's errors; INTERNAL for a malformed state.
 absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
                                             const ParameterLayout& layout, Backend* backend,
-                                            Tensor params, const std::vector<ResumeSlot>& slots);
+                                            Tensor params, const std::vector<ResumeSlot>& slots,
+                                            Tensor buffers = {});
 
 // The scalars of a resume as floats that a broadcast carries exactly: every integer in 16-bit
 // pieces (each a float holding 0..65535), the scale by its bits. `checkpoint` null: rank 0

@@ -1,5 +1,7 @@
 #include "trainer/backend.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace mptrain {
 
 Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
@@ -24,6 +26,60 @@ Tensor Tensor::ColumnSlice(int64_t first, int64_t count) const {
   view.row_stride = ld();
   view.cols = count;
   return view;
+}
+
+}  // namespace mptrain
+
+namespace mptrain {
+namespace {
+
+absl::Status NoNorm(const Backend& backend, const char* op) {
+  return absl::UnimplementedError(
+      absl::StrCat("model.norm: the ", backend.Name(), " backend does not implement ", op,
+                   " (normalization layers); use model.norm none or another backend"));
+}
+
+}  // namespace
+
+absl::Status Collective::AllGather(Tensor, Tensor) {
+  return absl::UnimplementedError(
+      "model.norm sync_batch_norm: this collective has no AllGather");
+}
+
+absl::Status Collective::AllReduceSum(Tensor) {
+  return absl::UnimplementedError(
+      "model.norm sync_batch_norm: this collective has no AllReduceSum");
+}
+
+absl::Status Backend::ActivationForward(ActivationKind, Tensor, Tensor) {
+  return NoNorm(*this, "ActivationForward");
+}
+absl::Status Backend::BatchNormStatistics(Tensor, float, Tensor) {
+  return NoNorm(*this, "BatchNormStatistics");
+}
+absl::Status Backend::BatchNormCombineStatistics(Tensor, float, float, Tensor, Tensor) {
+  return NoNorm(*this, "BatchNormCombineStatistics");
+}
+absl::Status Backend::BatchNormRunningStatistics(Tensor, float, Tensor) {
+  return NoNorm(*this, "BatchNormRunningStatistics");
+}
+absl::Status Backend::BatchNormApply(Tensor, Tensor, Tensor, Tensor, Tensor) {
+  return NoNorm(*this, "BatchNormApply");
+}
+absl::Status Backend::BatchNormBackwardReduce(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                              bool) {
+  return NoNorm(*this, "BatchNormBackwardReduce");
+}
+absl::Status Backend::BatchNormBackwardInput(Tensor, Tensor, Tensor, Tensor, Tensor, double,
+                                             Tensor) {
+  return NoNorm(*this, "BatchNormBackwardInput");
+}
+absl::Status Backend::LayerNormForward(Tensor, Tensor, Tensor, float, Tensor, Tensor) {
+  return NoNorm(*this, "LayerNormForward");
+}
+absl::Status Backend::LayerNormBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                        bool) {
+  return NoNorm(*this, "LayerNormBackward");
 }
 
 }  // namespace mptrain

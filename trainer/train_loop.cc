@@ -104,8 +104,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     // (trainer/resume.h), so the file need only be on rank 0's host.
     std::vector<ResumeSlot> slots;
     for (const OptimizerSlot& slot : optimizer->slots()) slots.push_back({slot.name, slot.values});
-    ASSIGN_OR_RETURN(ResumeState resumed, LoadResumeState(resume_checkpoint, rank, mlp->layout(),
-                                                          backend, mlp->params(), slots));
+    ASSIGN_OR_RETURN(ResumeState resumed,
+                     LoadResumeState(resume_checkpoint, rank, mlp->layout(), backend,
+                                     mlp->params(), slots, mlp->buffers()));
+    if (IsBatchNorm(config.model.norm)) {
+      mlp->set_num_batches_tracked(resumed.step * accumulation);
+    }
     initial_state = resumed.step_state;
     first_step = resumed.step + 1;
     micro_batches.SeekToStep(resumed.step, accumulation);
@@ -125,6 +129,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       std::vector<float>& values = checkpoint.optimizer_state[slot.name];
       values.resize(mlp->layout().total);
       RETURN_IF_ERROR(backend->Download(slot.values, values.data()));
+    }
+    if (!mlp->buffers().empty()) {
+      checkpoint.buffers.resize(mlp->layout().buffers_total);
+      RETURN_IF_ERROR(backend->Download(mlp->buffers(), checkpoint.buffers.data()));
+      checkpoint.num_batches_tracked = mlp->num_batches_tracked();
     }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
     checkpoint.job_id = job_id;
@@ -184,6 +193,10 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     return absl::OkStatus();
   };
 
+  // A local batch norm's running statistics differ per rank (each sees its own data); DDP
+  // broadcasts rank 0's at the start of each step. sync_batch_norm's are the same on every rank
+  // already (computed from the same gathered statistics), so that broadcast is left out.
+  const bool broadcast_buffers = config.model.norm == NormKind::kBatchNorm && world_size > 1;
   for (int64_t step = first_step; step <= config.steps; ++step) {
     // Known on the host: the schedule advances on every attempted step, skipped or not.
     const double lr = lr_schedule.At(step);
@@ -191,6 +204,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       const bool stepping = micro + 1 == accumulation;
+      if (micro == 0 && broadcast_buffers) {
+        // DDP's broadcast_buffers (its default): before a forward that follows a synchronising
+        // one, rank 0's buffers overwrite every rank's — the first micro-batch of each step.
+        RETURN_IF_ERROR(collective->Broadcast(mlp->buffers(), 0));
+      }
       Tensor x, y;
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
       RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
@@ -234,6 +252,10 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   result.parameters.resize(mlp->layout().total);
   RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
   result.checksum = ParameterChecksum(result.parameters);
+  if (!mlp->buffers().empty()) {
+    result.buffers.resize(mlp->layout().buffers_total);
+    RETURN_IF_ERROR(backend->Download(mlp->buffers(), result.buffers.data()));
+  }
   ASSIGN_OR_RETURN(StepStats last,
                    backend->ReadStats(static_cast<int>(config.steps % Backend::kStatsSlots)));
   result.skipped_steps = last.state.skipped_total;
@@ -244,9 +266,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                     {"steps", std::to_string(config.steps)}};
     if (!job_id.empty()) metadata["mptrain_job"] = job_id;
-    RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint,
-                                     ParametersToTensors(mlp->layout(), result.parameters),
-                                     metadata, write));
+    TensorMap tensors = ParametersToTensors(mlp->layout(), result.parameters);
+    for (auto& [name, tensor] :
+         BuffersToTensors(mlp->layout(), result.buffers, mlp->num_batches_tracked())) {
+      tensors[name] = std::move(tensor);
+    }
+    RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint, tensors, metadata, write));
   }
   return result;
 }

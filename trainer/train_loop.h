@@ -50,6 +50,8 @@ class TrainingObserver {
 
 struct TrainingResult {
   std::vector<float> parameters;  // Final fp32 masters, flat (parameter_layout.h).
+  // This rank's batch-norm running statistics, flat (parameter_layout.h); empty without.
+  std::vector<float> buffers;
   std::string checksum;
   int64_t skipped_steps = 0;
   double final_loss_scale = 0;

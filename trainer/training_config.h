@@ -12,11 +12,20 @@
 
 namespace mptrain {
 
+// The normalization after each hidden Linear, before its activation (README "Normalization
+// layers"): torch.nn.LayerNorm, BatchNorm1d, or SyncBatchNorm over every rank's micro-batch.
+enum class NormKind { kNone, kLayerNorm, kBatchNorm, kSyncBatchNorm };
+
+inline bool IsBatchNorm(NormKind norm) {
+  return norm == NormKind::kBatchNorm || norm == NormKind::kSyncBatchNorm;
+}
+
 struct ModelConfig {
   // Layer widths [input_dim, hidden..., output_dim]: Linear(widths[i], widths[i + 1]) with the
   // activation between consecutive layers.
   std::vector<int64_t> widths;
   ActivationKind activation = ActivationKind::kRelu;
+  NormKind norm = NormKind::kNone;
 
   int64_t input_dim() const { return widths.front(); }
   int64_t output_dim() const { return widths.back(); }

@@ -25,6 +25,12 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.model.widths = LayerWidths(spec.model());
   config.model.activation =
       spec.model().activation() == v1::GELU ? ActivationKind::kGelu : ActivationKind::kRelu;
+  switch (spec.model().norm()) {
+    case v1::LAYER_NORM: config.model.norm = NormKind::kLayerNorm; break;
+    case v1::BATCH_NORM: config.model.norm = NormKind::kBatchNorm; break;
+    case v1::SYNC_BATCH_NORM: config.model.norm = NormKind::kSyncBatchNorm; break;
+    default: config.model.norm = NormKind::kNone; break;
+  }
   config.loss.type =
       spec.loss() == v1::CROSS_ENTROPY ? LossType::kCrossEntropy : LossType::kMse;
   config.loss.label_smoothing = spec.label_smoothing();

@@ -1,5 +1,7 @@
 #include "trainer/training_config_from_spec.h"
 
+#include <utility>
+
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -26,6 +28,7 @@ TEST(TrainingConfigFromSpec, MinimalSpec_GetsTheDefaultsOnce) {
   EXPECT_EQ(config->world_size, 2);
   EXPECT_EQ(config->model.widths, (std::vector<int64_t>{8, 6, 3}));
   EXPECT_EQ(config->model.activation, ActivationKind::kRelu);
+  EXPECT_EQ(config->model.norm, NormKind::kNone);
   EXPECT_EQ(config->loss.type, LossType::kMse);
   EXPECT_EQ(config->data.source, DataConfig::Source::kSynthetic);
   EXPECT_EQ(config->data.synthetic_seed, 4);
@@ -66,6 +69,19 @@ TEST(TrainingConfigFromSpec, ExplicitValues_AreKept) {
   EXPECT_EQ(config->checkpoint_every, 4);
   EXPECT_EQ(config->checkpoint_dir, "/out");
   EXPECT_EQ(config->seed, 99u);
+}
+
+TEST(TrainingConfigFromSpec, Norm_IsCarried) {
+  for (const auto& [wire, kind] :
+       {std::pair{v1::NONE, NormKind::kNone}, std::pair{v1::LAYER_NORM, NormKind::kLayerNorm},
+        std::pair{v1::BATCH_NORM, NormKind::kBatchNorm},
+        std::pair{v1::SYNC_BATCH_NORM, NormKind::kSyncBatchNorm}}) {
+    v1::JobSpec spec = MinimalSpec();
+    spec.mutable_model()->set_norm(wire);
+    absl::StatusOr<TrainingConfig> config = TrainingConfigFromSpec(spec);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->model.norm, kind) << wire;
+  }
 }
 
 TEST(TrainingConfigFromSpec, BrokenRule_IsInvalidArgumentNamingTheField) {

@@ -6,9 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "trainer/activation_math.h"
+#include "trainer/norm_math.h"
 
 namespace mptrain {
 namespace {
@@ -118,7 +123,7 @@ absl::Status CpuBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationK
     for (int64_t col = 0; col < n; ++col) {
       const int64_t i = row * n + col;
       p[i] = RoundTo(pre.dtype, p[i] + bias[col]);
-      out[i] = RoundTo(y.dtype, ActivationForward(act, p[i]));
+      out[i] = RoundTo(y.dtype, mptrain::ActivationForward(act, p[i]));
     }
   }
   return absl::OkStatus();
@@ -184,6 +189,248 @@ absl::Status CpuBackend::SumRowsToF32(Tensor rows, Tensor out) {
     float sum = 0.0f;
     for (int64_t r = 0; r < rows.rows; ++r) sum += in[r * ld + c];
     sums[c] = sum;
+  }
+  return absl::OkStatus();
+}
+
+// ---- Normalization layers ----
+
+namespace {
+
+// Shapes of a norm operation: x [R, C] and every per-feature tensor of C (or k·C) elements.
+absl::Status CheckNormShapes(const char* op, Tensor x, std::initializer_list<Tensor> same,
+                             std::initializer_list<std::pair<Tensor, int64_t>> per_feature) {
+  for (const Tensor& t : same) {
+    if (t.rows != x.rows || t.cols != x.cols || t.ld() != t.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": a [", t.rows, ", ", t.cols,
+                                                     "] tensor where [", x.rows, ", ", x.cols,
+                                                     "] was expected"));
+    }
+  }
+  for (const auto& [t, numel] : per_feature) {
+    if (t.numel() != numel || t.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": an f32 tensor of ", numel,
+                                                     " elements was expected, got ", t.numel()));
+    }
+  }
+  if (x.ld() != x.cols) return absl::InvalidArgumentError(absl::StrCat(op, ": x is strided"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::ActivationForward(ActivationKind act, Tensor x, Tensor y) {
+  RETURN_IF_ERROR(CheckSameSize("ActivationForward", x, y));
+  const float* in = F(x);
+  float* out = F(y);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    out[i] = RoundTo(y.dtype, mptrain::ActivationForward(act, in[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormStatistics(Tensor x, float eps, Tensor stats) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes("BatchNormStatistics", x, {}, {{stats, 2 * cols + 1}}));
+  const float* in = F(x);
+  float* out = F(stats);
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += in[r * cols + c];
+    const double mean = sum / rows;
+    double squares = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double d = in[r * cols + c] - mean;
+      squares += d * d;
+    }
+    out[c] = static_cast<float>(mean);
+    out[cols + c] = InverseStd(squares / rows, eps);
+  }
+  out[2 * cols] = static_cast<float>(rows);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormCombineStatistics(Tensor gathered, float eps, float momentum,
+                                                    Tensor running, Tensor mean_invstd) {
+  const int64_t cols = running.numel() / 2;
+  if (gathered.cols != 2 * cols + 1 || gathered.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("BatchNormCombineStatistics: shapes do not match");
+  }
+  RETURN_IF_ERROR(CheckNormShapes("BatchNormCombineStatistics", gathered, {},
+                                  {{running, 2 * cols}, {mean_invstd, 2 * cols}}));
+  const float* g = F(gathered);
+  float* run = F(running);
+  float* out = F(mean_invstd);
+  const int64_t width = 2 * cols + 1;
+  for (int64_t c = 0; c < cols; ++c) {
+    BatchStatisticsCombination combined;
+    for (int64_t w = 0; w < gathered.rows; ++w) {
+      combined.Add(g[w * width + c], g[w * width + cols + c], g[w * width + 2 * cols], eps);
+    }
+    out[c] = static_cast<float>(combined.avg);
+    out[cols + c] = InverseStd(combined.BiasedVariance(), eps);
+    run[c] = RunningUpdate(run[c], combined.avg, momentum);
+    run[cols + c] = RunningUpdate(run[cols + c], combined.UnbiasedVariance(), momentum);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormRunningStatistics(Tensor running, float eps,
+                                                    Tensor mean_invstd) {
+  const int64_t cols = running.numel() / 2;
+  if (mean_invstd.numel() != 2 * cols) {
+    return absl::InvalidArgumentError("BatchNormRunningStatistics: shapes do not match");
+  }
+  const float* run = F(running);
+  float* out = F(mean_invstd);
+  for (int64_t c = 0; c < cols; ++c) {
+    out[c] = run[c];
+    out[cols + c] = InverseStd(run[cols + c], eps);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormApply(Tensor x, Tensor mean_invstd, Tensor weight, Tensor bias,
+                                        Tensor y) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes("BatchNormApply", x, {y},
+                                  {{mean_invstd, 2 * cols}, {weight, cols}, {bias, cols}}));
+  const float* in = F(x);
+  const float* stats = F(mean_invstd);
+  const float* w = F(weight);
+  const float* b = F(bias);
+  float* out = F(y);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float a = stats[cols + c] * w[c];
+    const float shift = b[c] - stats[c] * a;
+    for (int64_t r = 0; r < rows; ++r) {
+      out[r * cols + c] = RoundTo(y.dtype, in[r * cols + c] * a + shift);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormBackwardReduce(Tensor dy, Tensor x, Tensor mean_invstd,
+                                                 Tensor sums, Tensor dweight_acc,
+                                                 Tensor dbias_acc, bool overwrite_grads) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes(
+      "BatchNormBackwardReduce", x, {dy},
+      {{mean_invstd, 2 * cols}, {sums, 2 * cols}, {dweight_acc, cols}, {dbias_acc, cols}}));
+  const float* g = F(dy);
+  const float* in = F(x);
+  const float* stats = F(mean_invstd);
+  float* out = F(sums);
+  float* dw = F(dweight_acc);
+  float* db = F(dbias_acc);
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum_dy = 0, sum_dy_xmu = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double d = g[r * cols + c];
+      sum_dy += d;
+      sum_dy_xmu += d * (static_cast<double>(in[r * cols + c]) - stats[c]);
+    }
+    out[c] = static_cast<float>(sum_dy);
+    out[cols + c] = static_cast<float>(sum_dy_xmu);
+    const float grad_weight = static_cast<float>(sum_dy_xmu * stats[cols + c]);
+    dw[c] = (overwrite_grads ? 0.0f : dw[c]) + grad_weight;
+    db[c] = (overwrite_grads ? 0.0f : db[c]) + static_cast<float>(sum_dy);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormBackwardInput(Tensor dy, Tensor x, Tensor mean_invstd,
+                                                Tensor weight, Tensor sums, double count,
+                                                Tensor dx) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes("BatchNormBackwardInput", x, {dy, dx},
+                                  {{mean_invstd, 2 * cols}, {weight, cols}, {sums, 2 * cols}}));
+  if (!(count > 0)) return absl::InvalidArgumentError("BatchNormBackwardInput: count <= 0");
+  const float* g = F(dy);
+  const float* in = F(x);
+  const float* stats = F(mean_invstd);
+  const float* w = F(weight);
+  const float* s = F(sums);
+  float* out = F(dx);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float mean = stats[c], invstd = stats[cols + c];
+    const float mean_dy = static_cast<float>(s[c] / count);
+    const float k = static_cast<float>(s[cols + c] / count) * invstd * invstd;
+    const float scale = invstd * w[c];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r * cols + c;
+      out[i] = RoundTo(dx.dtype, (g[i] - mean_dy - (in[i] - mean) * k) * scale);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormForward(Tensor x, Tensor weight, Tensor bias, float eps,
+                                          Tensor row_stats, Tensor y) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes("LayerNormForward", x, {y},
+                                  {{weight, cols}, {bias, cols}, {row_stats, 2 * rows}}));
+  const float* in = F(x);
+  const float* w = F(weight);
+  const float* b = F(bias);
+  float* stats = F(row_stats);
+  float* out = F(y);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * cols;
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += row[c];
+    const double mean = sum / cols;
+    double squares = 0;
+    for (int64_t c = 0; c < cols; ++c) squares += (row[c] - mean) * (row[c] - mean);
+    const float mean_f = static_cast<float>(mean);
+    const float rstd = InverseStd(squares / cols, eps);
+    stats[2 * r] = mean_f;
+    stats[2 * r + 1] = rstd;
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = RoundTo(y.dtype, (row[c] - mean_f) * rstd * w[c] + b[c]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
+                                           Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
+                                           bool overwrite_grads) {
+  const int64_t rows = x.rows, cols = x.cols;
+  RETURN_IF_ERROR(CheckNormShapes(
+      "LayerNormBackward", x, {dy, dx},
+      {{weight, cols}, {row_stats, 2 * rows}, {dweight_acc, cols}, {dbias_acc, cols}}));
+  const float* g = F(dy);
+  const float* in = F(x);
+  const float* stats = F(row_stats);
+  const float* w = F(weight);
+  float* out = F(dx);
+  std::vector<double> dweight(cols, 0.0), dbias(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      const float xhat = (in[i] - mean) * rstd;
+      const double gw = static_cast<double>(g[i]) * w[c];
+      sum_g += gw;
+      sum_gx += gw * xhat;
+      dweight[c] += static_cast<double>(g[i]) * xhat;
+      dbias[c] += g[i];
+    }
+    const float mean_g = static_cast<float>(sum_g / cols);
+    const float mean_gx = static_cast<float>(sum_gx / cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      const float xhat = (in[i] - mean) * rstd;
+      out[i] = RoundTo(dx.dtype, rstd * (g[i] * w[c] - mean_g - xhat * mean_gx));
+    }
+  }
+  float* dw = F(dweight_acc);
+  float* db = F(dbias_acc);
+  for (int64_t c = 0; c < cols; ++c) {
+    dw[c] = (overwrite_grads ? 0.0f : dw[c]) + static_cast<float>(dweight[c]);
+    db[c] = (overwrite_grads ? 0.0f : db[c]) + static_cast<float>(dbias[c]);
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
@@ -429,6 +430,55 @@ absl::Status GlooCollective::Broadcast(Tensor buffer, int root) {
   } catch (const std::exception& error) {
     const TreePeers peers = BroadcastTree(options_.rank, root, n);
     return Failure("broadcast", error.what(), peers.parent, peers.children);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCollective::AllGather(Tensor send, Tensor recv) {
+  const int n = options_.world_size;
+  const size_t count = static_cast<size_t>(send.numel());
+  if (recv.numel() != send.numel() * n || send.dtype != DType::kF32 ||
+      recv.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather: f32 [1, k] into [", n,
+                                                   ", k] expected, got ", send.numel(), " into ",
+                                                   recv.numel()));
+  }
+  if (aborted_.load()) return Failure("allgather", "");
+  float* out = static_cast<float*>(recv.data);
+  if (n == 1) {
+    std::memmove(out, send.data, count * sizeof(float));
+    return absl::OkStatus();
+  }
+  try {
+    gloo::AllgatherOptions gloo_options(context_);
+    gloo_options.setInput(static_cast<float*>(send.data), count);
+    gloo_options.setOutput(out, count * n);
+    gloo_options.setTag(next_tag_++);
+    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
+    gloo::allgather(gloo_options);
+  } catch (const std::exception& error) {
+    // gloo's ring allgather receives from rank - 1 and sends to rank + 1.
+    return Failure("allgather", error.what(), {(options_.rank + n - 1) % n},
+                   {(options_.rank + 1) % n});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCollective::AllReduceSum(Tensor buffer) {
+  if (aborted_.load()) return Failure("allreduce", "");
+  const int n = options_.world_size;
+  if (n == 1) return absl::OkStatus();
+  try {
+    gloo::AllreduceOptions gloo_options(context_);
+    gloo_options.setOutput(static_cast<float*>(buffer.data), static_cast<size_t>(buffer.numel()));
+    gloo_options.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    gloo_options.setTag(next_tag_++);
+    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
+    gloo::allreduce(gloo_options);
+  } catch (const std::exception& error) {
+    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
+                   {(options_.rank + n - 1) % n});
   }
   return absl::OkStatus();
 }

@@ -73,6 +73,10 @@ class GlooCollective final : public Collective {
   // gloo's binomial tree from `root`; a timeout names the parent this rank waited to receive
   // from, or the children it waited to send to.
   absl::Status Broadcast(Tensor buffer, int root) override;
+  // gloo's ring allgather (recv row r = rank r's send); the errors of AllReduceMean.
+  absl::Status AllGather(Tensor send, Tensor recv) override;
+  // gloo's ring allreduce with sum, nothing pre-divided; the errors of AllReduceMean.
+  absl::Status AllReduceSum(Tensor buffer) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   void Abort(const std::string& reason) override;

@@ -1,5 +1,8 @@
 #include "backends/cuda/cuda_backend.h"
 
+#include <initializer_list>
+#include <utility>
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -395,8 +398,159 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
 
 absl::Status CudaBackend::ActivationBackward(ActivationKind act, Tensor pre, Tensor dy,
                                              Tensor d_pre) {
+  if (pre.dtype != d_pre.dtype || dy.dtype != d_pre.dtype) {
+    // After a layer norm: pre and d_pre f32, dy in the compute dtype.
+    CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationBackwardMixed(
+        act, pre.data, pre.dtype, dy.data, dy.dtype, d_pre.data, d_pre.dtype, d_pre.numel(),
+        stream_));
+    return absl::OkStatus();
+  }
   CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationBackward(act, pre.data, dy.data, d_pre.data,
                                                          d_pre.dtype, d_pre.numel(), stream_));
+  return absl::OkStatus();
+}
+
+// ---- Normalization layers (kernels.cu) ----
+
+namespace {
+
+absl::Status CheckNorm(const char* op, Tensor x, std::initializer_list<Tensor> same,
+                       std::initializer_list<std::pair<Tensor, int64_t>> per_feature) {
+  for (const Tensor& t : same) {
+    if (t.rows != x.rows || t.cols != x.cols || t.ld() != t.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": shapes do not match"));
+    }
+  }
+  for (const auto& [t, numel] : per_feature) {
+    if (t.numel() != numel || t.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": an f32 tensor of ", numel,
+                                                     " elements was expected, got ", t.numel()));
+    }
+  }
+  if (x.ld() != x.cols) return absl::InvalidArgumentError(absl::StrCat(op, ": x is strided"));
+  return absl::OkStatus();
+}
+
+float* Fp(Tensor t) { return static_cast<float*>(t.data); }
+
+}  // namespace
+
+absl::Status CudaBackend::ActivationForward(ActivationKind act, Tensor x, Tensor y) {
+  if (x.numel() != y.numel()) return absl::InvalidArgumentError("ActivationForward: sizes");
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForwardMixed(act, x.data, x.dtype, y.data,
+                                                             y.dtype, y.numel(), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormStatistics(Tensor x, float eps, Tensor stats) {
+  if (auto s = CheckNorm("BatchNormStatistics", x, {}, {{stats, 2 * x.cols + 1}}); !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormStatistics(x.data, x.dtype, x.rows, x.cols, eps,
+                                                          Fp(stats), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormCombineStatistics(Tensor gathered, float eps, float momentum,
+                                                     Tensor running, Tensor mean_invstd) {
+  const int64_t cols = running.numel() / 2;
+  if (gathered.cols != 2 * cols + 1 || gathered.dtype != DType::kF32 ||
+      mean_invstd.numel() != 2 * cols) {
+    return absl::InvalidArgumentError("BatchNormCombineStatistics: shapes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormCombineStatistics(
+      Fp(gathered), gathered.rows, cols, eps, momentum, Fp(running), Fp(mean_invstd), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormRunningStatistics(Tensor running, float eps,
+                                                     Tensor mean_invstd) {
+  const int64_t cols = running.numel() / 2;
+  if (mean_invstd.numel() != 2 * cols) {
+    return absl::InvalidArgumentError("BatchNormRunningStatistics: shapes do not match");
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormRunningStatistics(Fp(running), cols, eps,
+                                                                 Fp(mean_invstd), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormApply(Tensor x, Tensor mean_invstd, Tensor weight, Tensor bias,
+                                         Tensor y) {
+  const int64_t cols = x.cols;
+  if (auto s = CheckNorm("BatchNormApply", x, {y},
+                         {{mean_invstd, 2 * cols}, {weight, cols}, {bias, cols}});
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormApply(x.data, x.dtype, x.rows, cols,
+                                                     Fp(mean_invstd), Fp(weight), Fp(bias),
+                                                     y.data, y.dtype, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormBackwardReduce(Tensor dy, Tensor x, Tensor mean_invstd,
+                                                  Tensor sums, Tensor dweight_acc,
+                                                  Tensor dbias_acc, bool overwrite_grads) {
+  const int64_t cols = x.cols;
+  if (auto s = CheckNorm("BatchNormBackwardReduce", x, {dy},
+                         {{mean_invstd, 2 * cols},
+                          {sums, 2 * cols},
+                          {dweight_acc, cols},
+                          {dbias_acc, cols}});
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormBackwardReduce(
+      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(mean_invstd), Fp(sums),
+      Fp(dweight_acc), Fp(dbias_acc), overwrite_grads, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BatchNormBackwardInput(Tensor dy, Tensor x, Tensor mean_invstd,
+                                                 Tensor weight, Tensor sums, double count,
+                                                 Tensor dx) {
+  const int64_t cols = x.cols;
+  if (auto s = CheckNorm("BatchNormBackwardInput", x, {dy, dx},
+                         {{mean_invstd, 2 * cols}, {weight, cols}, {sums, 2 * cols}});
+      !s.ok()) {
+    return s;
+  }
+  if (!(count > 0)) return absl::InvalidArgumentError("BatchNormBackwardInput: count <= 0");
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::BatchNormBackwardInput(
+      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(mean_invstd), Fp(weight), Fp(sums),
+      count, dx.data, dx.dtype, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LayerNormForward(Tensor x, Tensor weight, Tensor bias, float eps,
+                                           Tensor row_stats, Tensor y) {
+  const int64_t cols = x.cols;
+  if (auto s = CheckNorm("LayerNormForward", x, {y},
+                         {{weight, cols}, {bias, cols}, {row_stats, 2 * x.rows}});
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormForward(x.data, x.dtype, x.rows, cols, Fp(weight),
+                                                       Fp(bias), eps, Fp(row_stats), y.data,
+                                                       y.dtype, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
+                                            Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
+                                            bool overwrite_grads) {
+  const int64_t cols = x.cols;
+  if (auto s = CheckNorm("LayerNormBackward", x, {dy, dx},
+                         {{weight, cols},
+                          {row_stats, 2 * x.rows},
+                          {dweight_acc, cols},
+                          {dbias_acc, cols}});
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormBackward(
+      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(row_stats), Fp(weight), dx.data,
+      dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads, stream_));
   return absl::OkStatus();
 }
 

@@ -46,6 +46,23 @@ class CudaBackend final : public Backend {
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
+  absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y) override;
+  absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats) override;
+  absl::Status BatchNormCombineStatistics(Tensor gathered, float eps, float momentum,
+                                          Tensor running, Tensor mean_invstd) override;
+  absl::Status BatchNormRunningStatistics(Tensor running, float eps, Tensor mean_invstd) override;
+  absl::Status BatchNormApply(Tensor x, Tensor mean_invstd, Tensor weight, Tensor bias,
+                              Tensor y) override;
+  absl::Status BatchNormBackwardReduce(Tensor dy, Tensor x, Tensor mean_invstd, Tensor sums,
+                                       Tensor dweight_acc, Tensor dbias_acc,
+                                       bool overwrite_grads) override;
+  absl::Status BatchNormBackwardInput(Tensor dy, Tensor x, Tensor mean_invstd, Tensor weight,
+                                      Tensor sums, double count, Tensor dx) override;
+  absl::Status LayerNormForward(Tensor x, Tensor weight, Tensor bias, float eps, Tensor row_stats,
+                                Tensor y) override;
+  absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight, Tensor dx,
+                                 Tensor dweight_acc, Tensor dbias_acc,
+                                 bool overwrite_grads) override;
   absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
                                 float seed_divisor, Tensor out) override;
   absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,

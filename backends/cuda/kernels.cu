@@ -7,6 +7,7 @@
 
 #include "backends/cuda/kernels.h"
 #include "trainer/activation_math.h"
+#include "trainer/norm_math.h"
 
 namespace mptrain::cuda {
 namespace {
@@ -551,6 +552,302 @@ cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const f
                        float* dst, int64_t dst_rows, cudaStream_t stream) {
   gather_rows_kernel<<<Blocks(dst_rows * cols), kThreads, 0, stream>>>(src, src_rows, cols,
                                                                        indices, dst, dst_rows);
+  return cudaGetLastError();
+}
+
+}  // namespace mptrain::cuda
+
+// ---- Normalization layers ----
+
+namespace mptrain::cuda {
+namespace {
+
+// Loads and stores by a dtype known at run time (the norms mix f32 with the compute dtype).
+__device__ __forceinline__ float Load(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void Store(void* p, DType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(value); break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(value); break;
+    default: static_cast<float*>(p)[i] = value; break;
+  }
+}
+
+// BlockSum (above): every thread's value summed over the block, returned to all threads.
+
+__global__ void activation_forward_mixed_kernel(ActivationKind act, const void* x, DType xd,
+                                                void* y, DType yd, int64_t n) {
+  GRID_STRIDE(i, n) { Store(y, yd, i, mptrain::ActivationForward(act, Load(x, xd, i))); }
+}
+
+__global__ void activation_backward_mixed_kernel(ActivationKind act, const void* pre, DType pd,
+                                                 const void* dy, DType gd, void* d_pre, DType od,
+                                                 int64_t n) {
+  GRID_STRIDE(i, n) {
+    Store(d_pre, od, i, ActivationGradient(act, Load(pre, pd, i), Load(dy, gd, i)));
+  }
+}
+
+// One block per feature column c.
+__global__ void batch_norm_statistics_kernel(const void* x, DType xd, int64_t rows, int64_t cols,
+                                             float eps, float* stats) {
+  const int64_t c = blockIdx.x;
+  double sum = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) sum += Load(x, xd, r * cols + c);
+  const double mean = BlockSum(sum) / rows;
+  double squares = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const double d = Load(x, xd, r * cols + c) - mean;
+    squares += d * d;
+  }
+  const double variance = BlockSum(squares) / rows;
+  if (threadIdx.x == 0) {
+    stats[c] = static_cast<float>(mean);
+    stats[cols + c] = InverseStd(variance, eps);
+    if (c == 0) stats[2 * cols] = static_cast<float>(rows);
+  }
+}
+
+__global__ void batch_norm_combine_kernel(const float* gathered, int64_t ranks, int64_t cols,
+                                          float eps, float momentum, float* running,
+                                          float* mean_invstd) {
+  GRID_STRIDE(c, cols) {
+    const int64_t width = 2 * cols + 1;
+    BatchStatisticsCombination combined;
+    for (int64_t w = 0; w < ranks; ++w) {
+      combined.Add(gathered[w * width + c], gathered[w * width + cols + c],
+                   gathered[w * width + 2 * cols], eps);
+    }
+    mean_invstd[c] = static_cast<float>(combined.avg);
+    mean_invstd[cols + c] = InverseStd(combined.BiasedVariance(), eps);
+    running[c] = RunningUpdate(running[c], combined.avg, momentum);
+    running[cols + c] = RunningUpdate(running[cols + c], combined.UnbiasedVariance(), momentum);
+  }
+}
+
+__global__ void batch_norm_running_kernel(const float* running, int64_t cols, float eps,
+                                          float* mean_invstd) {
+  GRID_STRIDE(c, cols) {
+    mean_invstd[c] = running[c];
+    mean_invstd[cols + c] = InverseStd(running[cols + c], eps);
+  }
+}
+
+__global__ void batch_norm_apply_kernel(const void* x, DType xd, int64_t rows, int64_t cols,
+                                        const float* mean_invstd, const float* weight,
+                                        const float* bias, void* y, DType yd) {
+  GRID_STRIDE(i, rows * cols) {
+    const int64_t c = i % cols;
+    const float a = mean_invstd[cols + c] * weight[c];
+    const float shift = bias[c] - mean_invstd[c] * a;
+    Store(y, yd, i, Load(x, xd, i) * a + shift);
+  }
+}
+
+// One block per feature column c.
+__global__ void batch_norm_backward_reduce_kernel(const void* dy, DType gd, const void* x,
+                                                  DType xd, int64_t rows, int64_t cols,
+                                                  const float* mean_invstd, float* sums,
+                                                  float* dweight, float* dbias, bool overwrite) {
+  const int64_t c = blockIdx.x;
+  const double mean = mean_invstd[c];
+  double sum_dy = 0, sum_dy_xmu = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const double g = Load(dy, gd, r * cols + c);
+    sum_dy += g;
+    sum_dy_xmu += g * (Load(x, xd, r * cols + c) - mean);
+  }
+  sum_dy = BlockSum(sum_dy);
+  sum_dy_xmu = BlockSum(sum_dy_xmu);
+  if (threadIdx.x == 0) {
+    sums[c] = static_cast<float>(sum_dy);
+    sums[cols + c] = static_cast<float>(sum_dy_xmu);
+    const float grad_weight = static_cast<float>(sum_dy_xmu * mean_invstd[cols + c]);
+    dweight[c] = (overwrite ? 0.0f : dweight[c]) + grad_weight;
+    dbias[c] = (overwrite ? 0.0f : dbias[c]) + static_cast<float>(sum_dy);
+  }
+}
+
+__global__ void batch_norm_backward_input_kernel(const void* dy, DType gd, const void* x, DType xd,
+                                                 int64_t rows, int64_t cols,
+                                                 const float* mean_invstd, const float* weight,
+                                                 const float* sums, double count, void* dx,
+                                                 DType dxd) {
+  GRID_STRIDE(i, rows * cols) {
+    const int64_t c = i % cols;
+    const float mean = mean_invstd[c], invstd = mean_invstd[cols + c];
+    const float mean_dy = static_cast<float>(sums[c] / count);
+    const float k = static_cast<float>(sums[cols + c] / count) * invstd * invstd;
+    const float value =
+        (Load(dy, gd, i) - mean_dy - (Load(x, xd, i) - mean) * k) * (invstd * weight[c]);
+    Store(dx, dxd, i, value);
+  }
+}
+
+// One block per row r.
+__global__ void layer_norm_forward_kernel(const void* x, DType xd, int64_t cols,
+                                          const float* weight, const float* bias, float eps,
+                                          float* row_stats, void* y, DType yd) {
+  const int64_t base = blockIdx.x * cols;
+  double sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += Load(x, xd, base + c);
+  const double mean = BlockSum(sum) / cols;
+  double squares = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double d = Load(x, xd, base + c) - mean;
+    squares += d * d;
+  }
+  const float rstd = InverseStd(BlockSum(squares) / cols, eps);
+  const float mean_f = static_cast<float>(mean);
+  if (threadIdx.x == 0) {
+    row_stats[2 * blockIdx.x] = mean_f;
+    row_stats[2 * blockIdx.x + 1] = rstd;
+  }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    Store(y, yd, base + c, (Load(x, xd, base + c) - mean_f) * rstd * weight[c] + bias[c]);
+  }
+}
+
+__global__ void layer_norm_backward_input_kernel(const void* dy, DType gd, const void* x,
+                                                 DType xd, int64_t cols, const float* row_stats,
+                                                 const float* weight, void* dx, DType dxd) {
+  const int64_t base = blockIdx.x * cols;
+  const float mean = row_stats[2 * blockIdx.x], rstd = row_stats[2 * blockIdx.x + 1];
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xhat = (Load(x, xd, base + c) - mean) * rstd;
+    const double g = static_cast<double>(Load(dy, gd, base + c)) * weight[c];
+    sum_g += g;
+    sum_gx += g * xhat;
+  }
+  const float mean_g = static_cast<float>(BlockSum(sum_g) / cols);
+  const float mean_gx = static_cast<float>(BlockSum(sum_gx) / cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xhat = (Load(x, xd, base + c) - mean) * rstd;
+    Store(dx, dxd, base + c, rstd * (Load(dy, gd, base + c) * weight[c] - mean_g - xhat * mean_gx));
+  }
+}
+
+// One block per feature column c.
+__global__ void layer_norm_backward_params_kernel(const void* dy, DType gd, const void* x,
+                                                  DType xd, int64_t rows, int64_t cols,
+                                                  const float* row_stats, float* dweight,
+                                                  float* dbias, bool overwrite) {
+  const int64_t c = blockIdx.x;
+  double dw = 0, db = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const float xhat = (Load(x, xd, r * cols + c) - row_stats[2 * r]) * row_stats[2 * r + 1];
+    const double g = Load(dy, gd, r * cols + c);
+    dw += g * xhat;
+    db += g;
+  }
+  dw = BlockSum(dw);
+  db = BlockSum(db);
+  if (threadIdx.x == 0) {
+    dweight[c] = (overwrite ? 0.0f : dweight[c]) + static_cast<float>(dw);
+    dbias[c] = (overwrite ? 0.0f : dbias[c]) + static_cast<float>(db);
+  }
+}
+
+// Grids of one block per row or feature: at most 2^31 - 1 blocks in x.
+cudaError_t CheckBlocks(int64_t blocks) {
+  return blocks < 1 || blocks > 2147483647 ? cudaErrorInvalidConfiguration : cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t ActivationForwardMixed(ActivationKind act, const void* x, DType x_dtype, void* y,
+                                   DType y_dtype, int64_t n, cudaStream_t stream) {
+  activation_forward_mixed_kernel<<<Blocks(n), kThreads, 0, stream>>>(act, x, x_dtype, y,
+                                                                       y_dtype, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ActivationBackwardMixed(ActivationKind act, const void* pre, DType pre_dtype,
+                                    const void* dy, DType dy_dtype, void* d_pre,
+                                    DType d_pre_dtype, int64_t n, cudaStream_t stream) {
+  activation_backward_mixed_kernel<<<Blocks(n), kThreads, 0, stream>>>(
+      act, pre, pre_dtype, dy, dy_dtype, d_pre, d_pre_dtype, n);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormStatistics(const void* x, DType dtype, int64_t rows, int64_t cols, float eps,
+                                float* stats, cudaStream_t stream) {
+  if (cudaError_t e = CheckBlocks(cols); e != cudaSuccess) return e;
+  batch_norm_statistics_kernel<<<static_cast<unsigned>(cols), kThreads, 0, stream>>>(
+      x, dtype, rows, cols, eps, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormCombineStatistics(const float* gathered, int64_t ranks, int64_t cols,
+                                       float eps, float momentum, float* running,
+                                       float* mean_invstd, cudaStream_t stream) {
+  batch_norm_combine_kernel<<<Blocks(cols), kThreads, 0, stream>>>(gathered, ranks, cols, eps,
+                                                                    momentum, running,
+                                                                    mean_invstd);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormRunningStatistics(const float* running, int64_t cols, float eps,
+                                       float* mean_invstd, cudaStream_t stream) {
+  batch_norm_running_kernel<<<Blocks(cols), kThreads, 0, stream>>>(running, cols, eps,
+                                                                    mean_invstd);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormApply(const void* x, DType x_dtype, int64_t rows, int64_t cols,
+                           const float* mean_invstd, const float* weight, const float* bias,
+                           void* y, DType y_dtype, cudaStream_t stream) {
+  batch_norm_apply_kernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
+      x, x_dtype, rows, cols, mean_invstd, weight, bias, y, y_dtype);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormBackwardReduce(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                                    int64_t rows, int64_t cols, const float* mean_invstd,
+                                    float* sums, float* dweight, float* dbias, bool overwrite,
+                                    cudaStream_t stream) {
+  if (cudaError_t e = CheckBlocks(cols); e != cudaSuccess) return e;
+  batch_norm_backward_reduce_kernel<<<static_cast<unsigned>(cols), kThreads, 0, stream>>>(
+      dy, dy_dtype, x, x_dtype, rows, cols, mean_invstd, sums, dweight, dbias, overwrite);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormBackwardInput(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                                   int64_t rows, int64_t cols, const float* mean_invstd,
+                                   const float* weight, const float* sums, double count, void* dx,
+                                   DType dx_dtype, cudaStream_t stream) {
+  batch_norm_backward_input_kernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
+      dy, dy_dtype, x, x_dtype, rows, cols, mean_invstd, weight, sums, count, dx, dx_dtype);
+  return cudaGetLastError();
+}
+
+cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
+                             const float* weight, const float* bias, float eps, float* row_stats,
+                             void* y, DType y_dtype, cudaStream_t stream) {
+  if (cudaError_t e = CheckBlocks(rows); e != cudaSuccess) return e;
+  layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      x, x_dtype, cols, weight, bias, eps, row_stats, y, y_dtype);
+  return cudaGetLastError();
+}
+
+cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                              int64_t rows, int64_t cols, const float* row_stats,
+                              const float* weight, void* dx, DType dx_dtype, float* dweight,
+                              float* dbias, bool overwrite, cudaStream_t stream) {
+  if (cudaError_t e = CheckBlocks(rows); e != cudaSuccess) return e;
+  if (cudaError_t e = CheckBlocks(cols); e != cudaSuccess) return e;
+  layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      dy, dy_dtype, x, x_dtype, cols, row_stats, weight, dx, dx_dtype);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  layer_norm_backward_params_kernel<<<static_cast<unsigned>(cols), kThreads, 0, stream>>>(
+      dy, dy_dtype, x, x_dtype, rows, cols, row_stats, dweight, dbias, overwrite);
   return cudaGetLastError();
 }
 

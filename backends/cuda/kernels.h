@@ -89,3 +89,47 @@ cudaError_t GatherRows(const float* src, int64_t src_rows, int64_t cols, const f
                        float* dst, int64_t dst_rows, cudaStream_t stream);
 
 }  // namespace mptrain::cuda
+
+// ---- Normalization layers (trainer/backend.h says what each computes; norm_math.h has the
+// shared formulas). x [rows, cols] row-major; each buffer's dtype is given where it may vary.
+namespace mptrain::cuda {
+
+// y = round(act(f32(x))), n elements, any dtypes.
+cudaError_t ActivationForwardMixed(ActivationKind act, const void* x, DType x_dtype, void* y,
+                                   DType y_dtype, int64_t n, cudaStream_t stream);
+// d_pre = round(dy * act'(pre)), n elements, any dtypes.
+cudaError_t ActivationBackwardMixed(ActivationKind act, const void* pre, DType pre_dtype,
+                                    const void* dy, DType dy_dtype, void* d_pre,
+                                    DType d_pre_dtype, int64_t n, cudaStream_t stream);
+// stats [2·cols + 1] = mean, invstd, rows (one block per feature; sums in double).
+cudaError_t BatchNormStatistics(const void* x, DType dtype, int64_t rows, int64_t cols, float eps,
+                                float* stats, cudaStream_t stream);
+// Chan's combination of `ranks` rows of [2·cols + 1]; running [2·cols] updated, mean_invstd
+// [2·cols] written (one thread per feature).
+cudaError_t BatchNormCombineStatistics(const float* gathered, int64_t ranks, int64_t cols,
+                                       float eps, float momentum, float* running,
+                                       float* mean_invstd, cudaStream_t stream);
+cudaError_t BatchNormRunningStatistics(const float* running, int64_t cols, float eps,
+                                       float* mean_invstd, cudaStream_t stream);
+cudaError_t BatchNormApply(const void* x, DType x_dtype, int64_t rows, int64_t cols,
+                           const float* mean_invstd, const float* weight, const float* bias,
+                           void* y, DType y_dtype, cudaStream_t stream);
+cudaError_t BatchNormBackwardReduce(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                                    int64_t rows, int64_t cols, const float* mean_invstd,
+                                    float* sums, float* dweight, float* dbias, bool overwrite,
+                                    cudaStream_t stream);
+cudaError_t BatchNormBackwardInput(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                                   int64_t rows, int64_t cols, const float* mean_invstd,
+                                   const float* weight, const float* sums, double count, void* dx,
+                                   DType dx_dtype, cudaStream_t stream);
+// One block per row.
+cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
+                             const float* weight, const float* bias, float eps, float* row_stats,
+                             void* y, DType y_dtype, cudaStream_t stream);
+// dx: one block per row; dweight/dbias: one block per feature.
+cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
+                              int64_t rows, int64_t cols, const float* row_stats,
+                              const float* weight, void* dx, DType dx_dtype, float* dweight,
+                              float* dbias, bool overwrite, cudaStream_t stream);
+
+}  // namespace mptrain::cuda

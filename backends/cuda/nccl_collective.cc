@@ -201,6 +201,31 @@ absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
   return JoinAllReduces();  // Later compute-stream work sees the broadcast's result.
 }
 
+absl::Status NcclCollective::AllGather(Tensor send, Tensor recv) {
+  const int64_t n = options_.world_size;
+  if (recv.numel() != send.numel() * n || send.dtype != DType::kF32 ||
+      recv.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather: f32 [1, k] into [", n,
+                                                   ", k] expected, got ", send.numel(), " into ",
+                                                   recv.numel()));
+  }
+  absl::Status enqueued = Enqueue("allgather", [&] {
+    return ncclAllGather(send.data, recv.data, static_cast<size_t>(send.numel()), ncclFloat32,
+                         comm_, comm_stream_);
+  });
+  if (!enqueued.ok()) return enqueued;
+  return JoinAllReduces();
+}
+
+absl::Status NcclCollective::AllReduceSum(Tensor buffer) {
+  absl::Status enqueued = Enqueue("allreduce", [&] {
+    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                         ncclFloat32, ncclSum, comm_, comm_stream_);
+  });
+  if (!enqueued.ok()) return enqueued;
+  return JoinAllReduces();
+}
+
 absl::Status NcclCollective::JoinAllReduces() {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(reduce_done_, comm_stream_));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, reduce_done_, 0));

@@ -61,6 +61,11 @@ class NcclCollective final : public Collective {
   // ncclBroadcast in place on the comm stream, ordered between compute-stream work like
   // AllReduceMean.
   absl::Status Broadcast(Tensor buffer, int root) override;
+  // sync_batch_norm's collectives: ncclAllGather and ncclAllReduce(ncclSum) on the comm stream,
+  // ordered between compute-stream work like Broadcast (later compute work waits for them, and
+  // so for any bucket allreduce queued before them on the comm stream).
+  absl::Status AllGather(Tensor send, Tensor recv) override;
+  absl::Status AllReduceSum(Tensor buffer) override;
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   // Any thread: marks the collective aborted. The thread that waits on it (the backend's
