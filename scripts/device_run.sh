@@ -25,8 +25,9 @@ for step in $STEPS; do
       timeout 300 bash scripts/run_example.sh >"$OUT/example.log" 2>&1 || status=1
       tail -25 "$OUT/example.log" ;;
     parity)
+      # PARITY_CASES=a,b runs some of compare.py's cases only.
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \
-        >"$OUT/parity.log" 2>&1 || status=1
+        ${PARITY_CASES:+--cases "$PARITY_CASES"} >"$OUT/parity.log" 2>&1 || status=1
       tail -30 "$OUT/parity.log" ;;
     syncbn)
       # Issue 14: torch.nn.SyncBatchNorm + DDP + no_sync + GradScaler (fp16) against ours.
