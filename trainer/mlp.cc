@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, const ModelCo
       if (IsBatchNorm(model.norm)) {
         ASSIGN_OR_RETURN(norm.stats, backend->Allocate(DType::kF32, 1, 2 * out + 1));
         norm.gathered = norm.stats;
-        if (model.norm == NormKind::kSyncBatchNorm) {
+        if (mlp->SynchronisesNormStatistics()) {
           ASSIGN_OR_RETURN(norm.gathered,
                            backend->Allocate(DType::kF32, mlp->world_size_, 2 * out + 1));
         }
@@ -109,7 +109,7 @@ absl::Status Mlp::NormForward(size_t i, Tensor z, bool training) {
   }
   if (training) {
     RETURN_IF_ERROR(backend_->BatchNormStatistics(z, kNormEps, norm.stats));
-    if (layout_.norm == NormKind::kSyncBatchNorm) {
+    if (SynchronisesNormStatistics()) {
       // Every forward, no_sync or not: torch's SyncBatchNorm all-gathers (mean, invstd, count).
       RETURN_IF_ERROR(backend_->collective()->AllGather(norm.stats, norm.gathered));
     }
@@ -138,7 +138,7 @@ absl::Status Mlp::NormBackward(size_t i, Tensor dy, const GradientAccumulator::T
   RETURN_IF_ERROR(backend_->BatchNormBackwardReduce(norm.d_zn, pre_[i], norm.mean_invstd,
                                                     norm.sums, dweight, dbias, target.overwrite));
   double count = static_cast<double>(pre_[i].rows);
-  if (layout_.norm == NormKind::kSyncBatchNorm) {
+  if (SynchronisesNormStatistics()) {
     // Every backward, no_sync or not: torch's SyncBatchNorm sums (Σ dy, Σ dy·(z − mean)) over
     // ranks. The affine gradients above stay this rank's (DDP averages them on the stepping
     // micro-batch, with every other gradient).

@@ -98,6 +98,11 @@ class Mlp {
   Tensor NormWeight(size_t layer) const;
   Tensor NormBias(size_t layer) const;
 
+  // sync_batch_norm across more than one rank. In a world of one, torch's SyncBatchNorm is a
+  // plain batch norm (no collective), and so is ours.
+  bool SynchronisesNormStatistics() const {
+    return layout_.norm == NormKind::kSyncBatchNorm && world_size_ > 1;
+  }
   Tensor Weight(Tensor flat, size_t layer) const;
   Tensor Bias(Tensor flat, size_t layer) const;
   ActivationKind LayerActivation(size_t layer) const;
