@@ -27,11 +27,17 @@ CONFIGS = {
 ACCUMULATION = 4
 
 
-def model_for(widths):
+NORMS = {"layer_norm": torch.nn.LayerNorm, "batch_norm": torch.nn.BatchNorm1d,
+         "sync_batch_norm": torch.nn.SyncBatchNorm}
+
+
+def model_for(widths, norm="none"):
     layers = []
     for i in range(len(widths) - 1):
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
         if i + 2 < len(widths):
+            if norm != "none":
+                layers.append(NORMS[norm](widths[i + 1]))
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
 
@@ -43,6 +49,7 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--hook", choices=["none", "fp16", "bf16"], default="none")
     parser.add_argument("--as_hosts", action="store_true")
+    parser.add_argument("--norm", choices=["none", *NORMS], default="none")
     args = parser.parse_args()
     if args.as_hosts:
         os.environ["NCCL_HOSTID"] = f"bench-host-{os.environ['RANK']}"
@@ -53,7 +60,7 @@ def main():
     for name in args.configs.split(","):
         widths, batch = CONFIGS[name]
         torch.manual_seed(0)
-        model = DDP(model_for(widths).to(device), device_ids=[device.index])
+        model = DDP(model_for(widths, args.norm).to(device), device_ids=[device.index])
         if args.hook != "none":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook if args.hook == "fp16"
                                      else default_hooks.bf16_compress_hook)
@@ -98,7 +105,7 @@ def main():
         if rank == 0:
             print(json.dumps({
                 "engine": "pytorch", "config": name, "gpus": world, "step_ms": step_ms,
-                "grad_comm": args.hook if args.hook != "none" else "fp32",
+                "grad_comm": args.hook if args.hook != "none" else "fp32", "norm": args.norm,
                 "samples_per_s": samples_per_gpu * world / (step_ms * 1e-3),
                 "tflops_per_gpu": 6 * params * samples_per_gpu / (step_ms * 1e-3) / 1e12,
                 "params": params, "allreduce_ms": allreduce_ms,

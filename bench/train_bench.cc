@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "backends/cuda/cuda_backend.h"
@@ -25,6 +26,8 @@ ABSL_FLAG(std::string, configs, "seed,mlp1k,mlp8k", "Comma-separated configurati
 ABSL_FLAG(int, warmup, 10, "Optimizer steps left out of the timing");
 ABSL_FLAG(int, steps, 50, "Timed optimizer steps");
 ABSL_FLAG(int, allreduce_iters, 50, "Timed gradient allreduces");
+ABSL_FLAG(std::string, norm, "none",
+          "model.norm after each hidden Linear: none, layer_norm, batch_norm or sync_batch_norm");
 
 namespace mptrain::bench {
 namespace {
@@ -117,6 +120,12 @@ int main(int argc, char** argv) {
   for (const BenchConfig& config : BenchConfigs()) {
     if (std::find(wanted.begin(), wanted.end(), config.name) == wanted.end()) continue;
     v1::JobSpec spec = BenchSpec(config, gpus, warmup + steps);
+    v1::NormKind norm = v1::NORM_KIND_UNSPECIFIED;
+    if (!v1::NormKind_Parse(absl::AsciiStrToUpper(absl::GetFlag(FLAGS_norm)), &norm)) {
+      std::cerr << "--norm " << absl::GetFlag(FLAGS_norm) << ": unknown\n";
+      return 2;
+    }
+    spec.mutable_model()->set_norm(norm);
     ApplyJobSpecDefaults(&spec);
     InMemoryKeyValueStore store;
     std::vector<RankResult> results(gpus);
@@ -138,10 +147,11 @@ int main(int argc, char** argv) {
     const double bytes = (params + 1) * 4;
     const double busbw = gpus > 1 ? bytes * 2 * (gpus - 1) / gpus / (results[0].allreduce_ms * 1e-3) / 1e9 : 0;
     std::cout << absl::StrFormat(
-                     "{\"engine\": \"mptrain\", \"config\": \"%s\", \"gpus\": %d, \"step_ms\": %.4f, "
+                     "{\"engine\": \"mptrain\", \"config\": \"%s\", \"norm\": \"%s\", "
+                     "\"gpus\": %d, \"step_ms\": %.4f, "
                      "\"samples_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"params\": %.0f, "
                      "\"allreduce_ms\": %.4f, \"allreduce_busbw_gbs\": %.2f}",
-                     config.name, gpus, step_ms, samples_per_gpu * gpus / (step_ms * 1e-3),
+                     config.name, absl::GetFlag(FLAGS_norm), gpus, step_ms, samples_per_gpu * gpus / (step_ms * 1e-3),
                      6 * params * samples_per_gpu / (step_ms * 1e-3) / 1e12, params,
                      results[0].allreduce_ms, busbw)
               << std::endl;

@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [bench] [net] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [normbench] [bench] [net] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -34,6 +34,11 @@ for step in $STEPS; do
       PYTHONUNBUFFERED=1 timeout 500 python3 parity/sync_bn_compare.py --out "$OUT/syncbn" \
         >"$OUT/syncbn.log" 2>&1 || status=1
       tail -24 "$OUT/syncbn.log" ;;
+    normbench)
+      # The normalization layers' cost per step and small-collective latency, ours and PyTorch's.
+      NORMS=${NORMS:-none batch_norm sync_batch_norm} CONFIGS=${NORM_CONFIGS:-seed,mlp1k} PYTHONUNBUFFERED=1 timeout 400 bash bench/run_norm_bench.sh \
+        >"$OUT/normbench.log" 2>&1 || status=1
+      tail -12 "$OUT/normbench.log" ;;
     bench)
       PYTHONUNBUFFERED=1 timeout 500 bash bench/run_bench.sh >"$OUT/bench.log" 2>&1 || status=1
       tail -22 "$OUT/bench.log" ;;

@@ -123,7 +123,12 @@ absl::Status NcclCollective::AbortedStatus(const char* what) {
 }
 
 absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  // Enqueueing a collective on a non-blocking communicator usually completes within tens of
+  // microseconds: poll without sleeping for the first 2 ms (a 100 µs sleep made every small
+  // collective cost ~0.19 ms against NCCL's ~0.04 ms), then back off to 100 µs sleeps.
+  const auto spin_until = start + std::chrono::milliseconds(2);
   while (true) {
     if (abort_requested_.load()) return AbortedStatus(what);
     ncclResult_t state = ncclSuccess;
@@ -138,7 +143,11 @@ absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const ch
                                                       " did not complete within ", timeout_ms,
                                                       " ms"));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
