@@ -349,6 +349,25 @@ absl::Status GlooCollective::Failure(const char* op, const std::string& what,
                                              peers_->Describe(options_.rank), ": gloo: ", what));
 }
 
+template <typename T>
+absl::Status GlooCollective::RingAllreduce(T* values, size_t count,
+                                           void (*reduce)(void*, const void*, const void*,
+                                                          size_t)) {
+  try {
+    gloo::AllreduceOptions gloo_options(context_);
+    gloo_options.setOutput(values, count);
+    gloo_options.setReduceFunction(reduce);
+    gloo_options.setTag(next_tag_++);
+    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
+    gloo::allreduce(gloo_options);
+  } catch (const std::exception& error) {
+    const int n = options_.world_size;
+    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
+                   {(options_.rank + n - 1) % n});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
   float* values = static_cast<float*>(buffer.data);
   const size_t count = static_cast<size_t>(buffer.numel());
@@ -356,21 +375,7 @@ absl::Status GlooCollective::AllReduceMean(Tensor buffer) {
   for (size_t i = 0; i < count; ++i) values[i] *= inverse;
   if (aborted_.load()) return Failure("allreduce", "");
   if (options_.world_size == 1) return absl::OkStatus();
-  try {
-    gloo::AllreduceOptions gloo_options(context_);
-    gloo_options.setOutput(values, count);
-    gloo_options.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    gloo_options.setTag(next_tag_++);
-    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
-    gloo::allreduce(gloo_options);
-  } catch (const std::exception& error) {
-    // gloo's ring (allreduce.cc) receives from rank + 1 and sends to rank - 1.
-    const int n = options_.world_size;
-    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
-                   {(options_.rank + n - 1) % n});
-  }
-  return absl::OkStatus();
+  return RingAllreduce(values, count, &gloo::sum<float>);
 }
 
 absl::Status GlooCollective::AllReduceSumCompressedAsync(Tensor buffer) {
@@ -386,24 +391,11 @@ absl::Status GlooCollective::AllReduceSumCompressedAsync(Tensor buffer) {
   for (size_t i = 0; i < count; ++i) {
     wire_[i] = f16 ? gloo::cpu_float2half_rn(values[i]).x : FloatToBf16Bits(values[i]);
   }
-  try {
-    gloo::AllreduceOptions gloo_options(context_);
-    if (f16) {
-      gloo_options.setOutput(reinterpret_cast<gloo::float16*>(wire_.data()), count);
-      gloo_options.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<gloo::float16>));
-    } else {
-      gloo_options.setOutput(wire_.data(), count);
-      gloo_options.setReduceFunction(&SumBf16);
-    }
-    gloo_options.setTag(next_tag_++);
-    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
-    gloo::allreduce(gloo_options);
-  } catch (const std::exception& error) {
-    const int n = options_.world_size;
-    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
-                   {(options_.rank + n - 1) % n});
-  }
+  absl::Status reduced =
+      f16 ? RingAllreduce(reinterpret_cast<gloo::float16*>(wire_.data()), count,
+                          &gloo::sum<gloo::float16>)
+          : RingAllreduce(wire_.data(), count, &SumBf16);
+  if (!reduced.ok()) return reduced;
   for (size_t i = 0; i < count; ++i) {
     gloo::float16 half;  // (Its constructors convert numbers; the bits are set directly.)
     half.x = wire_[i];
@@ -466,21 +458,9 @@ absl::Status GlooCollective::AllGather(Tensor send, Tensor recv) {
 
 absl::Status GlooCollective::AllReduceSum(Tensor buffer) {
   if (aborted_.load()) return Failure("allreduce", "");
-  const int n = options_.world_size;
-  if (n == 1) return absl::OkStatus();
-  try {
-    gloo::AllreduceOptions gloo_options(context_);
-    gloo_options.setOutput(static_cast<float*>(buffer.data), static_cast<size_t>(buffer.numel()));
-    gloo_options.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    gloo_options.setTag(next_tag_++);
-    gloo_options.setTimeout(std::chrono::milliseconds(options_.collective_timeout_ms));
-    gloo::allreduce(gloo_options);
-  } catch (const std::exception& error) {
-    return Failure("allreduce", error.what(), {(options_.rank + 1) % n},
-                   {(options_.rank + n - 1) % n});
-  }
-  return absl::OkStatus();
+  if (options_.world_size == 1) return absl::OkStatus();
+  return RingAllreduce(static_cast<float*>(buffer.data), static_cast<size_t>(buffer.numel()),
+                       &gloo::sum<float>);
 }
 
 }  // namespace mptrain

@@ -89,6 +89,12 @@ class GlooCollective final : public Collective {
                        const std::vector<int>& recv_from = {},
                        const std::vector<int>& send_to = {});
 
+  // gloo's ring allreduce of `count` elements of T in place, combined by `reduce`. The ring
+  // receives from rank + 1 and sends to rank − 1: a timeout names the one it waited for.
+  template <typename T>
+  absl::Status RingAllreduce(T* values, size_t count,
+                             void (*reduce)(void*, const void*, const void*, size_t));
+
   GlooCollectiveOptions options_;
   std::unique_ptr<PeerDirectory> peers_;
   std::shared_ptr<gloo::Context> context_;

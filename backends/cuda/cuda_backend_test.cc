@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -136,6 +137,33 @@ class NullObserver : public TrainingObserver {
   std::vector<StepTelemetry> records;
 };
 
+// Trains `spec` (world size 2) on GPUs 0 and 1 over NCCL, one thread per rank.
+std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfig& spec) {
+  InMemoryKeyValueStore store;
+  std::array<absl::StatusOr<TrainingResult>, 2> results;
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto backend = CudaBackend::Create(
+          rank,
+          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+            auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
+            if (!nccl.ok()) return nccl.status();
+            return std::unique_ptr<Collective>(std::move(*nccl));
+          },
+          60'000);
+      if (!backend.ok()) {
+        results[rank] = backend.status();
+        return;
+      }
+      NullObserver observer;
+      results[rank] = RunTraining(spec, rank, backend->get(), &observer);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  return results;
+}
+
 TrainingConfig MlpSpec(v1::Precision precision, double init_scale) {
   v1::JobSpec spec;
   spec.set_world_size(1);
@@ -235,28 +263,7 @@ TEST(NcclCollective, TwoGpus_SyncBatchNorm_IdenticalParametersAndStatistics) {
   TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
   spec.world_size = 2;
   spec.model.norm = NormKind::kSyncBatchNorm;
-  InMemoryKeyValueStore store;
-  absl::StatusOr<TrainingResult> results[2];
-  std::thread ranks[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks[rank] = std::thread([&, rank] {
-      auto backend = CudaBackend::Create(
-          rank,
-          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
-            if (!nccl.ok()) return nccl.status();
-            return std::unique_ptr<Collective>(std::move(*nccl));
-          },
-          60'000);
-      if (!backend.ok()) {
-        results[rank] = backend.status();
-        return;
-      }
-      NullObserver observer;
-      results[rank] = RunTraining(spec, rank, backend->get(), &observer);
-    });
-  }
-  for (auto& rank : ranks) rank.join();
+  std::array<absl::StatusOr<TrainingResult>, 2> results = TrainOnTwoGpus(spec);
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
@@ -347,28 +354,7 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   REQUIRE_GPUS(2);
   TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
   spec.world_size = 2;
-  InMemoryKeyValueStore store;
-  absl::StatusOr<TrainingResult> results[2];
-  std::thread ranks[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks[rank] = std::thread([&, rank] {
-      auto backend = CudaBackend::Create(
-          rank,
-          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
-            if (!nccl.ok()) return nccl.status();
-            return std::unique_ptr<Collective>(std::move(*nccl));
-          },
-          60'000);
-      if (!backend.ok()) {
-        results[rank] = backend.status();
-        return;
-      }
-      NullObserver observer;
-      results[rank] = RunTraining(spec, rank, backend->get(), &observer);
-    });
-  }
-  for (auto& rank : ranks) rank.join();
+  std::array<absl::StatusOr<TrainingResult>, 2> results = TrainOnTwoGpus(spec);
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
@@ -385,28 +371,7 @@ TEST(NcclCollective, TwoGpus_CompressedGradients_TrainToIdenticalParameters) {
     TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
     spec.world_size = 2;
     spec.grad_comm_dtype = comms[c];
-    InMemoryKeyValueStore store;
-    absl::StatusOr<TrainingResult> results[2];
-    std::thread ranks[2];
-    for (int rank = 0; rank < 2; ++rank) {
-      ranks[rank] = std::thread([&, rank] {
-        auto backend = CudaBackend::Create(
-            rank,
-            [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-              auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
-              if (!nccl.ok()) return nccl.status();
-              return std::unique_ptr<Collective>(std::move(*nccl));
-            },
-            60'000);
-        if (!backend.ok()) {
-          results[rank] = backend.status();
-          return;
-        }
-        NullObserver observer;
-        results[rank] = RunTraining(spec, rank, backend->get(), &observer);
-      });
-    }
-    for (auto& rank : ranks) rank.join();
+    std::array<absl::StatusOr<TrainingResult>, 2> results = TrainOnTwoGpus(spec);
     ASSERT_TRUE(results[0].ok()) << results[0].status();
     ASSERT_TRUE(results[1].ok()) << results[1].status();
     EXPECT_EQ(results[0]->checksum, results[1]->checksum) << "grad comm " << c;
