@@ -1,6 +1,6 @@
 // Fuzzes the checkpoint readers a restarted or initialised run trusts: the input becomes a file
 // that ReadTrainingCheckpoint and ReadInitialParameters read against a fixed small layout
-// (Linear 3 -> 2 -> 1). They must answer with a value or an error naming the file, never
+// (Linear 3 -> 2 -> 1, and the same with a batch norm). They must answer with a value or an error naming the file, never
 // crash, and what they accept must match the layout and the documented ranges.
 
 #include <unistd.h>
@@ -35,6 +35,16 @@ void RemoveTempFile() { unlink(InputPath().c_str()); }
 const mptrain::ParameterLayout& Layout() {
   static const mptrain::ParameterLayout* layout = [] {
     return new mptrain::ParameterLayout(mptrain::MakeParameterLayout({3, 2, 1}));
+  }();
+  return *layout;
+}
+
+// The same model with a batch norm after the hidden Linear: norm parameters and running
+// statistics (buffers) too.
+const mptrain::ParameterLayout& NormLayout() {
+  static const mptrain::ParameterLayout* layout = [] {
+    return new mptrain::ParameterLayout(
+        mptrain::MakeParameterLayout({3, 2, 1}, mptrain::NormKind::kBatchNorm));
   }();
   return *layout;
 }
@@ -94,5 +104,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     abort();
   }
   if (checkpoint.ok() && initial.ok() && *initial != checkpoint->parameters) abort();
+
+  absl::StatusOr<mptrain::TrainingCheckpoint> with_norm =
+      mptrain::ReadTrainingCheckpoint(InputPath(), NormLayout());
+  if (with_norm.ok()) {
+    if (with_norm->parameters.size() != static_cast<size_t>(NormLayout().total)) abort();
+    if (with_norm->buffers.size() != static_cast<size_t>(NormLayout().buffers_total)) abort();
+    for (float value : with_norm->buffers) {
+      if (!std::isfinite(value)) abort();
+    }
+    for (const mptrain::LayerLayout& layer : NormLayout().layers) {
+      if (!layer.has_running_stats()) continue;
+      for (int64_t i = 0; i < layer.out; ++i) {
+        if (with_norm->buffers[layer.running_offset + layer.out + i] < 0) abort();
+      }
+    }
+  } else if (!NamesFile(with_norm.status())) {
+    abort();
+  }
   return 0;
 }

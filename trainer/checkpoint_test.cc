@@ -119,6 +119,28 @@ TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTenso
                 "tensor 'layers.0.bias' holds nan at index 1");
 }
 
+TEST(Checkpoint, BatchNormRunningStatistics_RoundTrip_AndANegativeVarianceIsRefused) {
+  const ParameterLayout layout = MakeParameterLayout({3, 2, 1}, NormKind::kBatchNorm);
+  TrainingCheckpoint checkpoint;
+  checkpoint.step = 4;
+  checkpoint.parameters = InitializeParameters(layout, 1);
+  checkpoint.optimizer_state["momentum"] = std::vector<float>(layout.total, 0.5f);
+  checkpoint.step_state.scale = 1024;
+  checkpoint.buffers = {0.25f, -0.5f, /*running_var*/ 1.5f, 0.75f};
+  checkpoint.num_batches_tracked = 16;
+  const std::string path = TempPath("bn_stats.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(path, layout, checkpoint).ok());
+  auto read = ReadTrainingCheckpoint(path, layout);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->buffers, checkpoint.buffers);
+
+  checkpoint.buffers[3] = -0.125f;  // A hostile file: a negative running variance.
+  const std::string bad = TempPath("bn_negative_var.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(bad, layout, checkpoint).ok());
+  ExpectInvalid(ReadTrainingCheckpoint(bad, layout).status(), bad,
+                "tensor norms.0.running_var has a negative value");
+}
+
 TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor) {
   TrainingCheckpoint checkpoint = SmallCheckpoint();
   // weight[1][1]

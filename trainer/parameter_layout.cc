@@ -190,6 +190,18 @@ absl::StatusOr<std::vector<float>> TensorsToBuffers(const ParameterLayout& layou
                         layer.running_offset + layer.out});
   }
   RETURN_IF_ERROR(CopyExpected(expected, tensors, source, &buffers));
+  // (The reader refused non-finite values.) A variance below 0 would make evaluation take the
+  // square root of a negative number.
+  for (size_t i = 0; i < layout.layers.size(); ++i) {
+    const LayerLayout& layer = layout.layers[i];
+    if (!layer.has_running_stats()) continue;
+    const auto first = buffers.begin() + layer.running_offset + layer.out;
+    if (std::any_of(first, first + layer.out, [](float v) { return v < 0; })) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor norms.", i,
+                                                     ".running_var has a negative value (a "
+                                                     "variance is >= 0)"));
+    }
+  }
   return buffers;
 }
 
