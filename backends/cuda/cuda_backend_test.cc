@@ -97,7 +97,9 @@ TEST_P(LinearParity, ForwardAndBackwardMatchCpuBackend) {
     EXPECT_TRUE(backend.LinearForward(tx, tw, tb, act, tpre, ty).ok());
     out.pre.resize(m * n);
     EXPECT_TRUE(backend.Download(tpre, out.pre.data()).ok());
-    if (pre_override != nullptr) EXPECT_TRUE(backend.Upload(pre_override->data(), tpre).ok());
+    if (pre_override != nullptr) {
+      EXPECT_TRUE(backend.Upload(pre_override->data(), tpre).ok());
+    }
     EXPECT_TRUE(backend.ActivationBackward(act, tpre, tdy, tdpre).ok());
     EXPECT_TRUE(backend.LinearBackward(tx, tw, tdpre, tdx, tdw, tdb).ok());
     out.y.resize(m * n);
@@ -326,7 +328,9 @@ TEST_P(FeatureParity, CrossEntropyAdamWScheduleShuffleEval_CudaMatchesCpu) {
   auto on_cpu = RunTraining(config, 0, &cpu, &cpu_observer);
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
-  if (dtype == DType::kF16) EXPECT_GT(on_cpu->skipped_steps, 0);
+  if (dtype == DType::kF16) {
+    EXPECT_GT(on_cpu->skipped_steps, 0);
+  }
   EXPECT_EQ(on_gpu->skipped_steps, on_cpu->skipped_steps);
   const double tolerance = dtype == DType::kF32 ? 1e-5 : dtype == DType::kF16 ? 2e-3 : 1e-2;
   ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
