@@ -10,6 +10,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -261,3 +262,17 @@ def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol
             if diff > loss_tol:
                 problems.append(f"step {i}: loss {a['loss']:.9g} vs {b['loss']:.9g}")
     return problems, worst
+
+
+def run_torchrun(case_dir):
+    """parity/pytorch_reference.py on two GPUs (torchrun, NCCL) for <case_dir>/case.json; its
+    torch_steps.json and torch_final.safetensors land in case_dir."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         os.path.join(here, "pytorch_reference.py"), "--case",
+         os.path.join(case_dir, "case.json"), "--out", case_dir],
+        capture_output=True, text=True)
+    if torchrun.returncode != 0:
+        print(torchrun.stdout[-3000:], torchrun.stderr[-3000:])
+        raise RuntimeError(f"torchrun failed in {case_dir}")

@@ -17,13 +17,13 @@ to PARAM_TOL (relative L2 norm of the difference), per precision.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Cluster, compare_steps, flat, load_safetensors, rel, write_inputs  # noqa: E402
+from common import (Cluster, compare_steps, flat, load_safetensors, rel,  # noqa: E402
+                    run_torchrun, write_inputs)
 
 LOSS_TOL = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5}
 PARAM_TOL = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5}
@@ -102,7 +102,6 @@ def main():
     if gpus < 2:
         print(f"compare.py needs 2 GPUs, found {gpus}")
         return 2
-    here = os.path.dirname(os.path.abspath(__file__))
     cluster = Cluster(args.bin, args.out, gpus=2, roots_dir=os.path.abspath(args.out))
     rows, failures = [], 0
     try:
@@ -113,14 +112,7 @@ def main():
             spec = write_inputs(name, case, case_dir, device="cuda")
             with open(os.path.join(case_dir, "case.json"), "w") as f:
                 json.dump({"spec": spec}, f)
-            torchrun = subprocess.run(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc_per_node=2", os.path.join(here, "pytorch_reference.py"),
-                 "--case", os.path.join(case_dir, "case.json"), "--out", case_dir],
-                capture_output=True, text=True)
-            if torchrun.returncode != 0:
-                print(torchrun.stdout[-3000:], torchrun.stderr[-3000:])
-                raise RuntimeError(f"torchrun failed for {name}")
+            run_torchrun(case_dir)
             torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
             torch_final = flat(load_safetensors(os.path.join(case_dir, "torch_final.safetensors")))
             init = flat(load_safetensors(spec["init_checkpoint"]))

@@ -15,14 +15,14 @@
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Cluster, compare_steps, flat, load_safetensors, rel, write_inputs  # noqa: E402
+from common import (Cluster, compare_steps, flat, load_safetensors, rel,  # noqa: E402
+                    run_torchrun, write_inputs)
 from compare import LOSS_TOL, PARAM_TOL  # noqa: E402
 
 MODEL = {"input_dim": 256, "hidden_dims": [512, 512], "output_dim": 16, "activation": "relu"}
@@ -36,17 +36,6 @@ CASES = {
 }
 
 
-def run_torch(here, case_dir):
-    torchrun = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         os.path.join(here, "pytorch_reference.py"), "--case",
-         os.path.join(case_dir, "case.json"), "--out", case_dir],
-        capture_output=True, text=True)
-    if torchrun.returncode != 0:
-        print(torchrun.stdout[-3000:], torchrun.stderr[-3000:])
-        raise RuntimeError(f"torchrun failed in {case_dir}")
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default=os.environ.get("MPTRAIN_BIN", "device_bundle/bin"))
@@ -57,7 +46,6 @@ def main():
     if torch.cuda.device_count() < 2:
         print(f"sync_bn_compare.py needs 2 GPUs, found {torch.cuda.device_count()}")
         return 2
-    here = os.path.dirname(os.path.abspath(__file__))
     cluster = Cluster(args.bin, args.out, gpus=2, roots_dir=os.path.abspath(args.out))
     rows, demo, failures = [], [], 0
     try:
@@ -68,7 +56,7 @@ def main():
             spec = write_inputs(name, case, case_dir, device="cuda")
             with open(os.path.join(case_dir, "case.json"), "w") as f:
                 json.dump({"spec": spec}, f)
-            run_torch(here, case_dir)
+            run_torchrun(case_dir)
             torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
             torch_tensors = load_safetensors(os.path.join(case_dir, "torch_final.safetensors"))
             init = flat(load_safetensors(spec["init_checkpoint"]))

@@ -16,6 +16,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/loss/mse.h"
 #include "trainer/mlp.h"
+#include "trainer/mse_probe.h"
 #include "trainer/norm_math.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/train_loop.h"
@@ -65,25 +66,11 @@ TEST_P(NormGradientCheck, BackwardMatchesFiniteDifferences) {
   }
   for (float& v : x) v = normal(generator);
   for (float& v : y) v = normal(generator);
-  auto xt = backend.Allocate(DType::kF32, batch, 5);
-  auto yt = backend.Allocate(DType::kF32, batch, 3);
-  StepState unit_scale;
-  unit_scale.scale = 1.0f;
-  auto state = backend.AllocateStepState(unit_scale);
-  ASSERT_TRUE(backend.Upload(x.data(), *xt).ok());
-  ASSERT_TRUE(backend.Upload(y.data(), *yt).ok());
+  testing::MseProbe probe(&backend, mlp->get(), x, y);
+  ASSERT_TRUE(probe.ok());
 
   auto loss_at = [&](const std::vector<float>& p, std::vector<float>* grads) {
-    EXPECT_TRUE(backend.Upload(p.data(), (*mlp)->params()).ok());
-    EXPECT_TRUE(backend.Zero((*mlp)->grads()).ok());
-    EXPECT_TRUE((*mlp)->Forward(*xt).ok());
-    EXPECT_TRUE(MseLoss(&backend, 3, 1).Backward((*mlp)->output(), *yt, *state, (*mlp)->metrics(),
-                                                 (*mlp)->output_grad()).ok());
-    EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0).ok());
-    std::vector<float> all(n + 2);
-    EXPECT_TRUE(backend.Download((*mlp)->grads(), all.data()).ok());
-    if (grads != nullptr) grads->assign(all.begin(), all.begin() + n);
-    return static_cast<double>(all[n]);
+    return probe.LossAt(p, grads);
   };
 
   std::vector<float> analytic;
