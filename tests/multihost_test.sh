@@ -68,7 +68,10 @@ grep -q "$NET.11" "$WORK/status.txt" && grep -q "$NET.12" "$WORK/status.txt" ||
 # listens (gloo: the larger address connects). With the daemons of h2 and h3 held (SIGSTOP,
 # well within the heartbeat timeout), h1's rank waits for its peers, listening, while h1 is
 # looked at.
-sed 's/"world_size": 2/"world_size": 3/' "$SPEC" >"$WORK/three.json"
+# 300 steps (a few seconds): long enough that the sampling below sees the peers' connections
+# even on a loaded machine (5 steps once ended between two samples).
+sed -e 's/"world_size": 2/"world_size": 3/' -e 's/"steps": 5,/"steps": 300,/' "$SPEC" >"$WORK/three.json"
+grep -q '"steps": 300' "$WORK/three.json" || fail "could not lengthen the 3-rank job"
 for _ in $(seq 100); do  # The last job's slots are free once its ranks' exits are reported.
   [ "$(ctl --output=json workers | grep -o '"free_slots": *1' | wc -l)" -ge 3 ] && break
   sleep 0.1
