@@ -9,6 +9,8 @@
 #   CONFIGS="mlp1k mlp8k" WARMUP=5 STEPS=20 bash bench/run_net_bench.sh
 # NCCL's socket settings apply to both engines alike: e.g. NCCL_SOCKET_NTHREADS=4
 # NCCL_NSOCKS_PERTHREAD=4 in the environment (TAG names the variant in the results).
+# TRANSPORT=nvlink measures the same way with NCCL's own choice (NVLink between the two GPUs of
+# one host): the step through the service beside PyTorch, for issue 16's "through the service".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mptrain-out}
@@ -18,9 +20,15 @@ STEPS=${STEPS:-20}
 CONFIGS=${CONFIGS:-mlp1k mlp8k}
 COMMS=${COMMS:-fp32 fp16 bf16}
 TAG=${TAG:-default}
-RESULTS="$OUT/net_bench_$TAG.jsonl"
+TRANSPORT=${TRANSPORT:-socket}
+RESULTS="$OUT/net_bench_${TRANSPORT}_$TAG.jsonl"
 : >"$RESULTS"
-export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0
+AS_HOSTS=()
+if [ "$TRANSPORT" = socket ]; then
+  export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+  AS_HOSTS=(--as_hosts)
+fi
 
 # input|hidden|output|micro-batch, as bench/bench_configs.h.
 widths_of() { case $1 in
@@ -32,8 +40,13 @@ esac; }
 COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
 source scripts/lib/local_cluster.sh
 start_coordinator
-NCCL_HOSTID=net-host-a start_worker hostA 0 --device=cuda
-NCCL_HOSTID=net-host-b start_worker hostB 1 --device=cuda
+if [ "$TRANSPORT" = socket ]; then
+  NCCL_HOSTID=net-host-a start_worker hostA 0 --device=cuda
+  NCCL_HOSTID=net-host-b start_worker hostB 1 --device=cuda
+else
+  start_worker hostA 0 --device=cuda
+  start_worker hostB 1 --device=cuda
+fi
 wait_for_workers 2 || exit 1
 status=0
 for config in $CONFIGS; do
@@ -68,14 +81,14 @@ for comm in $COMMS; do
   hook=$([ "$comm" = fp32 ] && echo none || echo "$comm")
   python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/pytorch_baseline.py \
     --configs "$(echo $CONFIGS | tr ' ' ,)" --warmup "$WARMUP" --steps "$STEPS" --hook "$hook" \
-    --as_hosts 2>"$OUT/net_pytorch_$comm.err" | tee -a "$RESULTS" || status=1
+    "${AS_HOSTS[@]}" 2>"$OUT/net_pytorch_${TRANSPORT}_$comm.err" | tee -a "$RESULTS" || status=1
 done
-TAG=$TAG python3 - "$RESULTS" <<'PY'
+TAG=$TAG TRANSPORT=$TRANSPORT python3 - "$RESULTS" <<'PY'
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 ours = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] != "pytorch"}
 torch = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] == "pytorch"}
-print(f"NCCL socket transport, {os.environ.get('TAG', 'default')} settings")
+print(f"NCCL {os.environ.get('TRANSPORT', 'socket')} transport, {os.environ.get('TAG', 'default')} settings")
 print(f"{'config':<8}{'grad comm':<11}{'mptrain ms':>12}{'pytorch ms':>12}{'speed-up':>10}")
 for key in sorted(set(ours) | set(torch)):
     a, b = ours.get(key), torch.get(key)

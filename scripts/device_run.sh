@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [normbench] [bench] [net] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [normbench] [bench] [net] [service] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -50,6 +50,12 @@ for step in $STEPS; do
       NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 TAG=4x4 COMMS=fp32 CONFIGS=mlp8k \
         PYTHONUNBUFFERED=1 timeout 200 bash bench/run_net_bench.sh >"$OUT/net_4x4.log" 2>&1 || status=1
       tail -4 "$OUT/net_4x4.log" ;;
+    service)
+      # Issue 16's measurement through the service (NVLink): trainctl-submitted jobs' telemetry
+      # step times beside PyTorch DDP, fp32 gradients.
+      TRANSPORT=nvlink COMMS=fp32 CONFIGS="${SERVICE_CONFIGS:-seed mlp1k mlp8k}" PYTHONUNBUFFERED=1 \
+        timeout 300 bash bench/run_net_bench.sh >"$OUT/service.log" 2>&1 || status=1
+      tail -6 "$OUT/service.log" ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;
