@@ -83,16 +83,22 @@ RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
                                ? kCudaWorkspaceBytes
                                : kCpuWorkspaceBytes + 4 * largest_layer;  // GEMM scratch
 
+  // grad_comm_dtype fp16/bf16: the compressed copy that travels (trainer/gradient_communicator.h),
+  // 2 bytes per gradient on the GPU, a 4-byte float on the CPU backend.
+  const bool compressed = spec.grad_comm_dtype() == v1::FP16 || spec.grad_comm_dtype() == v1::BF16;
+  const double wire = compressed ? n * (spec.device() == v1::CUDA ? 2 : 4) : 0;
+
   RankMemoryEstimate estimate;
   estimate.parameters = Saturate(n * (4 + element));
-  estimate.gradients = Saturate((n + 2) * 4 + gradient_slots);  // + loss and correct count
+  // + loss and correct count, + the compressed copy.
+  estimate.gradients = Saturate((n + 2) * 4 + gradient_slots + wire);
   // SGD's momentum buffer, or Adam's two moments.
   const v1::OptimizerKind kind = spec.optimizer().kind();
   const double state_buffers = kind == v1::ADAM || kind == v1::ADAMW ? 2 : 1;
   estimate.optimizer = Saturate(n * 4 * state_buffers);
   estimate.activations = Saturate(activations);
   estimate.workspace = Saturate(workspace);
-  estimate.total = Saturate(n * (4 + element) + (n + 2) * 4 + gradient_slots +
+  estimate.total = Saturate(n * (4 + element) + (n + 2) * 4 + gradient_slots + wire +
                             n * 4 * state_buffers + activations + workspace);
   return estimate;
 }

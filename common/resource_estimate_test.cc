@@ -38,6 +38,14 @@ TEST(EstimateRankMemory, Adam_KeepsTwoMoments) {
   EXPECT_EQ(EstimateRankMemory(spec).optimizer, 2 * 16400 * 4);
 }
 
+TEST(EstimateRankMemory, CompressedGradients_CountTheCopyThatTravels) {
+  v1::JobSpec spec = Mlp(1024, {}, 16, 64);
+  spec.set_grad_comm_dtype(v1::FP16);
+  EXPECT_EQ(EstimateRankMemory(spec).gradients, 16402 * 4 + 16400 * 4);  // CPU: 4-byte floats
+  spec.set_device(v1::CUDA);
+  EXPECT_EQ(EstimateRankMemory(spec).gradients, 16402 * 4 + 16400 * 2);  // GPU: 2 bytes
+}
+
 TEST(EstimateRankMemory, Norm_CountsItsParametersAndActivations) {
   v1::JobSpec plain = Mlp(64, {128, 32}, 8, 16);
   v1::JobSpec normed = plain;
