@@ -5,6 +5,8 @@
 //   train_bench --gpus 2 [--configs seed,mlp1k,mlp8k] [--warmup 10] [--steps 50]
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <iostream>
 #include <thread>
 
@@ -26,6 +28,9 @@ ABSL_FLAG(std::string, configs, "seed,mlp1k,mlp8k", "Comma-separated configurati
 ABSL_FLAG(int, warmup, 10, "Optimizer steps left out of the timing");
 ABSL_FLAG(int, steps, 50, "Timed optimizer steps");
 ABSL_FLAG(int, allreduce_iters, 50, "Timed gradient allreduces");
+ABSL_FLAG(bool, raw_nccl, true,
+          "Also time ncclAllReduce itself on a blocking communicator of its own (the floor for "
+          "our small collectives)");
 ABSL_FLAG(std::string, norm, "none",
           "model.norm after each hidden Linear: none, layer_norm, batch_norm or sync_batch_norm");
 
@@ -51,9 +56,55 @@ struct RankResult {
   absl::Status status;
   double step_ms = 0;
   double allreduce_ms = 0;
+  // Where a small collective's time goes: the host's wall time per AllReduceMean call (its
+  // enqueue: events, NCCL's enqueue and the poll), and the device time per allreduce when 50
+  // are queued without a join between them.
+  double allreduce_host_us = 0;
+  double allreduce_queued_ms = 0;
+  double raw_nccl_ms = 0;  // ncclAllReduce back to back on a blocking communicator, per call.
 };
 
-RankResult RunRank(const v1::JobSpec& spec, int rank, int warmup, InMemoryKeyValueStore* store) {
+// One blocking NCCL communicator shared by the rank threads of this process (the raw floor).
+struct RawNccl {
+  std::once_flag once;
+  ncclUniqueId id;
+};
+
+// The device time of one ncclAllReduce (ncclAvg, f32, `n` elements) back to back on a blocking
+// communicator and a stream of its own: what NCCL itself costs, without our events and polls.
+absl::StatusOr<double> TimeRawNccl(RawNccl* raw, int rank, int world, void* buffer, int64_t n,
+                                   int iters) {
+  std::call_once(raw->once, [raw] { ncclGetUniqueId(&raw->id); });
+  cudaSetDevice(rank);
+  ncclComm_t comm = nullptr;
+  if (ncclCommInitRank(&comm, world, raw->id, rank) != ncclSuccess) {
+    return absl::InternalError("ncclCommInitRank failed");
+  }
+  cudaStream_t stream;
+  cudaEvent_t begin, done;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEventCreate(&begin);
+  cudaEventCreate(&done);
+  for (int i = 0; i < 5; ++i) {
+    ncclAllReduce(buffer, buffer, static_cast<size_t>(n), ncclFloat32, ncclAvg, comm, stream);
+  }
+  cudaEventRecord(begin, stream);
+  for (int i = 0; i < iters; ++i) {
+    ncclAllReduce(buffer, buffer, static_cast<size_t>(n), ncclFloat32, ncclAvg, comm, stream);
+  }
+  cudaEventRecord(done, stream);
+  cudaEventSynchronize(done);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, begin, done);
+  cudaEventDestroy(begin);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(stream);
+  ncclCommDestroy(comm);
+  return static_cast<double>(ms) / iters;
+}
+
+RankResult RunRank(const v1::JobSpec& spec, int rank, int warmup, InMemoryKeyValueStore* store,
+                   RawNccl* raw) {
   RankResult result;
   auto backend = cuda::CudaBackend::Create(
       rank,
@@ -90,18 +141,45 @@ RankResult RunRank(const v1::JobSpec& spec, int rank, int warmup, InMemoryKeyVal
     return result;
   }
   const int iters = absl::GetFlag(FLAGS_allreduce_iters);
-  for (int i = 0; i < 5; ++i) (void)(*backend)->collective()->AllReduceMean(*buffer);
+  Collective* collective = (*backend)->collective();
+  for (int i = 0; i < 5; ++i) (void)collective->AllReduceMean(*buffer);
   auto start = (*backend)->NowMs();
+  const auto host_start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) {
-    result.status = (*backend)->collective()->AllReduceMean(*buffer);
+    result.status = collective->AllReduceMean(*buffer);
     if (!result.status.ok()) return result;
   }
+  const auto host_end = std::chrono::steady_clock::now();
   auto end = (*backend)->NowMs();
   if (!start.ok() || !end.ok()) {
     result.status = start.ok() ? end.status() : start.status();
     return result;
   }
   result.allreduce_ms = (*end - *start) / iters;
+  result.allreduce_host_us =
+      std::chrono::duration<double, std::micro>(host_end - host_start).count() / iters;
+  start = (*backend)->NowMs();
+  for (int i = 0; i < iters; ++i) {
+    result.status = collective->AllReduceMeanAsync(*buffer);
+    if (!result.status.ok()) return result;
+  }
+  result.status = collective->JoinAllReduces();
+  if (!result.status.ok()) return result;
+  end = (*backend)->NowMs();
+  if (!start.ok() || !end.ok()) {
+    result.status = start.ok() ? end.status() : start.status();
+    return result;
+  }
+  result.allreduce_queued_ms = (*end - *start) / iters;
+  if (absl::GetFlag(FLAGS_raw_nccl) && spec.world_size() > 1) {
+    absl::StatusOr<double> raw_ms =
+        TimeRawNccl(raw, rank, spec.world_size(), buffer->data, n, iters);
+    if (!raw_ms.ok()) {
+      result.status = raw_ms.status();
+      return result;
+    }
+    result.raw_nccl_ms = *raw_ms;
+  }
   return result;
 }
 
@@ -128,10 +206,11 @@ int main(int argc, char** argv) {
     spec.mutable_model()->set_norm(norm);
     ApplyJobSpecDefaults(&spec);
     InMemoryKeyValueStore store;
+    RawNccl raw;
     std::vector<RankResult> results(gpus);
     std::vector<std::thread> threads;
     for (int rank = 0; rank < gpus; ++rank) {
-      threads.emplace_back([&, rank] { results[rank] = RunRank(spec, rank, warmup, &store); });
+      threads.emplace_back([&, rank] { results[rank] = RunRank(spec, rank, warmup, &store, &raw); });
     }
     for (auto& thread : threads) thread.join();
     for (const RankResult& result : results) {
@@ -150,10 +229,13 @@ int main(int argc, char** argv) {
                      "{\"engine\": \"mptrain\", \"config\": \"%s\", \"norm\": \"%s\", "
                      "\"gpus\": %d, \"step_ms\": %.4f, "
                      "\"samples_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"params\": %.0f, "
-                     "\"allreduce_ms\": %.4f, \"allreduce_busbw_gbs\": %.2f}",
+                     "\"allreduce_ms\": %.4f, \"allreduce_busbw_gbs\": %.2f, "
+                     "\"allreduce_host_us\": %.1f, \"allreduce_queued_ms\": %.4f, "
+                     "\"raw_nccl_ms\": %.4f}",
                      config.name, absl::GetFlag(FLAGS_norm), gpus, step_ms, samples_per_gpu * gpus / (step_ms * 1e-3),
                      6 * params * samples_per_gpu / (step_ms * 1e-3) / 1e12, params,
-                     results[0].allreduce_ms, busbw)
+                     results[0].allreduce_ms, busbw, results[0].allreduce_host_us,
+                     results[0].allreduce_queued_ms, results[0].raw_nccl_ms)
               << std::endl;
   }
   return status;
