@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark, on the GPU machine (after `source device_bundle/env.sh`): our engine and the
 # PyTorch baseline in the same run, on 1 and 2 GPUs, then end to end (trainctl submit to
-# SUCCEEDED with daemons running, against torchrun of the original example).
+# SUCCEEDED with daemons running, against torchrun of the original example), then the step
+# through the service (bench/run_net_bench.sh, TRANSPORT=nvlink) beside PyTorch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mptrain-out}
@@ -38,3 +39,7 @@ for run in 1 2; do
 done
 stop_cluster
 python3 bench/report.py "$RESULTS"
+
+# The step through the service (jobs submitted with trainctl, telemetry step times) beside
+# PyTorch, in this same run: issue 16's measurement (results in $OUT/net_bench_nvlink_*.jsonl).
+TRANSPORT=nvlink COMMS=fp32 CONFIGS="seed mlp1k mlp8k" bash bench/run_net_bench.sh | tail -5
