@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainer/checkpoint.h"
+#include "trainer/norm_math.h"
 #include "trainer/parameter_layout.h"
 
 namespace {
@@ -116,7 +117,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const mptrain::LayerLayout& layer : NormLayout().layers) {
       if (!layer.has_running_stats()) continue;
       for (int64_t i = 0; i < layer.out; ++i) {
-        if (with_norm->buffers[layer.running_offset + layer.out + i] < 0) abort();
+        // Evaluation takes sqrt(running_var + eps): what is accepted must keep that positive.
+        if (!(with_norm->buffers[layer.running_offset + layer.out + i] + mptrain::kNormEps > 0)) {
+          abort();
+        }
       }
     }
   } else if (!NamesFile(with_norm.status())) {

@@ -247,6 +247,11 @@ def main():
         def evaluate():
             """Each sample's loss and the correct predictions, summed over the whole set."""
             sums = torch.zeros(2, device=device)
+            # A forward through DDP would first broadcast rank 0's buffers (broadcast_buffers,
+            # after a synchronising forward): every rank evaluates rank 0's model. SyncBatchNorm's
+            # are equal on every rank already.
+            for buffer in model.module.buffers():
+                dist.broadcast(buffer, 0)
             model.module.eval()  # batch norms: the running statistics
             with torch.no_grad():
                 for begin in range(0, eval_x.shape[0], batch):

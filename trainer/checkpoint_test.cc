@@ -134,11 +134,16 @@ TEST(Checkpoint, BatchNormRunningStatistics_RoundTrip_AndANegativeVarianceIsRefu
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->buffers, checkpoint.buffers);
 
-  checkpoint.buffers[3] = -0.125f;  // A hostile file: a negative running variance.
+  checkpoint.buffers[3] = -1e-12f;  // What a constant feature can leave: harmless, kept.
+  const std::string tiny = TempPath("bn_tiny_negative_var.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(tiny, layout, checkpoint).ok());
+  EXPECT_TRUE(ReadTrainingCheckpoint(tiny, layout).ok());
+
+  checkpoint.buffers[3] = -0.125f;  // A hostile file: sqrt(running_var + eps) of a negative.
   const std::string bad = TempPath("bn_negative_var.safetensors");
   ASSERT_TRUE(WriteTrainingCheckpoint(bad, layout, checkpoint).ok());
   ExpectInvalid(ReadTrainingCheckpoint(bad, layout).status(), bad,
-                "tensor norms.0.running_var has a negative value");
+                "tensor norms.0.running_var has a value at or below -eps");
 }
 
 TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor) {

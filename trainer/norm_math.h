@@ -29,7 +29,12 @@ struct BatchStatisticsCombination {
   MPTRAIN_HD void Add(float mean, float invstd, float count, float eps) {
     if (count <= 0) return;
     double v = 1.0 / static_cast<double>(invstd);
-    v = (v * v - static_cast<double>(eps)) * count;
+    v = v * v - static_cast<double>(eps);
+    // A constant feature's variance is 0, but invstd = f32(1/sqrt(eps)) rounds up, so the
+    // recovered value is about -8e-13; torch keeps it, and a running_var fed with it for a few
+    // hundred steps goes below 0. Ours stops at 0 (the difference is below fp32's resolution
+    // of any real variance).
+    v = (v < 0 ? 0 : v) * count;
     const double factor = 1.0 / (n + count);
     const double delta = avg - static_cast<double>(mean);
     var_n += v + delta * delta * n * count * factor;

@@ -104,6 +104,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- The batch-norm primitives against their definitions (double precision).
 
+TEST(BatchNormPrimitives, AConstantFeature_NeverDrivesTheRunningVarianceBelowZero) {
+  // Variance 0: invstd = f32(1/sqrt(eps)) rounds up, and torch's recovery gives about -8e-13.
+  const float invstd = InverseStd(0.0, kNormEps);
+  ASSERT_LT(1.0 / (static_cast<double>(invstd) * invstd) - kNormEps, 0.0) << "the premise";
+  BatchStatisticsCombination combined;
+  combined.Add(2.5f, invstd, 8, kNormEps);
+  combined.Add(2.5f, invstd, 8, kNormEps);
+  EXPECT_EQ(combined.BiasedVariance(), 0.0);
+  float running_var = 1.0f;
+  for (int step = 0; step < 1000; ++step) {
+    running_var = RunningUpdate(running_var, combined.UnbiasedVariance(), kBatchNormMomentum);
+  }
+  EXPECT_GE(running_var, 0.0f) << "after 1000 forwards of a constant feature";
+}
+
 TEST(BatchNormPrimitives, StatisticsOfHalvesCombineToTheWhole_AndUpdateTheRunningEstimates) {
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   const int64_t rows = 10, cols = 3;

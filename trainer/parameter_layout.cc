@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "trainer/norm_math.h"
 #include "xxhash.h"
 
 namespace mptrain {
@@ -190,16 +191,18 @@ absl::StatusOr<std::vector<float>> TensorsToBuffers(const ParameterLayout& layou
                         layer.running_offset + layer.out});
   }
   RETURN_IF_ERROR(CopyExpected(expected, tensors, source, &buffers));
-  // (The reader refused non-finite values.) A variance below 0 would make evaluation take the
-  // square root of a negative number.
+  // (The reader refused non-finite values.) Evaluation normalises by sqrt(running_var + eps):
+  // a value at or below -eps is refused. (Tiny negatives, as torch's SyncBatchNorm can leave
+  // for a constant feature, are harmless and kept.)
   for (size_t i = 0; i < layout.layers.size(); ++i) {
     const LayerLayout& layer = layout.layers[i];
     if (!layer.has_running_stats()) continue;
     const auto first = buffers.begin() + layer.running_offset + layer.out;
-    if (std::any_of(first, first + layer.out, [](float v) { return v < 0; })) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor norms.", i,
-                                                     ".running_var has a negative value (a "
-                                                     "variance is >= 0)"));
+    if (std::any_of(first, first + layer.out,
+                    [](float v) { return !(v + kNormEps > 0); })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": tensor norms.", i, ".running_var has a value at or below -eps (-1e-05): ",
+          "evaluation would take the square root of a non-positive number"));
     }
   }
   return buffers;

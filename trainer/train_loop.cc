@@ -107,6 +107,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     ASSIGN_OR_RETURN(ResumeState resumed,
                      LoadResumeState(resume_checkpoint, rank, mlp->layout(), backend,
                                      mlp->params(), slots, mlp->buffers()));
+    // A checkpoint past the job's end (a hostile or foreign file: its step is metadata) would
+    // overflow the data position and the batch count below.
+    if (resumed.step < 0 || resumed.step > config.steps) {
+      return absl::InvalidArgumentError(absl::StrCat(resume_checkpoint, ": step ", resumed.step,
+                                                     " is outside this job's 0..", config.steps));
+    }
     if (IsBatchNorm(config.model.norm)) {
       mlp->set_num_batches_tracked(resumed.step * accumulation);
     }
@@ -230,6 +236,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
 
     if (evaluation_step(step)) {
+      // An evaluation forward through DDP broadcasts rank 0's buffers first, like any forward
+      // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
+      if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(mlp->buffers(), 0));
       ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(mlp.get(), loss.get()));
     }
 
