@@ -276,3 +276,16 @@ def run_torchrun(case_dir):
     if torchrun.returncode != 0:
         print(torchrun.stdout[-3000:], torchrun.stderr[-3000:])
         raise RuntimeError(f"torchrun failed in {case_dir}")
+
+
+def run_gpu_reference(name, case, out_dir):
+    """A case's inputs in <out_dir>/<name> and PyTorch's run of it on two GPUs (run_torchrun):
+    returns (case_dir, spec, torch_steps)."""
+    case_dir = os.path.join(out_dir, name)
+    os.makedirs(case_dir, exist_ok=True)
+    spec = write_inputs(name, case, case_dir, device="cuda")
+    with open(os.path.join(case_dir, "case.json"), "w") as f:
+        json.dump({"spec": spec}, f)
+    run_torchrun(case_dir)
+    with open(os.path.join(case_dir, "torch_steps.json")) as f:
+        return case_dir, spec, json.load(f)

@@ -15,7 +15,6 @@ identical (they are discrete decisions); per-step losses agree to LOSS_TOL and f
 to PARAM_TOL (relative L2 norm of the difference), per precision.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (Cluster, compare_steps, flat, load_safetensors, rel,  # noqa: E402
-                    run_torchrun, write_inputs)
+                    run_gpu_reference)
 
 LOSS_TOL = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5}
 PARAM_TOL = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5}
@@ -107,13 +106,7 @@ def main():
     try:
         for name in args.cases.split(","):
             case = CASES[name]
-            case_dir = os.path.join(args.out, name)
-            os.makedirs(case_dir, exist_ok=True)
-            spec = write_inputs(name, case, case_dir, device="cuda")
-            with open(os.path.join(case_dir, "case.json"), "w") as f:
-                json.dump({"spec": spec}, f)
-            run_torchrun(case_dir)
-            torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
+            case_dir, spec, torch_steps = run_gpu_reference(name, case, args.out)
             torch_final = flat(load_safetensors(os.path.join(case_dir, "torch_final.safetensors")))
             init = flat(load_safetensors(spec["init_checkpoint"]))
             results = {}

@@ -13,7 +13,6 @@
   python3 parity/sync_bn_compare.py --out /tmp/syncbn     # or: bash scripts/device_run.sh syncbn
 """
 import argparse
-import json
 import os
 import sys
 
@@ -22,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (Cluster, compare_steps, flat, load_safetensors, rel,  # noqa: E402
-                    run_torchrun, write_inputs)
+                    run_gpu_reference)
 from compare import LOSS_TOL, PARAM_TOL  # noqa: E402
 
 MODEL = {"input_dim": 256, "hidden_dims": [512, 512], "output_dim": 16, "activation": "relu"}
@@ -51,13 +50,7 @@ def main():
     try:
         for name in args.cases.split(","):
             case = CASES[name]
-            case_dir = os.path.join(args.out, name)
-            os.makedirs(case_dir, exist_ok=True)
-            spec = write_inputs(name, case, case_dir, device="cuda")
-            with open(os.path.join(case_dir, "case.json"), "w") as f:
-                json.dump({"spec": spec}, f)
-            run_torchrun(case_dir)
-            torch_steps = json.load(open(os.path.join(case_dir, "torch_steps.json")))
+            case_dir, spec, torch_steps = run_gpu_reference(name, case, args.out)
             torch_tensors = load_safetensors(os.path.join(case_dir, "torch_final.safetensors"))
             init = flat(load_safetensors(spec["init_checkpoint"]))
             precision = case["precision"]

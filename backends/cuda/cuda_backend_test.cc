@@ -139,6 +139,22 @@ class NullObserver : public TrainingObserver {
   std::vector<StepTelemetry> records;
 };
 
+// The same single-rank training on GPU 0 and on the CPU backend (the reference for autocast
+// numerics), with each run's telemetry.
+struct GpuAndCpuRuns {
+  NullObserver gpu_observer, cpu_observer;
+  absl::StatusOr<TrainingResult> on_gpu, on_cpu;
+};
+
+GpuAndCpuRuns TrainOnGpuAndCpu(const TrainingConfig& spec) {
+  GpuAndCpuRuns runs;
+  auto gpu = SingleRankBackend();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  runs.on_gpu = RunTraining(spec, 0, gpu.get(), &runs.gpu_observer);
+  runs.on_cpu = RunTraining(spec, 0, &cpu, &runs.cpu_observer);
+  return runs;
+}
+
 // Trains `spec` (world size 2) on GPUs 0 and 1 over NCCL, one thread per rank.
 std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfig& spec) {
   InMemoryKeyValueStore store;
@@ -194,11 +210,11 @@ TEST_P(TrainingParity, CudaTrainingMatchesCpuTraining) {
   REQUIRE_GPUS(1);
   const auto [precision, init_scale] = GetParam();
   TrainingConfig spec = MlpSpec(precision, init_scale);
-  auto gpu = SingleRankBackend();
-  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
-  NullObserver gpu_observer, cpu_observer;
-  auto on_gpu = RunTraining(spec, 0, gpu.get(), &gpu_observer);
-  auto on_cpu = RunTraining(spec, 0, &cpu, &cpu_observer);
+  GpuAndCpuRuns runs = TrainOnGpuAndCpu(spec);
+  const NullObserver& gpu_observer = runs.gpu_observer;
+  const NullObserver& cpu_observer = runs.cpu_observer;
+  const absl::StatusOr<TrainingResult>& on_gpu = runs.on_gpu;
+  const absl::StatusOr<TrainingResult>& on_cpu = runs.on_cpu;
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   // Overflow decisions and the scale trajectory are discrete: they must agree exactly.
@@ -228,11 +244,11 @@ TEST_P(NormParity, CudaTrainingMatchesCpuTraining) {
   const auto [norm, precision] = GetParam();
   TrainingConfig spec = MlpSpec(precision, 65536.0);
   spec.model.norm = norm;
-  auto gpu = SingleRankBackend();
-  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
-  NullObserver gpu_observer, cpu_observer;
-  auto on_gpu = RunTraining(spec, 0, gpu.get(), &gpu_observer);
-  auto on_cpu = RunTraining(spec, 0, &cpu, &cpu_observer);
+  GpuAndCpuRuns runs = TrainOnGpuAndCpu(spec);
+  const NullObserver& gpu_observer = runs.gpu_observer;
+  const NullObserver& cpu_observer = runs.cpu_observer;
+  const absl::StatusOr<TrainingResult>& on_gpu = runs.on_gpu;
+  const absl::StatusOr<TrainingResult>& on_cpu = runs.on_cpu;
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   ASSERT_EQ(gpu_observer.records.size(), cpu_observer.records.size());
@@ -321,11 +337,11 @@ TEST_P(FeatureParity, CrossEntropyAdamWScheduleShuffleEval_CudaMatchesCpu) {
   config.loss_scaler.enabled = dtype == DType::kF16;
   config.loss_scaler.init_scale = std::ldexp(1.0, 40);
   config.loss_scaler.growth_interval = 10;
-  auto gpu = SingleRankBackend();
-  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
-  NullObserver gpu_observer, cpu_observer;
-  auto on_gpu = RunTraining(config, 0, gpu.get(), &gpu_observer);
-  auto on_cpu = RunTraining(config, 0, &cpu, &cpu_observer);
+  GpuAndCpuRuns runs = TrainOnGpuAndCpu(config);
+  const NullObserver& gpu_observer = runs.gpu_observer;
+  const NullObserver& cpu_observer = runs.cpu_observer;
+  const absl::StatusOr<TrainingResult>& on_gpu = runs.on_gpu;
+  const absl::StatusOr<TrainingResult>& on_cpu = runs.on_cpu;
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   if (dtype == DType::kF16) {
