@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [parity] [syncbn] [normbench] [bench] [net] [service] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -24,6 +24,10 @@ for step in $STEPS; do
     example)
       timeout 300 bash scripts/run_example.sh >"$OUT/example.log" 2>&1 || status=1
       tail -25 "$OUT/example.log" ;;
+    digits)
+      # The second example (issue 13): the digits classifier on two GPUs, >= 97% test accuracy.
+      timeout 300 bash scripts/run_example.sh --digits >"$OUT/digits.log" 2>&1 || status=1
+      tail -12 "$OUT/digits.log" ;;
     parity)
       # PARITY_CASES=a,b runs some of compare.py's cases only.
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \

@@ -24,6 +24,9 @@ for binary in bazel-bin/bench/*; do
   fi
 done
 chmod u+w "$BUNDLE"/bin/*
+# The digits example's data (Debian's python3-sklearn file; the GPU machine has no sklearn).
+mkdir -p "$BUNDLE/data"
+cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$BUNDLE/data/"
 
 # Libraries the device machine provides itself (or must provide: the driver).
 SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl|libcublas|libcudart|libnvidia)'
@@ -38,6 +41,7 @@ cat > "$BUNDLE/env.sh" <<'ENV'
 BUNDLE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH="$BUNDLE_DIR/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MPTRAIN_BIN="$BUNDLE_DIR/bin"
+export MPTRAIN_DIGITS_CSV="$BUNDLE_DIR/data/digits.csv.gz"
 # NVLink multicast stays off on the shared GPU machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ENV

@@ -16,6 +16,9 @@ import numpy as np
 
 def find_csv():
     candidates = ["/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"]
+    # The GPU machine has no sklearn: the device bundle carries Debian's file and names it here.
+    if os.environ.get("MPTRAIN_DIGITS_CSV"):
+        candidates.insert(0, os.environ["MPTRAIN_DIGITS_CSV"])
     try:
         import sklearn  # noqa: F401  (only to find its data folder)
         candidates.insert(0, os.path.join(os.path.dirname(sklearn.__file__), "datasets", "data",
