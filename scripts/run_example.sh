@@ -94,6 +94,17 @@ STATUS=${PIPESTATUS[0]}
 set -e
 JOB=$(tail -n 1 "$CLUSTER_DIR/submit.out")
 "$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" status "$JOB"
+if [ "$STATUS" -eq 0 ] && [ "$DIGITS" = 1 ]; then
+  # The second example's promise: >= 97% accuracy on the held-out images (the last evaluation).
+  ACCURACY=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" status "$JOB" |
+    grep -o 'eval_acc [0-9.]*' | tail -n 1 | cut -d' ' -f2)
+  if awk -v a="${ACCURACY:-0}" 'BEGIN { exit !(a >= 0.97) }'; then
+    echo "run_example: test accuracy $ACCURACY (>= 0.97)"
+  else
+    echo "run_example: test accuracy ${ACCURACY:-missing}, below 0.97" >&2
+    STATUS=1
+  fi
+fi
 if [ "$STATUS" -eq 0 ]; then
   echo "run_example: $JOB SUCCEEDED; the coordinator found identical parameters on every rank"
 else
