@@ -345,6 +345,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid(absl::StrCat("grad_comm_dtype must be fp32, fp16 or bf16, got ",
                                 spec.grad_comm_dtype()));
   }
+  if (spec.grad_comm_lanes() > kMaxGradCommLanes) {
+    return Invalid(absl::StrCat("grad_comm_lanes must be in [0, ", kMaxGradCommLanes, "], got ",
+                                spec.grad_comm_lanes()));
+  }
   if (!spec.has_optimizer()) return Invalid("optimizer is required (optimizer.lr at least)");
   if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;
   if (auto status = ValidateLrSchedule(spec.lr_schedule(), spec); !status.ok()) return status;

@@ -22,6 +22,8 @@ inline constexpr int64_t kDefaultGrowthInterval = 2000;
 inline constexpr double kDefaultProgressTimeoutS = 300;
 inline constexpr double kDefaultCollectiveTimeoutS = 60;
 inline constexpr double kMaxCollectiveTimeoutS = 3600;
+// JobSpec.grad_comm_lanes: at most comm/lane_plan.h's kMaxLanes communicators.
+inline constexpr uint32_t kMaxGradCommLanes = 8;
 // torch.optim.Adam's defaults.
 inline constexpr double kDefaultAdamBeta1 = 0.9;
 inline constexpr double kDefaultAdamBeta2 = 0.999;

@@ -286,6 +286,17 @@ TEST(ValidateJobSpec, GradCommDtype_MustBeKnown_AndDefaultsToFp32) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
 }
 
+TEST(ValidateJobSpec, GradCommLanes_AtMostEight_ZeroLeftToTheRendezvous) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_grad_comm_lanes(9);
+  ExpectInvalid(spec, "grad_comm_lanes must be in [0, 8], got 9");
+  spec.set_grad_comm_lanes(8);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  v1::JobSpec defaulted;
+  ApplyJobSpecDefaults(&defaulted);
+  EXPECT_EQ(defaulted.grad_comm_lanes(), 0u) << "0 means: rank 0 decides from where ranks run";
+}
+
 TEST(ValidateJobSpec, Optimizer_IsRequired) {
   v1::JobSpec spec = ValidSpec();
   spec.clear_optimizer();

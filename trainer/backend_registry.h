@@ -31,6 +31,9 @@ struct BackendOptions {
   // Tripped by the rank process on SIGTERM or when the job ended: aborts the collective.
   // Optional; must outlive the backend.
   StopToken* stop_token = nullptr;
+  // JobSpec.grad_comm_lanes: communicators the gradient allreduce is striped over (NCCL only;
+  // 0 = decided at rendezvous, comm/lane_plan.h).
+  int grad_comm_lanes = 0;
 };
 
 struct LocalDevices {

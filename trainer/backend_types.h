@@ -9,4 +9,7 @@ enum class ActivationKind { kNone, kRelu, kGelu };
 // Element types. Host rounding to them lives in precision.h.
 enum class DType { kF32, kF16, kBF16 };
 
+// Bytes per element.
+constexpr int DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
 }  // namespace mptrain

@@ -168,6 +168,7 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   backend_options.rendezvous_timeout_ms =
       std::max<int64_t>(kMinRendezvousTimeoutMs, backend_options.collective_timeout_ms);
   backend_options.stop_token = &g_stop;
+  backend_options.grad_comm_lanes = static_cast<int>(spec.grad_comm_lanes());
   auto backend = (*entry)->create(backend_options);
   if (!backend.ok()) return backend.status();
   spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",

@@ -15,8 +15,6 @@
 namespace mptrain::cuda {
 namespace {
 
-int64_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
-
 cudaDataType_t CudaType(DType dtype) {
   switch (dtype) {
     case DType::kF16: return CUDA_R_16F;
@@ -141,12 +139,12 @@ absl::StatusOr<void*> CudaBackend::Scratch(size_t bytes) {
 
 absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 0) return absl::InvalidArgumentError("negative tensor shape");
-  const size_t bytes = std::max<size_t>(1, rows * cols * ElementBytes(dtype));
+  const size_t bytes = std::max<size_t>(1, rows * cols * DTypeBytes(dtype));
   void* pointer = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&pointer, bytes));
   allocations_.push_back(pointer);
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pointer, 0, bytes, stream_));
-  return Tensor{pointer, dtype, rows, cols, ElementBytes(dtype)};
+  return Tensor{pointer, dtype, rows, cols, DTypeBytes(dtype)};
 }
 
 absl::Status CudaBackend::Upload(const float* host, Tensor dst) {
@@ -229,7 +227,7 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, in
                                int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
                                float beta, void* c, int64_t ldc, DType dtype) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const int64_t bytes = dtype == DType::kF32 ? 4 : 2;
+  const int64_t bytes = DTypeBytes(dtype);
   if (beta == 0.0f && n > 1 && aligned(a) && aligned(b) && aligned(c) && (lda * bytes) % 16 == 0 &&
       (ldb * bytes) % 16 == 0 && (ldc * bytes) % 16 == 0) {
     absl::Status lt = LtMatmul({transpose_a, transpose_b, m, n, k, lda, ldb, ldc, dtype,
@@ -576,7 +574,7 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
   }
   void* dw = dw_acc.data;
   if (!store) {
-    auto scratch = Scratch(n * k * ElementBytes(dy.dtype));
+    auto scratch = Scratch(n * k * DTypeBytes(dy.dtype));
     if (!scratch.ok()) return scratch.status();
     dw = *scratch;
   }

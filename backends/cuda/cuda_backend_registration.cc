@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
         nccl_options.rendezvous_timeout_ms = options.rendezvous_timeout_ms;
         nccl_options.collective_timeout_ms = options.collective_timeout_ms;
         nccl_options.stop_token = options.stop_token;
+        nccl_options.lanes = options.grad_comm_lanes;
         auto nccl = NcclCollective::Connect(nccl_options, stream);
         if (!nccl.ok()) return nccl.status();
         return std::unique_ptr<Collective>(std::move(*nccl));

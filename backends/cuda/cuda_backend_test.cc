@@ -155,8 +155,10 @@ GpuAndCpuRuns TrainOnGpuAndCpu(const TrainingConfig& spec) {
   return runs;
 }
 
-// Trains `spec` (world size 2) on GPUs 0 and 1 over NCCL, one thread per rank.
-std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfig& spec) {
+// Trains `spec` (world size 2) on GPUs 0 and 1 over NCCL, one thread per rank; `lanes` as
+// JobSpec.grad_comm_lanes (0: decided at rendezvous).
+std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfig& spec,
+                                                             int lanes = 0) {
   InMemoryKeyValueStore store;
   std::array<absl::StatusOr<TrainingResult>, 2> results;
   std::thread ranks[2];
@@ -165,7 +167,13 @@ std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfi
       auto backend = CudaBackend::Create(
           rank,
           [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            auto nccl = NcclCollective::Connect(rank, 2, &store, stream, 60'000);
+            NcclCollectiveOptions options;
+            options.rank = rank;
+            options.world_size = 2;
+            options.store = &store;
+            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
+            options.lanes = lanes;
+            auto nccl = NcclCollective::Connect(options, stream);
             if (!nccl.ok()) return nccl.status();
             return std::unique_ptr<Collective>(std::move(*nccl));
           },
@@ -378,6 +386,45 @@ TEST(NcclCollective, TwoGpus_TrainToIdenticalParameters) {
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
+}
+
+// grad_comm_lanes: a bucket striped over three communicators reduces to exactly what one gives
+// (the mean of two ranks does not depend on how the buffer is cut), and within one machine the
+// rendezvous decides one lane.
+TEST(NcclCollective, TwoGpus_GradientsStripedOverLanes_TrainBitIdenticalToOneLane) {
+  REQUIRE_GPUS(2);
+  TrainingConfig spec = MlpSpec(v1::FP16, 65536.0);
+  spec.world_size = 2;
+  spec.model.widths = {2048, 1024, 1024};  // 2M + 1M weights: one bucket in three slices.
+  spec.steps = 6;
+  std::string checksums[2];
+  const int lanes[2] = {1, 3};
+  for (int l = 0; l < 2; ++l) {
+    std::array<absl::StatusOr<TrainingResult>, 2> results = TrainOnTwoGpus(spec, lanes[l]);
+    ASSERT_TRUE(results[0].ok()) << results[0].status();
+    ASSERT_TRUE(results[1].ok()) << results[1].status();
+    EXPECT_EQ(results[0]->checksum, results[1]->checksum) << lanes[l] << " lanes";
+    checksums[l] = results[0]->checksum;
+  }
+  EXPECT_EQ(checksums[1], checksums[0]);
+
+  InMemoryKeyValueStore store;
+  int decided[2] = {-1, -1};
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      cudaSetDevice(rank);
+      NcclCollectiveOptions options;
+      options.rank = rank;
+      options.world_size = 2;
+      options.store = &store;
+      auto nccl = NcclCollective::Connect(options, nullptr);
+      if (nccl.ok()) decided[rank] = (*nccl)->lanes();
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  EXPECT_EQ(decided[0], 1) << "two GPUs of one machine: one lane";
+  EXPECT_EQ(decided[1], 1);
 }
 
 // grad_comm_dtype fp16 / bf16 (DDP's compress hooks) through NCCL's fp16/bf16 sums: the ranks

@@ -6,11 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
+#include "comm/lane_plan.h"
 
 namespace mptrain::cuda {
 namespace {
 
-constexpr char kUniqueIdKey[] = "nccl_unique_id";
+constexpr char kUniqueIdKey[] = "nccl_unique_id";  // One ncclUniqueId per lane, concatenated.
+constexpr char kNodeKeyPrefix[] = "nccl_node/";     // + rank: its LocalNodeId().
+// Buckets are striped only in slices of at least 4 MiB of fp32 (smaller ones go whole on one
+// lane: a slice's fixed cost is a launch and a proxy round), cut on 256-byte boundaries.
+constexpr int64_t kMinStripeElements = int64_t{1} << 20;
+constexpr int64_t kStripeAlignElements = 128;
 constexpr int64_t kPrefetchTimeoutMs = 5'000;
 
 }  // namespace
@@ -38,12 +44,13 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
   if (options.rendezvous_timeout_ms <= 0 || options.collective_timeout_ms <= 0) {
     return absl::InvalidArgumentError("NCCL: timeouts must be > 0 ms");
   }
+  if (options.lanes < 0 || options.lanes > kMaxLanes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL: lanes must be in [0, ", kMaxLanes, "], got ", options.lanes));
+  }
   std::unique_ptr<NcclCollective> collective(new NcclCollective(options, compute_stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&collective->comm_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&collective->grads_ready_, cudaEventDisableTiming));
-  CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&collective->reduce_done_, cudaEventDisableTiming));
 
   // Where this rank runs, for its peers' errors; published before the communicator forms, so
   // every location is there once it has.
@@ -55,58 +62,115 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
         absl::StrCat("rank ", rank, " cannot publish its location: ", published.message()));
   }
 
-  // Rank 0 creates the unique id and publishes its 128 bytes; the others block on the store.
-  ncclUniqueId id;
-  if (rank == 0) {
-    NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-    absl::Status published =
-        store->Set(kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
-    if (!published.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot publish the NCCL unique id: ", published.message()));
-    }
-  } else {
-    auto fetched = store->Get(kUniqueIdKey, options.rendezvous_timeout_ms);
-    if (!fetched.ok()) {
-      return absl::Status(fetched.status().code() == absl::StatusCode::kAborted
-                              ? absl::StatusCode::kAborted
-                              : absl::StatusCode::kUnavailable,
-                          absl::StrCat("rank ", rank, " did not get the NCCL unique id: ",
-                                       fetched.status().message()));
-    }
-    if (fetched->size() != sizeof(id)) {
-      return absl::InternalError(absl::StrCat("NCCL unique id has ", fetched->size(),
-                                              " bytes, expected ", sizeof(id)));
-    }
-    std::memcpy(&id, fetched->data(), sizeof(id));
+  auto ids = collective->RendezvousUniqueIds();
+  if (!ids.ok()) return ids.status();
+  collective->lanes_.resize(ids->size());
+  for (Lane& lane : collective->lanes_) {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming));
   }
 
-  // Non-blocking: every NCCL call may return ncclInProgress, and we poll for completion.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&collective->comm_, world_size, id, rank, &config));
+  // Non-blocking: every NCCL call may return ncclInProgress, and we poll for completion. The
+  // lanes form side by side, each on NCCL's own thread.
+  for (size_t i = 0; i < ids->size(); ++i) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t started = ncclCommInitRankConfig(&collective->lanes_[i].comm, world_size,
+                                                  (*ids)[i], rank, &config);
+    if (started != ncclSuccess && started != ncclInProgress) {
+      collective->AbortCommunicator();
+      return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig (lane ", i, ") on rank ",
+                                                 rank, ": ", ncclGetErrorString(started)));
+    }
+  }
   if (options.stop_token != nullptr) {
     NcclCollective* self = collective.get();
     collective->stop_registration_ =
         options.stop_token->OnStop([self](const std::string& reason) { self->Abort(reason); });
   }
-  absl::Status ready =
-      collective->WaitUntilNotInProgress(options.rendezvous_timeout_ms, "ncclCommInitRankConfig");
-  if (!ready.ok()) {
-    collective->AbortCommunicator();
-    return ready;
+  for (const Lane& lane : collective->lanes_) {
+    absl::Status ready = collective->WaitUntilNotInProgress(
+        lane.comm, options.rendezvous_timeout_ms, "ncclCommInitRankConfig");
+    if (!ready.ok()) {
+      collective->AbortCommunicator();
+      return ready;
+    }
   }
   collective->peers_->Prefetch(RingNeighbours(rank, world_size), kPrefetchTimeoutMs);
   return collective;
+}
+
+absl::StatusOr<std::vector<ncclUniqueId>> NcclCollective::RendezvousUniqueIds() {
+  const int rank = options_.rank;
+  const int world_size = options_.world_size;
+  KeyValueStore* store = options_.store;
+  // With lanes left to rank 0, each rank says which node it is on (as NCCL names nodes).
+  if (options_.lanes == 0 && world_size > 1) {
+    absl::Status published = store->Set(absl::StrCat(kNodeKeyPrefix, rank), LocalNodeId());
+    if (!published.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", rank, " cannot publish its node: ", published.message()));
+    }
+  }
+  std::vector<ncclUniqueId> ids;
+  if (rank == 0) {
+    std::vector<std::string> nodes = {LocalNodeId()};
+    if (options_.lanes == 0) {
+      for (int peer = 1; peer < world_size; ++peer) {
+        auto node = store->Get(absl::StrCat(kNodeKeyPrefix, peer), options_.rendezvous_timeout_ms);
+        if (!node.ok()) {
+          return absl::Status(node.status().code() == absl::StatusCode::kAborted
+                                  ? absl::StatusCode::kAborted
+                                  : absl::StatusCode::kUnavailable,
+                              absl::StrCat("rank 0 did not learn rank ", peer,
+                                           "'s node: ", node.status().message()));
+        }
+        nodes.push_back(*node);
+      }
+    }
+    ids.resize(ResolveLanes(options_.lanes, nodes));
+    std::string value;
+    for (ncclUniqueId& id : ids) {
+      NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+      value.append(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+    absl::Status published = store->Set(kUniqueIdKey, value);
+    if (!published.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot publish the NCCL unique ids: ", published.message()));
+    }
+    return ids;
+  }
+  // The others block on the store for rank 0's ids: as many as it decided lanes.
+  auto fetched = store->Get(kUniqueIdKey, options_.rendezvous_timeout_ms);
+  if (!fetched.ok()) {
+    return absl::Status(fetched.status().code() == absl::StatusCode::kAborted
+                            ? absl::StatusCode::kAborted
+                            : absl::StatusCode::kUnavailable,
+                        absl::StrCat("rank ", rank, " did not get the NCCL unique id: ",
+                                     fetched.status().message()));
+  }
+  const size_t count = fetched->size() / sizeof(ncclUniqueId);
+  if (fetched->size() % sizeof(ncclUniqueId) != 0 || count < 1 ||
+      count > static_cast<size_t>(kMaxLanes)) {
+    return absl::InternalError(absl::StrCat("NCCL unique ids: ", fetched->size(),
+                                            " bytes, expected 1 to ", kMaxLanes, " ids of ",
+                                            sizeof(ncclUniqueId)));
+  }
+  ids.resize(count);
+  std::memcpy(ids.data(), fetched->data(), fetched->size());
+  return ids;
 }
 
 NcclCollective::~NcclCollective() {
   stop_registration_.reset();
   // A clean finalize can hang if a peer is gone; abort is always safe at teardown.
   AbortCommunicator();
+  for (Lane& lane : lanes_) {
+    if (lane.done != nullptr) cudaEventDestroy(lane.done);
+    if (lane.stream != nullptr) cudaStreamDestroy(lane.stream);
+  }
   if (grads_ready_ != nullptr) cudaEventDestroy(grads_ready_);
-  if (reduce_done_ != nullptr) cudaEventDestroy(reduce_done_);
-  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
 }
 
 void NcclCollective::Abort(const std::string& reason) {
@@ -122,7 +186,8 @@ absl::Status NcclCollective::AbortedStatus(const char* what) {
                                          " aborted: ", abort_reason_));
 }
 
-absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const char* what) {
+absl::Status NcclCollective::WaitUntilNotInProgress(ncclComm_t comm, int64_t timeout_ms,
+                                                    const char* what) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   // Enqueueing a collective on a non-blocking communicator usually completes within tens of
@@ -132,7 +197,7 @@ absl::Status NcclCollective::WaitUntilNotInProgress(int64_t timeout_ms, const ch
   while (true) {
     if (abort_requested_.load()) return AbortedStatus(what);
     ncclResult_t state = ncclSuccess;
-    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) {
       return absl::UnavailableError(absl::StrCat(what, " on rank ", options_.rank, " failed: ",
@@ -158,31 +223,62 @@ absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
 }
 
 template <typename Op>
-absl::Status NcclCollective::Enqueue(const char* name, Op op) {
+absl::Status NcclCollective::Enqueue(const char* name, int lanes, Op op) {
   if (abort_requested_.load()) {
     AbortCommunicator();
     return AbortedStatus(name);
   }
   if (communicator_aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
   last_op_ = name;
-  // The comm stream waits for the work so far; the compute stream goes on (the backward pass).
+  // The lanes' streams wait for the work so far; the compute stream goes on (the backward).
   CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, grads_ready_, 0));
-  NCCL_RETURN_IF_ERROR(op());
-  // Non-blocking communicators may return before the operation is enqueued.
-  if (absl::Status enqueued = WaitUntilNotInProgress(options_.collective_timeout_ms, name);
-      !enqueued.ok()) {
+  for (int i = 0; i < lanes; ++i) {
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes_[i].stream, grads_ready_, 0));
+  }
+  // Slices on several communicators go in one group: one launch for all of them.
+  if (lanes > 1) NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  absl::Status issued = op();
+  if (lanes > 1) {
+    absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", __FILE__, __LINE__);
+    if (issued.ok()) issued = ended;
+  }
+  if (!issued.ok()) {
     AbortCommunicator();
-    return enqueued;
+    return issued;
+  }
+  // Non-blocking communicators may return before the operation is enqueued.
+  for (int i = 0; i < lanes; ++i) {
+    absl::Status enqueued =
+        WaitUntilNotInProgress(lanes_[i].comm, options_.collective_timeout_ms, name);
+    if (!enqueued.ok()) {
+      AbortCommunicator();
+      return enqueued;
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
-  return Enqueue("allreduce", [&] {
-    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
-                         ncclFloat32, ncclAvg, comm_, comm_stream_);
+absl::Status NcclCollective::StripedAllReduce(const char* name, Tensor buffer,
+                                              ncclDataType_t type, ncclRedOp_t op) {
+  const std::vector<Stripe> stripes =
+      PlanStripes(buffer.numel(), lanes(), kMinStripeElements, kStripeAlignElements);
+  if (stripes.empty()) return absl::OkStatus();
+  const size_t element_bytes = DTypeBytes(buffer.dtype);
+  return Enqueue(name, static_cast<int>(stripes.size()), [&]() -> absl::Status {
+    for (size_t i = 0; i < stripes.size(); ++i) {
+      char* data = static_cast<char*>(buffer.data) + stripes[i].offset * element_bytes;
+      NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, static_cast<size_t>(stripes[i].count), type,
+                                         op, lanes_[i].comm, lanes_[i].stream));
+    }
+    return absl::OkStatus();
   });
+}
+
+absl::Status NcclCollective::AllReduceMeanAsync(Tensor buffer) {
+  if (buffer.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("allreduce mean: the buffer must be f32");
+  }
+  return StripedAllReduce("allreduce", buffer, ncclFloat32, ncclAvg);
 }
 
 absl::Status NcclCollective::AllReduceSumCompressedAsync(Tensor buffer) {
@@ -190,10 +286,7 @@ absl::Status NcclCollective::AllReduceSumCompressedAsync(Tensor buffer) {
     return absl::InvalidArgumentError("compressed allreduce: the buffer must be f16 or bf16");
   }
   const ncclDataType_t type = buffer.dtype == DType::kF16 ? ncclFloat16 : ncclBfloat16;
-  return Enqueue("allreduce", [&] {
-    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()), type,
-                         ncclSum, comm_, comm_stream_);
-  });
+  return StripedAllReduce("allreduce", buffer, type, ncclSum);
 }
 
 absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
@@ -202,9 +295,11 @@ absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
                                                    " is not a rank of a world of ",
                                                    options_.world_size));
   }
-  absl::Status enqueued = Enqueue("broadcast", [&] {
-    return ncclBroadcast(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
-                         ncclFloat32, root, comm_, comm_stream_);
+  absl::Status enqueued = Enqueue("broadcast", 1, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclBroadcast(buffer.data, buffer.data,
+                                       static_cast<size_t>(buffer.numel()), ncclFloat32, root,
+                                       lanes_[0].comm, lanes_[0].stream));
+    return absl::OkStatus();
   });
   if (!enqueued.ok()) return enqueued;
   return JoinAllReduces();  // Later compute-stream work sees the broadcast's result.
@@ -218,51 +313,62 @@ absl::Status NcclCollective::AllGather(Tensor send, Tensor recv) {
                                                    ", k] expected, got ", send.numel(), " into ",
                                                    recv.numel()));
   }
-  absl::Status enqueued = Enqueue("allgather", [&] {
-    return ncclAllGather(send.data, recv.data, static_cast<size_t>(send.numel()), ncclFloat32,
-                         comm_, comm_stream_);
+  absl::Status enqueued = Enqueue("allgather", 1, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclAllGather(send.data, recv.data, static_cast<size_t>(send.numel()),
+                                       ncclFloat32, lanes_[0].comm, lanes_[0].stream));
+    return absl::OkStatus();
   });
   if (!enqueued.ok()) return enqueued;
   return JoinAllReduces();
 }
 
 absl::Status NcclCollective::AllReduceSum(Tensor buffer) {
-  absl::Status enqueued = Enqueue("allreduce", [&] {
-    return ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
-                         ncclFloat32, ncclSum, comm_, comm_stream_);
+  absl::Status enqueued = Enqueue("allreduce", 1, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data,
+                                       static_cast<size_t>(buffer.numel()), ncclFloat32, ncclSum,
+                                       lanes_[0].comm, lanes_[0].stream));
+    return absl::OkStatus();
   });
   if (!enqueued.ok()) return enqueued;
   return JoinAllReduces();
 }
 
 absl::Status NcclCollective::JoinAllReduces() {
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(reduce_done_, comm_stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, reduce_done_, 0));
+  for (Lane& lane : lanes_) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.done, lane.stream));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, lane.done, 0));
+  }
   return absl::OkStatus();
 }
 
 absl::Status NcclCollective::AsyncError() {
   if (abort_requested_.load()) return AbortedStatus("wait");
-  if (comm_ == nullptr) return absl::OkStatus();
   if (communicator_aborted_) return absl::UnavailableError("the NCCL communicator was aborted");
-  ncclResult_t state = ncclSuccess;
-  ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
-  if (result != ncclSuccess) {
-    return absl::UnavailableError(absl::StrCat("ncclCommGetAsyncError: ",
-                                               ncclGetErrorString(result)));
-  }
-  if (state != ncclSuccess && state != ncclInProgress) {
-    return absl::UnavailableError(absl::StrCat("NCCL error on rank ", options_.rank, ": ",
-                                               ncclGetErrorString(state)));
+  for (const Lane& lane : lanes_) {
+    if (lane.comm == nullptr) continue;
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t result = ncclCommGetAsyncError(lane.comm, &state);
+    if (result != ncclSuccess) {
+      return absl::UnavailableError(absl::StrCat("ncclCommGetAsyncError: ",
+                                                 ncclGetErrorString(result)));
+    }
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return absl::UnavailableError(absl::StrCat("NCCL error on rank ", options_.rank, ": ",
+                                                 ncclGetErrorString(state)));
+    }
   }
   return absl::OkStatus();
 }
 
 bool NcclCollective::HasPendingWork() {
-  if (comm_stream_ == nullptr || communicator_aborted_) return false;
-  const cudaError_t state = cudaStreamQuery(comm_stream_);
-  if (state != cudaErrorNotReady) cudaGetLastError();  // Do not leave an error behind.
-  return state == cudaErrorNotReady;
+  if (communicator_aborted_) return false;
+  for (const Lane& lane : lanes_) {
+    if (lane.stream == nullptr) continue;
+    const cudaError_t state = cudaStreamQuery(lane.stream);
+    if (state != cudaErrorNotReady) cudaGetLastError();  // Do not leave an error behind.
+    if (state == cudaErrorNotReady) return true;
+  }
+  return false;
 }
 
 std::string NcclCollective::TimeoutMessage(const char* what) {
@@ -274,10 +380,11 @@ std::string NcclCollective::TimeoutMessage(const char* what) {
 }
 
 void NcclCollective::AbortCommunicator() {
-  if (comm_ != nullptr && !communicator_aborted_) {
-    ncclCommAbort(comm_);
-    communicator_aborted_ = true;
+  if (communicator_aborted_) return;
+  for (const Lane& lane : lanes_) {
+    if (lane.comm != nullptr) ncclCommAbort(lane.comm);
   }
+  communicator_aborted_ = true;
 }
 
 }  // namespace mptrain::cuda

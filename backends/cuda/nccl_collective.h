@@ -1,10 +1,12 @@
 #pragma once
 
-// The CUDA backend's collective: one NCCL communicator per rank, created non-blocking
-// (ncclConfig_t.blocking = 0) from a unique id that rank 0 publishes through the job's
-// key-value store. The allreduce runs on its own stream, ordered after the compute stream's
-// work by an event and before the compute stream's later work by another; nothing here blocks
-// the host. Every wait polls ncclCommGetAsyncError with a deadline (as nccl-tests does) and
+// The CUDA backend's collective: NCCL communicators created non-blocking
+// (ncclConfig_t.blocking = 0) from unique ids that rank 0 publishes through the job's
+// key-value store. Each communicator ("lane", comm/lane_plan.h) has its own stream; a large
+// gradient bucket is striped over the lanes (one between GPUs of a node, four by default between
+// nodes, JobSpec.grad_comm_lanes), everything else runs on lane 0. The streams are ordered after
+// the compute stream's work by an event and before the compute stream's later work by others;
+// nothing here blocks the host. Every wait polls ncclCommGetAsyncError with a deadline (as nccl-tests does) and
 // calls ncclCommAbort on error, timeout or Abort(), so no wait is ever endless.
 //
 // Network: NCCL takes its settings from the environment. The worker daemon gives each rank
@@ -20,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/peer_directory.h"
@@ -39,6 +42,9 @@ struct NcclCollectiveOptions {
   int64_t rendezvous_timeout_ms = 120'000;  // Unique id and communicator creation.
   int64_t collective_timeout_ms = 60'000;   // One operation's wait for its peers.
   StopToken* stop_token = nullptr;          // Optional; aborts the collective when tripped.
+  // Communicators the gradient allreduce is striped over: 1..kMaxLanes, or 0 to let rank 0
+  // decide from where the ranks run (comm/lane_plan.h: 1 within a node, 4 across nodes).
+  int lanes = 0;
 };
 
 class NcclCollective final : public Collective {
@@ -67,6 +73,8 @@ class NcclCollective final : public Collective {
   absl::Status AllGather(Tensor send, Tensor recv) override;
   absl::Status AllReduceSum(Tensor buffer) override;
   int rank() const override { return options_.rank; }
+  // How many communicators the allreduces are striped over (what rank 0 decided).
+  int lanes() const { return static_cast<int>(lanes_.size()); }
   int world_size() const override { return options_.world_size; }
   // Any thread: marks the collective aborted. The thread that waits on it (the backend's
   // polling loop, or the next call) then calls ncclCommAbort and returns ABORTED.
@@ -79,7 +87,7 @@ class NcclCollective final : public Collective {
   // return (NCCL's fault tolerance).
   void AbortCommunicator();
   int64_t collective_timeout_ms() const { return options_.collective_timeout_ms; }
-  // Whether collective work is still queued or running on the comm stream (call before
+  // Whether collective work is still queued or running on a lane's stream (call before
   // AbortCommunicator).
   bool HasPendingWork();
   // A wait for `what` timed out with collective work pending: "collective allreduce timed out
@@ -90,20 +98,28 @@ class NcclCollective final : public Collective {
  private:
   NcclCollective(const NcclCollectiveOptions& options, cudaStream_t compute_stream)
       : options_(options), compute_stream_(compute_stream) {}
-  absl::Status WaitUntilNotInProgress(int64_t timeout_ms, const char* what);
-  // Orders the comm stream after the compute stream's work so far, enqueues `op`, and waits for
-  // a non-blocking communicator to accept it.
+  struct Lane {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;  // Recorded on `stream` when the compute stream joins it.
+  };
+  // Rank 0 decides the lanes and makes their unique ids; every rank reads them.
+  absl::StatusOr<std::vector<ncclUniqueId>> RendezvousUniqueIds();
+  absl::Status WaitUntilNotInProgress(ncclComm_t comm, int64_t timeout_ms, const char* what);
+  // Orders the first `lanes` lanes' streams after the compute stream's work so far, enqueues
+  // `op` (grouped when it spans lanes) and waits for the non-blocking communicators to accept it.
   template <typename Op>
-  absl::Status Enqueue(const char* name, Op op);
+  absl::Status Enqueue(const char* name, int lanes, Op op);
+  // An allreduce of `buffer` striped over the lanes (comm/lane_plan.h PlanStripes).
+  absl::Status StripedAllReduce(const char* name, Tensor buffer, ncclDataType_t type,
+                                ncclRedOp_t op);
   absl::Status AbortedStatus(const char* what);
 
   NcclCollectiveOptions options_;
   cudaStream_t compute_stream_;
-  cudaStream_t comm_stream_ = nullptr;
+  std::vector<Lane> lanes_;  // lanes_[0] carries everything that is not striped.
   cudaEvent_t grads_ready_ = nullptr;
-  cudaEvent_t reduce_done_ = nullptr;
   std::unique_ptr<PeerDirectory> peers_;
-  ncclComm_t comm_ = nullptr;
   bool communicator_aborted_ = false;  // Only the communicator's thread touches it.
   const char* last_op_ = "allreduce";  // For timeout messages.
   std::mutex abort_mu_;
