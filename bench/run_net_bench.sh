@@ -9,6 +9,8 @@
 #   CONFIGS="mlp1k mlp8k" WARMUP=5 STEPS=20 bash bench/run_net_bench.sh
 # NCCL's socket settings apply to both engines alike: e.g. NCCL_SOCKET_NTHREADS=4
 # NCCL_NSOCKS_PERTHREAD=4 in the environment (TAG names the variant in the results).
+# LANES sets our JobSpec.grad_comm_lanes (default 0: rank 0 decides, 4 between these "hosts";
+# LANES=1 is one communicator, as PyTorch's process group has).
 # TRANSPORT=nvlink measures the same way with NCCL's own choice (NVLink between the two GPUs of
 # one host): the step through the service beside PyTorch, for issue 16's "through the service".
 set -uo pipefail
@@ -20,6 +22,7 @@ STEPS=${STEPS:-20}
 CONFIGS=${CONFIGS:-mlp1k mlp8k}
 COMMS=${COMMS:-fp32 fp16 bf16}
 TAG=${TAG:-default}
+LANES=${LANES:-0}
 TRANSPORT=${TRANSPORT:-socket}
 RESULTS="$OUT/net_bench_${TRANSPORT}_$TAG.jsonl"
 : >"$RESULTS"
@@ -58,11 +61,12 @@ for config in $CONFIGS; do
  "model": {"input_dim": $input, "hidden_dims": [$hidden], "output_dim": $output, "activation": "relu"},
  "data": {"synthetic": {"seed": 0}}, "micro_batch_size": $batch, "accumulation_steps": 4,
  "steps": $((WARMUP + STEPS)), "precision": "fp16", "grad_comm_dtype": "$comm",
+ "grad_comm_lanes": $LANES,
  "optimizer": {"lr": 0.01}, "telemetry_every": 1}
 SPEC
     job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
     "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl >"$CLUSTER_DIR/$config-$comm.jsonl" || status=1
-    python3 - "$CLUSTER_DIR/$config-$comm.jsonl" "$config" "$comm" "$WARMUP" <<'PY' | tee -a "$RESULTS"
+    LANES=$LANES python3 - "$CLUSTER_DIR/$config-$comm.jsonl" "$config" "$comm" "$WARMUP" <<'PY' | tee -a "$RESULTS"
 import json, os, statistics, sys
 path, config, comm, warmup = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 records = [json.loads(line) for line in open(path) if line.strip()]
@@ -70,6 +74,7 @@ times = [r.get("stepTimeMs", r.get("step_time_ms")) for r in records
          if int(r.get("step", 0)) > warmup and r.get("rank", 0) in (0, None)]
 times = [t for t in times if t is not None]
 print(json.dumps({"engine": "mptrain (service)", "config": config, "grad_comm": comm,
+                  "lanes": int(os.environ.get("LANES", "0")) or "auto",
                   "nccl_socket": "threads %s x socks %s" % (os.environ.get("NCCL_SOCKET_NTHREADS", "default"),
                                                           os.environ.get("NCCL_NSOCKS_PERTHREAD", "default")),
                   "step_ms": statistics.median(times) if times else None, "steps": len(times)}))
@@ -83,12 +88,13 @@ for comm in $COMMS; do
     --configs "$(echo $CONFIGS | tr ' ' ,)" --warmup "$WARMUP" --steps "$STEPS" --hook "$hook" \
     "${AS_HOSTS[@]}" 2>"$OUT/net_pytorch_${TRANSPORT}_$comm.err" | tee -a "$RESULTS" || status=1
 done
-TAG=$TAG TRANSPORT=$TRANSPORT python3 - "$RESULTS" <<'PY'
+LANES=$LANES TAG=$TAG TRANSPORT=$TRANSPORT python3 - "$RESULTS" <<'PY'
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 ours = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] != "pytorch"}
 torch = {(r["config"], r["grad_comm"]): r["step_ms"] for r in rows if r["engine"] == "pytorch"}
-print(f"NCCL {os.environ.get('TRANSPORT', 'socket')} transport, {os.environ.get('TAG', 'default')} settings")
+print(f"NCCL {os.environ.get('TRANSPORT', 'socket')} transport, {os.environ.get('TAG', 'default')} settings, "
+      f"our grad_comm_lanes {os.environ.get('LANES', '0')} (0: auto)")
 print(f"{'config':<8}{'grad comm':<11}{'mptrain ms':>12}{'pytorch ms':>12}{'speed-up':>10}")
 for key in sorted(set(ours) | set(torch)):
     a, b = ours.get(key), torch.get(key)

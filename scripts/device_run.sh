@@ -50,6 +50,10 @@ for step in $STEPS; do
       # The two GPUs as two hosts over NCCL's socket transport, ours and PyTorch's.
       PYTHONUNBUFFERED=1 timeout 400 bash bench/run_net_bench.sh >"$OUT/net.log" 2>&1 || status=1
       tail -9 "$OUT/net.log"
+      # Ours with one communicator (grad_comm_lanes 1), as PyTorch's process group has.
+      LANES=1 TAG=lanes1 COMMS=fp32 CONFIGS=mlp8k PYTHONUNBUFFERED=1 timeout 200 \
+        bash bench/run_net_bench.sh >"$OUT/net_lanes1.log" 2>&1 || status=1
+      tail -4 "$OUT/net_lanes1.log"
       # NCCL's socket transport with more threads and sockets, for both engines alike.
       NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 TAG=4x4 COMMS=fp32 CONFIGS=mlp8k \
         PYTHONUNBUFFERED=1 timeout 200 bash bench/run_net_bench.sh >"$OUT/net_4x4.log" 2>&1 || status=1
