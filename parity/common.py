@@ -66,7 +66,7 @@ def widths_of(model):
 
 
 def write_inputs(name, case, out_dir, device, world=2):
-    """Writes features.npy, targets.npy (float32, or int64 class ids for cross_entropy) and
+    """Writes features.npy, targets.npy (float32, or int64/int32 class ids for cross_entropy) and
     init.safetensors (torch.nn.Linear's distribution), and returns the job spec (a dict)."""
     rng = np.random.default_rng(sum(map(ord, name)))
     widths = widths_of(case["model"])
@@ -78,7 +78,9 @@ def write_inputs(name, case, out_dir, device, world=2):
         features = rng.standard_normal((rows, widths[0]), dtype=np.float32)
         if classification:
             logits = features @ projection + 0.5 * rng.standard_normal((rows, widths[-1]))
-            targets = np.argmax(logits, axis=1).astype(np.int64)
+            # int64 class ids as torch uses them, or int32 (case "int32_targets") as npy allows.
+            targets = np.argmax(logits, axis=1).astype(
+                np.int32 if case.get("int32_targets") else np.int64)
         else:
             targets = rng.standard_normal((rows, widths[-1]), dtype=np.float32)
         np.save(os.path.join(out_dir, prefix + "features.npy"), features)

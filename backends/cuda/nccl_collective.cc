@@ -128,7 +128,8 @@ absl::StatusOr<std::vector<ncclUniqueId>> NcclCollective::RendezvousUniqueIds() 
         nodes.push_back(*node);
       }
     }
-    ids.resize(ResolveLanes(options_.lanes, nodes));
+    // A world of one has nothing to stripe.
+    ids.resize(world_size == 1 ? 1 : ResolveLanes(options_.lanes, nodes));
     std::string value;
     for (ncclUniqueId& id : ids) {
       NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
