@@ -232,6 +232,10 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
   }
   for (const v1::TelemetryRecord& telemetry : request.records()) {
     *job_.mutable_latest_telemetry() = telemetry;
+    // Evaluations are rarer than telemetry: the latest one stays until the next.
+    if (telemetry.has_eval_loss() || telemetry.has_eval_accuracy()) {
+      *job_.mutable_latest_evaluation() = telemetry;
+    }
     v1::WatchJobEvent event;
     *event.mutable_telemetry() = telemetry;
     Append(std::move(event));
