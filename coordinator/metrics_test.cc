@@ -74,7 +74,10 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   EXPECT_TRUE(Contains(text, "mptrain_worker_heartbeat_age_seconds{worker=\"w#1\",host=\"h1\"} 1.5\n"));
   EXPECT_TRUE(Contains(text, "mptrain_job_step{job=\"job-0007\",name=\"my \\\"run\\\"\"} 42\n"));
   EXPECT_TRUE(Contains(text, "mptrain_job_loss{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.125\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps{job=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
+  // It only goes up: a counter, named as one.
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_skipped_steps_total counter\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps_total{job=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
+  EXPECT_FALSE(Contains(text, "mptrain_job_skipped_steps{"));
   EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_loss_scale gauge\n"));
 }
 

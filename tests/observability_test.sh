@@ -51,6 +51,9 @@ cp "$CLUSTER_DIR/metrics.txt" "$OUT/metrics.txt"
 grep -q "^mptrain_job_step{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. /metrics has no step for the running job"
 grep -q '^mptrain_jobs{state="running"} 1$' "$CLUSTER_DIR/metrics.txt" || fail "1. no running job counted"
+grep -q '^# TYPE mptrain_job_skipped_steps_total counter$' "$CLUSTER_DIR/metrics.txt" &&
+  grep -q "^mptrain_job_skipped_steps_total{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+  fail "1. no skipped-steps counter for the running job"
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics.txt" >"$CLUSTER_DIR/promtool.txt" 2>&1 ||
     fail "1. promtool check metrics: $(cat "$CLUSTER_DIR/promtool.txt")"
