@@ -329,15 +329,29 @@ int LogsCommand(const CommandContext& context, const std::string& job_id, int ra
   request.set_rank(rank);
   request.set_attempt(attempt);
   bool announced_gap = false;
+  bool asked_after_end = false;
   while (true) {
     v1::GetRankLogResponse response;
     grpc::ClientContext rpc;
     SetDeadline(context, &rpc);
     grpc::Status status = context.stub->GetRankLog(&rpc, request, &response);
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND && follow &&
-        status.error_message().find("no output") != std::string::npos) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));  // The rank has not written yet.
-      continue;
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND && follow && !asked_after_end) {
+      // No output (yet): wait for it while the job has not ended. Once it has, ask once more
+      // (its last output may have come with its end), then give up.
+      v1::GetJobRequest get;
+      get.set_job_id(job_id);
+      v1::GetJobResponse job;
+      grpc::ClientContext job_rpc;
+      SetDeadline(context, &job_rpc);
+      if (context.stub->GetJob(&job_rpc, get, &job).ok()) {
+        const v1::JobState state = job.job().state();
+        if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) {
+          asked_after_end = true;
+        } else {
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+        continue;
+      }
     }
     if (!status.ok()) return ReportRpcError(context, "logs " + job_id, status);
     if (response.start_offset() > request.after_offset() && !announced_gap) {

@@ -33,7 +33,9 @@ int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit
 int CancelCommand(const CommandContext& context, const std::string& job_id);
 int WorkersCommand(const CommandContext& context);
 // The last part of a rank's output (stdout and stderr) as its worker shipped it; with
-// `follow`, then what it writes next, until the job ends. `attempt` 0: the newest.
+// `follow`, then what it writes next, until its process or the job ends. A rank with no output
+// yet is waited for while its job has not ended; of an ended job, that is an error (exit 1).
+// `attempt` 0: the newest.
 int LogsCommand(const CommandContext& context, const std::string& job_id, int rank, int attempt,
                 bool follow);
 enum class ExportFormat { kCsv, kJsonl };

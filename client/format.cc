@@ -152,6 +152,16 @@ std::string FormatJobDetail(const v1::Job& job) {
   if (job.has_latest_telemetry()) {
     absl::StrAppend(&out, "latest:     ", FormatTelemetryLine(job.latest_telemetry()), "\n");
   }
+  // The latest record is usually not an evaluation step: the last evaluation, with its step.
+  const v1::TelemetryRecord& evaluation = job.latest_evaluation();
+  if (job.has_latest_evaluation() && !job.latest_telemetry().has_eval_loss()) {
+    absl::StrAppendFormat(&out, "evaluated:  step %6d  eval_loss %.6f", evaluation.step(),
+                          evaluation.eval_loss());
+    if (evaluation.has_eval_accuracy()) {
+      absl::StrAppendFormat(&out, "  eval_acc %.4f", evaluation.eval_accuracy());
+    }
+    out += "\n";
+  }
   return out;
 }
 

@@ -80,5 +80,18 @@ TEST(FormatTelemetryLine, ShowsLearningRateAccuracyAndEvaluation) {
   }
 }
 
+TEST(FormatJobDetail, ShowsTheLastEvaluationBetweenEvaluations) {
+  v1::Job job;
+  job.mutable_latest_telemetry()->set_step(150);
+  EXPECT_EQ(FormatJobDetail(job).find("evaluated:"), std::string::npos) << "none yet";
+  job.mutable_latest_evaluation()->set_step(100);
+  job.mutable_latest_evaluation()->set_eval_loss(0.25);
+  job.mutable_latest_evaluation()->set_eval_accuracy(0.875);
+  const std::string text = FormatJobDetail(job);
+  EXPECT_NE(text.find("evaluated:  step    100  eval_loss 0.250000  eval_acc 0.8750\n"),
+            std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace mptrain

@@ -99,6 +99,10 @@ void CoordinatorState::Effects::EventsTrimmed(const JobRecord& job, int64_t sequ
   batch.keep_events_after[job.number()] = sequence;
 }
 
+void CoordinatorState::Effects::RankLogKept(const JobRecord& job, store::StoredRankLog log) {
+  batch.rank_logs.emplace_back(job.number(), std::move(log));
+}
+
 CoordinatorState::Finished CoordinatorState::FinishMutation() {
   if (effects_.schedule) {
     effects_.schedule = false;
@@ -142,7 +146,8 @@ absl::Status CoordinatorState::Restore() {
   for (store::StoredJob& stored : snapshot->jobs) {
     auto record = std::make_unique<JobRecord>(stored, snapshot->specs[stored.number()],
                                               std::move(snapshot->events[stored.number()]),
-                                              now, job_limits(), &effects_);
+                                              snapshot->rank_logs[stored.number()], now,
+                                              job_limits(), &effects_);
     next_job_number_ = std::max(next_job_number_, record->number() + 1);
     const std::string job_id = record->id();
     if (!record->job().request_id().empty()) {
@@ -880,7 +885,7 @@ absl::Status CoordinatorState::ReportRankLog(const v1::ReportRankLogRequest& req
         "rank ", request.rank(), " of job ", Quote(request.job_id()), " attempt ",
         request.attempt(), " does not run on worker ", Quote(request.worker_id())));
   }
-  return record->logs().Append(request.attempt(), request.rank(), request.offset(),
+  return record->AppendRankLog(request.attempt(), request.rank(), request.offset(),
                                request.data());
 }
 
@@ -896,6 +901,14 @@ absl::StatusOr<v1::GetRankLogResponse> CoordinatorState::GetRankLog(
                                                    "), got ", request.rank()));
   }
   auto log = record->logs().Read(request.attempt(), request.rank(), request.after_offset());
+  if (!log.ok() && record->terminal()) {
+    // Not "yet": nothing more will come. (The rank never started, or its worker sent nothing.)
+    return absl::NotFoundError(absl::StrCat(
+        "job ", record->id(), " ended (", v1::JobState_Name(record->state()),
+        ") and no output of rank ", request.rank(),
+        request.attempt() == 0 ? "" : absl::StrCat(" attempt ", request.attempt()),
+        " is kept: the rank wrote none, or never started"));
+  }
   if (!log.ok()) {
     return absl::NotFoundError(absl::StrCat("job ", record->id(), ": ", log.status().message()));
   }

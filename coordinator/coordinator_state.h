@@ -202,7 +202,9 @@ class CoordinatorState {
   // A chunk of a rank's output from its worker. PERMISSION_DENIED: the worker secret does not
   // match or the rank was never placed on that worker; INVALID_ARGUMENT: chunk too big.
   absl::Status ReportRankLog(const v1::ReportRankLogRequest& request);
-  // NOT_FOUND: unknown job or no output yet; INVALID_ARGUMENT: rank out of range.
+  // What the job keeps of a rank's output (restored from the store after a restart); an ended
+  // job's is complete. NOT_FOUND: unknown job; no output yet (a job not ended: ask again); or
+  // none kept of an ended job (the message says it ended). INVALID_ARGUMENT: rank out of range.
   absl::StatusOr<v1::GetRankLogResponse> GetRankLog(const v1::GetRankLogRequest& request) const;
 
   // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
@@ -243,6 +245,7 @@ class CoordinatorState {
     void JobChanged(const JobRecord& job, bool workers_too) override;
     void EventAppended(const JobRecord& job, const v1::WatchJobEvent& event) override;
     void EventsTrimmed(const JobRecord& job, int64_t sequence) override;
+    void RankLogKept(const JobRecord& job, store::StoredRankLog log) override;
     void Wake(const std::string& key) { wake_keys.insert(key); }
 
     bool schedule = false;

@@ -1146,6 +1146,69 @@ TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
 namespace mptrain {
 namespace {
 
+// Rank output outlives a coordinator restart once the rank or the job ended (the store keeps
+// the tails), and an ended job's tails read as complete, so `trainctl logs --follow` returns.
+TEST_F(CoordinatorStateTest, EndedJobsRankLogs_OutliveARestart_AndReadComplete) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/rank_logs_", getpid());
+  std::filesystem::remove_all(dir);
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.heartbeat_timeout_ms = 10'000;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.store = store->get();
+  state_ = std::make_unique<CoordinatorState>(options);
+  ASSERT_TRUE(state_->Restore().ok());
+  const std::string job = Submit(3);
+  const std::string worker = Register("w", 3);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  auto ship = [&](int rank, int64_t offset, const std::string& data) {
+    v1::ReportRankLogRequest request;
+    request.set_worker_id(worker);
+    request.set_worker_secret(worker_secrets_[worker]);
+    request.set_job_id(job);
+    request.set_attempt(1);
+    request.set_rank(rank);
+    request.set_offset(offset);
+    request.set_data(data);
+    return state_->ReportRankLog(request);
+  };
+  ASSERT_TRUE(ship(0, 0, "rank 0/3 on cpu\n").ok());
+  ASSERT_TRUE(ship(1, 0, "rank 1/3 on cpu\nstep 100\n").ok());
+  v1::GetRankLogRequest read;
+  read.set_job_id(job);
+  read.set_rank(2);
+  auto none = state_->GetRankLog(read);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("yet"), std::string::npos) << none.status();
+
+  ReportExit(worker, job, 1, 1, 9);  // Rank 1 killed: the job fails.
+  ASSERT_EQ(StateOf(job), v1::FAILED);
+  ASSERT_TRUE(ship(0, 16, "stopping\n").ok());  // Rank 0's last words, after the end.
+
+  state_ = std::make_unique<CoordinatorState>(options);  // The old one has written all.
+  ASSERT_TRUE(state_->Restore().ok());
+  read.set_rank(1);
+  auto killed = state_->GetRankLog(read);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->data(), "rank 1/3 on cpu\nstep 100\n");
+  EXPECT_EQ(killed->attempt(), 1);
+  EXPECT_TRUE(killed->complete());
+  read.set_rank(0);
+  auto stopped = state_->GetRankLog(read);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->data(), "rank 0/3 on cpu\nstopping\n");
+  EXPECT_TRUE(stopped->complete());
+  // Nothing kept of rank 2, and nothing will come: said so, not "yet".
+  read.set_rank(2);
+  none = state_->GetRankLog(read);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("ended (FAILED)"), std::string::npos) << none.status();
+  EXPECT_EQ(none.status().message().find("yet"), std::string::npos) << none.status();
+  state_.reset();
+  std::filesystem::remove_all(dir);
+}
+
 // The RPCs added for logs and history refuse what a hostile caller sends.
 TEST_F(CoordinatorStateTest, RankLogAndJobEvents_RefuseHostileRequests) {
   const std::string job = Submit(1);

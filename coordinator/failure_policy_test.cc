@@ -12,6 +12,7 @@ class NoChanges : public JobChanges {
   void JobChanged(const JobRecord&, bool) override {}
   void EventAppended(const JobRecord&, const v1::WatchJobEvent&) override {}
   void EventsTrimmed(const JobRecord&, int64_t) override {}
+  void RankLogKept(const JobRecord&, store::StoredRankLog) override {}
 };
 
 struct RunningJob {

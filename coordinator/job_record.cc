@@ -39,7 +39,8 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
 }
 
 JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
-                     std::vector<v1::WatchJobEvent> events, int64_t now,
+                     std::vector<v1::WatchJobEvent> events,
+                     const std::vector<store::StoredRankLog>& rank_logs, int64_t now,
                      const JobLimits& limits, JobChanges* changes)
     : changes_(changes),
       limits_(limits),
@@ -57,6 +58,8 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
   for (const auto& [key, value] : stored.kv()) kv_.Set(key, value).IgnoreError();
   events_.Restore(std::move(events), stored.last_sequence());
   if (terminal()) events_.Shrink(limits.max_events_finished);
+  for (const store::StoredRankLog& log : rank_logs) logs_.Restore(log);
+  if (terminal()) logs_.Shrink();
   ranks_.resize(std::max(0, job_.spec().world_size()));
   for (const v1::RankProgress& progress : job_.progress()) {
     if (!ValidRank(progress.rank())) continue;
@@ -121,6 +124,7 @@ void JobRecord::Requeue(const std::string& note, int64_t now) {
   kv_.Clear();
   job_.set_state(v1::PENDING);
   queued_since_ms_ = now;
+  KeepRankLogs();  // The failed attempt's output, for `trainctl logs --attempt`.
   spdlog::warn("job {}: {}", id(), note);
   v1::WatchJobEvent event;
   event.mutable_state_change()->set_state(v1::PENDING);
@@ -143,6 +147,7 @@ void JobRecord::SetState(v1::JobState state, const std::string& error, int64_t n
     job_.set_finished_unix_ms(now);
     kv_.Clear();
     logs_.Shrink();
+    KeepRankLogs();
   }
   if (state == v1::FAILED) {
     spdlog::warn("job {} FAILED: {}", id(), error);
@@ -232,6 +237,10 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
   }
   for (const v1::TelemetryRecord& telemetry : request.records()) {
     *job_.mutable_latest_telemetry() = telemetry;
+    // Evaluations are rarer than telemetry: the latest one stays until the next.
+    if (telemetry.has_eval_loss() || telemetry.has_eval_accuracy()) {
+      *job_.mutable_latest_evaluation() = telemetry;
+    }
     v1::WatchJobEvent event;
     *event.mutable_telemetry() = telemetry;
     Append(std::move(event));
@@ -258,7 +267,31 @@ void JobRecord::RecordError(int rank, const std::string& error) {
 void JobRecord::RecordExit(int rank) {
   ranks_[rank].exited = true;
   logs_.MarkComplete(attempt_, rank);
+  KeepRankLog(attempt_, rank);
   Changed(/*workers_too=*/true);
+}
+
+absl::Status JobRecord::AppendRankLog(int attempt, int rank, int64_t offset,
+                                      const std::string& data) {
+  if (absl::Status status = logs_.Append(attempt, rank, offset, data); !status.ok()) {
+    return status;
+  }
+  // A rank of a job that ended or restarts is stopping: what it sends now is its last words,
+  // and nothing else will write them to the store.
+  if (!running()) KeepRankLog(attempt, rank);
+  return absl::OkStatus();
+}
+
+void JobRecord::KeepRankLog(int attempt, int rank) {
+  if (std::optional<store::StoredRankLog> log = logs_.ToStored(attempt, rank)) {
+    changes_->RankLogKept(*this, std::move(*log));
+  }
+}
+
+void JobRecord::KeepRankLogs() {
+  for (store::StoredRankLog& log : logs_.ToStored()) {
+    changes_->RankLogKept(*this, std::move(log));
+  }
 }
 
 bool JobRecord::AllResultsIn() const {

@@ -43,6 +43,8 @@ class JobChanges {
   virtual void EventAppended(const JobRecord& job, const v1::WatchJobEvent& event) = 0;
   // The job ended: the store keeps only its events after `sequence`.
   virtual void EventsTrimmed(const JobRecord& job, int64_t sequence) = 0;
+  // A rank's kept output is worth writing (its process ended, or the job did).
+  virtual void RankLogKept(const JobRecord& job, store::StoredRankLog log) = 0;
 };
 
 // What one rank of the current attempt has told the coordinator.
@@ -81,8 +83,9 @@ class JobRecord {
             const JobLimits& limits, JobChanges* changes);
   // A job as the store kept it; RUNNING ranks count as reporting at `now`.
   JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
-            std::vector<v1::WatchJobEvent> events, int64_t now, const JobLimits& limits,
-            JobChanges* changes);
+            std::vector<v1::WatchJobEvent> events,
+            const std::vector<store::StoredRankLog>& rank_logs, int64_t now,
+            const JobLimits& limits, JobChanges* changes);
   store::StoredJob ToStored() const;
 
   const v1::Job& job() const { return job_; }
@@ -101,8 +104,8 @@ class JobRecord {
   const JobEventLog& events() const { return events_; }
   JobKv& kv() { return kv_; }
   const JobKv& kv() const { return kv_; }
-  // The tails of its ranks' output (memory only).
-  RankLogs& logs() { return logs_; }
+  // The tails of its ranks' output. The store gets a copy of a rank's tail when its process
+  // ends, of every tail when the job ends or restarts, and of each tail that grows after that.
   const RankLogs& logs() const { return logs_; }
 
   // ---- Transitions ----
@@ -130,6 +133,8 @@ class JobRecord {
   void RecordSuccess(int rank, const std::string& checksum);
   void RecordError(int rank, const std::string& error);
   void RecordExit(int rank);
+  // A chunk of a rank's output (see RankLogs::Append).
+  absl::Status AppendRankLog(int attempt, int rank, int64_t offset, const std::string& data);
   // Every rank of the attempt has reported a result.
   bool AllResultsIn() const;
   // Why the ranks' parameters differ, if they do (call once all results are in).
@@ -160,6 +165,9 @@ class JobRecord {
   void SetState(v1::JobState state, const std::string& error, int64_t now);
   void Append(v1::WatchJobEvent event);
   void Changed(bool workers_too) { changes_->JobChanged(*this, workers_too); }
+  // Hands the store the tail of (attempt, rank), or every tail held.
+  void KeepRankLog(int attempt, int rank);
+  void KeepRankLogs();
 
   JobChanges* changes_;
   JobLimits limits_;

@@ -92,61 +92,73 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
                 line.heartbeat_age_s);
   }
 
-  // Per running job: its latest telemetry record.
-  struct JobGauge {
+  // Per running job: its latest telemetry record, and its latest evaluation (kept until the
+  // next one, so that the eval gauges do not vanish between evaluations).
+  struct JobMetric {
     const char* name;
     const char* help;
+    const char* type;
     double (*value)(const v1::Job&);
   };
-  const JobGauge gauges[] = {
-      {"mptrain_job_step", "Latest optimizer step of a running job.",
+  const JobMetric metrics[] = {
+      {"mptrain_job_step", "Latest optimizer step of a running job.", "gauge",
        [](const v1::Job& j) { return static_cast<double>(j.latest_telemetry().step()); }},
-      {"mptrain_job_steps", "Optimizer steps a running job will take.",
+      {"mptrain_job_steps", "Optimizer steps a running job will take.", "gauge",
        [](const v1::Job& j) { return static_cast<double>(j.spec().steps()); }},
-      {"mptrain_job_loss", "Latest effective-batch loss, averaged over ranks.",
+      {"mptrain_job_loss", "Latest effective-batch loss, averaged over ranks.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().loss(); }},
       {"mptrain_job_grad_norm", "Latest global gradient norm (unscaled, before clipping).",
-       [](const v1::Job& j) { return j.latest_telemetry().grad_norm(); }},
-      {"mptrain_job_loss_scale", "Latest loss scale.",
+       "gauge", [](const v1::Job& j) { return j.latest_telemetry().grad_norm(); }},
+      {"mptrain_job_loss_scale", "Latest loss scale.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().loss_scale(); }},
-      {"mptrain_job_skipped_steps", "Optimizer steps skipped on overflow so far.",
+      {"mptrain_job_skipped_steps_total", "Optimizer steps skipped on overflow so far.",
+       "counter",
        [](const v1::Job& j) { return static_cast<double>(j.latest_telemetry().skipped_total()); }},
-      {"mptrain_job_samples_per_second", "Latest training throughput over all ranks.",
+      {"mptrain_job_samples_per_second", "Latest training throughput over all ranks.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().samples_per_second(); }},
-      {"mptrain_job_step_time_seconds", "Latest optimizer step's wall time.",
+      {"mptrain_job_step_time_seconds", "Latest optimizer step's wall time.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().step_time_ms() / 1000.0; }},
-      {"mptrain_job_restarts", "Restarts of a running job so far.",
+      {"mptrain_job_restarts", "Restarts of a running job so far.", "gauge",
        [](const v1::Job& j) { return static_cast<double>(j.restarts()); }},
+      {"mptrain_job_learning_rate", "The learning rate of the latest step.", "gauge",
+       [](const v1::Job& j) { return j.latest_telemetry().lr(); }},
   };
-  for (const JobGauge& gauge : gauges) {
-    text.Family(gauge.name, gauge.help, "gauge");
+  for (const JobMetric& metric : metrics) {
+    text.Family(metric.name, metric.help, metric.type);
     for (const v1::Job& job : overview.running) {
-      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, gauge.value(job));
+      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, metric.value(job));
     }
   }
-  // Metrics a job has only when it computes them (classification, evaluation).
+  // Metrics a job has only when it computes them: training accuracy (classification; on every
+  // record of such a job), and evaluation (JobSpec.eval_data; from the job's latest evaluation,
+  // absent until its first).
   struct OptionalGauge {
     const char* name;
     const char* help;
+    const v1::TelemetryRecord& (v1::Job::*record)() const;
     bool (v1::TelemetryRecord::*has)() const;
-    double (v1::TelemetryRecord::*value)() const;
+    double (*value)(const v1::TelemetryRecord&);
   };
   const OptionalGauge optional_gauges[] = {
-      {"mptrain_job_learning_rate", "The learning rate of the latest step.", nullptr,
-       &v1::TelemetryRecord::lr},
       {"mptrain_job_accuracy", "Latest training-batch accuracy (classification).",
-       &v1::TelemetryRecord::has_accuracy, &v1::TelemetryRecord::accuracy},
+       &v1::Job::latest_telemetry, &v1::TelemetryRecord::has_accuracy,
+       [](const v1::TelemetryRecord& r) { return r.accuracy(); }},
+      {"mptrain_job_eval_step", "Optimizer step of the latest evaluation.",
+       &v1::Job::latest_evaluation, &v1::TelemetryRecord::has_eval_loss,
+       [](const v1::TelemetryRecord& r) { return static_cast<double>(r.step()); }},
       {"mptrain_job_eval_loss", "Loss over the held-out set at the latest evaluation.",
-       &v1::TelemetryRecord::has_eval_loss, &v1::TelemetryRecord::eval_loss},
+       &v1::Job::latest_evaluation, &v1::TelemetryRecord::has_eval_loss,
+       [](const v1::TelemetryRecord& r) { return r.eval_loss(); }},
       {"mptrain_job_eval_accuracy", "Accuracy over the held-out set at the latest evaluation.",
-       &v1::TelemetryRecord::has_eval_accuracy, &v1::TelemetryRecord::eval_accuracy},
+       &v1::Job::latest_evaluation, &v1::TelemetryRecord::has_eval_accuracy,
+       [](const v1::TelemetryRecord& r) { return r.eval_accuracy(); }},
   };
   for (const OptionalGauge& gauge : optional_gauges) {
     text.Family(gauge.name, gauge.help, "gauge");
     for (const v1::Job& job : overview.running) {
-      const v1::TelemetryRecord& latest = job.latest_telemetry();
-      if (gauge.has != nullptr && !(latest.*gauge.has)()) continue;
-      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, (latest.*gauge.value)());
+      const v1::TelemetryRecord& record = (job.*gauge.record)();
+      if (!(record.*gauge.has)()) continue;
+      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, gauge.value(record));
     }
   }
 

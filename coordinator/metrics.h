@@ -3,9 +3,9 @@
 // What the coordinator exposes at /metrics (Prometheus text format): RPCs by method and code
 // with latency histograms (RpcMetrics, fed by a gRPC interceptor), and a snapshot of the state
 // (jobs and workers by state, the queue, heartbeat ages, and per running job its latest
-// telemetry: step, loss, grad norm, loss scale, skipped steps, samples/s, learning rate and
-// eval metrics), labelled by job id and name. Names: mptrain_ prefix, _total for counters,
-// _seconds for durations.
+// telemetry: step, loss, grad norm, loss scale, skipped steps, samples/s, learning rate, and
+// its latest evaluation's step and metrics, kept until the next evaluation), labelled by job id
+// and name. Names: mptrain_ prefix, _total for counters, _seconds for durations.
 
 #include <array>
 #include <cstdint>

@@ -57,12 +57,13 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   job.mutable_latest_telemetry()->set_loss_scale(65536);
   job.mutable_latest_telemetry()->set_skipped_total(3);
   job.mutable_latest_telemetry()->set_lr(0.0025);
-  job.mutable_latest_telemetry()->set_eval_accuracy(0.975);
   overview.running.push_back(job);
   const std::string text = RenderMetrics(overview, RpcMetrics());
   EXPECT_TRUE(Contains(text, "mptrain_job_learning_rate{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.0025\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_eval_accuracy{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.975\n"));
-  EXPECT_FALSE(Contains(text, "mptrain_job_eval_loss{")) << "a job without evaluation has none";
+  for (const char* name : {"mptrain_job_eval_loss{", "mptrain_job_eval_accuracy{",
+                           "mptrain_job_eval_step{", "mptrain_job_accuracy{"}) {
+    EXPECT_FALSE(Contains(text, name)) << "a job that has not evaluated has no " << name;
+  }
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"running\"} 1\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"failed\"} 2\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"pending\"} 0\n"));
@@ -73,8 +74,89 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   EXPECT_TRUE(Contains(text, "mptrain_worker_heartbeat_age_seconds{worker=\"w#1\",host=\"h1\"} 1.5\n"));
   EXPECT_TRUE(Contains(text, "mptrain_job_step{job=\"job-0007\",name=\"my \\\"run\\\"\"} 42\n"));
   EXPECT_TRUE(Contains(text, "mptrain_job_loss{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.125\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps{job=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
+  // It only goes up: a counter, named as one.
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_skipped_steps_total counter\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps_total{job=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
+  EXPECT_FALSE(Contains(text, "mptrain_job_skipped_steps{"));
   EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_loss_scale gauge\n"));
+}
+
+// The digits example's cadence, through the coordinator state: telemetry every 50 steps,
+// evaluation every 100. The eval gauges appear with the first evaluation and stay, with the
+// step they belong to, until the next one replaces them.
+TEST(RenderMetrics, EvaluationStaysBetweenEvaluations_AndIsAbsentBeforeTheFirst) {
+  CoordinatorState state(CoordinatorOptions{});
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  worker.set_incarnation(1);
+  ASSERT_TRUE(state.RegisterWorker(worker).ok());
+  v1::SubmitJobRequest submit;
+  v1::JobSpec* spec = submit.mutable_spec();
+  spec->set_name("digits");
+  spec->set_world_size(1);
+  spec->set_device(v1::CPU);
+  spec->mutable_model()->set_input_dim(4);
+  spec->mutable_model()->set_output_dim(2);
+  spec->mutable_data()->mutable_synthetic()->set_seed(0);
+  spec->set_micro_batch_size(2);
+  spec->set_accumulation_steps(1);
+  spec->set_steps(300);
+  spec->mutable_optimizer()->set_lr(0.1);
+  auto submitted = state.SubmitJob(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job = submitted->job_id();
+  ASSERT_EQ(state.GetJob(job)->state(), v1::RUNNING);
+
+  // Rank 0 reports `step`, with an evaluation when `eval_loss` >= 0.
+  auto report = [&](int64_t step, double eval_loss, double eval_accuracy) {
+    v1::ReportTelemetryRequest request;
+    request.set_job_id(job);
+    request.set_attempt(1);
+    request.set_step(step);
+    request.set_rank_secret(state.RankSecretForTesting(job, 1, 0));
+    v1::TelemetryRecord* record = request.add_records();
+    record->set_step(step);
+    record->set_loss(1.0 / step);
+    if (eval_loss >= 0) {
+      record->set_eval_loss(eval_loss);
+      record->set_eval_accuracy(eval_accuracy);
+    }
+    ASSERT_TRUE(state.ReportTelemetry(request).ok());
+  };
+  auto metrics = [&] { return RenderMetrics(state.GetOverview(), RpcMetrics()); };
+  const std::string labels = "{job=\"" + job + "\",name=\"digits\"} ";
+
+  report(50, -1, 0);
+  std::string text = metrics();
+  EXPECT_TRUE(Contains(text, "mptrain_job_step" + labels + "50\n")) << text;
+  for (const char* name : {"mptrain_job_eval_loss{", "mptrain_job_eval_accuracy{",
+                           "mptrain_job_eval_step{"}) {
+    EXPECT_FALSE(Contains(text, name)) << "no evaluation yet, yet " << name << " is there";
+  }
+
+  report(100, 0.5, 0.875);
+  text = metrics();
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_loss" + labels + "0.5\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_accuracy" + labels + "0.875\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_step" + labels + "100\n")) << text;
+
+  // The latest record has no evaluation: the last one is still exported, with its step.
+  report(150, -1, 0);
+  text = metrics();
+  EXPECT_TRUE(Contains(text, "mptrain_job_step" + labels + "150\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_loss" + labels + "0.5\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_accuracy" + labels + "0.875\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_step" + labels + "100\n")) << text;
+  EXPECT_EQ(state.GetJob(job)->latest_evaluation().step(), 100);
+
+  report(200, 0.25, 0.9375);
+  text = metrics();
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_loss" + labels + "0.25\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_accuracy" + labels + "0.9375\n")) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_eval_step" + labels + "200\n")) << text;
 }
 
 }  // namespace

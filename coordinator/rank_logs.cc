@@ -22,11 +22,7 @@ absl::Status RankLogs::Append(int attempt, int rank, int64_t offset, const std::
   } else {
     tail.data.append(data, static_cast<size_t>(tail.end() - offset), std::string::npos);
   }
-  if (tail.data.size() > max_bytes_) {
-    const size_t drop = tail.data.size() - max_bytes_;
-    tail.data.erase(0, drop);
-    tail.start += static_cast<int64_t>(drop);
-  }
+  Trim(&tail);
   // Only the two newest attempts.
   while (true) {
     int newest = 0, oldest = attempt;
@@ -44,15 +40,46 @@ absl::Status RankLogs::Append(int attempt, int rank, int64_t offset, const std::
 
 void RankLogs::MarkComplete(int attempt, int rank) { tails_[{attempt, rank}].complete = true; }
 
+void RankLogs::Trim(Tail* tail) const {
+  if (tail->data.size() <= max_bytes_) return;
+  const size_t drop = tail->data.size() - max_bytes_;
+  tail->data.erase(0, drop);
+  tail->start += static_cast<int64_t>(drop);
+}
+
 void RankLogs::Shrink() {
   max_bytes_ = kMaxBytesPerRankEnded;
-  for (auto& [key, tail] : tails_) {
-    if (tail.data.size() > max_bytes_) {
-      const size_t drop = tail.data.size() - max_bytes_;
-      tail.data.erase(0, drop);
-      tail.start += static_cast<int64_t>(drop);
-    }
-  }
+  for (auto& [key, tail] : tails_) Trim(&tail);
+}
+
+store::StoredRankLog RankLogs::Stored(int attempt, int rank, const Tail& tail) {
+  store::StoredRankLog stored;
+  stored.set_attempt(attempt);
+  stored.set_rank(rank);
+  stored.set_start_offset(tail.start);
+  stored.set_data(tail.data);
+  stored.set_complete(tail.complete);
+  return stored;
+}
+
+std::optional<store::StoredRankLog> RankLogs::ToStored(int attempt, int rank) const {
+  auto it = tails_.find({attempt, rank});
+  if (it == tails_.end()) return std::nullopt;
+  return Stored(attempt, rank, it->second);
+}
+
+std::vector<store::StoredRankLog> RankLogs::ToStored() const {
+  std::vector<store::StoredRankLog> all;
+  for (const auto& [key, tail] : tails_) all.push_back(Stored(key.first, key.second, tail));
+  return all;
+}
+
+void RankLogs::Restore(const store::StoredRankLog& stored) {
+  Tail& tail = tails_[{stored.attempt(), stored.rank()}];
+  tail.data = stored.data();
+  tail.start = std::max<int64_t>(0, stored.start_offset());
+  tail.complete = stored.complete();
+  Trim(&tail);
 }
 
 absl::StatusOr<v1::GetRankLogResponse> RankLogs::Read(int attempt, int rank,

@@ -3,15 +3,19 @@
 // The last part of each rank's output for one job (what `trainctl logs` shows), shipped by the
 // workers in chunks. Per (attempt, rank): the newest kMaxBytesPerRank bytes, with their offsets
 // in the rank's whole output, so a reader can follow it and knows when bytes fell off. Only the
-// two newest attempts are kept; an ended job keeps a shorter tail. Memory only: not written to
-// the job store. Not thread-safe: CoordinatorState's lock guards it.
+// two newest attempts are kept; an ended job keeps a shorter tail. The job store keeps a copy
+// (ToStored, Restore) so that an ended job's output outlives a coordinator restart; JobRecord
+// says when to write it. Not thread-safe: CoordinatorState's lock guards it.
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/store/stored_job.pb.h"
 #include "proto/mptrain.pb.h"
 
 namespace mptrain {
@@ -33,6 +37,13 @@ class RankLogs {
   // NOT_FOUND: nothing of that rank (and attempt; 0 = the newest attempt with output).
   absl::StatusOr<v1::GetRankLogResponse> Read(int attempt, int rank, int64_t after_offset) const;
 
+  // The tail of (attempt, rank) as the store keeps it; nullopt when none is held.
+  std::optional<store::StoredRankLog> ToStored(int attempt, int rank) const;
+  // Every tail held.
+  std::vector<store::StoredRankLog> ToStored() const;
+  // A tail the store kept (after a coordinator restart), cut to what this object keeps.
+  void Restore(const store::StoredRankLog& stored);
+
  private:
   struct Tail {
     std::string data;
@@ -40,6 +51,9 @@ class RankLogs {
     bool complete = false;
     int64_t end() const { return start + static_cast<int64_t>(data.size()); }
   };
+  static store::StoredRankLog Stored(int attempt, int rank, const Tail& tail);
+  // Drops the oldest bytes past max_bytes_.
+  void Trim(Tail* tail) const;
   std::map<std::pair<int, int>, Tail> tails_;  // (attempt, rank) -> its tail
   size_t max_bytes_ = kMaxBytesPerRank;
 };

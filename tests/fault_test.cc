@@ -5,10 +5,12 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/local_cluster.h"
@@ -72,8 +74,19 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok());
   const std::string job_id = cluster.Submit( LongJobSpec(world_size));
-  ASSERT_TRUE(WaitForStep(cluster, job_id, 1).ok());
-  const int victim = world_size - 1;
+  // Rank 0 is the victim: it is the rank that writes a line per telemetry step (every 100
+  // steps here), so its log shows how far it got. Killed once it has written a few.
+  auto running = cluster.WaitForJob(
+      job_id,
+      [](const v1::Job& job) {
+        return job.state() != v1::PENDING &&
+               (job.state() != v1::RUNNING || job.latest_telemetry().step() >= 300);
+      },
+      60);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING);
+  const int64_t reported_step = running->latest_telemetry().step();
+  const int victim = 0;
   std::vector<pid_t> pids = cluster.RankProcesses(job_id, victim);
   ASSERT_EQ(pids.size(), 1u);
   const auto killed_at = Clock::now();
@@ -92,16 +105,33 @@ TEST_P(KillRank, FailsNamingRankAndSignal_AndLeavesNoProcess) {
                                             victim)),
             std::string::npos)
       << status.output;
+  // `trainctl logs` shows the killed rank's last lines: its start, and its step lines up to
+  // (at least) the step the coordinator had from it when it was killed.
   CommandResult logs = cluster.Trainctl(absl::StrCat("logs ", job_id, " --rank ", victim));
   EXPECT_EQ(logs.exit_code, 0) << logs.output;
-  EXPECT_NE(logs.output.find(absl::StrCat("[", job_id, "/rank", victim, "] rank ", victim, "/",
-                                          world_size, " on cpu device")),
+  const std::string prefix = absl::StrCat("[", job_id, "/rank", victim, "] ");
+  EXPECT_NE(logs.output.find(absl::StrCat(prefix, "rank ", victim, "/", world_size,
+                                          " on cpu device")),
             std::string::npos)
       << logs.output;
-  // Rank 0 ended too (its job failed): its log is complete, so --follow returns.
-  CommandResult followed = cluster.Trainctl(absl::StrCat("logs ", job_id, " --rank 0 --follow"));
+  EXPECT_NE(logs.output.find(absl::StrFormat("%sstep %6d loss ", prefix, reported_step)),
+            std::string::npos)
+      << "no line of step " << reported_step << " in:\n" << logs.output;
+  int64_t last_logged_step = -1;
+  const size_t last = logs.output.rfind(prefix + "step ");
+  if (last != std::string::npos) {
+    last_logged_step = std::strtoll(logs.output.c_str() + last + prefix.size() + 5, nullptr, 10);
+  }
+  EXPECT_GE(last_logged_step, reported_step) << "the log must run up to the kill:\n"
+                                              << logs.output;
+  RecordProperty("last_logged_step", std::to_string(last_logged_step));
+  // The other ranks ended too (their job failed): their logs are complete, so --follow returns.
+  const int survivor = world_size - 1;
+  CommandResult followed =
+      cluster.Trainctl(absl::StrCat("logs ", job_id, " --rank ", survivor, " --follow"));
   EXPECT_EQ(followed.exit_code, 0) << followed.output;
-  EXPECT_NE(followed.output.find(absl::StrCat("[", job_id, "/rank0] rank 0/", world_size)),
+  EXPECT_NE(followed.output.find(absl::StrCat("[", job_id, "/rank", survivor, "] rank ", survivor,
+                                              "/", world_size)),
             std::string::npos)
       << followed.output;
   ExpectWorkersTakeTheNextJob(cluster);

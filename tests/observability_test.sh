@@ -8,8 +8,10 @@
 #      watch --output=json` streamed live;
 #   4. with TLS and tokens: HTTPS, 401 without a token, 403 for a worker's token, 200 for a
 #      user's.
-# promtool and chromium come from Debian (scripts/setup.sh); without them the test says
-# SKIPPED for that part and still runs the rest.
+# promtool and chromium come from Debian (scripts/setup.sh installs them). Without them the test
+# says SKIPPED for that part and still runs the rest, except under CI (the environment variable
+# CI set and not empty; .bazelrc passes it to tests with --test_env=CI): there a missing tool
+# fails the test, since CI ran setup.sh.
 set -uo pipefail
 RUNFILES=${TEST_SRCDIR:-$(dirname "$0")/..}/${TEST_WORKSPACE:-mptrain}
 COORDINATOR=$RUNFILES/coordinator/coordinator
@@ -22,6 +24,13 @@ source "$RUNFILES/scripts/lib/local_cluster.sh"
 trap stop_cluster EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+missing() {  # PART TOOL PACKAGE
+  if [ -n "${CI:-}" ]; then
+    fail "$1: $2 is not installed (Debian package $3, which scripts/setup.sh installs), and CI=$CI"
+  else
+    echo "SKIPPED ($1): $2 is not installed (Debian package $3)"
+  fi
+}
 
 start_coordinator --http_listen=127.0.0.1:0 --http_port_file="$CLUSTER_DIR/http_port" || exit 1
 for _ in $(seq 100); do [ -s "$CLUSTER_DIR/http_port" ] && break; sleep 0.05; done
@@ -51,12 +60,15 @@ cp "$CLUSTER_DIR/metrics.txt" "$OUT/metrics.txt"
 grep -q "^mptrain_job_step{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. /metrics has no step for the running job"
 grep -q '^mptrain_jobs{state="running"} 1$' "$CLUSTER_DIR/metrics.txt" || fail "1. no running job counted"
+grep -q '^# TYPE mptrain_job_skipped_steps_total counter$' "$CLUSTER_DIR/metrics.txt" &&
+  grep -q "^mptrain_job_skipped_steps_total{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+  fail "1. no skipped-steps counter for the running job"
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics.txt" >"$CLUSTER_DIR/promtool.txt" 2>&1 ||
     fail "1. promtool check metrics: $(cat "$CLUSTER_DIR/promtool.txt")"
   echo "1. promtool check metrics: OK ($(grep -c '^mptrain' "$CLUSTER_DIR/metrics.txt") samples)"
 else
-  echo "SKIPPED (part 1): promtool is not installed (Debian package prometheus)"
+  missing "part 1" promtool prometheus
 fi
 
 wait $watch_pid
@@ -90,7 +102,7 @@ if command -v chromium >/dev/null; then
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers.html"
   grep -q 'data-worker="w1#' "$CLUSTER_DIR/workers.html" || fail "2. the workers page does not list w1"
 else
-  echo "SKIPPED (part 2): chromium is not installed"
+  missing "part 2" chromium chromium
 fi
 
 # 3. Export round-trips what watch streamed.

@@ -3,6 +3,7 @@
 // Where the coordinator keeps what must survive its own death: every job's record (spec,
 // state, attempts, placement, failures, checkpoints, request id, rank secrets, the current
 // attempt's key-value store), a trimmed history of its events (telemetry and state changes),
+// the kept tails of its ranks' output (two attempts, as coordinator/rank_logs.h holds them),
 // and the job id counter, so that ids never repeat.
 //
 // The interface is what a highly available coordinator would implement over an external store
@@ -26,20 +27,24 @@ class JobStore {
     std::vector<store::StoredJob> jobs;                      // In submission order.
     std::map<int64_t, std::vector<v1::WatchJobEvent>> events;  // job number -> oldest first
     std::map<int64_t, v1::JobSpec> specs;                    // job number -> its spec
+    std::map<int64_t, std::vector<store::StoredRankLog>> rank_logs;  // job number -> its tails
   };
 
   // One atomic change: jobs written (the spec only when the job is new), events appended,
-  // event histories trimmed, jobs deleted, the counter.
+  // event histories trimmed, rank output tails written, jobs deleted, the counter.
   struct Batch {
     std::vector<store::StoredJob> jobs;
     std::map<int64_t, v1::JobSpec> new_specs;
     std::vector<std::pair<int64_t, v1::WatchJobEvent>> events;
     std::map<int64_t, int64_t> keep_events_after;  // job number -> drop sequences <= this
+    // (job number, tail), in order: each replaces the stored tail of its (attempt, rank), and
+    // the job's tails of attempts before attempt - 1 are dropped.
+    std::vector<std::pair<int64_t, store::StoredRankLog>> rank_logs;
     std::vector<int64_t> deleted;
     int64_t next_job_number = 0;  // 0: unchanged
     bool empty() const {
       return jobs.empty() && new_specs.empty() && events.empty() && keep_events_after.empty() &&
-             deleted.empty() && next_job_number == 0;
+             rank_logs.empty() && deleted.empty() && next_job_number == 0;
     }
   };
 

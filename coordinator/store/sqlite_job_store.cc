@@ -90,6 +90,9 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(
            "record BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS events (number INTEGER NOT NULL, sequence INTEGER NOT "
            "NULL, event BLOB NOT NULL, PRIMARY KEY (number, sequence))",
+           // Added to schema 1 without a version change: an older database gains it empty.
+           "CREATE TABLE IF NOT EXISTS rank_logs (number INTEGER NOT NULL, attempt INTEGER NOT "
+           "NULL, rank INTEGER NOT NULL, log BLOB NOT NULL, PRIMARY KEY (number, attempt, rank))",
        }) {
     if (absl::Status status = store->Exec(sql); !status.ok()) return status;
   }
@@ -195,6 +198,19 @@ absl::StatusOr<JobStore::Snapshot> SqliteJobStore::Load() {
     }
     if (step != SQLITE_DONE) return Error("reading events");
   }
+  {
+    Statement logs(db_, "SELECT number, log FROM rank_logs ORDER BY number, attempt, rank");
+    if (!logs.ok()) return Error("reading rank logs");
+    int step;
+    while ((step = sqlite3_step(logs.get())) == SQLITE_ROW) {
+      store::StoredRankLog log;
+      if (!log.ParseFromString(Blob(logs.get(), 1))) {
+        return absl::FailedPreconditionError(absl::StrCat(path_, ": a rank log is corrupt"));
+      }
+      snapshot.rank_logs[sqlite3_column_int64(logs.get(), 0)].push_back(std::move(log));
+    }
+    if (step != SQLITE_DONE) return Error("reading rank logs");
+  }
   return snapshot;
 }
 
@@ -252,8 +268,31 @@ absl::Status SqliteJobStore::Commit(const Batch& batch) {
       if (sqlite3_step(trim.get()) != SQLITE_DONE) return fail("trimming events");
     }
   }
+  {
+    Statement insert(db_,
+                     "INSERT OR REPLACE INTO rank_logs (number, attempt, rank, log) "
+                     "VALUES (?, ?, ?, ?)");
+    Statement prune(db_, "DELETE FROM rank_logs WHERE number = ? AND attempt < ?");
+    if (!insert.ok() || !prune.ok()) return fail("preparing a rank log write");
+    for (const auto& [number, log] : batch.rank_logs) {
+      log.SerializeToString(&bytes);
+      sqlite3_reset(insert.get());
+      sqlite3_bind_int64(insert.get(), 1, number);
+      sqlite3_bind_int(insert.get(), 2, log.attempt());
+      sqlite3_bind_int(insert.get(), 3, log.rank());
+      sqlite3_bind_blob(insert.get(), 4, bytes.data(), static_cast<int>(bytes.size()),
+                        SQLITE_TRANSIENT);
+      if (sqlite3_step(insert.get()) != SQLITE_DONE) return fail("writing a rank log");
+      // Two attempts, as in memory.
+      sqlite3_reset(prune.get());
+      sqlite3_bind_int64(prune.get(), 1, number);
+      sqlite3_bind_int(prune.get(), 2, log.attempt() - 1);
+      if (sqlite3_step(prune.get()) != SQLITE_DONE) return fail("pruning rank logs");
+    }
+  }
   for (int64_t number : batch.deleted) {
-    for (const char* sql : {"DELETE FROM jobs WHERE number = ?", "DELETE FROM events WHERE number = ?"}) {
+    for (const char* sql : {"DELETE FROM jobs WHERE number = ?", "DELETE FROM events WHERE number = ?",
+                            "DELETE FROM rank_logs WHERE number = ?"}) {
       Statement remove(db_, sql);
       if (!remove.ok()) return fail("preparing a delete");
       sqlite3_bind_int64(remove.get(), 1, number);

@@ -92,6 +92,55 @@ TEST(SqliteJobStore, LoadEvents_PagesOneJobsHistoryInOrder) {
   EXPECT_TRUE((*store)->LoadEvents(3, 0, 100)->empty());
 }
 
+store::StoredRankLog RankLog(int attempt, int rank, const std::string& data) {
+  store::StoredRankLog log;
+  log.set_attempt(attempt);
+  log.set_rank(rank);
+  log.set_start_offset(7);
+  log.set_data(data);
+  log.set_complete(true);
+  return log;
+}
+
+TEST(SqliteJobStore, RankLogs_ReplacedPerAttemptAndRank_TwoAttemptsKept_DeletedWithTheJob) {
+  const std::string dir = FreshDir("rank_logs");
+  {
+    auto store = SqliteJobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Commit(NewJob(1, "a")).ok());
+    ASSERT_TRUE((*store)->Commit(NewJob(2, "b")).ok());
+    JobStore::Batch logs;
+    logs.rank_logs.push_back({1, RankLog(1, 0, "old")});
+    logs.rank_logs.push_back({1, RankLog(1, 0, "attempt 1 rank 0\n")});  // Replaces it.
+    logs.rank_logs.push_back({1, RankLog(1, 1, "attempt 1 rank 1\n")});
+    logs.rank_logs.push_back({2, RankLog(1, 0, "job 2\n")});
+    ASSERT_TRUE((*store)->Commit(logs).ok());
+    JobStore::Batch later;
+    later.rank_logs.push_back({1, RankLog(2, 0, "attempt 2\n")});  // Attempt 1 stays.
+    ASSERT_TRUE((*store)->Commit(later).ok());
+    auto snapshot = (*store)->Load();
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    EXPECT_EQ(snapshot->rank_logs[1].size(), 3u);
+    JobStore::Batch third;
+    third.rank_logs.push_back({1, RankLog(3, 1, "attempt 3\n")});  // Attempt 1 goes.
+    third.deleted.push_back(2);
+    ASSERT_TRUE((*store)->Commit(third).ok());
+  }
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snapshot = (*store)->Load();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(snapshot->rank_logs.count(2), 0u) << "a deleted job's logs go with it";
+  const std::vector<store::StoredRankLog>& kept = snapshot->rank_logs[1];
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].attempt(), 2);
+  EXPECT_EQ(kept[0].data(), "attempt 2\n");
+  EXPECT_EQ(kept[1].attempt(), 3);
+  EXPECT_EQ(kept[1].rank(), 1);
+  EXPECT_EQ(kept[1].start_offset(), 7);
+  EXPECT_TRUE(kept[1].complete());
+}
+
 TEST(SqliteJobStore, SecondOpenOfTheSameDirectory_IsRefusedAsLocked) {
   const std::string dir = FreshDir("locked");
   auto first = SqliteJobStore::Open(dir);
