@@ -357,6 +357,10 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   std::vector<std::string> env = {
       absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
   env.insert(env.end(), options_.rank_env.begin(), options_.rank_env.end());
+  // NCCL connects every peer while the communicator forms (which a rank may give up on), not
+  // inside a later collective (which it could not): backends/cuda/nccl_collective.h. Set here,
+  // before the rank process has threads, rather than by setenv there; a user's value is kept.
+  if (getenv("NCCL_RUNTIME_CONNECT") == nullptr) env.push_back("NCCL_RUNTIME_CONNECT=0");
   // The environment, unlike a command line, is readable only by the rank's own user.
   if (!options_.security.token.empty()) env.push_back("MPTRAIN_TOKEN=" + options_.security.token);
   // Its stdout and stderr through one pipe: copied to this daemon's log and shipped to the

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/nccl_collective.h"
+#include "comm/stop_token.h"
 #include "gtest/gtest.h"
 #include "io/npy.h"
 #include "tests/fake_collectives.h"
@@ -425,6 +427,38 @@ TEST(NcclCollective, TwoGpus_GradientsStripedOverLanes_TrainBitIdenticalToOneLan
   for (auto& rank : ranks) rank.join();
   EXPECT_EQ(decided[0], 1) << "two GPUs of one machine: one lane";
   EXPECT_EQ(decided[1], 1);
+}
+
+// The blocking communicators form on a thread the rank leaves behind: a peer that never joins
+// ends the rendezvous at its deadline, and Abort() (the rank's stop token) ends it at once.
+TEST(NcclCollective, Connect_GivesUpOnAPeerThatNeverJoins_AndOnAbort) {
+  REQUIRE_GPUS(1);
+  for (bool abort : {false, true}) {
+    InMemoryKeyValueStore store;  // Rank 1 never comes.
+    StopToken stop;
+    NcclCollectiveOptions options;
+    options.rank = 0;
+    options.world_size = 2;
+    options.store = &store;
+    options.lanes = 1;  // Straight to NCCL: no wait for rank 1's node.
+    options.rendezvous_timeout_ms = abort ? 60'000 : 1'500;
+    options.stop_token = &stop;
+    std::thread tripper([&] {
+      if (!abort) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      stop.RequestStop("test: the worker stopped this rank");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    auto nccl = NcclCollective::Connect(options, nullptr);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    tripper.join();
+    ASSERT_FALSE(nccl.ok());
+    EXPECT_EQ(nccl.status().code(),
+              abort ? absl::StatusCode::kAborted : absl::StatusCode::kDeadlineExceeded)
+        << nccl.status();
+    EXPECT_LT(seconds, 5.0) << nccl.status();
+  }
 }
 
 // grad_comm_dtype fp16 / bf16 (DDP's compress hooks) through NCCL's fp16/bf16 sums: the ranks

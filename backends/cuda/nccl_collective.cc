@@ -1,7 +1,10 @@
 #include "backends/cuda/nccl_collective.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -70,34 +73,102 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming));
   }
 
-  // Non-blocking: every NCCL call may return ncclInProgress, and we poll for completion. The
-  // lanes form side by side, each on NCCL's own thread.
-  for (size_t i = 0; i < ids->size(); ++i) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclResult_t started = ncclCommInitRankConfig(&collective->lanes_[i].comm, world_size,
-                                                  (*ids)[i], rank, &config);
-    if (started != ncclSuccess && started != ncclInProgress) {
-      collective->AbortCommunicator();
-      return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig (lane ", i, ") on rank ",
-                                                 rank, ": ", ncclGetErrorString(started)));
-    }
-  }
   if (options.stop_token != nullptr) {
     NcclCollective* self = collective.get();
     collective->stop_registration_ =
         options.stop_token->OnStop([self](const std::string& reason) { self->Abort(reason); });
   }
-  for (const Lane& lane : collective->lanes_) {
-    absl::Status ready = collective->WaitUntilNotInProgress(
-        lane.comm, options.rendezvous_timeout_ms, "ncclCommInitRankConfig");
-    if (!ready.ok()) {
-      collective->AbortCommunicator();
-      return ready;
-    }
-  }
+  auto comms = collective->InitBlockingCommunicators(*ids);
+  if (!comms.ok()) return comms.status();
+  for (size_t i = 0; i < comms->size(); ++i) collective->lanes_[i].comm = (*comms)[i];
   collective->peers_->Prefetch(RingNeighbours(rank, world_size), kPrefetchTimeoutMs);
   return collective;
+}
+
+namespace {
+
+// What the thread that forms the communicators shares with the rank that waits for it. The
+// rank may give up (deadline, abort); the thread then aborts whatever it formed.
+struct BlockingInit {
+  std::mutex mu;
+  bool done = false;
+  bool abandoned = false;
+  std::vector<ncclComm_t> comms;
+  ncclResult_t result = ncclSuccess;
+  size_t failed_lane = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<ncclComm_t>> NcclCollective::InitBlockingCommunicators(
+    const std::vector<ncclUniqueId>& ids) {
+  // Every connection forms during initialisation, so that no later call (a collective's
+  // enqueue) waits on a peer; a value the user set is kept. Rank processes have it from their
+  // worker (set before they start threads); this covers in-process users (tests, benchmarks).
+  // NCCL reads it when its first communicator forms.
+  static std::once_flag runtime_connect_once;
+  std::call_once(runtime_connect_once, [] { setenv("NCCL_RUNTIME_CONNECT", "0", 0); });
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  auto state = std::make_shared<BlockingInit>();
+  const int rank = options_.rank;
+  const int world_size = options_.world_size;
+  // Blocking communicators (as PyTorch's process groups are by default): a non-blocking one
+  // starts a thread inside NCCL for every collective (ncclGroupEnd's asynchronous launch),
+  // ~60 µs per small allreduce. Their creation blocks until every rank has joined, so it runs
+  // on a thread of its own that the rank can leave behind.
+  std::thread([state, ids, rank, world_size, device] {
+    cudaSetDevice(device);
+    std::vector<ncclComm_t> made;
+    ncclResult_t result = ncclSuccess;
+    size_t lane = 0;
+    for (; lane < ids.size(); ++lane) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 1;
+      ncclComm_t comm = nullptr;
+      result = ncclCommInitRankConfig(&comm, world_size, ids[lane], rank, &config);
+      if (result != ncclSuccess) break;
+      made.push_back(comm);
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->abandoned) break;
+    }
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (state->abandoned || result != ncclSuccess) {
+      for (ncclComm_t comm : made) ncclCommAbort(comm);
+      made.clear();
+    }
+    state->comms = std::move(made);
+    state->result = result;
+    state->failed_lane = lane;
+    state->done = true;
+  }).detach();
+
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.rendezvous_timeout_ms);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->done) {
+        if (state->result != ncclSuccess) {
+          return absl::UnavailableError(absl::StrCat(
+              "ncclCommInitRankConfig (lane ", state->failed_lane, ") on rank ", rank, ": ",
+              ncclGetErrorString(state->result)));
+        }
+        return state->comms;
+      }
+      if (abort_requested_.load()) {
+        state->abandoned = true;
+        return AbortedStatus("ncclCommInitRankConfig");
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        state->abandoned = true;
+        return absl::DeadlineExceededError(
+            absl::StrCat("ncclCommInitRankConfig on rank ", rank, " did not complete within ",
+                         options_.rendezvous_timeout_ms, " ms"));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 absl::StatusOr<std::vector<ncclUniqueId>> NcclCollective::RendezvousUniqueIds() {
@@ -187,36 +258,6 @@ absl::Status NcclCollective::AbortedStatus(const char* what) {
                                          " aborted: ", abort_reason_));
 }
 
-absl::Status NcclCollective::WaitUntilNotInProgress(ncclComm_t comm, int64_t timeout_ms,
-                                                    const char* what) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
-  // Enqueueing a collective on a non-blocking communicator usually completes within tens of
-  // microseconds: poll without sleeping for the first 2 ms (a 100 µs sleep made every small
-  // collective cost ~0.19 ms against NCCL's ~0.04 ms), then back off to 100 µs sleeps.
-  const auto spin_until = start + std::chrono::milliseconds(2);
-  while (true) {
-    if (abort_requested_.load()) return AbortedStatus(what);
-    ncclResult_t state = ncclSuccess;
-    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      return absl::UnavailableError(absl::StrCat(what, " on rank ", options_.rank, " failed: ",
-                                                 ncclGetErrorString(state)));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(what, " on rank ", options_.rank,
-                                                      " did not complete within ", timeout_ms,
-                                                      " ms"));
-    }
-    if (std::chrono::steady_clock::now() < spin_until) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-}
-
 absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
   absl::Status status = AllReduceMeanAsync(buffer);
   if (!status.ok()) return status;
@@ -246,15 +287,6 @@ absl::Status NcclCollective::Enqueue(const char* name, int lanes, Op op) {
   if (!issued.ok()) {
     AbortCommunicator();
     return issued;
-  }
-  // Non-blocking communicators may return before the operation is enqueued.
-  for (int i = 0; i < lanes; ++i) {
-    absl::Status enqueued =
-        WaitUntilNotInProgress(lanes_[i].comm, options_.collective_timeout_ms, name);
-    if (!enqueued.ok()) {
-      AbortCommunicator();
-      return enqueued;
-    }
   }
   return absl::OkStatus();
 }

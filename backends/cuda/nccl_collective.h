@@ -1,13 +1,20 @@
 #pragma once
 
-// The CUDA backend's collective: NCCL communicators created non-blocking
-// (ncclConfig_t.blocking = 0) from unique ids that rank 0 publishes through the job's
-// key-value store. Each communicator ("lane", comm/lane_plan.h) has its own stream; a large
-// gradient bucket is striped over the lanes (one between GPUs of a node, four by default between
-// nodes, JobSpec.grad_comm_lanes), everything else runs on lane 0. The streams are ordered after
-// the compute stream's work by an event and before the compute stream's later work by others;
-// nothing here blocks the host. Every wait polls ncclCommGetAsyncError with a deadline (as nccl-tests does) and
-// calls ncclCommAbort on error, timeout or Abort(), so no wait is ever endless.
+// The CUDA backend's collective: blocking NCCL communicators (ncclConfig_t.blocking = 1, as
+// PyTorch's process groups have) from unique ids that rank 0 publishes through the job's
+// key-value store. A non-blocking communicator would start a thread inside NCCL for every
+// collective (ncclGroupEnd's asynchronous launch), ~60 µs per small allreduce. Their creation,
+// which waits for every rank, runs on a thread the rank leaves behind on its deadline or on
+// Abort(); NCCL_RUNTIME_CONNECT=0 makes every connection then, so that no later call waits on a
+// peer.
+//
+// Each communicator ("lane", comm/lane_plan.h) has its own stream; a large gradient bucket is
+// striped over the lanes (one between GPUs of a node, four by default between nodes,
+// JobSpec.grad_comm_lanes), everything else runs on lane 0. The streams are ordered after the
+// compute stream's work by an event and before the compute stream's later work by others;
+// nothing here blocks the host. Every wait for the GPU polls ncclCommGetAsyncError with a
+// deadline (as nccl-tests does) and calls ncclCommAbort on error, timeout or Abort() from the
+// thread that waits, so no wait is ever endless.
 //
 // Network: NCCL takes its settings from the environment. The worker daemon gives each rank
 // NCCL_SOCKET_IFNAME "=<interface>" (the interface holding the worker's advertised address,
@@ -105,9 +112,12 @@ class NcclCollective final : public Collective {
   };
   // Rank 0 decides the lanes and makes their unique ids; every rank reads them.
   absl::StatusOr<std::vector<ncclUniqueId>> RendezvousUniqueIds();
-  absl::Status WaitUntilNotInProgress(ncclComm_t comm, int64_t timeout_ms, const char* what);
-  // Orders the first `lanes` lanes' streams after the compute stream's work so far, enqueues
-  // `op` (grouped when it spans lanes) and waits for the non-blocking communicators to accept it.
+  // One blocking communicator per id, formed on a detached thread; gives up (and has the thread
+  // abort what it formed) on the rendezvous deadline or Abort().
+  absl::StatusOr<std::vector<ncclComm_t>> InitBlockingCommunicators(
+      const std::vector<ncclUniqueId>& ids);
+  // Orders the first `lanes` lanes' streams after the compute stream's work so far and enqueues
+  // `op` (grouped when it spans lanes).
   template <typename Op>
   absl::Status Enqueue(const char* name, int lanes, Op op);
   // An allreduce of `buffer` striped over the lanes (comm/lane_plan.h PlanStripes).
