@@ -48,20 +48,6 @@ CASES = {
         optimizer={"kind": "adam", "lr": 0.005, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6,
                    "weight_decay": 0.01},
         lr_schedule={"kind": "warmup_linear", "warmup_steps": 2, "min_lr": 0.0005}),
-    # The same kinds under bf16 autocast: SGD with nesterov and StepLR; Adam with warm-up and
-    # linear decay on int32 class ids, cross-entropy without smoothing.
-    "mse_sgd_nesterov_bf16": dict(
-        model=dict(MLP, activation="relu"), rows_per_rank=96, micro_batch_size=16,
-        accumulation_steps=3, steps=12, precision="bf16",
-        optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True,
-                   "weight_decay": 1e-3},
-        max_grad_norm=0.5, lr_schedule={"kind": "step", "step_size": 4, "gamma": 0.5}),
-    "ce_adam_linear_int32_bf16": dict(
-        model=dict(MLP, activation="relu"), loss="cross_entropy", int32_targets=True,
-        rows_per_rank=64, micro_batch_size=8, accumulation_steps=4, steps=12, precision="bf16",
-        optimizer={"kind": "adam", "lr": 0.005, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6,
-                   "weight_decay": 0.01},
-        lr_schedule={"kind": "warmup_linear", "warmup_steps": 2, "min_lr": 0.0005}),
     # AdamW, warm-up + cosine and label smoothing under bf16 autocast.
     "ce_adamw_bf16": dict(
         model=dict(MLP, activation="gelu"), loss="cross_entropy", label_smoothing=0.05,
@@ -126,6 +112,11 @@ CASES = {
         accumulation_steps=3, steps=12, precision="bf16",
         optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
 }
+# SGD with nesterov and StepLR, and Adam with warm-up and linear decay (on int32 class ids,
+# cross-entropy without smoothing), also under bf16 autocast.
+CASES["mse_sgd_nesterov_bf16"] = dict(CASES["mse_sgd_nesterov_fp32"], precision="bf16")
+CASES["ce_adam_linear_i32_bf16"] = dict(CASES["ce_adam_linear_fp32"], precision="bf16",
+                                        int32_targets=True)
 
 
 def free_port():
