@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -64,6 +64,11 @@ for step in $STEPS; do
       TRANSPORT=nvlink COMMS=fp32 CONFIGS="${SERVICE_CONFIGS:-seed mlp1k mlp8k}" PYTHONUNBUFFERED=1 \
         timeout 300 bash bench/run_net_bench.sh >"$OUT/service.log" 2>&1 || status=1
       tail -6 "$OUT/service.log" ;;
+    scaling)
+      # Issue 17: 1, 2, 4, 8 GPUs (as many as are listed; GPUS="1 2" overrides), ours through the
+      # service as one worker with N slots and as N one-slot workers, beside PyTorch DDP.
+      PYTHONUNBUFFERED=1 timeout 580 bash bench/run_scaling_bench.sh >"$OUT/scaling.log" 2>&1 || status=1
+      tail -32 "$OUT/scaling.log" ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;
