@@ -33,12 +33,7 @@ echo "GPUs listed: $available; measuring N = $GPUS"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 nvidia-smi topo -m || true
 
-# input|hidden|output|micro-batch, as bench/bench_configs.h.
-widths_of() { case $1 in
-  mlp1k) echo "1024|1024,1024,1024|1024|512" ;;
-  mlp8k) echo "8192|8192,8192,8192|8192|4096" ;;
-  seed) echo "1024||16|64" ;;
-esac; }
+source bench/lib/configs.sh  # widths_of CONFIG
 
 COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
 source scripts/lib/local_cluster.sh
