@@ -1,5 +1,6 @@
 #include "backends/cuda/nccl_collective.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -187,8 +188,15 @@ absl::StatusOr<std::vector<ncclUniqueId>> NcclCollective::RendezvousUniqueIds() 
   if (rank == 0) {
     std::vector<std::string> nodes = {LocalNodeId()};
     if (options_.lanes == 0) {
+      // One deadline for all of them: the rendezvous waits at most its timeout in all.
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(options_.rendezvous_timeout_ms);
       for (int peer = 1; peer < world_size; ++peer) {
-        auto node = store->Get(absl::StrCat(kNodeKeyPrefix, peer), options_.rendezvous_timeout_ms);
+        const int64_t left_ms = std::max<int64_t>(
+            1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                   deadline - std::chrono::steady_clock::now())
+                   .count());
+        auto node = store->Get(absl::StrCat(kNodeKeyPrefix, peer), left_ms);
         if (!node.ok()) {
           return absl::Status(node.status().code() == absl::StatusCode::kAborted
                                   ? absl::StatusCode::kAborted
