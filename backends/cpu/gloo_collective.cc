@@ -1,6 +1,7 @@
 #include "backends/cpu/gloo_collective.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <stdexcept>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +93,22 @@ struct TcpPairAccess : gloo::transport::tcp::Pair {
     (pair->*signal)(message);
   }
 };
+
+// gloo's tcp::Pair sends with writev, not send(MSG_NOSIGNAL): a write into a peer whose socket
+// is already gone (it aborted or its process died, and gloo's event loop has not yet seen the
+// close) raises SIGPIPE, whose default action kills this process without a word instead of
+// failing the collective with an error that names the peer. Python (hence PyTorch's gloo) runs
+// with SIGPIPE ignored for the same reason; so does every process that connects a collective
+// here. Writes then fail with EPIPE, which gloo turns into an exception on the pair.
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_handler = SIG_IGN;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGPIPE, &action, nullptr);
+  });
+}
 
 // --- Listening ports from a range -------------------------------------------------------------
 //
@@ -280,6 +298,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
   std::unique_ptr<GlooCollective> collective(new GlooCollective(options));
   collective->peers_ = std::make_unique<PeerDirectory>(options.store, rank, world_size);
   if (world_size > 1) {
+    IgnoreSigpipeOnce();
     // Where this rank runs, for its peers' errors; published before joining, so once every
     // rank has joined every location is there.
     if (absl::Status published = collective->peers_->Publish(LocalPeerLocation(options.host));

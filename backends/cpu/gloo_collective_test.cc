@@ -4,7 +4,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -230,6 +232,27 @@ TEST(GlooCollective, StopToken_AbortsABlockedAllReduceAtOnce_AndItsPeerFails) {
   // Every later collective of the aborted rank fails at once, with the same reason.
   absl::Status again = collectives[0]->AllReduceMean({values.data(), DType::kF32, 1, 3, 4});
   EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
+}
+
+// gloo writes with writev, which raises SIGPIPE when the peer's socket is already gone (a peer
+// that aborted or died, found by a write before gloo's event loop saw the close); SIGPIPE's
+// default action would kill this rank's process, without a word, instead of failing its
+// collective with an error naming the peer (seen once under load). Connecting a collective
+// must leave the process immune: a SIGPIPE raised after Connect is harmless.
+TEST(GlooCollective, AfterConnect_SigpipeFromAWriteToAGonePeerCannotKillTheProcess) {
+  InMemoryKeyValueStore store;
+  GlooCollectiveOptions options;
+  auto collectives = ConnectAll(2, options, &store);
+  ASSERT_TRUE(collectives[0] && collectives[1]);
+  ASSERT_EQ(raise(SIGPIPE), 0);  // Kills the test binary unless SIGPIPE is ignored.
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  close(fds[1]);
+  const char byte = 0;
+  const iovec iov{const_cast<char*>(&byte), 1};
+  EXPECT_EQ(writev(fds[0], &iov, 1), -1);  // As gloo's Pair::write, into a closed peer.
+  EXPECT_EQ(errno, EPIPE);
+  close(fds[0]);
 }
 
 TEST(GlooCollective, TokenTrippedBeforeConnect_AbortsTheFirstCollective) {
