@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -69,6 +69,10 @@ for step in $STEPS; do
       # service as one worker with N slots and as N one-slot workers, beside PyTorch DDP.
       PYTHONUNBUFFERED=1 timeout 580 bash bench/run_scaling_bench.sh >"$OUT/scaling.log" 2>&1 || status=1
       tail -32 "$OUT/scaling.log" ;;
+    start)
+      # Issue 16: submit to the end of a 5-step job, with warm rank processes and without.
+      PYTHONUNBUFFERED=1 timeout 300 bash bench/run_start_bench.sh >"$OUT/start.log" 2>&1 || status=1
+      tail -5 "$OUT/start.log" ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -60,6 +62,18 @@ TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
   CommandResult again =
       cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
   EXPECT_EQ(again.exit_code, 0) << again.output;
+  // Each worker ran both of its ranks in warm rank processes (one ready per slot from the
+  // daemon's start, the next one started when a rank exited), each a fresh process.
+  for (int worker = 0; worker < 2; ++worker) {
+    std::ifstream file(absl::StrCat(cluster.dir(), "/worker", worker, ".log"));
+    const std::string log((std::istreambuf_iterator<char>(file)), {});
+    std::set<std::string> pids;
+    for (size_t at = log.find("handed to the warm rank process "); at != std::string::npos;
+         at = log.find("handed to the warm rank process ", at + 1)) {
+      pids.insert(log.substr(at + 32, log.find(' ', at + 32) - at - 32));
+    }
+    EXPECT_EQ(pids.size(), 2u) << "worker " << worker << "'s log:\n" << log;
+  }
 }
 
 TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference) {

@@ -45,6 +45,11 @@ struct BackendEntry {
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)> create;
   // Devices this machine has for the backend (CPU: none are listed; slots are chosen by flag).
   std::function<absl::StatusOr<LocalDevices>()> discover;
+  // Optional: the per-process set-up of `device_index` that any backend on it needs (CUDA: the
+  // device's context, cuBLAS's libraries), done by a warm rank process before it has a job
+  // (worker/standby_ranks.h) so that create() then finds it done. Leaves nothing a job could
+  // see: no allocation a backend would reuse.
+  std::function<absl::Status(int device_index)> warm_up;
 };
 
 void RegisterBackend(v1::DeviceKind kind, BackendEntry entry);

@@ -24,6 +24,7 @@
 #include "trainer/backend_registry.h"
 #include "worker/address.h"
 #include "worker/path_policy.h"
+#include "worker/process_title.h"
 #include "worker/rank_process.h"
 #include "worker/worker_daemon.h"
 
@@ -42,6 +43,12 @@ ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
 ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignment file");
+ABSL_FLAG(int, standby_slot, -1,
+          "Internal: a warm rank process for this slot (of --device): set up, then run the "
+          "assignment file whose path arrives on stdin");
+ABSL_FLAG(bool, warm_ranks, true,
+          "Keep a warm rank process per slot (device context and libraries set up ahead), so "
+          "that a job's ranks skip that at start; each still runs one job, then exits");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "Directory ranks may read data and init checkpoints from (repeatable; default: the "
           "current directory)");
@@ -134,7 +141,7 @@ int main(int argc, char** argv) {
                       "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
   absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags(argc, argv);
   absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
-  if (!absl::GetFlag(FLAGS_run_rank).empty()) {
+  if (!absl::GetFlag(FLAGS_run_rank).empty() || absl::GetFlag(FLAGS_standby_slot) >= 0) {
     mptrain::RankProcessOptions rank;
     rank.assignment_file = absl::GetFlag(FLAGS_run_rank);
     rank.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -144,6 +151,17 @@ int main(int argc, char** argv) {
       rank.output_roots = roots->output_roots();
     }
     rank.security = security.ok() ? *security : mptrain::ClientSecurity{};
+    if (absl::GetFlag(FLAGS_standby_slot) >= 0) {
+      const std::string slot = absl::StrCat("--standby_slot=", absl::GetFlag(FLAGS_standby_slot));
+      rank.on_assignment = [argc, argv, slot](const std::string& file) {
+        if (!mptrain::SetProcessTitle(argc, argv, {argv[0], "--run_rank=" + file, slot})) {
+          spdlog::warn("process title truncated: ps shows part of --run_rank={}", file);
+        }
+      };
+      return mptrain::RunStandbyRankProcess(
+          rank, absl::GetFlag(FLAGS_device) == "cuda" ? mptrain::v1::CUDA : mptrain::v1::CPU,
+          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO);
+    }
     return mptrain::RunRankProcess(rank);
   }
 
@@ -198,6 +216,7 @@ int main(int argc, char** argv) {
   spdlog::info("ranks read under [{}] and write under [{}]",
                absl::StrJoin(options.data_roots, ", "), absl::StrJoin(options.output_roots, ", "));
   options.rank_executable = std::filesystem::read_symlink("/proc/self/exe").string();
+  options.warm_ranks = absl::GetFlag(FLAGS_warm_ranks);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (options.work_dir.empty()) {
     options.work_dir = (std::filesystem::temp_directory_path() /

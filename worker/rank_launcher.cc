@@ -15,7 +15,7 @@ namespace mptrain {
 
 absl::StatusOr<pid_t> RankLauncher::Launch(const std::vector<std::string>& argv,
                                            const std::vector<std::string>& extra_env,
-                                           int output_fd) {
+                                           int output_fd, int input_fd) {
   // Build everything the child needs before fork: only async-signal-safe calls after it.
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -41,6 +41,7 @@ absl::StatusOr<pid_t> RankLauncher::Launch(const std::vector<std::string>& argv,
       dup2(output_fd, STDOUT_FILENO);
       dup2(output_fd, STDERR_FILENO);
     }
+    if (input_fd >= 0) dup2(input_fd, STDIN_FILENO);
     execve(args[0], args.data(), env.data());
     _exit(127);
   }

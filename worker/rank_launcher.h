@@ -21,11 +21,11 @@ struct ExitedChild {
 class RankLauncher {
  public:
   // Runs `argv` (argv[0] is the executable) with extra environment entries "KEY=VALUE", its
-  // stdout and stderr on `output_fd` when >= 0 (the caller closes its copy after).
-  // INTERNAL with errno text when fork fails.
+  // stdout and stderr on `output_fd` and its stdin on `input_fd` when >= 0 (the caller closes
+  // its copies after). INTERNAL with errno text when fork fails.
   static absl::StatusOr<pid_t> Launch(const std::vector<std::string>& argv,
                                       const std::vector<std::string>& extra_env,
-                                      int output_fd = -1);
+                                      int output_fd = -1, int input_fd = -1);
   // Signals the child's whole process group.
   static void Signal(pid_t pid, int signal);
   // Children that ended since the last call (non-blocking).

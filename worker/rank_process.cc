@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <algorithm>
@@ -147,7 +149,8 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
 
 absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
-                                  TrainingObserver* observer) {
+                                  TrainingObserver* observer,
+                                  std::chrono::steady_clock::time_point started) {
   v1::JobSpec spec = assignment.spec();
   std::string resume_checkpoint = assignment.resume_checkpoint();
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
@@ -171,10 +174,14 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   backend_options.grad_comm_lanes = static_cast<int>(spec.grad_comm_lanes());
   auto backend = (*entry)->create(backend_options);
   if (!backend.ok()) return backend.status();
-  spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {}",
+  spdlog::info("rank {}/{} on {} device {}: {} steps x {} micro-batches of {} (ready {:.0f} ms "
+               "after its assignment reached this process)",
                assignment.rank(), assignment.world_size(), (*backend)->Name(),
                assignment.device_index(), config.steps, config.accumulation_steps,
-               config.micro_batch_size);
+               config.micro_batch_size,
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         started)
+                   .count());
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
   auto result = RunTraining(config, assignment.rank(), backend->get(), observer,
                             resume_checkpoint, assignment.job_id());
@@ -184,19 +191,19 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   return result->checksum;
 }
 
-}  // namespace
-
-int RunRankProcess(const RankProcessOptions& options) {
+// Runs the assignment in `options.assignment_file` through `channel`. `started` is when this
+// process began working on it (its start, or a standby's receipt of the path).
+int RunAssignment(const RankProcessOptions& options,
+                  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel,
+                  std::chrono::steady_clock::time_point started) {
   auto assignment = ReadAssignment(options.assignment_file);
   if (!assignment.ok()) {
-    InitLogging("rank");
     spdlog::error("{}", assignment.status().ToString());
     return 1;
   }
   InitLogging(absl::StrCat(assignment->job_id(), "/rank", assignment->rank()));
   RankIdentity identity{assignment->job_id(), assignment->rank(), assignment->attempt(),
                         assignment->rank_secret()};
-  auto channel = MakeCoordinatorChannel(options.coordinator, options.security);
   if (!channel.ok()) {
     spdlog::error("{}", channel.status().ToString());
     return 1;
@@ -207,13 +214,75 @@ int RunRankProcess(const RankProcessOptions& options) {
   {
     TelemetryReporter reporter(stub, identity, &g_stop);
     StartSignalThread();
-    checksum = Train(*assignment, options, &store, &reporter);
+    checksum = Train(*assignment, options, &store, &reporter, started);
     reporter.Flush();  // Telemetry lands before the result that ends the job.
   }
   if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());
   absl::Status reported = ReportRankResult(stub.get(), identity, checksum);
   if (!reported.ok()) spdlog::error("could not report the result: {}", reported.ToString());
   return checksum.ok() && reported.ok() ? 0 : 1;
+}
+
+// The path a standby's daemon sends: one line, then end of file. Bounded: a longer message is
+// refused, never buffered.
+absl::StatusOr<std::string> ReadAssignmentPath(int fd) {
+  std::string text;
+  char buffer[512];
+  while (true) {
+    const ssize_t got = read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::InternalError(absl::StrCat("reading stdin: ", strerror(errno)));
+    if (got == 0) break;
+    text.append(buffer, static_cast<size_t>(got));
+    if (text.size() > PATH_MAX + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the assignment path on stdin exceeds ", PATH_MAX, " bytes"));
+    }
+  }
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.find('\n') != std::string::npos || text.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("the assignment path on stdin is not one line");
+  }
+  return text;
+}
+
+}  // namespace
+
+int RunRankProcess(const RankProcessOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  InitLogging("rank");
+  return RunAssignment(options, MakeCoordinatorChannel(options.coordinator, options.security),
+                       started);
+}
+
+int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int device_index,
+                          int input_fd) {
+  InitLogging(absl::StrCat("warm rank, slot ", device_index));
+  const auto warming = std::chrono::steady_clock::now();
+  auto entry = FindBackend(device);
+  if (entry.ok() && (*entry)->warm_up) {
+    // A failure here is not fatal: the job's own backend creation will say what is wrong.
+    if (absl::Status warmed = (*entry)->warm_up(device_index); !warmed.ok()) {
+      spdlog::warn("warming device {} up failed: {}", device_index, warmed.ToString());
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeCoordinatorChannel(options.coordinator, options.security);
+  if (channel.ok()) (*channel)->GetState(/*try_to_connect=*/true);  // Connects meanwhile.
+  spdlog::info("warm in {:.0f} ms; waiting for a job",
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         warming)
+                   .count());
+  absl::StatusOr<std::string> path = ReadAssignmentPath(input_fd);
+  if (!path.ok()) {
+    spdlog::error("{}", path.status().ToString());
+    return 1;
+  }
+  if (path->empty()) return 0;  // No job: the daemon closed its end.
+  const auto started = std::chrono::steady_clock::now();
+  options.assignment_file = *path;
+  if (options.on_assignment) options.on_assignment(*path);
+  return RunAssignment(options, std::move(channel), started);
 }
 
 }  // namespace mptrain

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -82,7 +84,15 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options,
       stub_(std::move(stub)),
       incarnation_(RandomIncarnation()),
       registration_nonce_(RandomSecret()),
-      fence_(options_.fence_after_ms, NowMs()) {}
+      fence_(options_.fence_after_ms, NowMs()) {
+  if (options_.warm_ranks) {
+    standbys_ = std::make_unique<StandbyRanks>(
+        [this](int slot, int input_fd, int output_fd) {
+          return LaunchStandby(slot, input_fd, output_fd);
+        },
+        NowMs);
+  }
+}
 
 WorkerDaemon::~WorkerDaemon() { StopAll(); }
 
@@ -215,6 +225,14 @@ void WorkerDaemon::ReapOnce() {
     ReportExit(rank, child.exit_code, child.term_signal);
     // The rank read it at start; it holds the rank's secret, so it does not outlive the rank.
     std::remove(AssignmentFile(rank.assignment).c_str());
+    // The slot's next warm process starts once this one's memory (device memory included) is
+    // released, which its exit did.
+    if (standbys_ != nullptr) standbys_->Ensure(rank.assignment.device_index());
+  }
+  if (standbys_ != nullptr) {
+    for (const ExitedChild& child : exited) {
+      standbys_->Forget(child.pid, child.exit_code, child.term_signal);
+    }
   }
 }
 
@@ -336,22 +354,17 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
-  const std::string key = Key(assignment);
-  const std::string file = AssignmentFile(assignment);
-  if (absl::Status written = WriteAssignmentFile(file, assignment); !written.ok()) {
-    spdlog::error("{}", written.ToString());
-    RunningRank failed{assignment, 0, 0};
-    ReportExit(failed, 126, 0);
-    return;
-  }
+std::vector<std::string> WorkerDaemon::RankArgv() const {
   std::vector<std::string> argv = {options_.rank_executable,
-                                   "--run_rank=" + file,
                                    "--coordinator=" + options_.coordinator,
                                    "--host=" + options_.host};
   for (const std::string& flag : TlsFlagsFor(options_.security)) argv.push_back(flag);
   for (const std::string& root : options_.data_roots) argv.push_back("--data_root=" + root);
   for (const std::string& root : options_.output_roots) argv.push_back("--output_root=" + root);
+  return argv;
+}
+
+std::vector<std::string> WorkerDaemon::RankEnv() const {
   // CPU ranks share the cores of this machine: give each its share for BLAS threads.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> env = {
@@ -363,6 +376,40 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   if (getenv("NCCL_RUNTIME_CONNECT") == nullptr) env.push_back("NCCL_RUNTIME_CONNECT=0");
   // The environment, unlike a command line, is readable only by the rank's own user.
   if (!options_.security.token.empty()) env.push_back("MPTRAIN_TOKEN=" + options_.security.token);
+  return env;
+}
+
+absl::StatusOr<pid_t> WorkerDaemon::LaunchStandby(int slot, int input_fd, int output_fd) const {
+  std::vector<std::string> argv = RankArgv();
+  argv.push_back(absl::StrCat("--standby_slot=", slot));
+  argv.push_back(options_.device == v1::CUDA ? "--device=cuda" : "--device=cpu");
+  return RankLauncher::Launch(argv, RankEnv(), output_fd, input_fd);
+}
+
+void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
+  const std::string key = Key(assignment);
+  const std::string file = AssignmentFile(assignment);
+  if (absl::Status written = WriteAssignmentFile(file, assignment); !written.ok()) {
+    spdlog::error("{}", written.ToString());
+    RunningRank failed{assignment, 0, 0};
+    ReportExit(failed, 126, 0);
+    return;
+  }
+  if (standbys_ != nullptr) {
+    if (std::optional<StandbyRanks::Handed> handed =
+            standbys_->Hand(assignment.device_index(), file)) {
+      spdlog::info("rank {}/{} of {} (attempt {}) on device {}: handed to the warm rank process "
+                   "{} (warm for {} ms)",
+                   assignment.rank(), assignment.world_size(), assignment.job_id(),
+                   assignment.attempt(), assignment.device_index(), handed->pid,
+                   handed->warm_for_ms);
+      std::lock_guard<std::mutex> lock(mu_);
+      running_[key] = RunningRank{assignment, handed->pid, 0, std::move(handed->log)};
+      return;
+    }
+  }
+  std::vector<std::string> argv = RankArgv();
+  argv.push_back("--run_rank=" + file);
   // Its stdout and stderr through one pipe: copied to this daemon's log and shipped to the
   // coordinator (trainctl logs).
   int pipe_fds[2] = {-1, -1};
@@ -372,7 +419,7 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
                  std::strerror(errno));
     pipe_fds[0] = pipe_fds[1] = -1;
   }
-  auto pid = RankLauncher::Launch(argv, env, pipe_fds[1]);
+  auto pid = RankLauncher::Launch(argv, RankEnv(), pipe_fds[1]);
   if (pipe_fds[1] >= 0) close(pipe_fds[1]);
   if (pipe_fds[0] >= 0) {
     if (pid.ok()) {
@@ -448,6 +495,7 @@ void WorkerDaemon::RequestStop(const std::string& key) {
 }
 
 void WorkerDaemon::StopAll() {
+  if (standbys_ != nullptr) standbys_->KillAll();  // No job to lose; reaped below.
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, rank] : running_) {
@@ -507,6 +555,9 @@ absl::Status WorkerDaemon::PollOnce() {
 
 absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   if (absl::Status status = Register(stop); !status.ok()) return status;
+  if (standbys_ != nullptr) {
+    for (int slot = 0; slot < options_.slots; ++slot) standbys_->Ensure(slot);
+  }
   std::thread heartbeat([&] { HeartbeatLoop(stop); });
   std::thread reaper([&] { ReaperLoop(stop); });
   std::thread fence([&] { FenceLoop(stop); });

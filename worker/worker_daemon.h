@@ -16,6 +16,7 @@
 #include "proto/mptrain.grpc.pb.h"
 #include "worker/rank_log.h"
 #include "worker/self_fence.h"
+#include "worker/standby_ranks.h"
 
 namespace mptrain {
 
@@ -44,6 +45,9 @@ struct WorkerOptions {
   // Added to every rank's environment, "NAME=VALUE": NCCL's interface (NCCL_SOCKET_IFNAME) and
   // the gloo port range (MPTRAIN_GLOO_PORT_RANGE, from --port_range).
   std::vector<std::string> rank_env;
+  // A warm rank process per slot (worker/standby_ranks.h): a job's rank then starts without
+  // setting up its process and device. Each still runs one rank and exits.
+  bool warm_ranks = true;
 };
 
 class WorkerDaemon {
@@ -66,6 +70,12 @@ class WorkerDaemon {
   absl::Status Register(const std::atomic<bool>* stop);
   absl::Status PollOnce();
   void StartRank(const v1::Assignment& assignment);
+  // What every rank process of this daemon runs with: its command line (before the flag that
+  // says which rank it is) and its extra environment.
+  std::vector<std::string> RankArgv() const;
+  std::vector<std::string> RankEnv() const;
+  // Starts a warm rank process for `slot` (StandbyRanks::Launch).
+  absl::StatusOr<pid_t> LaunchStandby(int slot, int input_fd, int output_fd) const;
   void RequestStop(const std::string& key);
   void StopAll();
   void HeartbeatLoop(const std::atomic<bool>* stop);
@@ -109,6 +119,7 @@ class WorkerDaemon {
   SelfFence fence_;
   // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
   grpc::ClientContext* poll_context_ = nullptr;
+  std::unique_ptr<StandbyRanks> standbys_;  // Null without warm_ranks.
 };
 
 }  // namespace mptrain

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# From submit to the job's end for a short job (issue 16: submit -> first step <= 0.5 s for a
+# worker that has run a job before), with warm rank processes (the default) and without
+# (--warm_ranks=false), in one run: for each, a fresh coordinator and two worker daemons (one
+# GPU each; DEVICE=cpu: CPU slots), one job first (the daemons' first), then RUNS jobs of
+# examples/seed.json (5 steps), one after another, PAUSE seconds apart (the time a slot's next
+# warm process has to set up). Per job: the wall time of `trainctl submit --wait`, the
+# coordinator's submitted -> finished (which bounds submit -> first step from above: the five
+# steps take about a millisecond), and each rank's "ready N ms after its assignment" (its
+# backend, NCCL communicator included) from the worker logs.
+#   MPTRAIN_BIN=... RUNS=5 PAUSE=3 bash bench/run_start_bench.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mptrain-out}
+mkdir -p "$OUT"
+RUNS=${RUNS:-5}
+PAUSE=${PAUSE:-3}
+DEVICE=${DEVICE:-cuda}
+RESULTS="$OUT/start_bench.jsonl"
+: >"$RESULTS"
+export NCCL_NVLS_ENABLE=0
+SPEC=examples/seed.json
+[ "$DEVICE" = cpu ] && SPEC=examples/seed_cpu.json
+
+COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
+source scripts/lib/local_cluster.sh
+status=0
+for mode in warm cold; do
+  CLUSTER_DIR=$(mktemp -d)
+  flags=(--warm_ranks=true)
+  [ "$mode" = cold ] && flags=(--warm_ranks=false)
+  start_coordinator || exit 1
+  if [ "$DEVICE" = cpu ]; then
+    start_worker hostA "" --device=cpu --slots=1 "${flags[@]}"
+    start_worker hostB "" --device=cpu --slots=1 "${flags[@]}"
+  else
+    start_worker hostA 0 --device=cuda "${flags[@]}"
+    start_worker hostB 1 --device=cuda "${flags[@]}"
+  fi
+  wait_for_workers 2 || exit 1
+  sleep "$PAUSE"
+  for run in $(seq 0 "$RUNS"); do
+    start_ns=$(date +%s%N)
+    job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$SPEC" --wait | tail -1)
+    end_ns=$(date +%s%N)
+    "$TRAINCTL" --coordinator="$ADDRESS" --output=json status "$job" >"$CLUSTER_DIR/$job.json" ||
+      status=1
+    ready=$(cat "$CLUSTER_DIR"/hostA.log "$CLUSTER_DIR"/hostB.log |
+      grep "\[$job/rank" | grep -o "ready [0-9]* ms after" | grep -o "[0-9]*" | paste -sd, -)
+    python3 - "$CLUSTER_DIR/$job.json" "$mode" "$run" "$start_ns" "$end_ns" "$ready" <<'PY' |
+import json, sys
+path, mode, run, start_ns, end_ns, ready = sys.argv[1:7]
+job = json.load(open(path))
+submitted = int(job.get("submitted_unix_ms", job.get("submittedUnixMs", 0)))
+finished = int(job.get("finished_unix_ms", job.get("finishedUnixMs", 0)))
+print(json.dumps({"mode": mode, "run": int(run), "first_of_daemons": run == "0",
+                  "state": job.get("state"),
+                  "submit_wait_ms": round((int(end_ns) - int(start_ns)) / 1e6, 1),
+                  "submitted_to_finished_ms": finished - submitted if finished else None,
+                  "rank_ready_ms": [int(x) for x in ready.split(",") if x]}))
+PY
+      tee -a "$RESULTS"
+    sleep "$PAUSE"
+  done
+  stop_cluster
+  cp "$CLUSTER_DIR"/hostA.log "$OUT/start_bench_${mode}_hostA.log"
+  rm -rf "$CLUSTER_DIR"
+done
+python3 - "$RESULTS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+print("| ranks | submit --wait (median) | submitted -> finished (median, min-max) | rank ready after assignment (median) |")
+print("|---|---|---|---|")
+for mode in ("warm", "cold"):
+    runs = [r for r in rows if r["mode"] == mode and not r["first_of_daemons"]]
+    if not runs:
+        continue
+    done = [r["submitted_to_finished_ms"] for r in runs if r["submitted_to_finished_ms"] is not None]
+    ready = [t for r in runs for t in r["rank_ready_ms"]]
+    print("| %s | %.0f ms | %.0f ms (%d-%d) | %s |" % (
+        mode, statistics.median(r["submit_wait_ms"] for r in runs),
+        statistics.median(done), min(done), max(done),
+        "%.0f ms" % statistics.median(ready) if ready else "-"))
+PY
+exit $status

@@ -1,0 +1,142 @@
+#include "worker/standby_ranks.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/rank_launcher.h"
+
+namespace mptrain {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Stands in for `worker --standby_slot=N`: says it is warm, reads its job's path from stdin
+// until end of file, says what it got and exits (`script` changes what it does). Every pid it
+// starts goes into `launched`, so that a test waits for its own children only.
+StandbyRanks::Launch ShellStandby(std::string script, std::vector<pid_t>* launched) {
+  return [script, launched](int slot, int input_fd, int output_fd) {
+    absl::StatusOr<pid_t> pid = RankLauncher::Launch(
+        {"/bin/sh", "-c", script, "standby", absl::StrCat(slot)}, {}, output_fd, input_fd);
+    if (pid.ok()) launched->push_back(*pid);
+    return pid;
+  };
+}
+
+// Reaps what a test started (the pool kills its waiting standbys when destroyed).
+class StandbyRanksTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (pid_t pid : launched_) waitpid(pid, nullptr, 0);
+  }
+  std::vector<pid_t> launched_;
+};
+
+const char kReadsItsJob[] = "echo warm slot $1; path=$(cat); echo \"slot $1 runs $path\"";
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string AllOutput(RankLogTap* log) {
+  log->WaitClosed(5'000);
+  return log->Take(1 << 20).data;
+}
+
+TEST_F(StandbyRanksTest, HandsTheAssignmentPathToTheSlotsStandby_WhichRunsItAndExits) {
+    StandbyRanks standbys(ShellStandby(kReadsItsJob, &launched_), NowMs);
+  standbys.Ensure(0);
+  standbys.Ensure(1);
+  standbys.Ensure(0);  // Already has one.
+  EXPECT_EQ(static_cast<int>(launched_.size()), 2);
+  EXPECT_EQ(standbys.Count(), 2);
+  std::optional<StandbyRanks::Handed> handed = standbys.Hand(1, "/work/job-7-rank-1.pb");
+  ASSERT_TRUE(handed.has_value());
+  EXPECT_GT(handed->pid, 0);
+  EXPECT_GE(handed->warm_for_ms, 0);
+  EXPECT_EQ(WaitExit(handed->pid), 0);
+  // Its output from the start, warm-up included, is the rank's log.
+  EXPECT_EQ(AllOutput(handed->log.get()), "warm slot 1\nslot 1 runs /work/job-7-rank-1.pb\n");
+  EXPECT_EQ(standbys.Count(), 1);  // Slot 0's is still waiting.
+  EXPECT_FALSE(standbys.Hand(1, "/work/other.pb").has_value()) << "slot 1 has no standby now";
+  standbys.Ensure(1);
+  EXPECT_EQ(static_cast<int>(launched_.size()), 3);
+}
+
+TEST_F(StandbyRanksTest, AStandbyThatDied_IsForgotten_AndHandingToItFailsWithoutSigpipe) {
+    StandbyRanks standbys(ShellStandby("exit 3", &launched_), NowMs);
+  standbys.Ensure(0);
+  ASSERT_EQ(standbys.Count(), 1);
+  // Not reaped yet: the daemon has not seen it die. Handing fails (EPIPE, not a SIGPIPE that
+  // would end this process) and the caller starts the rank cold.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(standbys.Hand(0, std::string(1 << 20, 'x')).has_value());
+  EXPECT_EQ(standbys.Count(), 0);
+  EXPECT_FALSE(standbys.Forget(12345678, 0, 0)) << "not a standby's pid";
+}
+
+TEST_F(StandbyRanksTest, ASlotWhoseStandbysKeepDying_GetsNoMore) {
+    StandbyRanks standbys(ShellStandby("exit 3", &launched_), NowMs);
+  for (int round = 0; round < StandbyRanks::kMaxStandbyDeaths + 2; ++round) {
+    standbys.Ensure(0);
+    if (standbys.Count() == 0) break;
+    // Each dies before any job; the daemon reaps it and tells the pool.
+    const pid_t pid = launched_.back();
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(standbys.Forget(pid, WEXITSTATUS(status), 0));
+  }
+  EXPECT_EQ(static_cast<int>(launched_.size()), StandbyRanks::kMaxStandbyDeaths);
+  standbys.Ensure(0);
+  EXPECT_EQ(static_cast<int>(launched_.size()), StandbyRanks::kMaxStandbyDeaths);
+  // Another slot is not affected.
+  standbys.Ensure(1);
+  EXPECT_EQ(static_cast<int>(launched_.size()), StandbyRanks::kMaxStandbyDeaths + 1);
+}
+
+TEST_F(StandbyRanksTest, KillAll_EndsTheWaitingOnes_AndNoMoreStart) {
+    StandbyRanks standbys(ShellStandby(kReadsItsJob, &launched_), NowMs);
+  standbys.Ensure(0);
+  standbys.Ensure(1);
+  standbys.KillAll();
+  ASSERT_EQ(launched_.size(), 2u);
+  for (pid_t pid : launched_) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(status));
+    EXPECT_EQ(WTERMSIG(status), SIGKILL);
+    EXPECT_TRUE(standbys.Forget(pid, 0, SIGKILL));
+  }
+  standbys.Ensure(0);
+  EXPECT_EQ(static_cast<int>(launched_.size()), 2);
+}
+
+TEST_F(StandbyRanksTest, ALaunchThatFails_CountsAsADeath) {
+  int launches = 0;
+  StandbyRanks standbys(
+      [&](int, int, int) -> absl::StatusOr<pid_t> {
+        ++launches;
+        return absl::InternalError("fork failed: out of memory");
+      },
+      NowMs);
+  for (int i = 0; i < StandbyRanks::kMaxStandbyDeaths + 2; ++i) standbys.Ensure(0);
+  EXPECT_EQ(launches, StandbyRanks::kMaxStandbyDeaths);
+  EXPECT_EQ(standbys.Count(), 0);
+}
+
+}  // namespace
+}  // namespace mptrain
