@@ -6,8 +6,9 @@
 # examples/seed.json (5 steps), one after another, PAUSE seconds apart (the time a slot's next
 # warm process has to set up). Per job: the wall time of `trainctl submit --wait`, the
 # coordinator's submitted -> finished (which bounds submit -> first step from above: the five
-# steps take about a millisecond), and each rank's "ready N ms after its assignment" (its
-# backend, NCCL communicator included) from the worker logs.
+# steps take about a millisecond), each rank's "ready N ms after its assignment" (its backend,
+# NCCL communicator included), and when, after the submit, rank 0's process had its assignment,
+# its backend was ready and its first step done (the worker logs' timestamps).
 #   MPTRAIN_BIN=... RUNS=5 PAUSE=3 bash bench/run_start_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,41 +46,65 @@ for mode in warm cold; do
     end_ns=$(date +%s%N)
     "$TRAINCTL" --coordinator="$ADDRESS" --output=json status "$job" >"$CLUSTER_DIR/$job.json" ||
       status=1
-    ready=$(cat "$CLUSTER_DIR"/hostA.log "$CLUSTER_DIR"/hostB.log |
-      grep "\[$job/rank" | grep -o "ready [0-9]* ms after" | grep -o "[0-9]*" | paste -sd, -)
-    python3 - "$CLUSTER_DIR/$job.json" "$mode" "$run" "$start_ns" "$end_ns" "$ready" <<'PY' |
-import json, sys
-path, mode, run, start_ns, end_ns, ready = sys.argv[1:7]
+    python3 - "$CLUSTER_DIR/$job.json" "$mode" "$run" "$start_ns" "$end_ns" "$job" \
+      "$CLUSTER_DIR"/hostA.log "$CLUSTER_DIR"/hostB.log <<'PY' |
+import datetime, json, re, sys
+path, mode, run, start_ns, end_ns, job_id = sys.argv[1:7]
 job = json.load(open(path))
 submitted = int(job.get("submitted_unix_ms", job.get("submittedUnixMs", 0)))
 finished = int(job.get("finished_unix_ms", job.get("finishedUnixMs", 0)))
+
+def stamp(line):  # "[2026-11-30 20:05:03.268] ..." in this machine's local time -> unix ms
+    when = datetime.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S.%f")
+    return int(when.timestamp() * 1000)
+
+# Where the time goes, rank 0's worker (hostA): ms after the coordinator took the submit.
+phases, ready = {}, []
+for log in sys.argv[7:]:
+    for line in open(log, errors="replace"):
+        if not line.startswith("["):
+            continue
+        if f" of {job_id} (attempt" in line and ("handed to" in line or "started rank" in line):
+            phases.setdefault("rank_process_has_assignment", stamp(line) - submitted)
+        elif f"[{job_id}/rank" in line:
+            found = re.search(r"ready (\d+) ms after", line)
+            if found:
+                ready.append(int(found.group(1)))
+                phases.setdefault("backend_ready", stamp(line) - submitted)
+            elif "step      1 " in line:
+                phases.setdefault("first_step_done", stamp(line) - submitted)
 print(json.dumps({"mode": mode, "run": int(run), "first_of_daemons": run == "0",
                   "state": job.get("state"),
                   "submit_wait_ms": round((int(end_ns) - int(start_ns)) / 1e6, 1),
                   "submitted_to_finished_ms": finished - submitted if finished else None,
-                  "rank_ready_ms": [int(x) for x in ready.split(",") if x]}))
+                  "after_submit_ms": phases, "rank_ready_ms": ready}))
 PY
       tee -a "$RESULTS"
     sleep "$PAUSE"
   done
   stop_cluster
   cp "$CLUSTER_DIR"/hostA.log "$OUT/start_bench_${mode}_hostA.log"
+  cp "$CLUSTER_DIR"/coordinator.log "$OUT/start_bench_${mode}_coordinator.log"
   rm -rf "$CLUSTER_DIR"
 done
 python3 - "$RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-print("| ranks | submit --wait (median) | submitted -> finished (median, min-max) | rank ready after assignment (median) |")
-print("|---|---|---|---|")
+print("| ranks | submit --wait (median) | submitted -> finished (median, min-max) | rank ready after assignment (median) | after submit: assignment in a rank process / backend ready / first step done (medians) |")
+print("|---|---|---|---|---|")
 for mode in ("warm", "cold"):
     runs = [r for r in rows if r["mode"] == mode and not r["first_of_daemons"]]
     if not runs:
         continue
     done = [r["submitted_to_finished_ms"] for r in runs if r["submitted_to_finished_ms"] is not None]
     ready = [t for r in runs for t in r["rank_ready_ms"]]
-    print("| %s | %.0f ms | %.0f ms (%d-%d) | %s |" % (
+    def phase(name):
+        values = [r["after_submit_ms"][name] for r in runs if name in r["after_submit_ms"]]
+        return "%.0f" % statistics.median(values) if values else "-"
+    print("| %s | %.0f ms | %.0f ms (%d-%d) | %s | %s / %s / %s ms |" % (
         mode, statistics.median(r["submit_wait_ms"] for r in runs),
         statistics.median(done), min(done), max(done),
-        "%.0f ms" % statistics.median(ready) if ready else "-"))
+        "%.0f ms" % statistics.median(ready) if ready else "-",
+        phase("rank_process_has_assignment"), phase("backend_ready"), phase("first_step_done")))
 PY
 exit $status

@@ -150,7 +150,8 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
 absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                   const RankProcessOptions& options, KeyValueStore* store,
                                   TrainingObserver* observer,
-                                  std::chrono::steady_clock::time_point started) {
+                                  std::chrono::steady_clock::time_point started,
+                                  std::unique_ptr<Backend>* backend_holder) {
   v1::JobSpec spec = assignment.spec();
   std::string resume_checkpoint = assignment.resume_checkpoint();
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
@@ -183,7 +184,11 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
                                                          started)
                    .count());
   if (!resume_checkpoint.empty()) spdlog::info("resuming from {}", resume_checkpoint);
-  auto result = RunTraining(config, assignment.rank(), backend->get(), observer,
+  // Kept by the caller until the result is reported: tearing a backend down (NCCL's
+  // communicators, device memory) takes a few hundred milliseconds that the job's end need not
+  // wait for.
+  *backend_holder = std::move(*backend);
+  auto result = RunTraining(config, assignment.rank(), backend_holder->get(), observer,
                             resume_checkpoint, assignment.job_id());
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
@@ -210,16 +215,18 @@ int RunAssignment(const RankProcessOptions& options,
   }
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = v1::WorkerControl::NewStub(*channel);
   GrpcKeyValueStore store(stub, identity);
+  std::unique_ptr<Backend> backend;  // Uses the store: declared after it, destroyed before.
   absl::StatusOr<std::string> checksum;
   {
     TelemetryReporter reporter(stub, identity, &g_stop);
     StartSignalThread();
-    checksum = Train(*assignment, options, &store, &reporter, started);
+    checksum = Train(*assignment, options, &store, &reporter, started, &backend);
     reporter.Flush();  // Telemetry lands before the result that ends the job.
   }
   if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());
   absl::Status reported = ReportRankResult(stub.get(), identity, checksum);
   if (!reported.ok()) spdlog::error("could not report the result: {}", reported.ToString());
+  backend.reset();  // After the result: the job's end does not wait for the teardown.
   return checksum.ok() && reported.ok() ? 0 : 1;
 }
 

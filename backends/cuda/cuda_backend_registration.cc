@@ -1,8 +1,11 @@
 // Registers the CUDA backend (NCCL collective) under DeviceKind CUDA.
 
+#include <cublasLt.h>
+
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_status.h"
+#include "common/status_macros.h"
 #include "backends/cuda/nccl_collective.h"
 #include "trainer/backend_registry.h"
 
@@ -52,10 +55,62 @@ absl::StatusOr<LocalDevices> DiscoverGpus() {
   return devices;
 }
 
+// cuBLASLt sets its heuristics up at the first algorithm query of a process, and loads a kernel
+// at its first launch: one small matmul per training dtype (fp16, bf16, fp32; fp32 accumulate,
+// as the backend's) does that before a job's first step has to.
+absl::Status RehearseLtMatmuls(cublasLtHandle_t handle) {
+  constexpr int kSize = 64;
+  void* buffer = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, 3 * kSize * kSize * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemset(buffer, 0, 3 * kSize * kSize * 4));
+  char* const a = static_cast<char*>(buffer);
+  char* const b = a + kSize * kSize * 4;
+  char* const d = b + kSize * kSize * 4;
+  absl::Status status;
+  for (cudaDataType_t type : {CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F}) {
+    cublasLtMatmulDesc_t operation = nullptr;
+    cublasLtMatrixLayout_t layout = nullptr;
+    cublasLtMatmulPreference_t preference = nullptr;
+    status = CublasStatus(cublasLtMatmulDescCreate(&operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                          "cublasLtMatmulDescCreate", __FILE__, __LINE__);
+    if (status.ok()) {
+      status = CublasStatus(cublasLtMatrixLayoutCreate(&layout, type, kSize, kSize, kSize),
+                            "cublasLtMatrixLayoutCreate", __FILE__, __LINE__);
+    }
+    if (status.ok()) {
+      status = CublasStatus(cublasLtMatmulPreferenceCreate(&preference),
+                            "cublasLtMatmulPreferenceCreate", __FILE__, __LINE__);
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    if (status.ok() &&
+        cublasLtMatmulAlgoGetHeuristic(handle, operation, layout, layout, layout, layout,
+                                       preference, 1, &heuristic, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0) {
+      const float alpha = 1.0f, beta = 0.0f;
+      status = CublasStatus(cublasLtMatmul(handle, operation, &alpha, a, layout, b, layout, &beta,
+                                           d, layout, d, layout, &heuristic.algo, nullptr, 0,
+                                           nullptr),
+                            "cublasLtMatmul", __FILE__, __LINE__);
+    }
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+    if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+    if (operation != nullptr) cublasLtMatmulDescDestroy(operation);
+    if (!status.ok()) break;
+  }
+  const cudaError_t synced = cudaDeviceSynchronize();
+  cudaFree(buffer);
+  if (!status.ok()) return status;
+  return CudaStatus(synced, "cudaDeviceSynchronize", __FILE__, __LINE__);
+}
+
 // What a rank's first CudaBackend::Create spends most of its time on, done ahead: the device's
-// primary context (which every later cudaSetDevice of this process reuses) and cuBLAS's and
+// primary context (which every later cudaSetDevice of this process reuses), cuBLAS's and
 // cuBLASLt's one-time library set-up (their handles are created and destroyed: a backend makes
-// its own).
+// its own), and NCCL's per-process set-up, which happens at the first communicator (loading
+// its kernels, NVML, probing the topology): a communicator of this one device, formed and
+// destroyed (ncclCommInitAll needs no unique id and no peer).
 absl::Status WarmUpGpu(int device_index) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index));
   CUDA_RETURN_IF_ERROR(cudaFree(nullptr));
@@ -64,7 +119,13 @@ absl::Status WarmUpGpu(int device_index) {
   cublasDestroy(cublas);
   cublasLtHandle_t cublas_lt = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&cublas_lt));
+  absl::Status rehearsed = RehearseLtMatmuls(cublas_lt);
   cublasLtDestroy(cublas_lt);
+  RETURN_IF_ERROR(rehearsed);
+  ncclComm_t comm = nullptr;
+  int device = device_index;
+  NCCL_RETURN_IF_ERROR(ncclCommInitAll(&comm, 1, &device));
+  NCCL_RETURN_IF_ERROR(ncclCommDestroy(comm));
   return absl::OkStatus();
 }
 
