@@ -32,6 +32,8 @@ namespace mptrain {
 namespace {
 
 constexpr int64_t kMinRendezvousTimeoutMs = 120'000;
+// How long a rank that has reported its result may take to tear its backend down.
+constexpr int64_t kTeardownLimitMs = 10'000;
 
 absl::StatusOr<v1::Assignment> ReadAssignment(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -59,6 +61,10 @@ void OnSignal(int signal) {
 }
 
 void StartSignalThread() {
+  // Once per process: a warm rank process starts it while it waits for a job, so a stop then
+  // is handled as in a job (and the job's start does not start another).
+  static std::atomic<bool> started{false};
+  if (started.exchange(true)) return;
   if (pipe(g_signal_pipe) != 0) return;
   struct sigaction action {};
   action.sa_handler = OnSignal;
@@ -226,8 +232,16 @@ int RunAssignment(const RankProcessOptions& options,
   if (!checksum.ok()) spdlog::error("rank failed: {}", checksum.status().ToString());
   absl::Status reported = ReportRankResult(stub.get(), identity, checksum);
   if (!reported.ok()) spdlog::error("could not report the result: {}", reported.ToString());
-  backend.reset();  // After the result: the job's end does not wait for the teardown.
-  return checksum.ok() && reported.ok() ? 0 : 1;
+  const int exit_code = checksum.ok() && reported.ok() ? 0 : 1;
+  // After the result the job's end does not wait for the backend's teardown, and nobody would
+  // stop a teardown that hangs (the coordinator stops ranks of unfinished jobs only): bounded.
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kTeardownLimitMs));
+    spdlog::error("the backend's teardown did not end within {} ms: exiting", kTeardownLimitMs);
+    std::_Exit(exit_code);
+  }).detach();
+  backend.reset();
+  return exit_code;
 }
 
 // The path a standby's daemon sends: one line, then end of file. Bounded: a longer message is
@@ -265,6 +279,7 @@ int RunRankProcess(const RankProcessOptions& options) {
 int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int device_index,
                           int input_fd) {
   InitLogging(absl::StrCat("warm rank, slot ", device_index));
+  StartSignalThread();
   const auto warming = std::chrono::steady_clock::now();
   auto entry = FindBackend(device);
   if (entry.ok() && (*entry)->warm_up) {
@@ -273,9 +288,6 @@ int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int
       spdlog::warn("warming device {} up failed: {}", device_index, warmed.ToString());
     }
   }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      MakeCoordinatorChannel(options.coordinator, options.security);
-  if (channel.ok()) (*channel)->GetState(/*try_to_connect=*/true);  // Connects meanwhile.
   spdlog::info("warm in {:.0f} ms; waiting for a job",
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                          warming)
@@ -289,7 +301,10 @@ int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int
   const auto started = std::chrono::steady_clock::now();
   options.assignment_file = *path;
   if (options.on_assignment) options.on_assignment(*path);
-  return RunAssignment(options, std::move(channel), started);
+  // The channel is made now, not while waiting: its TLS files are read as a cold rank's would
+  // be (a certificate renewed meanwhile is the one used).
+  return RunAssignment(options, MakeCoordinatorChannel(options.coordinator, options.security),
+                       started);
 }
 
 }  // namespace mptrain

@@ -31,7 +31,7 @@ struct RankProcessOptions {
 int RunRankProcess(const RankProcessOptions& options);
 
 // A warm rank process (worker/standby_ranks.h): sets up `device_index` of `device` (the
-// backend's warm_up) and the channel to the coordinator, then reads the path of its assignment
+// backend's warm_up), then reads the path of its assignment
 // file from `input_fd` (one line, at most PATH_MAX bytes, until end of file) and runs it as
 // RunRankProcess would. End of file with no path: the daemon has no job for it; exits 0.
 int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int device_index,

@@ -15,10 +15,18 @@
 namespace mptrain {
 
 StandbyRanks::StandbyRanks(Launch launch, Clock now_ms)
-    : launch_(std::move(launch)), now_ms_(std::move(now_ms)) {}
+    : launch_(std::move(launch)), now_ms_(std::move(now_ms)), launcher_([this] { LauncherLoop(); }) {}
 
 StandbyRanks::~StandbyRanks() {
   KillAll();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exiting_ = true;
+  }
+  changed_.notify_all();
+  // The daemon has stopped every rank by now (a handed standby is a rank): the thread that
+  // forked them may end.
+  launcher_.join();
   std::map<int, Standby> left;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -29,7 +37,28 @@ StandbyRanks::~StandbyRanks() {
 }
 
 void StandbyRanks::Ensure(int slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_ || exiting_) return;
+  requests_.push_back(slot);
+  const uint64_t ticket = ++requested_;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return served_ >= ticket || exiting_; });
+}
+
+void StandbyRanks::LauncherLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return exiting_ || !requests_.empty(); });
+    if (exiting_) break;
+    const int slot = requests_.front();
+    requests_.pop_front();
+    StartLocked(slot);
+    ++served_;
+    changed_.notify_all();
+  }
+}
+
+void StandbyRanks::StartLocked(int slot) {
   if (stopping_ || standbys_.count(slot) > 0) return;
   if (deaths_[slot] >= kMaxStandbyDeaths) return;  // Said once, when the last one died.
   // The daemon's end of the control socket is close-on-exec (no other child inherits it); the
@@ -87,15 +116,18 @@ std::optional<StandbyRanks::Handed> StandbyRanks::Hand(int slot,
     if (n <= 0) break;
     sent += static_cast<size_t>(n);
   }
-  close(standby.control_fd);
+  const int send_error = errno;
   if (sent < line.size()) {
-    // It died (reaped soon as a child no rank owns) or was never going to read: start cold.
+    // It died (not reaped yet: the daemon reaps and forgets a standby under the same lock as
+    // it hands one a job, so the pid is still its own) or will never read: start cold.
+    RankLauncher::Signal(standby.pid, SIGKILL);
+    close(standby.control_fd);
     spdlog::warn("warm rank process {} of slot {} did not take its job ({}): starting the rank "
                  "in a new process",
-                 standby.pid, slot, std::strerror(errno));
-    RankLauncher::Signal(standby.pid, SIGKILL);
+                 standby.pid, slot, std::strerror(send_error));
     return std::nullopt;
   }
+  close(standby.control_fd);
   Handed handed;
   handed.pid = standby.pid;
   handed.log = std::move(standby.log);

@@ -8,18 +8,27 @@
 // memory, host and device, so nothing of one job is left for the next. The daemon starts the
 // slot's next standby once a rank of that slot has exited.
 //
-// Bounded: at most one standby per slot; a slot whose standbys keep dying before they get a
-// job (kMaxStandbyDeaths in a row) gets no more, and its ranks start cold.
+// Bounded: at most one standby per slot; a slot whose standbys die before they get a job
+// kMaxStandbyDeaths times in a row (each replaced only when a rank of that slot has exited)
+// gets no more, and its ranks start cold.
+//
+// Every standby is forked by one thread that this object owns until it is destroyed:
+// PR_SET_PDEATHSIG (worker/rank_launcher.h) fires when the *thread* that forked a child ends,
+// so a standby forked by a short-lived or early-joined thread (the daemon's reaper) would be
+// killed, its job with it, the moment that thread ended.
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "worker/rank_log.h"
@@ -40,7 +49,8 @@ class StandbyRanks {
   StandbyRanks(const StandbyRanks&) = delete;
   StandbyRanks& operator=(const StandbyRanks&) = delete;
 
-  // Starts a standby for `slot` unless it has one (or gave up on it). Never blocks on it.
+  // Starts a standby for `slot` unless it has one (or gave up on it), on the launcher thread;
+  // returns once it is started (not warm: that goes on in the standby).
   void Ensure(int slot);
 
   struct Handed {
@@ -70,12 +80,20 @@ class StandbyRanks {
     int64_t started_ms = 0;
   };
 
+  void StartLocked(int slot);  // On the launcher thread, under mu_.
+  void LauncherLoop();
+
   Launch launch_;
   Clock now_ms_;
   mutable std::mutex mu_;
+  std::condition_variable changed_;
   std::map<int, Standby> standbys_;  // slot -> its standby
   std::map<int, int> deaths_;        // slot -> standbys that died waiting, in a row
+  std::deque<int> requests_;         // Slots to start a standby for (launcher thread).
+  uint64_t requested_ = 0, served_ = 0;
   bool stopping_ = false;
+  bool exiting_ = false;  // The launcher thread ends.
+  std::thread launcher_;  // Last: starts once the rest is built.
 };
 
 }  // namespace mptrain

@@ -77,6 +77,20 @@ TEST_F(StandbyRanksTest, HandsTheAssignmentPathToTheSlotsStandby_WhichRunsItAndE
   EXPECT_EQ(static_cast<int>(launched_.size()), 3);
 }
 
+// PR_SET_PDEATHSIG fires when the thread that forked a child ends: a standby asked for by a
+// thread that has ended since (the daemon's reaper, joined at shutdown before the ranks are
+// stopped) must live on, and so must the job it is then handed.
+TEST_F(StandbyRanksTest, AStandbyOutlivesTheThreadThatAskedForIt) {
+  StandbyRanks standbys(ShellStandby(kReadsItsJob, &launched_), NowMs);
+  std::thread asker([&] { standbys.Ensure(0); });
+  asker.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::optional<StandbyRanks::Handed> handed = standbys.Hand(0, "/work/job-1-rank-0.pb");
+  ASSERT_TRUE(handed.has_value()) << "the standby died with the thread that asked for it";
+  EXPECT_EQ(WaitExit(handed->pid), 0);
+  EXPECT_EQ(AllOutput(handed->log.get()), "warm slot 0\nslot 0 runs /work/job-1-rank-0.pb\n");
+}
+
 TEST_F(StandbyRanksTest, AStandbyThatDied_IsForgotten_AndHandingToItFailsWithoutSigpipe) {
     StandbyRanks standbys(ShellStandby("exit 3", &launched_), NowMs);
   standbys.Ensure(0);

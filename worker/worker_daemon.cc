@@ -206,17 +206,33 @@ void WorkerDaemon::ReaperLoop(const std::atomic<bool>* stop) {
 }
 
 void WorkerDaemon::ReapOnce() {
-  std::vector<ExitedChild> exited = RankLauncher::Reap();
   std::vector<std::pair<RunningRank, ExitedChild>> finished;
   {
+    // Reaped, matched and forgotten under one lock with StartRank's handing a job to a
+    // standby: a pid seen here is never one that StartRank is about to use or has just used.
     std::lock_guard<std::mutex> lock(mu_);
+    std::vector<ExitedChild> exited = RankLauncher::Reap();
     for (const ExitedChild& child : exited) {
-      for (auto it = running_.begin(); it != running_.end(); ++it) {
-        if (it->second.pid == child.pid) {
-          finished.emplace_back(it->second, child);
-          running_.erase(it);
-          break;
+      auto it = running_.begin();
+      while (it != running_.end() && it->second.pid != child.pid) ++it;
+      if (it != running_.end()) {
+        finished.emplace_back(it->second, child);
+        running_.erase(it);
+      } else if (standbys_ != nullptr) {
+        standbys_->Forget(child.pid, child.exit_code, child.term_signal);
+      }
+    }
+    // The slot's next warm process starts now that this rank's memory (device memory included)
+    // is released, and before the coordinator hears that the slot is free (ReportExit below),
+    // so that the slot's next job finds it there; never beside a rank running on that slot.
+    if (standbys_ != nullptr) {
+      for (const auto& [rank, child] : finished) {
+        const int slot = rank.assignment.device_index();
+        bool busy = false;
+        for (const auto& [key, running] : running_) {
+          busy = busy || running.assignment.device_index() == slot;
         }
+        if (!busy) standbys_->Ensure(slot);
       }
     }
     EscalateStopsLocked();
@@ -225,14 +241,6 @@ void WorkerDaemon::ReapOnce() {
     ReportExit(rank, child.exit_code, child.term_signal);
     // The rank read it at start; it holds the rank's secret, so it does not outlive the rank.
     std::remove(AssignmentFile(rank.assignment).c_str());
-    // The slot's next warm process starts once this one's memory (device memory included) is
-    // released, which its exit did.
-    if (standbys_ != nullptr) standbys_->Ensure(rank.assignment.device_index());
-  }
-  if (standbys_ != nullptr) {
-    for (const ExitedChild& child : exited) {
-      standbys_->Forget(child.pid, child.exit_code, child.term_signal);
-    }
   }
 }
 
@@ -396,6 +404,8 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
     return;
   }
   if (standbys_ != nullptr) {
+    // Under the lock ReapOnce holds: the rank is in running_ before its exit can be reaped.
+    std::lock_guard<std::mutex> lock(mu_);
     if (std::optional<StandbyRanks::Handed> handed =
             standbys_->Hand(assignment.device_index(), file)) {
       spdlog::info("rank {}/{} of {} (attempt {}) on device {}: handed to the warm rank process "
@@ -403,7 +413,6 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
                    assignment.rank(), assignment.world_size(), assignment.job_id(),
                    assignment.attempt(), assignment.device_index(), handed->pid,
                    handed->warm_for_ms);
-      std::lock_guard<std::mutex> lock(mu_);
       running_[key] = RunningRank{assignment, handed->pid, 0, std::move(handed->log)};
       return;
     }
@@ -506,8 +515,11 @@ void WorkerDaemon::StopAll() {
   const int64_t deadline = NowMs() + options_.stop_grace_ms + 2'000;
   while (NowMs() < deadline) {
     ReapOnce();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (running_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_.empty() && (standbys_ == nullptr || standbys_->Count() == 0)) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [key, rank] : running_) RankLauncher::Signal(rank.pid, SIGKILL);

@@ -62,12 +62,13 @@ absl::Status RehearseLtMatmuls(cublasLtHandle_t handle) {
   constexpr int kSize = 64;
   void* buffer = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, 3 * kSize * kSize * 4));
-  CUDA_RETURN_IF_ERROR(cudaMemset(buffer, 0, 3 * kSize * kSize * 4));
+  absl::Status status = CudaStatus(cudaMemset(buffer, 0, 3 * kSize * kSize * 4), "cudaMemset",
+                                   __FILE__, __LINE__);
   char* const a = static_cast<char*>(buffer);
   char* const b = a + kSize * kSize * 4;
   char* const d = b + kSize * kSize * 4;
-  absl::Status status;
   for (cudaDataType_t type : {CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F}) {
+    if (!status.ok()) break;
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t layout = nullptr;
     cublasLtMatmulPreference_t preference = nullptr;
@@ -97,7 +98,6 @@ absl::Status RehearseLtMatmuls(cublasLtHandle_t handle) {
     if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
     if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
     if (operation != nullptr) cublasLtMatmulDescDestroy(operation);
-    if (!status.ok()) break;
   }
   const cudaError_t synced = cudaDeviceSynchronize();
   cudaFree(buffer);
