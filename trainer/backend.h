@@ -251,6 +251,26 @@ class Backend {
   // Milliseconds on the backend's clock for work issued so far (waits for it).
   virtual absl::StatusOr<double> NowMs() = 0;
 
+  // ---- One optimizer step recorded once and replayed (CUDA graphs) ----
+  // A backend that can record the work issued for a step (kernels, copies and collectives, with
+  // the buffers they use) and replay it with one launch. While recording nothing runs, and
+  // UpdateParameters takes its learning rate from what each ReplayStep sets instead of
+  // rule.lr. Recording must not wait for the device (nothing may need a resize then).
+  virtual bool CanRecordSteps() const { return false; }
+  virtual absl::Status BeginStepRecording() {
+    return absl::UnimplementedError("this backend cannot record steps");
+  }
+  // Ends the recording (also after a failed one, which it reports); the step recorded replaces
+  // any earlier one.
+  virtual absl::Status EndStepRecording() {
+    return absl::UnimplementedError("this backend cannot record steps");
+  }
+  // Runs the recorded step with learning rate `lr`. FAILED_PRECONDITION when there is none,
+  // or a buffer it uses was reallocated since it was recorded (record it again).
+  virtual absl::Status ReplayStep(double lr) {
+    return absl::UnimplementedError("this backend cannot record steps");
+  }
+
   // Its collective; Collective::Abort also ends the backend's own waits for collective work.
   virtual Collective* collective() = 0;
 };

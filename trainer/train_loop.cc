@@ -203,9 +203,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   // broadcasts rank 0's at the start of each step. sync_batch_norm's are the same on every rank
   // already (computed from the same gathered statistics), so that broadcast is left out.
   const bool broadcast_buffers = config.model.norm == NormKind::kBatchNorm && world_size > 1;
-  for (int64_t step = first_step; step <= config.steps; ++step) {
-    // Known on the host: the schedule advances on every attempted step, skipped or not.
-    const double lr = lr_schedule.At(step);
+  // The work of one optimizer step, issued op by op.
+  auto issue_step = [&](double lr) -> absl::Status {
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
     // The last one is the stepping micro-batch: the gradient allreduce, then the optimizer step.
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -233,13 +232,48 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->metrics(), step_state));
     RETURN_IF_ERROR(optimizer->Update(lr, mlp->params(), mlp->param_grads(),
                                       step_state, mlp->low_precision_params()));
-    RETURN_IF_ERROR(backend->Zero(mlp->metrics()));
+    return backend->Zero(mlp->metrics());
+  };
+  // Recorded once and replayed (a CUDA graph: one launch instead of one per op) where a step's
+  // work is the same every time but for the learning rate, which the replay sets on the
+  // device: the micro-batches are the same tensors (the data is one batch, used in place; a
+  // copied or gathered batch would be recorded with its first offsets), and the host keeps no
+  // count per forward (batch norm's num_batches_tracked). The first step runs op by op: it
+  // sizes every lazily grown buffer, and a buffer grown later (an evaluation's) makes the
+  // backend ask for a new recording.
+  const bool record_steps = config.record_steps && backend->CanRecordSteps() &&
+                            micro_batches.in_place() && !IsBatchNorm(config.model.norm);
+  bool recorded = false;
+  int64_t replayed_steps = 0;
+  auto record_and_replay = [&](double lr) -> absl::Status {
+    ++replayed_steps;
+    if (recorded) {
+      absl::Status replayed = backend->ReplayStep(lr);
+      if (replayed.code() != absl::StatusCode::kFailedPrecondition) return replayed;
+    }
+    RETURN_IF_ERROR(backend->BeginStepRecording());
+    absl::Status issued = issue_step(lr);
+    absl::Status ended = backend->EndStepRecording();
+    RETURN_IF_ERROR(issued);
+    RETURN_IF_ERROR(ended);
+    recorded = true;
+    return backend->ReplayStep(lr);
+  };
+
+  for (int64_t step = first_step; step <= config.steps; ++step) {
+    // Known on the host: the schedule advances on every attempted step, skipped or not.
+    const double lr = lr_schedule.At(step);
+    RETURN_IF_ERROR(record_steps && step > first_step ? record_and_replay(lr) : issue_step(lr));
 
     if (evaluation_step(step)) {
       // An evaluation forward through DDP broadcasts rank 0's buffers first, like any forward
       // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
       if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(mlp->buffers(), 0));
       ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(mlp.get(), loss.get()));
+      // The evaluation went through the model's host-side caches (its low-precision input
+      // copy now holds evaluation data, which a training forward casts again): the next step
+      // is recorded afresh, as it would be issued op by op.
+      recorded = false;
     }
 
     const int slot = static_cast<int>(step % Backend::kStatsSlots);
@@ -268,6 +302,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   ASSIGN_OR_RETURN(StepStats last,
                    backend->ReadStats(static_cast<int>(config.steps % Backend::kStatsSlots)));
   result.skipped_steps = last.state.skipped_total;
+  result.replayed_steps = replayed_steps;
   result.final_loss_scale = last.state.scale;
   if (rank == 0 && !config.output_checkpoint.empty()) {
     SafetensorsWriteOptions write;

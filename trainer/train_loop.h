@@ -55,6 +55,7 @@ struct TrainingResult {
   std::string checksum;
   int64_t skipped_steps = 0;
   double final_loss_scale = 0;
+  int64_t replayed_steps = 0;  // Steps run as a replay of a recorded one (record_steps).
 };
 
 // Runs optimizer steps up to config.steps on this rank, from the start or, with

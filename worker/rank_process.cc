@@ -163,6 +163,11 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
   // The one conversion of the spec (defaults, validation) into what the trainer reads.
   ASSIGN_OR_RETURN(TrainingConfig config, TrainingConfigFromSpec(spec));
+  // An operator's switch (the worker passes its environment on): every step op by op.
+  if (const char* graphs = std::getenv("MPTRAIN_STEP_GRAPHS"); graphs != nullptr &&
+                                                                std::string(graphs) == "0") {
+    config.record_steps = false;
+  }
   auto entry = FindBackend(spec.device());
   if (!entry.ok()) return entry.status();
   BackendOptions backend_options;
@@ -197,8 +202,10 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   auto result = RunTraining(config, assignment.rank(), backend_holder->get(), observer,
                             resume_checkpoint, assignment.job_id());
   if (!result.ok()) return result.status();
-  spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}",
-               result->checksum, result->skipped_steps, result->final_loss_scale);
+  spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}, {} steps "
+               "replayed from a recorded one",
+               result->checksum, result->skipped_steps, result->final_loss_scale,
+               result->replayed_steps);
   return result->checksum;
 }
 

@@ -59,7 +59,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
+  if (recording_) {
+    cudaGraph_t abandoned = nullptr;
+    if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned != nullptr) {
+      cudaGraphDestroy(abandoned);
+    }
+    cudaGetLastError();
+  }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
+  if (lr_device_ != nullptr) cudaFree(lr_device_);
+  if (lr_ring_ != nullptr) cudaFreeHost(lr_ring_);
+  for (cudaEvent_t event : lr_copied_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
   collective_.reset();
   for (void* pointer : allocations_) cudaFree(pointer);
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -108,7 +121,9 @@ absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
     }
     if (std::chrono::steady_clock::now() > deadline) {
       if (nccl != nullptr) {
-        const bool collective_pending = nccl->HasPendingWork();
+        // A replayed step runs its collectives inside the graph, on the compute stream.
+        const bool collective_pending =
+            nccl->HasPendingWork() || (step_graph_ != nullptr && nccl->world_size() > 1);
         nccl->AbortCommunicator();
         if (collective_pending) return absl::DeadlineExceededError(nccl->TimeoutMessage(what));
       }
@@ -131,6 +146,7 @@ absl::StatusOr<void*> CudaBackend::Scratch(size_t bytes) {
     if (absl::Status status = WaitForStream("scratch resize"); !status.ok()) return status;
     if (scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
     scratch_ = nullptr;
+    ++buffer_generation_;
     CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, bytes));
     scratch_bytes_ = bytes;
   }
@@ -321,6 +337,7 @@ absl::StatusOr<const void*> CudaBackend::Ones(DType dtype, int64_t rows) {
     if (absl::Status status = WaitForStream("ones resize"); !status.ok()) return status;
     if (ones_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ones_));
     ones_ = nullptr;
+    ++buffer_generation_;
     CUDA_RETURN_IF_ERROR(cudaMalloc(&ones_, rows * 8));  // f32 | f16 | bf16 copies
     std::vector<float> host(rows, 1.0f);
     CUDA_RETURN_IF_ERROR(
@@ -592,6 +609,7 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     if (absl::Status status = WaitForStream("bias scratch resize"); !status.ok()) return status;
     if (bias_scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(bias_scratch_));
     bias_scratch_ = nullptr;
+    ++buffer_generation_;
     CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
     bias_scratch_elements_ = n;
   }
@@ -713,7 +731,64 @@ absl::Status CudaBackend::UpdateParameters(const UpdateRule& rule, Tensor params
   CUDA_RETURN_IF_ERROR(mptrain::cuda::UpdateParameters(
       rule, static_cast<float*>(params.data), static_cast<const float*>(grads.data),
       static_cast<float*>(slot_a.data), static_cast<float*>(slot_b.data), n, step_state.data,
-      params_low.data, params_low.dtype, stream_));
+      params_low.data, params_low.dtype, recording_ ? lr_device_ : nullptr, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BeginStepRecording() {
+  if (recording_) return absl::FailedPreconditionError("a step is being recorded already");
+  if (lr_device_ == nullptr) {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&lr_device_, sizeof(double)));
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&lr_ring_, kStatsSlots * sizeof(double)));
+    for (cudaEvent_t& event : lr_copied_) {
+      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    }
+  }
+  // Thread-local: only this thread's calls are checked against the capture (NCCL's and the
+  // rank's other threads go on).
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  recording_ = true;
+  recorded_generation_ = buffer_generation_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EndStepRecording() {
+  if (!recording_) return absl::FailedPreconditionError("no step is being recorded");
+  recording_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (ended != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return CudaStatus(ended != cudaSuccess ? ended : cudaErrorStreamCaptureInvalidated,
+                      "cudaStreamEndCapture (recording a step)", __FILE__, __LINE__);
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(instantiated);
+  if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
+  step_graph_ = exec;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReplayStep(double lr) {
+  if (step_graph_ == nullptr) return absl::FailedPreconditionError("no step recorded");
+  if (recorded_generation_ != buffer_generation_) {
+    cudaGraphExecDestroy(step_graph_);
+    step_graph_ = nullptr;
+    return absl::FailedPreconditionError("a buffer the recorded step uses was reallocated");
+  }
+  lr_slot_ = (lr_slot_ + 1) % kStatsSlots;
+  if (absl::Status status = WaitFor(lr_copied_[lr_slot_], "a learning rate copy");
+      !status.ok()) {
+    return status;
+  }
+  lr_ring_[lr_slot_] = lr;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(lr_device_, &lr_ring_[lr_slot_], sizeof(double),
+                                       cudaMemcpyHostToDevice, stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(lr_copied_[lr_slot_], stream_));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(step_graph_, stream_));
   return absl::OkStatus();
 }
 

@@ -86,6 +86,12 @@ class CudaBackend final : public Backend {
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
+  // Steps recorded as a CUDA graph (stream capture of the compute stream, the collective's
+  // streams joining through its events) and replayed with cudaGraphLaunch.
+  bool CanRecordSteps() const override { return true; }
+  absl::Status BeginStepRecording() override;
+  absl::Status EndStepRecording() override;
+  absl::Status ReplayStep(double lr) override;
 
  private:
   CudaBackend(int device, int64_t wait_timeout_ms)
@@ -149,6 +155,19 @@ class CudaBackend final : public Backend {
   cudaEvent_t base_event_ = nullptr;
   cudaEvent_t now_event_ = nullptr;
   cudaEvent_t sync_event_ = nullptr;
+  // The recorded step. A reallocation of a lazily grown buffer (scratch, ones, bias scratch)
+  // bumps buffer_generation_: a recording that used the old one must not be replayed.
+  cudaGraphExec_t step_graph_ = nullptr;
+  bool recording_ = false;
+  uint64_t buffer_generation_ = 0;
+  uint64_t recorded_generation_ = 0;
+  double* lr_device_ = nullptr;  // The learning rate a replayed UpdateParameters reads.
+  // Pinned host copies of each replay's learning rate: the copy to lr_device_ is queued, so a
+  // value must outlive it; a slot is reused once its copy's event has completed (long since,
+  // as the loop reads the stats of earlier steps).
+  double* lr_ring_ = nullptr;
+  cudaEvent_t lr_copied_[kStatsSlots] = {};
+  int lr_slot_ = 0;
 };
 
 }  // namespace mptrain::cuda

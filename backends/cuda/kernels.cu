@@ -296,10 +296,14 @@ __global__ void finalize_step_kernel(StepConfig config, const float* metrics, St
 template <typename T>
 __global__ void update_parameters_kernel(UpdateRule rule, float* params, const float* grads,
                                          float* slot_a, float* slot_b, T* params_low, int64_t n,
-                                         const StepState* state) {
+                                         const StepState* state, const double* lr_on_device) {
   if (state->skipped != 0) return;
   __shared__ UpdateCoefficients shared;
-  if (threadIdx.x == 0) shared = PrepareUpdate(rule, *state);
+  if (threadIdx.x == 0) {
+    // A replayed step's learning rate is set on the device before each replay.
+    if (lr_on_device != nullptr) rule.lr = *lr_on_device;
+    shared = PrepareUpdate(rule, *state);
+  }
   __syncthreads();
   const UpdateCoefficients coefficients = shared;
   const float clip_coef = state->clip_coef;
@@ -532,11 +536,13 @@ cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepSta
 
 cudaError_t UpdateParameters(const UpdateRule& rule, float* params, const float* grads,
                              float* slot_a, float* slot_b, int64_t n, const StepState* state,
-                             void* params_low, DType low_dtype, cudaStream_t stream) {
+                             void* params_low, DType low_dtype, const double* lr_on_device,
+                             cudaStream_t stream) {
   return Dispatch(params_low == nullptr ? DType::kF32 : low_dtype, [&](auto tag) {
     using T = decltype(tag);
     update_parameters_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        rule, params, grads, slot_a, slot_b, static_cast<T*>(params_low), n, state);
+        rule, params, grads, slot_a, slot_b, static_cast<T*>(params_low), n, state,
+        lr_on_device);
     return cudaGetLastError();
   });
 }

@@ -75,10 +75,12 @@ cudaError_t FinalizeStep(const StepConfig& config, const float* metrics, StepSta
                          cudaStream_t stream);
 // Phase 3: the optimizer update of trainer/optim/update_math.h over n parameters unless the
 // step is skipped; slot_a / slot_b may be null when the rule does not use them. `params_low`
-// (may be null) receives the updated parameters rounded to `low_dtype`.
+// (may be null) receives the updated parameters rounded to `low_dtype`. `lr_on_device`, when
+// not null, replaces rule.lr (a recorded step's learning rate, set before each replay).
 cudaError_t UpdateParameters(const UpdateRule& rule, float* params, const float* grads,
                              float* slot_a, float* slot_b, int64_t n, const StepState* state,
-                             void* params_low, DType low_dtype, cudaStream_t stream);
+                             void* params_low, DType low_dtype, const double* lr_on_device,
+                             cudaStream_t stream);
 // dst rows = src rows [first, first + dst_rows) mod src_rows, f32 with `cols` columns.
 cudaError_t CopyRowsWrapping(const float* src, int64_t src_rows, int64_t cols, int64_t first,
                              float* dst, int64_t dst_rows, cudaStream_t stream);

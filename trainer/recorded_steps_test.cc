@@ -1,0 +1,157 @@
+// The trainer's side of record_steps (train_loop.cc), on the CPU: a recording backend
+// (tests/recording_backend.h) stores a step's operations with their arguments and replays them,
+// as a CUDA graph would. Replayed training must equal training issued op by op exactly — the
+// learning rate changing every step, fp16 overflow skips, evaluations between steps (which
+// change the model's host-side caches: the step after one is recorded again). The GPU's own
+// graphs are held to the same standard in backends/cuda/cuda_backend_test.cc (RecordedSteps).
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "io/npy.h"
+#include "tests/fake_collectives.h"
+#include "tests/recording_backend.h"
+#include "trainer/train_loop.h"
+
+namespace mptrain {
+namespace {
+
+class Telemetry : public TrainingObserver {
+ public:
+  void OnStep(int64_t, const StepTelemetry* record) override {
+    if (record != nullptr) records.push_back(*record);
+  }
+  bool ShouldStop() override { return false; }
+  std::vector<StepTelemetry> records;
+};
+
+std::string TempPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+}
+
+// MLP 16 -> 12 -> 4, one synthetic batch used in place (what record_steps needs), fp16 with an
+// init scale that overflows (skips, then backoff), AdamW with warm-up then cosine decay.
+TrainingConfig Config() {
+  TrainingConfig config;
+  config.world_size = 1;
+  config.model.widths = {16, 12, 4};
+  config.data.source = DataConfig::Source::kSynthetic;
+  config.data.synthetic_seed = 5;
+  config.micro_batch_size = 8;
+  config.accumulation_steps = 3;
+  config.steps = 12;
+  config.compute_dtype = DType::kF16;
+  config.loss_scaler.enabled = true;
+  config.loss_scaler.init_scale = std::ldexp(1.0, 40);
+  config.loss_scaler.growth_interval = 3;
+  config.optimizer.type = OptimizerType::kAdamW;
+  config.optimizer.lr = 0.01;
+  config.optimizer.weight_decay = 0.01;
+  config.lr_schedule.type = ScheduleType::kWarmupCosine;
+  config.lr_schedule.warmup_steps = 3;
+  config.lr_schedule.min_lr = 0.001;
+  return config;
+}
+
+struct TrainingRun {
+  absl::StatusOr<TrainingResult> result;
+  Telemetry telemetry;
+  int recordings = 0;
+  int replays = 0;
+};
+
+TrainingRun Train(const TrainingConfig& config, bool record) {
+  TrainingRun run;
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  testing::RecordingBackend recording(&cpu);
+  TrainingConfig with = config;
+  with.record_steps = record;
+  run.result = RunTraining(with, 0, &recording, &run.telemetry);
+  run.recordings = recording.recordings();
+  run.replays = recording.replays();
+  return run;
+}
+
+void ExpectSameTraining(const TrainingRun& replayed, const TrainingRun& issued) {
+  ASSERT_TRUE(replayed.result.ok()) << replayed.result.status();
+  ASSERT_TRUE(issued.result.ok()) << issued.result.status();
+  EXPECT_EQ(replayed.result->parameters, issued.result->parameters);
+  EXPECT_EQ(replayed.result->skipped_steps, issued.result->skipped_steps);
+  EXPECT_EQ(replayed.result->final_loss_scale, issued.result->final_loss_scale);
+  ASSERT_EQ(replayed.telemetry.records.size(), issued.telemetry.records.size());
+  for (size_t i = 0; i < issued.telemetry.records.size(); ++i) {
+    const StepTelemetry& a = replayed.telemetry.records[i];
+    const StepTelemetry& b = issued.telemetry.records[i];
+    EXPECT_EQ(a.loss, b.loss) << "step " << i + 1;
+    EXPECT_EQ(a.lr, b.lr) << "step " << i + 1;
+    EXPECT_EQ(a.loss_scale, b.loss_scale) << "step " << i + 1;
+    EXPECT_EQ(a.skipped, b.skipped) << "step " << i + 1;
+    EXPECT_EQ(a.has_eval, b.has_eval) << "step " << i + 1;
+    if (a.has_eval && b.has_eval) EXPECT_EQ(a.eval_loss, b.eval_loss) << "step " << i + 1;
+  }
+}
+
+TEST(RecordedSteps, ReplayedStepsEqualStepsIssuedOpByOp_WithAScheduleAndSkips) {
+  const TrainingConfig config = Config();
+  TrainingRun replayed = Train(config, true);
+  TrainingRun issued = Train(config, false);
+  ExpectSameTraining(replayed, issued);
+  EXPECT_EQ(replayed.recordings, 1);
+  EXPECT_EQ(replayed.result->replayed_steps, config.steps - 1) << "the first step is issued";
+  EXPECT_EQ(replayed.replays, config.steps - 1);
+  EXPECT_EQ(issued.recordings, 0);
+  EXPECT_EQ(issued.result->replayed_steps, 0);
+  EXPECT_GT(issued.result->skipped_steps, 0);
+}
+
+// An evaluation casts its own batches into the model's low-precision input copy; a training
+// forward issued op by op notices and casts its batch again, a step recorded before would not:
+// the step after an evaluation is recorded again.
+TEST(RecordedSteps, AfterAnEvaluation_TheNextStepIsRecordedAgain) {
+  TrainingConfig config = Config();
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal;
+  NpyMatrix x{20, 16, {}}, y{20, 4, {}};
+  for (int i = 0; i < 20 * 16; ++i) x.values.push_back(normal(generator));
+  for (int i = 0; i < 20 * 4; ++i) y.values.push_back(normal(generator));
+  config.eval.features_path = TempPath("recorded_eval_x.npy");
+  config.eval.targets_path = TempPath("recorded_eval_y.npy");
+  ASSERT_TRUE(WriteNpyMatrix(config.eval.features_path, x).ok());
+  ASSERT_TRUE(WriteNpyMatrix(config.eval.targets_path, y).ok());
+  config.eval.every = 4;  // After steps 4, 8 and 12.
+  TrainingRun replayed = Train(config, true);
+  TrainingRun issued = Train(config, false);
+  ExpectSameTraining(replayed, issued);
+  EXPECT_EQ(replayed.recordings, 3) << "steps 2, 5 and 9";
+  EXPECT_EQ(replayed.result->replayed_steps, config.steps - 1);
+}
+
+// Where a step's work is not the same every time, every step is issued op by op.
+TEST(RecordedSteps, ShuffledOrCopiedBatches_AreNotRecorded) {
+  TrainingConfig config = Config();
+  config.steps = 4;
+  std::mt19937 generator(12);
+  std::normal_distribution<float> normal;
+  NpyMatrix x{40, 16, {}}, y{40, 4, {}};
+  for (int i = 0; i < 40 * 16; ++i) x.values.push_back(normal(generator));
+  for (int i = 0; i < 40 * 4; ++i) y.values.push_back(normal(generator));
+  config.data.source = DataConfig::Source::kNpy;
+  config.data.features_path = TempPath("recorded_train_x.npy");
+  config.data.targets_path = TempPath("recorded_train_y.npy");
+  ASSERT_TRUE(WriteNpyMatrix(config.data.features_path, x).ok());
+  ASSERT_TRUE(WriteNpyMatrix(config.data.targets_path, y).ok());
+  for (bool shuffle : {false, true}) {
+    config.data.shuffle = shuffle;
+    TrainingRun replayed = Train(config, true);
+    TrainingRun issued = Train(config, false);
+    ExpectSameTraining(replayed, issued);
+    EXPECT_EQ(replayed.recordings, 0) << "shuffle " << shuffle;
+    EXPECT_EQ(replayed.result->replayed_steps, 0);
+  }
+}
+
+}  // namespace
+}  // namespace mptrain
