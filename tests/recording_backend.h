@@ -6,13 +6,16 @@
 // them in order, with UpdateParameters taking the replay's learning rate. What it checks is the
 // trainer's side of record_steps (train_loop.cc): which steps are recorded, which host state a
 // replay must not depend on, when a recording must be made again. Collectives are not
-// recorded: use it with a world of one (their operations are no-ops there).
+// recorded: use it with a world of one (their operations are no-ops there). Unlike a graph, it
+// looks the inner backend's own buffers up again at each replay, so it never asks for a new
+// recording after a reallocation (CudaBackend's buffer_generation_ is the GPU test's concern).
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "trainer/backend.h"
 
 namespace mptrain::testing {
@@ -25,14 +28,20 @@ class RecordingBackend final : public Backend {
   int replays() const { return replays_; }
 
   std::string Name() const override { return "recording " + inner_->Name(); }
+  // What a CUDA graph cannot hold (allocations, transfers the host waits for, reads of the
+  // device's state) is refused while recording, as a capture would fail.
   absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) override {
+    RETURN_IF_ERROR(RefuseWhileRecording("Allocate"));
     return inner_->Allocate(dtype, rows, cols);
   }
   absl::Status Upload(const float* host, Tensor dst) override {
-    std::vector<float> copy(host, host + dst.numel());  // A recording keeps the values.
-    return Do([=, this] { return inner_->Upload(copy.data(), dst); });
+    RETURN_IF_ERROR(RefuseWhileRecording("Upload"));
+    return inner_->Upload(host, dst);
   }
-  absl::Status Download(Tensor src, float* host) override { return inner_->Download(src, host); }
+  absl::Status Download(Tensor src, float* host) override {
+    RETURN_IF_ERROR(RefuseWhileRecording("Download"));
+    return inner_->Download(src, host);
+  }
   absl::Status Zero(Tensor t) override { return Do([=, this] { return inner_->Zero(t); }); }
   absl::Status Cast(Tensor src, Tensor dst) override {
     return Do([=, this] { return inner_->Cast(src, dst); });
@@ -154,16 +163,24 @@ class RecordingBackend final : public Backend {
     });
   }
   absl::StatusOr<StepStateBuffer> AllocateStepState(const StepState& initial) override {
+    RETURN_IF_ERROR(RefuseWhileRecording("AllocateStepState"));
     return inner_->AllocateStepState(initial);
   }
   absl::StatusOr<StepState> ReadStepState(StepStateBuffer step_state) override {
+    RETURN_IF_ERROR(RefuseWhileRecording("ReadStepState"));
     return inner_->ReadStepState(step_state);
   }
   absl::Status SnapshotStats(StepStateBuffer step_state, int slot) override {
     return Do([=, this] { return inner_->SnapshotStats(step_state, slot); });
   }
-  absl::StatusOr<StepStats> ReadStats(int slot) override { return inner_->ReadStats(slot); }
-  absl::StatusOr<double> NowMs() override { return inner_->NowMs(); }
+  absl::StatusOr<StepStats> ReadStats(int slot) override {
+    RETURN_IF_ERROR(RefuseWhileRecording("ReadStats"));
+    return inner_->ReadStats(slot);
+  }
+  absl::StatusOr<double> NowMs() override {
+    RETURN_IF_ERROR(RefuseWhileRecording("NowMs"));
+    return inner_->NowMs();
+  }
   Collective* collective() override { return inner_->collective(); }
 
   bool CanRecordSteps() const override { return true; }
@@ -191,6 +208,11 @@ class RecordingBackend final : public Backend {
   }
 
  private:
+  absl::Status RefuseWhileRecording(const char* what) const {
+    if (!recording_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        std::string(what) + " while a step is recorded (a CUDA graph capture would fail)");
+  }
   absl::Status Do(std::function<absl::Status()> op) {
     if (!recording_) return op();
     pending_.push_back(std::move(op));

@@ -73,6 +73,7 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t event : lr_copied_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
+  if (replay_done_ != nullptr) cudaEventDestroy(replay_done_);
   collective_.reset();
   for (void* pointer : allocations_) cudaFree(pointer);
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -122,8 +123,7 @@ absl::Status CudaBackend::WaitFor(cudaEvent_t event, const char* what) {
     if (std::chrono::steady_clock::now() > deadline) {
       if (nccl != nullptr) {
         // A replayed step runs its collectives inside the graph, on the compute stream.
-        const bool collective_pending =
-            nccl->HasPendingWork() || (step_graph_ != nullptr && nccl->world_size() > 1);
+        const bool collective_pending = nccl->HasPendingWork() || ReplayPending();
         nccl->AbortCommunicator();
         if (collective_pending) return absl::DeadlineExceededError(nccl->TimeoutMessage(what));
       }
@@ -735,14 +735,34 @@ absl::Status CudaBackend::UpdateParameters(const UpdateRule& rule, Tensor params
   return absl::OkStatus();
 }
 
+bool CudaBackend::ReplayPending() {
+  if (replay_done_ == nullptr || collective_ == nullptr || collective_->world_size() < 2) {
+    return false;
+  }
+  const cudaError_t state = cudaEventQuery(replay_done_);
+  if (state != cudaErrorNotReady) cudaGetLastError();
+  return state == cudaErrorNotReady;
+}
+
 absl::Status CudaBackend::BeginStepRecording() {
   if (recording_) return absl::FailedPreconditionError("a step is being recorded already");
-  if (lr_device_ == nullptr) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&lr_device_, sizeof(double)));
+  if (lr_device_ == nullptr) CUDA_RETURN_IF_ERROR(cudaMalloc(&lr_device_, sizeof(double)));
+  if (lr_ring_ == nullptr) {
     CUDA_RETURN_IF_ERROR(cudaMallocHost(&lr_ring_, kStatsSlots * sizeof(double)));
-    for (cudaEvent_t& event : lr_copied_) {
+  }
+  for (cudaEvent_t& event : lr_copied_) {
+    if (event == nullptr) {
       CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     }
+  }
+  if (replay_done_ == nullptr) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
+  }
+  // The new recording replaces the old one whatever happens: a failed recording leaves none.
+  // (An executable graph destroyed while a replay of it runs is freed when that completes.)
+  if (step_graph_ != nullptr) {
+    cudaGraphExecDestroy(step_graph_);
+    step_graph_ = nullptr;
   }
   // Thread-local: only this thread's calls are checked against the capture (NCCL's and the
   // rank's other threads go on).
@@ -789,6 +809,7 @@ absl::Status CudaBackend::ReplayStep(double lr) {
                                        cudaMemcpyHostToDevice, stream_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(lr_copied_[lr_slot_], stream_));
   CUDA_RETURN_IF_ERROR(cudaGraphLaunch(step_graph_, stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(replay_done_, stream_));
   return absl::OkStatus();
 }
 

@@ -100,6 +100,8 @@ class CudaBackend final : public Backend {
   // timeout aborts the collective. Never blocks forever.
   absl::Status WaitFor(cudaEvent_t event, const char* what);
   absl::Status WaitForStream(const char* what);
+  // Whether the last replayed step, collectives inside, has not completed (for timeouts).
+  bool ReplayPending();
   absl::StatusOr<void*> Scratch(size_t bytes);  // Reused buffer for dW and staging.
   absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
@@ -168,6 +170,7 @@ class CudaBackend final : public Backend {
   double* lr_ring_ = nullptr;
   cudaEvent_t lr_copied_[kStatsSlots] = {};
   int lr_slot_ = 0;
+  cudaEvent_t replay_done_ = nullptr;  // Recorded after each replay.
 };
 
 }  // namespace mptrain::cuda

@@ -284,6 +284,7 @@ absl::Status NcclCollective::Enqueue(const char* name, int lanes, Op op) {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_ready_, compute_stream_));
   for (int i = 0; i < lanes; ++i) {
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes_[i].stream, grads_ready_, 0));
+    lanes_[i].pending = true;
   }
   // Slices on several communicators go in one group: one launch for all of them.
   if (lanes > 1) NCCL_RETURN_IF_ERROR(ncclGroupStart());
@@ -376,8 +377,10 @@ absl::Status NcclCollective::AllReduceSum(Tensor buffer) {
 
 absl::Status NcclCollective::JoinAllReduces() {
   for (Lane& lane : lanes_) {
+    if (!lane.pending) continue;
     CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.done, lane.stream));
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, lane.done, 0));
+    lane.pending = false;
   }
   return absl::OkStatus();
 }

@@ -109,6 +109,11 @@ class NcclCollective final : public Collective {
     ncclComm_t comm = nullptr;
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;  // Recorded on `stream` when the compute stream joins it.
+    // Work was enqueued on it since the compute stream last joined it. Only those lanes are
+    // joined: a lane with nothing new has nothing to wait for, and while a step is recorded as
+    // a CUDA graph a lane that took no part is outside the capture, where waiting on its event
+    // would invalidate the recording.
+    bool pending = false;
   };
   // Rank 0 decides the lanes and makes their unique ids; every rank reads them.
   absl::StatusOr<std::vector<ncclUniqueId>> RendezvousUniqueIds();
