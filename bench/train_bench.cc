@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <iostream>
 #include <thread>
@@ -123,6 +124,11 @@ RankResult RunRank(const v1::JobSpec& spec, int rank, int warmup, InMemoryKeyVal
   if (!config.ok()) {
     result.status = config.status();
     return result;
+  }
+  // As a worker's rank does: MPTRAIN_STEP_GRAPHS=0 issues every step op by op (profiling).
+  if (const char* graphs = std::getenv("MPTRAIN_STEP_GRAPHS"); graphs != nullptr &&
+                                                                std::string(graphs) == "0") {
+    config->record_steps = false;
   }
   auto trained = RunTraining(*config, rank, backend->get(), &observer);
   if (!trained.ok()) {

@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -76,10 +76,27 @@ for step in $STEPS; do
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;
-    load)
-      # The coordinator under 1,000 and 10,000 simulated workers, on this machine's 16+ cores.
-      timeout 300 bash bench/run_coordinator_load.sh 1000 10000 >"$OUT/load.log" 2>&1 || status=1
-      tail -45 "$OUT/load.log" ;;
+    faultdiag)
+      # The fault demo with every step issued op by op (MPTRAIN_STEP_GRAPHS=0), for comparison.
+      MPTRAIN_STEP_GRAPHS=0 timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault_nographs.log" 2>&1 || status=1
+      cat "$OUT/fault_nographs.log" ;;
+    gemms)
+      # Every cuBLASLt algorithm for mlp8k's GEMMs (bit-equal to the first choice or not), and
+      # PyTorch's time for the same GEMMs, one GPU.
+      for dtype in ${GEMM_DTYPES:-f16}; do
+        timeout 200 "$MPTRAIN_BIN/gemm_algos" --dtype=$dtype --algos=${GEMM_ALGOS:-12} >"$OUT/gemms_$dtype.log" 2>&1 || status=1
+        cat "$OUT/gemms_$dtype.log"
+        timeout 100 python3 bench/torch_gemms.py --dtype=$dtype 2>&1 | tee "$OUT/torch_gemms_$dtype.log"
+      done ;;
+    profile)
+      # Each kernel of two mlp8k steps on one GPU (Nsight Compute, clocks as they run), summed by
+      # kernel name; the step's wall time beside it comes from train_bench without the profiler.
+      MPTRAIN_STEP_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
+        --csv --print-units base --launch-skip ${PROFILE_SKIP:-200} --launch-count ${PROFILE_COUNT:-120} \
+        "$MPTRAIN_BIN/train_bench" --gpus=1 --configs=${PROFILE_CONFIG:-mlp8k} --warmup=4 --steps=2 \
+        >"$OUT/profile.csv" 2>"$OUT/profile.err" || status=1
+      tail -3 "$OUT/profile.err"
+      python3 bench/profile_report.py "$OUT/profile.csv" | tee "$OUT/profile.txt" ;;
   esac
 done
 exit $status

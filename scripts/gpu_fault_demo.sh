@@ -41,4 +41,4 @@ GONE_AT=$(date +%s.%N)
 if pgrep -f "run_rank=.*/$JOB-" >/dev/null; then echo "rank processes LEFT:"; pgrep -af "run_rank=.*/$JOB-";
 else echo "no rank process left, $(python3 -c "print(round($GONE_AT - $KILLED_AT, 3))") s after the kill"; fi
 echo "--- surviving rank 0 (worker gpu0 log):"
-grep -E "rank0\]|rank 0 of" "$RUN_DIR/worker0.log" | grep -vE "step +[0-9]+ loss" | tail -6
+grep -E "rank0\]|rank 0 of|\(\+0x|\[0x|stack:" "$RUN_DIR/worker0.log" | grep -vE "step +[0-9]+ loss" | tail -40

@@ -1,6 +1,8 @@
 #include "worker/rank_process.h"
 
+#include <execinfo.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <climits>
@@ -60,6 +62,19 @@ void OnSignal(int signal) {
   (void)!write(g_signal_pipe[1], &byte, 1);
 }
 
+// The thread that trains (RunAssignment's), so that a rank that cannot stop says where it is
+// stuck: the signal thread sends it SIGUSR2 before the forced exit, and this handler writes its
+// stack to stderr (the worker's log; addresses resolve with `addr2line -e worker`).
+std::atomic<pid_t> g_training_thread{0};
+
+void WriteStack(int) {
+  static const char kHeader[] = "the training thread's stack:\n";
+  (void)!write(STDERR_FILENO, kHeader, sizeof(kHeader) - 1);
+  void* frames[48];
+  const int count = backtrace(frames, 48);
+  backtrace_symbols_fd(frames, count, STDERR_FILENO);
+}
+
 void StartSignalThread() {
   // Once per process: a warm rank process starts it while it waits for a job, so a stop then
   // is handled as in a job (and the job's start does not start another).
@@ -71,6 +86,13 @@ void StartSignalThread() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  // backtrace() loads libgcc on first use (malloc): done here, not in the signal handler.
+  void* warm[1];
+  backtrace(warm, 1);
+  struct sigaction stack_action {};
+  stack_action.sa_handler = WriteStack;
+  sigemptyset(&stack_action.sa_mask);
+  sigaction(SIGUSR2, &stack_action, nullptr);
   std::thread([] {
     char byte = 0;
     while (read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
@@ -81,6 +103,10 @@ void StartSignalThread() {
         absl::StrCat("signal ", signal, " (", strsignal(signal), "): the worker stopped this rank"));
     std::this_thread::sleep_for(std::chrono::seconds(3));
     spdlog::error("did not stop within 3 s of signal {}: exiting", signal);
+    if (const pid_t training = g_training_thread.load(); training != 0) {
+      syscall(SYS_tgkill, getpid(), training, SIGUSR2);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     std::_Exit(128 + signal);
   }).detach();
 }
@@ -233,6 +259,7 @@ int RunAssignment(const RankProcessOptions& options,
   {
     TelemetryReporter reporter(stub, identity, &g_stop);
     StartSignalThread();
+    g_training_thread.store(static_cast<pid_t>(syscall(SYS_gettid)));
     checksum = Train(*assignment, options, &store, &reporter, started, &backend);
     reporter.Flush();  // Telemetry lands before the result that ends the job.
   }

@@ -54,27 +54,26 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   auto collective = make_collective(backend->stream_);
   if (!collective.ok()) return collective.status();
   backend->collective_ = std::move(*collective);
+  if (auto* nccl = dynamic_cast<NcclCollective*>(backend->collective_.get())) {
+    CudaBackend* self = backend.get();  // Owns the collective: outlives the hook.
+    nccl->SetBeforeAbort([self] { self->DropRecordedStep(); });
+  }
   return backend;
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
-  if (recording_) {
-    cudaGraph_t abandoned = nullptr;
-    if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned != nullptr) {
-      cudaGraphDestroy(abandoned);
-    }
-    cudaGetLastError();
-  }
+  // The recorded step first (NCCL's abort waits for the graphs that captured it), then the
+  // collective (its abort ends kernels still waiting on a peer), then the stream can drain.
+  DropRecordedStep();
+  collective_.reset();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
   if (lr_device_ != nullptr) cudaFree(lr_device_);
   if (lr_ring_ != nullptr) cudaFreeHost(lr_ring_);
   for (cudaEvent_t event : lr_copied_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
   if (replay_done_ != nullptr) cudaEventDestroy(replay_done_);
-  collective_.reset();
   for (void* pointer : allocations_) cudaFree(pointer);
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (partials_ != nullptr) cudaFree(partials_);
@@ -744,6 +743,20 @@ bool CudaBackend::ReplayPending() {
   return state == cudaErrorNotReady;
 }
 
+void CudaBackend::DropRecordedStep() {
+  if (recording_) {
+    cudaGraph_t abandoned = nullptr;
+    if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned != nullptr) {
+      cudaGraphDestroy(abandoned);
+    }
+    cudaGetLastError();
+    recording_ = false;
+  }
+  // A replay still running completes (or is aborted) first; the graph is freed after it.
+  if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
+  step_graph_ = nullptr;
+}
+
 absl::Status CudaBackend::BeginStepRecording() {
   if (recording_) return absl::FailedPreconditionError("a step is being recorded already");
   if (lr_device_ == nullptr) CUDA_RETURN_IF_ERROR(cudaMalloc(&lr_device_, sizeof(double)));
@@ -759,11 +772,7 @@ absl::Status CudaBackend::BeginStepRecording() {
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
   }
   // The new recording replaces the old one whatever happens: a failed recording leaves none.
-  // (An executable graph destroyed while a replay of it runs is freed when that completes.)
-  if (step_graph_ != nullptr) {
-    cudaGraphExecDestroy(step_graph_);
-    step_graph_ = nullptr;
-  }
+  DropRecordedStep();
   // Thread-local: only this thread's calls are checked against the capture (NCCL's and the
   // rank's other threads go on).
   CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
@@ -700,6 +703,93 @@ TEST(RecordedSteps, TwoGpus_ThreeLanes_BucketsOnOneLane_AreRecordedAndBitIdentic
     EXPECT_EQ(replayed[rank]->replayed_steps, config.steps - 1);
     EXPECT_EQ(replayed[rank]->parameters, issued[rank]->parameters) << "rank " << rank;
   }
+}
+
+// A rank whose peer is gone while steps are replayed must still stop at once when told to.
+// NCCL's abort does not return while a CUDA graph that captured the communicator exists, so
+// the backend destroys its recorded step first: without that, the rank hung in ncclCommAbort
+// (seen on 2xH200 in scripts/gpu_fault_demo.sh: the worker's forced exit 3 s later ended it).
+// Here rank 1 stops after 50 steps (its collective aborts, as a dead peer's would never answer);
+// rank 0 is then stopped 1 s later and must return ABORTED within a few seconds.
+class StopAfter : public TrainingObserver {
+ public:
+  StopAfter(int64_t steps, StopToken* stop) : steps_(steps), stop_(stop) {}
+  void OnStep(int64_t step, const StepTelemetry*) override {
+    last_step = step;
+    if (steps_ > 0 && step >= steps_) stop_->RequestStop("test: this rank died");
+  }
+  bool ShouldStop() override { return false; }
+  std::atomic<int64_t> last_step{0};
+
+ private:
+  int64_t steps_;
+  StopToken* stop_;
+};
+
+TEST(RecordedSteps, TwoGpus_APeerGoneDuringReplays_TheRankStillStopsAtOnce) {
+  REQUIRE_GPUS(2);
+  TrainingConfig config = RecordedStepsConfig(DType::kF16, OptimizerType::kSgd);
+  config.world_size = 2;
+  config.steps = 100'000'000;
+  InMemoryKeyValueStore store;
+  StopToken stops[2];
+  StopAfter observers[2] = {StopAfter(0, &stops[0]), StopAfter(50, &stops[1])};
+  absl::StatusOr<TrainingResult> results[2];
+  std::atomic<bool> done[2] = {false, false};
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto backend = CudaBackend::Create(
+          rank,
+          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+            NcclCollectiveOptions options;
+            options.rank = rank;
+            options.world_size = 2;
+            options.store = &store;
+            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
+            options.stop_token = &stops[rank];
+            auto nccl = NcclCollective::Connect(options, stream);
+            if (!nccl.ok()) return nccl.status();
+            return std::unique_ptr<Collective>(std::move(*nccl));
+          },
+          60'000);
+      if (!backend.ok()) {
+        results[rank] = backend.status();
+      } else {
+        results[rank] = RunTraining(config, rank, backend->get(), &observers[rank]);
+        backend->reset();  // The teardown is part of stopping.
+      }
+      done[rank] = true;
+    });
+  }
+  auto wait_for = [&](int rank, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    while (!done[rank] && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done[rank].load();
+  };
+  auto hung = [](const char* what) {
+    // A thread stuck in NCCL cannot be joined: fail loudly rather than hang the suite.
+    std::fprintf(stderr, "FAILED: %s\n", what);
+    std::fflush(stderr);
+    std::_Exit(1);
+  };
+  if (!wait_for(1, 30)) hung("rank 1 did not stop within 30 s of its own stop request");
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // Rank 0 now waits on a gone peer.
+  EXPECT_FALSE(done[0]) << "rank 0 ended although its peer is gone: " << results[0].status();
+  const auto stopped_at = std::chrono::steady_clock::now();
+  stops[0].RequestStop("test: the worker stopped this rank");
+  if (!wait_for(0, 20)) hung("rank 0 did not stop within 20 s of its stop request");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  for (auto& rank : ranks) rank.join();
+  EXPECT_GT(observers[1].last_step.load(), 5) << "rank 1 replayed steps before it stopped";
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kAborted) << results[0].status();
+  EXPECT_LT(seconds, 3.0) << "rank 0 took " << seconds << " s to stop";
 }
 
 }  // namespace

@@ -425,6 +425,7 @@ std::string NcclCollective::TimeoutMessage(const char* what) {
 
 void NcclCollective::AbortCommunicator() {
   if (communicator_aborted_) return;
+  if (before_abort_) before_abort_();
   for (const Lane& lane : lanes_) {
     if (lane.comm != nullptr) ncclCommAbort(lane.comm);
   }
