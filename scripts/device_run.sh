@@ -88,6 +88,20 @@ for step in $STEPS; do
         cat "$OUT/gemms_$dtype.log"
         timeout 100 python3 bench/torch_gemms.py --dtype=$dtype 2>&1 | tee "$OUT/torch_gemms_$dtype.log"
       done ;;
+    sweep)
+      # mlp8k in process on 1 and 2 GPUs, and on 2 GPUs under each setting in SWEEP (';'-separated
+      # environment assignments; the empty one is the default).
+      echo "gpus setting ms/step"
+      IFS=';' read -ra settings <<<"${SWEEP:-;MPTRAIN_STEP_GRAPHS=0}"
+      for gpus in 1 2; do
+        for setting in "${settings[@]}"; do
+          [ "$gpus" = 1 ] && [ -n "$setting" ] && continue
+          ms=$(env $setting timeout 120 "$MPTRAIN_BIN/train_bench" --gpus=$gpus --configs=${SWEEP_CONFIG:-mlp8k} \
+            --warmup=10 --steps=${SWEEP_STEPS:-40} --raw_nccl=false 2>>"$OUT/sweep.err" | \
+            python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['step_ms'], 3))")
+          echo "$gpus ${setting:-default} $ms" | tee -a "$OUT/sweep.log"
+        done
+      done ;;
     profile)
       # Each kernel of two mlp8k steps on one GPU (Nsight Compute, clocks as they run), summed by
       # kernel name; the step's wall time beside it comes from train_bench without the profiler.

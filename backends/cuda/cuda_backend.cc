@@ -56,17 +56,17 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   backend->collective_ = std::move(*collective);
   if (auto* nccl = dynamic_cast<NcclCollective*>(backend->collective_.get())) {
     CudaBackend* self = backend.get();  // Owns the collective: outlives the hook.
-    nccl->SetBeforeAbort([self] { self->DropRecordedStep(); });
+    nccl->SetWhileAborting([self] { self->DropRecordedStep(); });
   }
   return backend;
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
-  // The recorded step first (NCCL's abort waits for the graphs that captured it), then the
-  // collective (its abort ends kernels still waiting on a peer), then the stream can drain.
-  DropRecordedStep();
+  // The collective first: its abort ends kernels still waiting on a peer, and drops the
+  // recorded step meanwhile (NcclCollective::SetWhileAborting); then the stream can drain.
   collective_.reset();
+  DropRecordedStep();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (lr_device_ != nullptr) cudaFree(lr_device_);
   if (lr_ring_ != nullptr) cudaFreeHost(lr_ring_);
@@ -752,7 +752,8 @@ void CudaBackend::DropRecordedStep() {
     cudaGetLastError();
     recording_ = false;
   }
-  // A replay still running completes (or is aborted) first; the graph is freed after it.
+  // Waits for a replay still running (cudaGraphExecDestroy does): during an abort, its NCCL
+  // kernels end once the abort flag is set.
   if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
   step_graph_ = nullptr;
 }
@@ -772,6 +773,13 @@ absl::Status CudaBackend::BeginStepRecording() {
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
   }
   // The new recording replaces the old one whatever happens: a failed recording leaves none.
+  // Destroying a graph waits for its launches: the last replay is waited for first, here, where
+  // a dead peer or a stop is noticed.
+  if (step_graph_ != nullptr) {
+    if (absl::Status waited = WaitFor(replay_done_, "the last replayed step"); !waited.ok()) {
+      return waited;
+    }
+  }
   DropRecordedStep();
   // Thread-local: only this thread's calls are checked against the capture (NCCL's and the
   // rank's other threads go on).
@@ -804,8 +812,10 @@ absl::Status CudaBackend::EndStepRecording() {
 absl::Status CudaBackend::ReplayStep(double lr) {
   if (step_graph_ == nullptr) return absl::FailedPreconditionError("no step recorded");
   if (recorded_generation_ != buffer_generation_) {
-    cudaGraphExecDestroy(step_graph_);
-    step_graph_ = nullptr;
+    if (absl::Status waited = WaitFor(replay_done_, "the last replayed step"); !waited.ok()) {
+      return waited;
+    }
+    DropRecordedStep();
     return absl::FailedPreconditionError("a buffer the recorded step uses was reallocated");
   }
   lr_slot_ = (lr_slot_ + 1) % kStatsSlots;

@@ -425,11 +425,21 @@ std::string NcclCollective::TimeoutMessage(const char* what) {
 
 void NcclCollective::AbortCommunicator() {
   if (communicator_aborted_) return;
-  if (before_abort_) before_abort_();
-  for (const Lane& lane : lanes_) {
-    if (lane.comm != nullptr) ncclCommAbort(lane.comm);
-  }
   communicator_aborted_ = true;
+  int device = 0;
+  cudaGetDevice(&device);
+  // One thread per lane: each lane's abort waits for the graphs that captured it, and a graph
+  // with several lanes' kernels ends only once every one of those lanes' flags is set.
+  std::vector<std::thread> aborts;
+  for (const Lane& lane : lanes_) {
+    if (lane.comm == nullptr) continue;
+    aborts.emplace_back([comm = lane.comm, device] {
+      cudaSetDevice(device);
+      ncclCommAbort(comm);
+    });
+  }
+  if (while_aborting_) while_aborting_();
+  for (std::thread& abort : aborts) abort.join();
 }
 
 }  // namespace mptrain::cuda

@@ -92,13 +92,16 @@ class NcclCollective final : public Collective {
   // asynchronous error. The caller then calls AbortCommunicator().
   absl::Status AsyncError();
   // ncclCommAbort, once, on the thread that uses the communicator: kernels waiting on peers
-  // return (NCCL's fault tolerance). `before_abort` (SetBeforeAbort) runs first.
+  // return (NCCL's fault tolerance). `while_aborting` (SetWhileAborting) runs meanwhile.
   void AbortCommunicator();
-  // Called on the thread that aborts, just before ncclCommAbort. NCCL's abort does not return
-  // until every CUDA graph that captured this communicator's collectives has been destroyed
-  // (it waits for their references to drop): the owner of such graphs destroys them here, or
-  // the abort, and with it the rank, hangs.
-  void SetBeforeAbort(std::function<void()> before_abort) { before_abort_ = std::move(before_abort); }
+  // Called on the aborting thread while the lanes' ncclCommAbort run on threads of their own.
+  // NCCL's abort sets the communicator's abort flag, then does not return until every CUDA graph
+  // that captured its collectives is destroyed; destroying a graph waits for its launches, which
+  // end only once that flag is set. The owner of such graphs destroys them here: either alone
+  // would wait for the other for ever.
+  void SetWhileAborting(std::function<void()> while_aborting) {
+    while_aborting_ = std::move(while_aborting);
+  }
   int64_t collective_timeout_ms() const { return options_.collective_timeout_ms; }
   // Whether collective work is still queued or running on a lane's stream (call before
   // AbortCommunicator).
@@ -138,7 +141,7 @@ class NcclCollective final : public Collective {
 
   NcclCollectiveOptions options_;
   cudaStream_t compute_stream_;
-  std::function<void()> before_abort_;
+  std::function<void()> while_aborting_;
   std::vector<Lane> lanes_;  // lanes_[0] carries everything that is not striped.
   cudaEvent_t grads_ready_ = nullptr;
   std::unique_ptr<PeerDirectory> peers_;
