@@ -84,7 +84,7 @@ for step in $STEPS; do
       # Every cuBLASLt algorithm for mlp8k's GEMMs (bit-equal to the first choice or not), and
       # PyTorch's time for the same GEMMs, one GPU.
       for dtype in ${GEMM_DTYPES:-f16}; do
-        timeout 200 "$MPTRAIN_BIN/gemm_algos" --dtype=$dtype --algos=${GEMM_ALGOS:-12} >"$OUT/gemms_$dtype.log" 2>&1 || status=1
+        timeout 200 "$MPTRAIN_BIN/gemm_algos" --dtype=$dtype --algos=${GEMM_ALGOS:-12} --iters=${GEMM_ITERS:-10} >"$OUT/gemms_$dtype.log" 2>&1 || status=1
         cat "$OUT/gemms_$dtype.log"
         timeout 100 python3 bench/torch_gemms.py --dtype=$dtype 2>&1 | tee "$OUT/torch_gemms_$dtype.log"
       done ;;
@@ -101,6 +101,20 @@ for step in $STEPS; do
             python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['step_ms'], 3))")
           echo "$gpus ${setting:-default} $ms" | tee -a "$OUT/sweep.log"
         done
+      done ;;
+    trace)
+      # Where mlp8k's step goes while it runs (bench/kernel_trace.cc: CUPTI, concurrent kernels),
+      # in process on 1 and 2 GPUs.
+      CUPTI=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu -name 'libcupti.so*' 2>/dev/null | head -1)
+      g++ -O2 -shared -fPIC -std=c++17 -I/usr/local/cuda/include bench/kernel_trace.cc "$CUPTI" \
+        -o /tmp/libkernel_trace.so || status=1
+      for gpus in ${TRACE_GPUS:-1 2}; do
+        rm -f "$OUT/trace_$gpus.txt"
+        KERNEL_TRACE_OUT="$OUT/trace_$gpus.txt" LD_LIBRARY_PATH="$(dirname "$CUPTI"):$LD_LIBRARY_PATH" \
+          LD_PRELOAD=/tmp/libkernel_trace.so timeout 200 "$MPTRAIN_BIN/train_bench" --gpus=$gpus \
+          --configs=${TRACE_CONFIG:-mlp8k} --warmup=5 --steps=30 --allreduce_iters=0 --raw_nccl=false \
+          2>>"$OUT/trace.err" | cut -c1-120
+        head -30 "$OUT/trace_$gpus.txt"
       done ;;
     profile)
       # Each kernel of two mlp8k steps on one GPU (Nsight Compute, clocks as they run), summed by
