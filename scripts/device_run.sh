@@ -93,9 +93,9 @@ for step in $STEPS; do
       # environment assignments; the empty one is the default).
       echo "gpus setting ms/step"
       IFS=';' read -ra settings <<<"${SWEEP:-;MPTRAIN_STEP_GRAPHS=0}"
-      for gpus in 1 2; do
+      for gpus in ${SWEEP_GPUS:-1 2}; do
         for setting in "${settings[@]}"; do
-          [ "$gpus" = 1 ] && [ -n "$setting" ] && continue
+          [ "$gpus" = 1 ] && [ -n "$setting" ] && [ -z "${SWEEP_GPUS:-}" ] && continue
           ms=$(env $setting timeout 120 "$MPTRAIN_BIN/train_bench" --gpus=$gpus --configs=${SWEEP_CONFIG:-mlp8k} \
             --warmup=10 --steps=${SWEEP_STEPS:-40} --raw_nccl=false 2>>"$OUT/sweep.err" | \
             python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['step_ms'], 3))")

@@ -4,9 +4,7 @@
 #include <utility>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -46,12 +44,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaMalloc(&backend->inf_flags_, kReductionBlocks * sizeof(int)));
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->stats_ring_, kStatsSlots * sizeof(StepState)));
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->readback_, sizeof(StepState)));
-  CUDA_RETURN_IF_ERROR(cudaMallocHost(&backend->measure_counts_,
-                                      kAlgoCandidates * sizeof(unsigned long long)));
-  if (const char* algos = std::getenv("MPTRAIN_GEMM_ALGOS");
-      algos != nullptr && std::string(algos) == "heuristic") {
-    backend->measure_gemms_ = false;
-  }
   for (cudaEvent_t& event : backend->stats_events_) {
     CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
   }
@@ -88,7 +80,6 @@ CudaBackend::~CudaBackend() {
   if (inf_flags_ != nullptr) cudaFree(inf_flags_);
   if (stats_ring_ != nullptr) cudaFreeHost(stats_ring_);
   if (readback_ != nullptr) cudaFreeHost(readback_);
-  if (measure_counts_ != nullptr) cudaFreeHost(measure_counts_);
   for (cudaEvent_t event : stats_events_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
@@ -307,87 +298,17 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment,
                                                                 sizeof(alignment)));
   }
-  cublasLtMatmulHeuristicResult_t heuristics[kAlgoCandidates];
+  cublasLtMatmulHeuristicResult_t heuristic;
   int found = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, kAlgoCandidates,
-      heuristics, &found);
+      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, 1, &heuristic,
+      &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-    plan.algo = heuristics[0].algo;
-    for (int i = 0; i < found; ++i) {
-      if (heuristics[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates.push_back(heuristics[i].algo);
-    }
+    plan.algo = heuristic.algo;
     plan.available = true;
   }
   return &plan;
-}
-
-absl::Status CudaBackend::MeasureAlgorithms(const LtShape& shape, LtPlan* plan, const void* a,
-                                            const void* b, void* d) {
-  const int64_t span = shape.ldd * shape.n * DTypeBytes(shape.dtype);
-  if (span % 16 != 0 || reinterpret_cast<uintptr_t>(d) % 16 != 0) return absl::OkStatus();
-  const int count = static_cast<int>(plan->candidates.size());
-  const float alpha = 1.0f, beta = 0.0f;
-  auto launch = [&](int i) {
-    return cublasLtMatmul(cublas_lt_, plan->operation, &alpha, a, plan->a, b, plan->b, &beta, d,
-                          plan->d, d, plan->d, &plan->candidates[i], lt_workspace_,
-                          kLtWorkspaceBytes, stream_);
-  };
-  // Stream-ordered scratch and an abortable wait: no device-wide synchronization here (a lane's
-  // allreduce may be waiting on a peer).
-  void* reference = nullptr;
-  unsigned long long* differ = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&reference, span, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&differ),
-                                       count * sizeof(unsigned long long), stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(differ, 0, count * sizeof(unsigned long long), stream_));
-  std::vector<cudaEvent_t> events(2 * count, nullptr);
-  absl::Status status = [&]() -> absl::Status {
-    for (cudaEvent_t& event : events) CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
-    CUBLAS_RETURN_IF_ERROR(launch(0));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(reference, d, span, cudaMemcpyDeviceToDevice, stream_));
-    constexpr int kTimedLaunches = 3;
-    for (int i = 0; i < count; ++i) {
-      if (launch(i) != CUBLAS_STATUS_SUCCESS) {  // Warm-up; a candidate that fails is skipped.
-        cudaGetLastError();
-        continue;
-      }
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * i], stream_));
-      for (int t = 0; t < kTimedLaunches; ++t) CUBLAS_RETURN_IF_ERROR(launch(i));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * i + 1], stream_));
-      CUDA_RETURN_IF_ERROR(CountDifferentWords(reference, d, span, differ + i, stream_));
-    }
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(measure_counts_, differ,
-                                         count * sizeof(unsigned long long),
-                                         cudaMemcpyDeviceToHost, stream_));
-    if (absl::Status waited = WaitForStream("timing GEMM algorithms"); !waited.ok()) {
-      return waited;
-    }
-    int best = 0;
-    float best_ms = 0;
-    for (int i = 0; i < count; ++i) {
-      float ms = 0;
-      if (cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]) != cudaSuccess) {
-        cudaGetLastError();  // Skipped above: never recorded.
-        continue;
-      }
-      if (measure_counts_[i] != 0) continue;  // Other bits than the first choice's.
-      if (i == 0 || ms < best_ms) {
-        best = i;
-        best_ms = ms;
-      }
-    }
-    plan->algo = plan->candidates[best];
-    return absl::OkStatus();
-  }();
-  for (cudaEvent_t event : events) {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
-  cudaFreeAsync(differ, stream_);
-  cudaFreeAsync(reference, stream_);
-  return status;
 }
 
 absl::Status CudaBackend::LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
@@ -401,16 +322,6 @@ absl::Status CudaBackend::LtMatmul(const LtShape& shape, const void* a, const vo
   if (bias != nullptr) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         (*plan)->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  if (!(*plan)->measured) {
-    (*plan)->measured = true;
-    // Not while a step is recorded: the timing waits on the stream.
-    if (measure_gemms_ && !recording_ && (*plan)->candidates.size() > 1 &&
-        2.0 * shape.m * shape.n * shape.k >= kMeasuredGemmFlops) {
-      if (absl::Status measured = MeasureAlgorithms(shape, *plan, a, b, d); !measured.ok()) {
-        return measured;
-      }
-    }
   }
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublas_lt_, (*plan)->operation, &alpha, a, (*plan)->a, b,

@@ -134,22 +134,9 @@ class CudaBackend final : public Backend {
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
-    // The heuristic's candidates, best first by its estimate (algo starts as the first).
-    std::vector<cublasLtMatmulAlgo_t> candidates;
     bool available = false;
-    bool measured = false;
   };
   absl::StatusOr<LtPlan*> Plan(const LtShape& shape);
-  // For a large GEMM, once, on its first call's own operands: times the heuristic's candidates
-  // and keeps the fastest whose output equals the first candidate's bit for bit. The heuristic's
-  // first choice is not always its fastest (mlp8k's weight gradient: 686 against 718 TFLOP/s
-  // sustained, bench/gemm_algos), and the bit-for-bit condition keeps the numerics independent of
-  // the timing: every rank, restart and replay computes what the first choice computes.
-  absl::Status MeasureAlgorithms(const LtShape& shape, LtPlan* plan, const void* a,
-                                 const void* b, void* d);
-  static constexpr int kAlgoCandidates = 8;
-  // GEMMs below this many flops keep the heuristic's choice (launch-bound; not worth timing).
-  static constexpr double kMeasuredGemmFlops = 2e10;
 
   int device_;
   int64_t wait_timeout_ms_;
@@ -159,8 +146,6 @@ class CudaBackend final : public Backend {
   void* lt_workspace_ = nullptr;
   static constexpr size_t kLtWorkspaceBytes = 64 << 20;
   std::map<LtShape, LtPlan> lt_plans_;
-  bool measure_gemms_ = true;  // MPTRAIN_GEMM_ALGOS=heuristic turns MeasureAlgorithms off.
-  unsigned long long* measure_counts_ = nullptr;  // Pinned, kAlgoCandidates entries.
   void* ones_ = nullptr;  // Low-precision ones (fp16, bf16 and fp32 copies side by side).
   int64_t ones_rows_ = 0;
   void* bias_scratch_ = nullptr;

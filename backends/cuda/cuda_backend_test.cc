@@ -609,60 +609,6 @@ TEST(CudaBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
   EXPECT_EQ(results[0], results[1]);
 }
 
-// Large GEMMs time cuBLASLt's candidates on their first call and keep the fastest whose output
-// equals the heuristic's first choice bit for bit (CudaBackend::MeasureAlgorithms): a layer's
-// forward and backward give the same bits with and without the measurement.
-TEST(CudaBackend, MeasuredGemmAlgorithms_ChangeNoBits) {
-  REQUIRE_GPUS(1);
-  const int64_t rows = 2048, in = 4096, out = 4096;  // 2 * 2048 * 4096 * 4096 flops: measured.
-  std::mt19937 generator(9);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(rows * in), w(out * in), b(out), dy(rows * out);
-  for (float& v : x) v = normal(generator);
-  for (float& v : w) v = 0.02f * normal(generator);
-  for (float& v : b) v = 0.1f * normal(generator);
-  for (float& v : dy) v = 0.01f * normal(generator);
-  std::vector<std::vector<float>> results;
-  for (bool measure : {false, true}) {
-    if (measure) {
-      unsetenv("MPTRAIN_GEMM_ALGOS");
-    } else {
-      setenv("MPTRAIN_GEMM_ALGOS", "heuristic", 1);
-    }
-    auto gpu = SingleRankBackend();
-    unsetenv("MPTRAIN_GEMM_ALGOS");
-    auto f32 = [&](int64_t r, int64_t c, const std::vector<float>& host) {
-      Tensor t = *gpu->Allocate(DType::kF32, r, c);
-      EXPECT_TRUE(gpu->Upload(host.data(), t).ok());
-      return t;
-    };
-    auto f16 = [&](Tensor t) {
-      Tensor low = *gpu->Allocate(DType::kF16, t.rows, t.cols);
-      EXPECT_TRUE(gpu->Cast(t, low).ok());
-      return low;
-    };
-    Tensor tx = f16(f32(rows, in, x)), tw = f16(f32(out, in, w)), tb = f16(f32(1, out, b));
-    Tensor tdy = f16(f32(rows, out, dy));
-    Tensor y = *gpu->Allocate(DType::kF16, rows, out);
-    Tensor dx = *gpu->Allocate(DType::kF16, rows, in);
-    Tensor dw = *gpu->Allocate(DType::kF32, out, in);
-    Tensor db = *gpu->Allocate(DType::kF32, 1, out);
-    ASSERT_TRUE(gpu->LinearForward(tx, tw, tb, ActivationKind::kRelu, y, y).ok());
-    ASSERT_TRUE(gpu->LinearBackward(tx, tw, tdy, dx, dw, db, true).ok());
-    std::vector<float> all;
-    for (Tensor t : {y, dx, dw}) {
-      Tensor wide = t.dtype == DType::kF32 ? t : *gpu->Allocate(DType::kF32, t.rows, t.cols);
-      if (t.dtype != DType::kF32) ASSERT_TRUE(gpu->Cast(t, wide).ok());
-      std::vector<float> host(wide.numel());
-      ASSERT_TRUE(gpu->Download(wide, host.data()).ok());
-      all.insert(all.end(), host.begin(), host.end());
-    }
-    results.push_back(all);
-  }
-  ASSERT_EQ(results[0].size(), results[1].size());
-  EXPECT_TRUE(results[0] == results[1]) << "a measured algorithm changed the GEMMs' bits";
-}
-
 // Steps recorded once as a CUDA graph and replayed (TrainingConfig::record_steps) must do
 // exactly what the same steps issued op by op do: the same parameters bit for bit, the same
 // telemetry, the same skips and scale trajectory — with the learning rate changing every step

@@ -482,16 +482,6 @@ __global__ void update_parameters_vec4_kernel(UpdateRule rule, float* params, co
   }
 }
 
-__global__ void count_different_words_kernel(const uint4* a, const uint4* b, int64_t words,
-                                             unsigned long long* count) {
-  unsigned long long local = 0;
-  GRID_STRIDE(i, words) {
-    const uint4 x = a[i], y = b[i];
-    local += (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) ? 1 : 0;
-  }
-  if (local != 0) atomicAdd(count, local);
-}
-
 template <typename T>
 __global__ void compress_kernel(const float* src, float divisor, T* dst, int64_t n) {
   GRID_STRIDE(i, n) dst[i] = FromFloat<T>(ToFloat<T>(FromFloat<T>(src[i])) / divisor);
@@ -532,15 +522,6 @@ cudaError_t CompressF32(const float* src, float divisor, void* dst, DType dtype,
     compress_kernel<T><<<Blocks(n), kThreads, 0, stream>>>(src, divisor, static_cast<T*>(dst), n);
     return cudaGetLastError();
   });
-}
-
-cudaError_t CountDifferentWords(const void* a, const void* b, int64_t bytes,
-                                unsigned long long* count, cudaStream_t stream) {
-  const int64_t words = bytes / 16;
-  count_different_words_kernel<<<Blocks(words) > 4096 ? 4096 : Blocks(words), kThreads, 0,
-                                 stream>>>(static_cast<const uint4*>(a),
-                                           static_cast<const uint4*>(b), words, count);
-  return cudaGetLastError();
 }
 
 cudaError_t CastToF32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream) {

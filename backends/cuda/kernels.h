@@ -20,10 +20,6 @@ cudaError_t CastFromF32(const float* src, void* dst, DType dtype, int64_t n, cud
 cudaError_t CompressF32(const float* src, float divisor, void* dst, DType dtype, int64_t n,
                         cudaStream_t stream);
 // dst f32 = src (dtype), n elements.
-// Adds to *count the number of 16-byte words in which a and b (`bytes` each, a multiple of 16,
-// 16-byte aligned) differ: whether two GEMM algorithms gave the same bits.
-cudaError_t CountDifferentWords(const void* a, const void* b, int64_t bytes, unsigned long long* count,
-                                cudaStream_t stream);
 cudaError_t CastToF32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream);
 // out[r, c] = bias[c] for a [rows, cols] buffer of dtype (the GEMM then adds x · wᵀ with beta 1).
 cudaError_t BroadcastBias(const void* bias, void* out, DType dtype, int64_t rows, int64_t cols,
