@@ -6,6 +6,7 @@
 // graphs are held to the same standard in backends/cuda/cuda_backend_test.cc (RecordedSteps).
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "io/npy.h"
 #include "tests/fake_collectives.h"
 #include "tests/recording_backend.h"
+#include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
 
 namespace mptrain {
@@ -63,13 +65,13 @@ struct TrainingRun {
   int replays = 0;
 };
 
-TrainingRun Train(const TrainingConfig& config, bool record) {
+TrainingRun Train(const TrainingConfig& config, bool record, const std::string& resume = "") {
   TrainingRun run;
   CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
   testing::RecordingBackend recording(&cpu);
   TrainingConfig with = config;
   with.record_steps = record;
-  run.result = RunTraining(with, 0, &recording, &run.telemetry);
+  run.result = RunTraining(with, 0, &recording, &run.telemetry, resume);
   run.recordings = recording.recordings();
   run.replays = recording.replays();
   return run;
@@ -129,10 +131,12 @@ TEST(RecordedSteps, AfterAnEvaluation_TheNextStepIsRecordedAgain) {
   EXPECT_EQ(replayed.result->replayed_steps, config.steps - 1);
 }
 
-// Where a step's work is not the same every time, every step is issued op by op.
-TEST(RecordedSteps, ShuffledOrCopiedBatches_AreNotRecorded) {
+// Copied or shuffled micro-batches are staged into buffers of their own before each step
+// (MicroBatches::Stage) and the step reading them is recorded: the same training as op by op,
+// micro-batches crossing the data's end (40 rows, 24 per step) and, shuffled, epochs.
+TEST(RecordedSteps, ShuffledOrCopiedBatches_AreStagedAndRecorded) {
   TrainingConfig config = Config();
-  config.steps = 4;
+  config.steps = 7;
   std::mt19937 generator(12);
   std::normal_distribution<float> normal;
   NpyMatrix x{40, 16, {}}, y{40, 4, {}};
@@ -144,13 +148,49 @@ TEST(RecordedSteps, ShuffledOrCopiedBatches_AreNotRecorded) {
   ASSERT_TRUE(WriteNpyMatrix(config.data.features_path, x).ok());
   ASSERT_TRUE(WriteNpyMatrix(config.data.targets_path, y).ok());
   for (bool shuffle : {false, true}) {
+    SCOPED_TRACE(shuffle ? "shuffled" : "copied");
     config.data.shuffle = shuffle;
     TrainingRun replayed = Train(config, true);
     TrainingRun issued = Train(config, false);
     ExpectSameTraining(replayed, issued);
-    EXPECT_EQ(replayed.recordings, 0) << "shuffle " << shuffle;
-    EXPECT_EQ(replayed.result->replayed_steps, 0);
+    EXPECT_EQ(replayed.recordings, 1);
+    EXPECT_EQ(replayed.result->replayed_steps, config.steps - 1);
   }
+}
+
+// A run resumed from a checkpoint continues the data stream where the checkpoint was (the
+// staged micro-batches are taken at the start of each step, after the checkpoint of the one
+// before): resumed and recorded, it ends exactly where one uninterrupted run issued op by op
+// does, shuffled epochs included.
+TEST(RecordedSteps, StagedBatches_AResumedRunEndsWhereAnUninterruptedOneDoes) {
+  TrainingConfig config = Config();
+  config.steps = 8;
+  std::mt19937 generator(13);
+  std::normal_distribution<float> normal;
+  NpyMatrix x{40, 16, {}}, y{40, 4, {}};
+  for (int i = 0; i < 40 * 16; ++i) x.values.push_back(normal(generator));
+  for (int i = 0; i < 40 * 4; ++i) y.values.push_back(normal(generator));
+  config.data.source = DataConfig::Source::kNpy;
+  config.data.features_path = TempPath("resumed_train_x.npy");
+  config.data.targets_path = TempPath("resumed_train_y.npy");
+  ASSERT_TRUE(WriteNpyMatrix(config.data.features_path, x).ok());
+  ASSERT_TRUE(WriteNpyMatrix(config.data.targets_path, y).ok());
+  config.data.shuffle = true;
+  TrainingRun uninterrupted = Train(config, false);
+  TrainingConfig first_half = config;
+  first_half.checkpoint_every = 3;
+  first_half.checkpoint_dir = TempPath("staged_checkpoints");
+  std::filesystem::create_directories(first_half.checkpoint_dir);
+  first_half.steps = 5;
+  TrainingRun interrupted = Train(first_half, true);
+  ASSERT_TRUE(interrupted.result.ok()) << interrupted.result.status();
+  TrainingRun resumed = Train(config, true, CheckpointPath(first_half.checkpoint_dir, 3));
+  ASSERT_TRUE(resumed.result.ok()) << resumed.result.status();
+  ASSERT_TRUE(uninterrupted.result.ok()) << uninterrupted.result.status();
+  EXPECT_EQ(resumed.result->parameters, uninterrupted.result->parameters);
+  EXPECT_EQ(resumed.result->final_loss_scale, uninterrupted.result->final_loss_scale);
+  EXPECT_EQ(resumed.recordings, 1);
+  EXPECT_EQ(resumed.result->replayed_steps, 4) << "steps 5 to 8, the first issued op by op";
 }
 
 }  // namespace

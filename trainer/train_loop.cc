@@ -236,17 +236,21 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   };
   // Recorded once and replayed (a CUDA graph: one launch instead of one per op) where a step's
   // work is the same every time but for the learning rate, which the replay sets on the
-  // device: the micro-batches are the same tensors (the data is one batch, used in place; a
-  // copied or gathered batch would be recorded with its first offsets), and the host keeps no
-  // count per forward (batch norm's num_batches_tracked). The first step runs op by op: it
-  // sizes every lazily grown buffer, and a buffer grown later (an evaluation's) makes the
-  // backend ask for a new recording.
-  const bool record_steps = config.record_steps && backend->CanRecordSteps() &&
-                            micro_batches.in_place() && !IsBatchNorm(config.model.norm);
+  // device, and the micro-batches' contents: the data is one batch used in place, or each
+  // step's micro-batches are copied (gathered, when shuffling) into buffers of their own before
+  // the step (MicroBatches::Stage, op by op: a recorded copy would keep its first offsets) —
+  // within kStagingBudgetBytes; and the host keeps no count per forward (batch norm's
+  // num_batches_tracked). The first step runs op by op: it sizes every lazily grown buffer, and
+  // a buffer grown later (an evaluation's) makes the backend ask for a new recording.
+  constexpr int64_t kStagingBudgetBytes = int64_t{256} << 20;
+  const bool record_steps =
+      config.record_steps && backend->CanRecordSteps() && !IsBatchNorm(config.model.norm) &&
+      micro_batches.StagingBytes(accumulation) <= kStagingBudgetBytes;
   bool recorded = false;
   int64_t replayed_steps = 0;
   auto record_and_replay = [&](double lr) -> absl::Status {
     ++replayed_steps;
+    RETURN_IF_ERROR(micro_batches.Stage(accumulation));
     if (recorded) {
       absl::Status replayed = backend->ReplayStep(lr);
       if (replayed.code() != absl::StatusCode::kFailedPrecondition) return replayed;

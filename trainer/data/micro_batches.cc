@@ -54,11 +54,40 @@ absl::Status MicroBatches::Next(Tensor* x, Tensor* y) {
     *y = targets_;
     return absl::OkStatus();
   }
+  if (served_ < staged_) {
+    *x = staged_x_[served_];
+    *y = staged_y_[served_];
+    ++served_;
+    return absl::OkStatus();
+  }
   *x = x_;
   *y = y_;
+  return Fill(x_, y_);
+}
+
+absl::Status MicroBatches::Stage(int64_t count) {
+  if (in_place()) return absl::OkStatus();
+  while (static_cast<int64_t>(staged_x_.size()) < count) {
+    ASSIGN_OR_RETURN(Tensor x, backend_->Allocate(DType::kF32, batch_, features_.cols));
+    ASSIGN_OR_RETURN(Tensor y, backend_->Allocate(DType::kF32, batch_, targets_.cols));
+    staged_x_.push_back(x);
+    staged_y_.push_back(y);
+  }
+  for (int64_t i = 0; i < count; ++i) RETURN_IF_ERROR(Fill(staged_x_[i], staged_y_[i]));
+  staged_ = count;
+  served_ = 0;
+  return absl::OkStatus();
+}
+
+int64_t MicroBatches::StagingBytes(int64_t count) const {
+  if (in_place()) return 0;
+  return count * batch_ * (features_.cols + targets_.cols) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status MicroBatches::Fill(Tensor x, Tensor y) {
   if (!shuffling_.enabled) {
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(features_, cursor_, x_));
-    RETURN_IF_ERROR(backend_->CopyRowsWrapping(targets_, cursor_, y_));
+    RETURN_IF_ERROR(backend_->CopyRowsWrapping(features_, cursor_, x));
+    RETURN_IF_ERROR(backend_->CopyRowsWrapping(targets_, cursor_, y));
     cursor_ = (cursor_ + batch_) % features_.rows;
     return absl::OkStatus();
   }
@@ -68,8 +97,8 @@ absl::Status MicroBatches::Next(Tensor* x, Tensor* y) {
     Tensor indices;
     RETURN_IF_ERROR(IndicesOfEpoch(epoch_, &indices));
     const Tensor slice = indices.FlatView(cursor_, 1, take);
-    RETURN_IF_ERROR(backend_->GatherRows(features_, slice, x_.RowSlice(done, take)));
-    RETURN_IF_ERROR(backend_->GatherRows(targets_, slice, y_.RowSlice(done, take)));
+    RETURN_IF_ERROR(backend_->GatherRows(features_, slice, x.RowSlice(done, take)));
+    RETURN_IF_ERROR(backend_->GatherRows(targets_, slice, y.RowSlice(done, take)));
     done += take;
     cursor_ += take;
     if (cursor_ == epoch_rows_) {
@@ -83,6 +112,7 @@ absl::Status MicroBatches::Next(Tensor* x, Tensor* y) {
 int64_t MicroBatches::cursor() const { return cursor_; }
 
 void MicroBatches::SeekToStep(int64_t steps_done, int64_t accumulation) {
+  staged_ = served_ = 0;
   if (shuffling_.enabled) {
     // 128 bits: steps · A · B may pass 2^63.
     const __int128 position = static_cast<__int128>(steps_done) * accumulation * batch_;

@@ -7,6 +7,7 @@
 // continues where the checkpoint was.
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
@@ -33,6 +34,15 @@ class MicroBatches {
   // Every micro-batch is the same unmodified tensor.
   bool in_place() const { return !shuffling_.enabled && features_.rows == batch_; }
 
+  // Copies (or gathers) the next `count` micro-batches now, each into a buffer of its own; the
+  // next `count` calls of Next() return those buffers and issue no work. A step recorded as a
+  // CUDA graph reads its micro-batches from them: the same tensors every step, their contents
+  // staged before each replay (train_loop.cc), which reads them without calling Next(): the
+  // batches of an earlier Stage() are replaced. In-place data needs none: does nothing.
+  absl::Status Stage(int64_t count);
+  // The memory Stage(count) holds, in bytes (0 for in-place data).
+  int64_t StagingBytes(int64_t count) const;
+
   // Shard order: the next row; shuffled: the offset in the current epoch.
   int64_t cursor() const;
   // Where the stream is after `steps_done` optimizer steps of `accumulation` micro-batches.
@@ -40,6 +50,8 @@ class MicroBatches {
 
  private:
   absl::Status IndicesOfEpoch(int64_t epoch, Tensor* indices);
+  // The next micro-batch's rows into x and y ([batch, ...] f32); advances the cursor.
+  absl::Status Fill(Tensor x, Tensor y);
 
   Backend* backend_ = nullptr;
   Tensor features_, targets_, x_, y_;
@@ -52,6 +64,11 @@ class MicroBatches {
   int64_t epoch_ = 0;
   Tensor epoch_indices_[2];
   int64_t indices_epoch_[2] = {-1, -1};
+  // Stage(): the staged micro-batches' buffers (grown once), how many hold staged batches and
+  // how many of those Next() has returned.
+  std::vector<Tensor> staged_x_, staged_y_;
+  int64_t staged_ = 0;
+  int64_t served_ = 0;
 };
 
 }  // namespace mptrain
