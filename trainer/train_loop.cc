@@ -253,6 +253,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     RETURN_IF_ERROR(micro_batches.Stage(accumulation));
     if (recorded) {
       absl::Status replayed = backend->ReplayStep(lr);
+      // The replay read the staged micro-batches: none is left for a later Next().
+      if (replayed.ok()) micro_batches.DropStaged();
       if (replayed.code() != absl::StatusCode::kFailedPrecondition) return replayed;
     }
     RETURN_IF_ERROR(backend->BeginStepRecording());

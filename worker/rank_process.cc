@@ -64,15 +64,19 @@ void OnSignal(int signal) {
 
 // The thread that trains (RunAssignment's), so that a rank that cannot stop says where it is
 // stuck: the signal thread sends it SIGUSR2 before the forced exit, and this handler writes its
-// stack to stderr (the worker's log; addresses resolve with `addr2line -e worker`).
+// stack to stderr (the worker's log; addresses resolve with `addr2line -e worker`). Best effort:
+// backtrace() is not async-signal-safe (it may take the loader's locks), and the exit follows
+// 200 ms later whatever happens.
 std::atomic<pid_t> g_training_thread{0};
 
 void WriteStack(int) {
+  const int saved_errno = errno;
   static const char kHeader[] = "the training thread's stack:\n";
   (void)!write(STDERR_FILENO, kHeader, sizeof(kHeader) - 1);
   void* frames[48];
   const int count = backtrace(frames, 48);
   backtrace_symbols_fd(frames, count, STDERR_FILENO);
+  errno = saved_errno;
 }
 
 void StartSignalThread() {
@@ -91,6 +95,7 @@ void StartSignalThread() {
   backtrace(warm, 1);
   struct sigaction stack_action {};
   stack_action.sa_handler = WriteStack;
+  stack_action.sa_flags = SA_RESTART;  // The training thread's calls go on after it.
   sigemptyset(&stack_action.sa_mask);
   sigaction(SIGUSR2, &stack_action, nullptr);
   std::thread([] {
@@ -275,6 +280,7 @@ int RunAssignment(const RankProcessOptions& options,
     std::_Exit(exit_code);
   }).detach();
   backend.reset();
+  g_training_thread.store(0);
   return exit_code;
 }
 

@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   backend->collective_ = std::move(*collective);
   if (auto* nccl = dynamic_cast<NcclCollective*>(backend->collective_.get())) {
     CudaBackend* self = backend.get();  // Owns the collective: outlives the hook.
-    nccl->SetWhileAborting([self] { self->DropRecordedStep(); });
+    nccl->SetAbortHooks([self] { self->EndRecordingInProgress(); },
+                        [self] { self->DropRecordedStep(); });
   }
   return backend;
 }
@@ -64,7 +65,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   // The collective first: its abort ends kernels still waiting on a peer, and drops the
-  // recorded step meanwhile (NcclCollective::SetWhileAborting); then the stream can drain.
+  // recorded step meanwhile (NcclCollective::SetAbortHooks); then the stream can drain.
   collective_.reset();
   DropRecordedStep();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -743,17 +744,20 @@ bool CudaBackend::ReplayPending() {
   return state == cudaErrorNotReady;
 }
 
-void CudaBackend::DropRecordedStep() {
-  if (recording_) {
-    cudaGraph_t abandoned = nullptr;
-    if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned != nullptr) {
-      cudaGraphDestroy(abandoned);
-    }
-    cudaGetLastError();
-    recording_ = false;
+void CudaBackend::EndRecordingInProgress() {
+  if (!recording_) return;
+  cudaGraph_t abandoned = nullptr;
+  if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned != nullptr) {
+    cudaGraphDestroy(abandoned);
   }
-  // Waits for a replay still running (cudaGraphExecDestroy does): during an abort, its NCCL
-  // kernels end once the abort flag is set.
+  cudaGetLastError();  // An unjoined capture ends with an error: it is abandoned either way.
+  recording_ = false;
+}
+
+void CudaBackend::DropRecordedStep() {
+  EndRecordingInProgress();
+  // Seen to wait for a replay still running (NcclCollective::SetAbortHooks): during an abort,
+  // its NCCL kernels end once the abort flag is set.
   if (step_graph_ != nullptr) cudaGraphExecDestroy(step_graph_);
   step_graph_ = nullptr;
 }

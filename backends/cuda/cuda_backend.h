@@ -102,10 +102,12 @@ class CudaBackend final : public Backend {
   absl::Status WaitForStream(const char* what);
   // Whether the last replayed step, collectives inside, has not completed (for timeouts).
   bool ReplayPending();
-  // Ends a recording in progress and destroys the recorded step (waiting for its launches). Runs
-  // during the collective's abort (NcclCollective::SetWhileAborting): NCCL's abort waits until
-  // the graphs that captured the communicator are destroyed, and a replay waiting on a dead peer
-  // ends only once the abort has begun.
+  // Ends a recording in progress, abandoning it; waits on nothing (runs before the collective's
+  // abort: NcclCollective::SetAbortHooks).
+  void EndRecordingInProgress();
+  // Also destroys the recorded step, which was seen to wait for its replay: runs during the
+  // collective's abort (NCCL's abort waits until the graphs that captured the communicator are
+  // destroyed, and a replay waiting on a dead peer ends only once the abort has begun).
   void DropRecordedStep();
   absl::StatusOr<void*> Scratch(size_t bytes);  // Reused buffer for dW and staging.
   absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,

@@ -828,5 +828,70 @@ TEST(RecordedSteps, TwoGpus_APeerGoneDuringReplays_TheRankStillStopsAtOnce) {
   EXPECT_LT(seconds, 3.0) << "rank 0 took " << seconds << " s to stop";
 }
 
+// A stop while a step is being recorded (the capture not ended yet, both lanes' streams forked
+// into it by a striped allreduce): the collective's abort ends the capture first, then aborts
+// the lanes; the rank's calls return ABORTED at once and its teardown does not hang.
+TEST(RecordedSteps, TwoGpus_AStopWhileAStepIsRecorded_EndsAtOnce) {
+  REQUIRE_GPUS(2);
+  InMemoryKeyValueStore store;
+  StopToken stops[2];
+  absl::Status outcomes[2];
+  double seconds[2] = {0, 0};
+  std::atomic<bool> done[2] = {false, false};
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto backend = CudaBackend::Create(
+          rank,
+          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+            NcclCollectiveOptions options;
+            options.rank = rank;
+            options.world_size = 2;
+            options.store = &store;
+            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
+            options.lanes = 2;
+            options.stop_token = &stops[rank];
+            auto nccl = NcclCollective::Connect(options, stream);
+            if (!nccl.ok()) return nccl.status();
+            return std::unique_ptr<Collective>(std::move(*nccl));
+          },
+          60'000);
+      if (!backend.ok()) {
+        outcomes[rank] = backend.status();
+        done[rank] = true;
+        return;
+      }
+      Collective* collective = (*backend)->collective();
+      Tensor buffer = *(*backend)->Allocate(DType::kF32, 1, int64_t{4} << 20);  // Two stripes.
+      absl::Status status = (*backend)->Zero(buffer);
+      if (status.ok()) status = (*backend)->BeginStepRecording();
+      if (status.ok()) status = collective->AllReduceMeanAsync(buffer);
+      const auto stopped_at = std::chrono::steady_clock::now();
+      stops[rank].RequestStop("test: stopped while a step is recorded");
+      if (status.ok()) status = collective->AllReduceMeanAsync(buffer);
+      (void)(*backend)->EndStepRecording();
+      backend->reset();
+      seconds[rank] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+      outcomes[rank] = status;
+      done[rank] = true;
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while ((!done[0] || !done[1]) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!done[0] || !done[1]) {
+    std::fprintf(stderr, "FAILED: a rank stopped while recording did not end within 90 s\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  for (auto& rank : ranks) rank.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(outcomes[rank].code(), absl::StatusCode::kAborted) << outcomes[rank];
+    EXPECT_LT(seconds[rank], 5.0) << "rank " << rank;
+  }
+}
+
 }  // namespace
 }  // namespace mptrain::cuda

@@ -229,7 +229,8 @@ __global__ void scaled_difference_vec8_kernel(const T* a, const float* b, int64_
 
 // Sixteen elements per thread and iteration (two independent groups of eight: enough loads in
 // flight to keep the memory busy with kReductionBlocks blocks); each thread adds its values in a
-// fixed order, the blocks' partials are added in order: deterministic.
+// fixed order, the blocks' partials are added in order: deterministic. The order is not the
+// scalar kernel's: the double sum (hence the loss) may differ from it in its last bits.
 template <typename T>
 __global__ void squared_difference_partials_vec8_kernel(const T* a, const float* b, int64_t n8,
                                                         double* partials) {
@@ -358,7 +359,8 @@ __global__ void unscale_check_kernel(const float* grads, int64_t n, const StepSt
 }
 
 // As unscale_check_kernel, sixteen gradients per thread and iteration (four float4 loads in
-// flight); the same per-element arithmetic, a fixed order of the double additions.
+// flight); the same per-element arithmetic, a fixed order of the double additions (another than
+// the scalar kernel's: the norm may differ from its in the last bits of the double sum).
 __global__ void unscale_check_vec4_kernel(const float* grads, int64_t n4, const StepState* state,
                                           double* partials, int* inf_flags) {
   const float inv_scale = InverseScale(state->scale);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -426,19 +427,24 @@ std::string NcclCollective::TimeoutMessage(const char* what) {
 void NcclCollective::AbortCommunicator() {
   if (communicator_aborted_) return;
   communicator_aborted_ = true;
-  int device = 0;
-  cudaGetDevice(&device);
-  // One thread per lane: each lane's abort waits for the graphs that captured it, and a graph
-  // with several lanes' kernels ends only once every one of those lanes' flags is set.
+  if (before_abort_) before_abort_();
+  // One thread per lane (SetAbortHooks): each lane's abort waits for the graphs that captured
+  // it, and a graph with several lanes' kernels ends only once every one of their flags is set.
   std::vector<std::thread> aborts;
   for (const Lane& lane : lanes_) {
     if (lane.comm == nullptr) continue;
-    aborts.emplace_back([comm = lane.comm, device] {
-      cudaSetDevice(device);
+    auto abort = [comm = lane.comm] {
+      int device = 0;
+      if (ncclCommCuDevice(comm, &device) == ncclSuccess) cudaSetDevice(device);
       ncclCommAbort(comm);
-    });
+    };
+    try {
+      aborts.emplace_back(abort);
+    } catch (const std::system_error&) {
+      abort();  // No thread to be had: in turn (no graph holds this lane, or it cannot end).
+    }
   }
-  if (while_aborting_) while_aborting_();
+  if (during_abort_) during_abort_();
   for (std::thread& abort : aborts) abort.join();
 }
 

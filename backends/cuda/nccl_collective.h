@@ -92,15 +92,19 @@ class NcclCollective final : public Collective {
   // asynchronous error. The caller then calls AbortCommunicator().
   absl::Status AsyncError();
   // ncclCommAbort, once, on the thread that uses the communicator: kernels waiting on peers
-  // return (NCCL's fault tolerance). `while_aborting` (SetWhileAborting) runs meanwhile.
+  // return (NCCL's fault tolerance). The hooks of SetAbortHooks run around it.
   void AbortCommunicator();
-  // Called on the aborting thread while the lanes' ncclCommAbort run on threads of their own.
-  // NCCL's abort sets the communicator's abort flag, then does not return until every CUDA graph
-  // that captured its collectives is destroyed; destroying a graph waits for its launches, which
-  // end only once that flag is set. The owner of such graphs destroys them here: either alone
-  // would wait for the other for ever.
-  void SetWhileAborting(std::function<void()> while_aborting) {
-    while_aborting_ = std::move(while_aborting);
+  // For the owner of CUDA graphs that captured this communicator's collectives. NCCL's abort
+  // sets the communicator's abort flag, then does not return until every such graph is
+  // destroyed; destroying a graph waited for its launch (seen on 2xH200, driver 580, although
+  // CUDA documents a deferred free), and a launch waiting on a dead peer ends only once the flag
+  // is set. So: `before` runs first, on the aborting thread, and must not wait on the device (it
+  // ends a capture in progress, whose lanes may not be joined yet); then each lane's
+  // ncclCommAbort runs on a thread of its own while `during` destroys the graphs; then they are
+  // joined. Either wait alone would last for ever.
+  void SetAbortHooks(std::function<void()> before, std::function<void()> during) {
+    before_abort_ = std::move(before);
+    during_abort_ = std::move(during);
   }
   int64_t collective_timeout_ms() const { return options_.collective_timeout_ms; }
   // Whether collective work is still queued or running on a lane's stream (call before
@@ -141,7 +145,7 @@ class NcclCollective final : public Collective {
 
   NcclCollectiveOptions options_;
   cudaStream_t compute_stream_;
-  std::function<void()> while_aborting_;
+  std::function<void()> before_abort_, during_abort_;
   std::vector<Lane> lanes_;  // lanes_[0] carries everything that is not striped.
   cudaEvent_t grads_ready_ = nullptr;
   std::unique_ptr<PeerDirectory> peers_;

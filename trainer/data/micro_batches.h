@@ -40,6 +40,8 @@ class MicroBatches {
   // staged before each replay (train_loop.cc), which reads them without calling Next(): the
   // batches of an earlier Stage() are replaced. In-place data needs none: does nothing.
   absl::Status Stage(int64_t count);
+  // The staged micro-batches were read without Next() (by a replayed step): forgets them.
+  void DropStaged() { staged_ = served_ = 0; }
   // The memory Stage(count) holds, in bytes (0 for in-place data).
   int64_t StagingBytes(int64_t count) const;
 
