@@ -160,6 +160,27 @@ GpuAndCpuRuns TrainOnGpuAndCpu(const TrainingConfig& spec) {
   return runs;
 }
 
+// Rank `rank` of two on GPU `rank`, its NCCL collective meeting the other through `store`;
+// `lanes` as JobSpec.grad_comm_lanes (0: decided at rendezvous); `stop` aborts its waits.
+absl::StatusOr<std::unique_ptr<CudaBackend>> TwoGpuRank(int rank, InMemoryKeyValueStore* store,
+                                                        int lanes, StopToken* stop = nullptr) {
+  return CudaBackend::Create(
+      rank,
+      [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+        NcclCollectiveOptions options;
+        options.rank = rank;
+        options.world_size = 2;
+        options.store = store;
+        options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
+        options.lanes = lanes;
+        options.stop_token = stop;
+        auto nccl = NcclCollective::Connect(options, stream);
+        if (!nccl.ok()) return nccl.status();
+        return std::unique_ptr<Collective>(std::move(*nccl));
+      },
+      60'000);
+}
+
 // Trains `spec` (world size 2) on GPUs 0 and 1 over NCCL, one thread per rank; `lanes` as
 // JobSpec.grad_comm_lanes (0: decided at rendezvous).
 std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfig& spec,
@@ -169,20 +190,7 @@ std::array<absl::StatusOr<TrainingResult>, 2> TrainOnTwoGpus(const TrainingConfi
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {
     ranks[rank] = std::thread([&, rank] {
-      auto backend = CudaBackend::Create(
-          rank,
-          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            NcclCollectiveOptions options;
-            options.rank = rank;
-            options.world_size = 2;
-            options.store = &store;
-            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
-            options.lanes = lanes;
-            auto nccl = NcclCollective::Connect(options, stream);
-            if (!nccl.ok()) return nccl.status();
-            return std::unique_ptr<Collective>(std::move(*nccl));
-          },
-          60'000);
+      auto backend = TwoGpuRank(rank, &store, lanes);
       if (!backend.ok()) {
         results[rank] = backend.status();
         return;
@@ -775,20 +783,7 @@ TEST(RecordedSteps, TwoGpus_APeerGoneDuringReplays_TheRankStillStopsAtOnce) {
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {
     ranks[rank] = std::thread([&, rank] {
-      auto backend = CudaBackend::Create(
-          rank,
-          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            NcclCollectiveOptions options;
-            options.rank = rank;
-            options.world_size = 2;
-            options.store = &store;
-            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
-            options.stop_token = &stops[rank];
-            auto nccl = NcclCollective::Connect(options, stream);
-            if (!nccl.ok()) return nccl.status();
-            return std::unique_ptr<Collective>(std::move(*nccl));
-          },
-          60'000);
+      auto backend = TwoGpuRank(rank, &store, /*lanes=*/0, &stops[rank]);
       if (!backend.ok()) {
         results[rank] = backend.status();
       } else {
@@ -841,21 +836,7 @@ TEST(RecordedSteps, TwoGpus_AStopWhileAStepIsRecorded_EndsAtOnce) {
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {
     ranks[rank] = std::thread([&, rank] {
-      auto backend = CudaBackend::Create(
-          rank,
-          [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
-            NcclCollectiveOptions options;
-            options.rank = rank;
-            options.world_size = 2;
-            options.store = &store;
-            options.rendezvous_timeout_ms = options.collective_timeout_ms = 60'000;
-            options.lanes = 2;
-            options.stop_token = &stops[rank];
-            auto nccl = NcclCollective::Connect(options, stream);
-            if (!nccl.ok()) return nccl.status();
-            return std::unique_ptr<Collective>(std::move(*nccl));
-          },
-          60'000);
+      auto backend = TwoGpuRank(rank, &store, /*lanes=*/2, &stops[rank]);
       if (!backend.ok()) {
         outcomes[rank] = backend.status();
         done[rank] = true;

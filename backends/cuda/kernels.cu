@@ -337,6 +337,13 @@ __global__ void count_argmax_matches_kernel(const T* x, int64_t rows, int64_t co
   }
 }
 
+// One gradient's part in phase 1: its inf/NaN flag, its unscaled square added in double.
+__device__ __forceinline__ void AddUnscaled(float g, float inv_scale, double* local, int* found) {
+  if (!isfinite(g)) *found = 1;
+  const float u = g * inv_scale;
+  *local += static_cast<double>(u) * u;
+}
+
 // Phase 1: inf/NaN flag and squared norm of the unscaled gradients, per block. Read-only: phase
 // 3 recomputes the same products, which saves a write and a read of every gradient.
 __global__ void unscale_check_kernel(const float* grads, int64_t n, const StepState* state,
@@ -344,12 +351,7 @@ __global__ void unscale_check_kernel(const float* grads, int64_t n, const StepSt
   const float inv_scale = InverseScale(state->scale);
   double local = 0;
   int found = 0;
-  GRID_STRIDE(i, n) {
-    const float g = grads[i];
-    if (!isfinite(g)) found = 1;
-    const float u = g * inv_scale;
-    local += static_cast<double>(u) * u;
-  }
+  GRID_STRIDE(i, n) AddUnscaled(grads[i], inv_scale, &local, &found);
   const double block_sum = BlockSum(local);
   const int any = __syncthreads_or(found);
   if (threadIdx.x == 0) {
@@ -377,14 +379,10 @@ __global__ void unscale_check_vec4_kernel(const float* grads, int64_t n4, const 
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if (i + k * stride >= n4) break;
-      const float four[4] = {values[k].x, values[k].y, values[k].z, values[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float g = four[j];
-        if (!isfinite(g)) found = 1;
-        const float u = g * inv_scale;
-        local += static_cast<double>(u) * u;
-      }
+      AddUnscaled(values[k].x, inv_scale, &local, &found);
+      AddUnscaled(values[k].y, inv_scale, &local, &found);
+      AddUnscaled(values[k].z, inv_scale, &local, &found);
+      AddUnscaled(values[k].w, inv_scale, &local, &found);
     }
   }
   const double block_sum = BlockSum(local);
@@ -414,6 +412,21 @@ __global__ void finalize_step_kernel(StepConfig config, const float* metrics, St
   state->last_correct = metrics[1];
 }
 
+// The step's update coefficients, computed once per block by thread 0 and shared (ApplyUpdate
+// reads the learning rate only through them). A replayed step's learning rate is set on the
+// device before each replay.
+__device__ __forceinline__ UpdateCoefficients BlockUpdateCoefficients(UpdateRule rule,
+                                                                      const StepState* state,
+                                                                      const double* lr_on_device) {
+  __shared__ UpdateCoefficients shared;
+  if (threadIdx.x == 0) {
+    if (lr_on_device != nullptr) rule.lr = *lr_on_device;
+    shared = PrepareUpdate(rule, *state);
+  }
+  __syncthreads();
+  return shared;
+}
+
 // Phase 3: the optimizer's update on the unscaled, clipped gradients (inv_scale of the scale the
 // step used) unless skipped, and the low-precision copy of each updated parameter. The step's
 // scalars are computed once per block.
@@ -422,14 +435,7 @@ __global__ void update_parameters_kernel(UpdateRule rule, float* params, const f
                                          float* slot_a, float* slot_b, T* params_low, int64_t n,
                                          const StepState* state, const double* lr_on_device) {
   if (state->skipped != 0) return;
-  __shared__ UpdateCoefficients shared;
-  if (threadIdx.x == 0) {
-    // A replayed step's learning rate is set on the device before each replay.
-    if (lr_on_device != nullptr) rule.lr = *lr_on_device;
-    shared = PrepareUpdate(rule, *state);
-  }
-  __syncthreads();
-  const UpdateCoefficients coefficients = shared;
+  const UpdateCoefficients coefficients = BlockUpdateCoefficients(rule, state, lr_on_device);
   const float clip_coef = state->clip_coef;
   const float inv_scale = InverseScale(state->last_scale);
   GRID_STRIDE(i, n) {
@@ -452,13 +458,7 @@ __global__ void update_parameters_vec4_kernel(UpdateRule rule, float* params, co
                                               int64_t n4, const StepState* state,
                                               const double* lr_on_device) {
   if (state->skipped != 0) return;
-  __shared__ UpdateCoefficients shared;
-  if (threadIdx.x == 0) {
-    if (lr_on_device != nullptr) rule.lr = *lr_on_device;
-    shared = PrepareUpdate(rule, *state);
-  }
-  __syncthreads();
-  const UpdateCoefficients coefficients = shared;
+  const UpdateCoefficients coefficients = BlockUpdateCoefficients(rule, state, lr_on_device);
   const float scale = InverseScale(state->last_scale);
   const float clip_coef = state->clip_coef;
   GRID_STRIDE(i, n4) {
