@@ -755,6 +755,21 @@ TEST(RecordedSteps, TwoGpus_ThreeLanes_BucketsOnOneLane_AreRecordedAndBitIdentic
 // (seen on 2xH200 in scripts/gpu_fault_demo.sh: the worker's forced exit 3 s later ended it).
 // Here rank 1 stops after 50 steps (its collective aborts, as a dead peer's would never answer);
 // rank 0 is then stopped 1 s later and must return ABORTED within a few seconds.
+// Waits until `done` or `seconds` have passed. A rank thread stuck in NCCL cannot be joined:
+// on the deadline the test fails loudly and exits rather than hang the suite.
+void AwaitOrExit(const std::atomic<bool>& done, double seconds, const char* failure) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done) return;
+  std::fprintf(stderr, "FAILED: %s\n", failure);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 class StopAfter : public TrainingObserver {
  public:
   StopAfter(int64_t steps, StopToken* stop) : steps_(steps), stop_(stop) {}
@@ -793,27 +808,12 @@ TEST(RecordedSteps, TwoGpus_APeerGoneDuringReplays_TheRankStillStopsAtOnce) {
       done[rank] = true;
     });
   }
-  auto wait_for = [&](int rank, double seconds) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(seconds));
-    while (!done[rank] && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return done[rank].load();
-  };
-  auto hung = [](const char* what) {
-    // A thread stuck in NCCL cannot be joined: fail loudly rather than hang the suite.
-    std::fprintf(stderr, "FAILED: %s\n", what);
-    std::fflush(stderr);
-    std::_Exit(1);
-  };
-  if (!wait_for(1, 30)) hung("rank 1 did not stop within 30 s of its own stop request");
+  AwaitOrExit(done[1], 30, "rank 1 did not stop within 30 s of its own stop request");
   std::this_thread::sleep_for(std::chrono::seconds(1));  // Rank 0 now waits on a gone peer.
   EXPECT_FALSE(done[0]) << "rank 0 ended although its peer is gone: " << results[0].status();
   const auto stopped_at = std::chrono::steady_clock::now();
   stops[0].RequestStop("test: the worker stopped this rank");
-  if (!wait_for(0, 20)) hung("rank 0 did not stop within 20 s of its stop request");
+  AwaitOrExit(done[0], 20, "rank 0 did not stop within 20 s of its stop request");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
   for (auto& rank : ranks) rank.join();
@@ -858,14 +858,8 @@ TEST(RecordedSteps, TwoGpus_AStopWhileAStepIsRecorded_EndsAtOnce) {
       done[rank] = true;
     });
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while ((!done[0] || !done[1]) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!done[0] || !done[1]) {
-    std::fprintf(stderr, "FAILED: a rank stopped while recording did not end within 90 s\n");
-    std::fflush(stderr);
-    std::_Exit(1);
+  for (int rank = 0; rank < 2; ++rank) {
+    AwaitOrExit(done[rank], 90, "a rank stopped while recording did not end within 90 s");
   }
   for (auto& rank : ranks) rank.join();
   for (int rank = 0; rank < 2; ++rank) {
