@@ -266,13 +266,13 @@ def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol
     return problems, worst
 
 
-def run_torchrun(case_dir):
-    """parity/pytorch_reference.py on two GPUs (torchrun, NCCL) for <case_dir>/case.json; its
-    torch_steps.json and torch_final.safetensors land in case_dir."""
+def run_torchrun(case_dir, world=2):
+    """parity/pytorch_reference.py on `world` GPUs (torchrun, NCCL) for <case_dir>/case.json;
+    its torch_steps.json and torch_final.safetensors land in case_dir."""
     here = os.path.dirname(os.path.abspath(__file__))
     torchrun = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         os.path.join(here, "pytorch_reference.py"), "--case",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={world}", os.path.join(here, "pytorch_reference.py"), "--case",
          os.path.join(case_dir, "case.json"), "--out", case_dir],
         capture_output=True, text=True)
     if torchrun.returncode != 0:
@@ -280,14 +280,14 @@ def run_torchrun(case_dir):
         raise RuntimeError(f"torchrun failed in {case_dir}")
 
 
-def run_gpu_reference(name, case, out_dir):
-    """A case's inputs in <out_dir>/<name> and PyTorch's run of it on two GPUs (run_torchrun):
-    returns (case_dir, spec, torch_steps)."""
+def run_gpu_reference(name, case, out_dir, world=2):
+    """A case's inputs in <out_dir>/<name> and PyTorch's run of it on `world` GPUs
+    (run_torchrun): returns (case_dir, spec, torch_steps)."""
     case_dir = os.path.join(out_dir, name)
     os.makedirs(case_dir, exist_ok=True)
-    spec = write_inputs(name, case, case_dir, device="cuda")
+    spec = write_inputs(name, case, case_dir, device="cuda", world=world)
     with open(os.path.join(case_dir, "case.json"), "w") as f:
         json.dump({"spec": spec}, f)
-    run_torchrun(case_dir)
+    run_torchrun(case_dir, world)
     with open(os.path.join(case_dir, "torch_steps.json")) as f:
         return case_dir, spec, json.load(f)

@@ -5,6 +5,7 @@ the loss scale, the skipped flag, the learning rate and the accuracy, and the fi
 
   source device_bundle/env.sh   # on the GPU machine (2 GPUs)
   python3 parity/compare.py --out /tmp/parity
+  python3 parity/compare.py --out /tmp/parity --gpus 1   # a one-GPU machine: world size 1
 
 Tolerances. Both sides round at the same points (autocast: fp16/bf16 GEMM inputs and outputs,
 fp32 accumulation, fp32 loss, fp32 master weights and optimizer). What differs is the order in
@@ -99,18 +100,22 @@ def main():
     parser.add_argument("--bin", default=os.environ.get("MPTRAIN_BIN", "device_bundle/bin"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", default=",".join(CASES))
+    # World size 1 checks the arithmetic (autocast, GradScaler, optimizers, schedules) on a
+    # machine with one GPU; the allreduce and compressed communication need --gpus 2.
+    parser.add_argument("--gpus", type=int, choices=(1, 2), default=2)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gpus = torch.cuda.device_count()
-    if gpus < 2:
-        print(f"compare.py needs 2 GPUs, found {gpus}")
+    if gpus < args.gpus:
+        print(f"compare.py --gpus {args.gpus} needs {args.gpus} GPU(s), found {gpus}")
         return 2
-    cluster = Cluster(args.bin, args.out, gpus=2, roots_dir=os.path.abspath(args.out))
+    cluster = Cluster(args.bin, args.out, gpus=args.gpus, roots_dir=os.path.abspath(args.out),
+                      cpu_workers=args.gpus)
     rows, failures = [], 0
     try:
         for name in args.cases.split(","):
             case = CASES[name]
-            case_dir, spec, torch_steps = run_gpu_reference(name, case, args.out)
+            case_dir, spec, torch_steps = run_gpu_reference(name, case, args.out, args.gpus)
             torch_final = flat(load_safetensors(os.path.join(case_dir, "torch_final.safetensors")))
             init = flat(load_safetensors(spec["init_checkpoint"]))
             results = {}

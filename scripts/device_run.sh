@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [sweep] [trace]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -29,9 +29,10 @@ for step in $STEPS; do
       timeout 300 bash scripts/run_example.sh --digits >"$OUT/digits.log" 2>&1 || status=1
       tail -12 "$OUT/digits.log" ;;
     parity)
-      # PARITY_CASES=a,b runs some of compare.py's cases only.
+      # PARITY_CASES=a,b runs some of compare.py's cases only; PARITY_GPUS=1 on one GPU.
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \
-        ${PARITY_CASES:+--cases "$PARITY_CASES"} >"$OUT/parity.log" 2>&1 || status=1
+        ${PARITY_CASES:+--cases "$PARITY_CASES"} ${PARITY_GPUS:+--gpus "$PARITY_GPUS"} \
+        >"$OUT/parity.log" 2>&1 || status=1
       tail -30 "$OUT/parity.log" ;;
     syncbn)
       # Issue 14: torch.nn.SyncBatchNorm + DDP + no_sync + GradScaler (fp16) against ours.
@@ -102,6 +103,24 @@ for step in $STEPS; do
           echo "$gpus ${setting:-default} $ms" | tee -a "$OUT/sweep.log"
         done
       done ;;
+    ab)
+      # This tree's train_bench against a baseline build carried as bin/train_bench_baseline
+      # (scripts/make_device_bundle.sh BASELINE=<commit>), alternating, AB_ROUNDS times, on
+      # AB_GPUS GPUs: the in-process step time of AB_CONFIG before and after a change.
+      echo "round build ms/step"
+      for round in $(seq ${AB_ROUNDS:-3}); do
+        for build in baseline current; do
+          binary="$MPTRAIN_BIN/train_bench"
+          [ "$build" = baseline ] && binary="$MPTRAIN_BIN/train_bench_baseline"
+          ms=$(timeout 120 "$binary" --gpus=${AB_GPUS:-1} --configs=${AB_CONFIG:-mlp8k} \
+            --warmup=10 --steps=${AB_STEPS:-40} --raw_nccl=false 2>>"$OUT/ab.err" | \
+            python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['step_ms'], 3))")
+          echo "$round $build $ms" | tee -a "$OUT/ab.log"
+        done
+      done ;;
+    overlap)
+      # Whether memory-bound work hides behind mlp8k's GEMMs on one GPU (PyTorch, two streams).
+      timeout 120 python3 bench/overlap_probe.py 2>&1 | tee "$OUT/overlap.log" ;;
     trace)
       # Where mlp8k's step goes while it runs (bench/kernel_trace.cc: CUPTI, concurrent kernels),
       # in process on 1 and 2 GPUs.

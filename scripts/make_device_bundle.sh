@@ -5,6 +5,8 @@
 # NCCL are NOT carried: the machine has its own (NCCL at /usr/lib/x86_64-linux-gnu).
 #
 #   bash scripts/make_device_bundle.sh
+#   BASELINE=<commit> bash scripts/make_device_bundle.sh   # also bin/train_bench_baseline, built
+#                                      # at that commit (device_run.sh ab: before and after)
 #   # then, on the device: source device_bundle/env.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,14 @@ for binary in bazel-bin/bench/*; do
     cp "$binary" "$BUNDLE/bin/"
   fi
 done
+if [ -n "${BASELINE:-}" ]; then
+  # A worktree of its own (its own Bazel output base): this tree's build is left as it is.
+  baseline_tree=/tmp/mptrain-baseline
+  git worktree remove --force "$baseline_tree" 2>/dev/null || rm -rf "$baseline_tree"
+  git worktree add --detach "$baseline_tree" "$BASELINE"
+  (cd "$baseline_tree" && bazel build -c opt //bench:train_bench)
+  cp "$baseline_tree/bazel-bin/bench/train_bench" "$BUNDLE/bin/train_bench_baseline"
+fi
 chmod u+w "$BUNDLE"/bin/*
 # The digits example's data (Debian's python3-sklearn file; the GPU machine has no sklearn).
 mkdir -p "$BUNDLE/data"

@@ -150,6 +150,13 @@ class Backend {
   // dtype, b [R, C] f32, acc [1, 1] f32.
   virtual absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by,
                                             float then_divide, Tensor acc) = 0;
+  // MSE's value and gradient at once: exactly SumSquaredDifference(a, b, divide_by, then_divide,
+  // acc) then ScaledDifference(a, b, coef, step_state, seed_divisor, out), bit for bit; a
+  // backend may read a and b once for both (CUDA, for a 16-bit a). The default makes the calls.
+  virtual absl::Status SquaredErrorAndGradient(Tensor a, Tensor b, double divide_by,
+                                               float then_divide, Tensor acc, float coef,
+                                               StepStateBuffer step_state, float seed_divisor,
+                                               Tensor out);
   // acc[0] += f32(Σ a · b / divide_by) / then_divide, the sum in double; a, b [R, C] f32.
   virtual absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
                                   Tensor acc) = 0;

@@ -51,6 +51,15 @@ absl::Status Collective::AllReduceSum(Tensor) {
       "model.norm sync_batch_norm: this collective has no AllReduceSum");
 }
 
+absl::Status Backend::SquaredErrorAndGradient(Tensor a, Tensor b, double divide_by,
+                                              float then_divide, Tensor acc, float coef,
+                                              StepStateBuffer step_state, float seed_divisor,
+                                              Tensor out) {
+  absl::Status value = SumSquaredDifference(a, b, divide_by, then_divide, acc);
+  if (!value.ok()) return value;
+  return ScaledDifference(a, b, coef, step_state, seed_divisor, out);
+}
+
 absl::Status Backend::ActivationForward(ActivationKind, Tensor, Tensor) {
   return NoNorm(*this, "ActivationForward");
 }

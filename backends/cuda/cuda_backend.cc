@@ -656,6 +656,25 @@ absl::Status CudaBackend::SumSquaredDifference(Tensor a, Tensor b, double divide
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SquaredErrorAndGradient(Tensor a, Tensor b, double divide_by,
+                                                  float then_divide, Tensor acc, float coef,
+                                                  StepStateBuffer step_state, float seed_divisor,
+                                                  Tensor out) {
+  if (a.numel() != b.numel() || a.numel() != out.numel() || a.dtype != out.dtype ||
+      b.dtype != DType::kF32 || acc.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        "SquaredErrorAndGradient: a and out must match in size and dtype, b and acc be f32");
+  }
+  bool fused = false;
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::SquaredErrorAndGradient(
+      a.data, a.dtype, static_cast<const float*>(b.data), a.numel(), divide_by, then_divide,
+      static_cast<float*>(acc.data), coef, step_state.data, seed_divisor, out.data, partials_,
+      stream_, &fused));
+  if (fused) return absl::OkStatus();
+  return Backend::SquaredErrorAndGradient(a, b, divide_by, then_divide, acc, coef, step_state,
+                                          seed_divisor, out);
+}
+
 absl::Status CudaBackend::SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
                                      Tensor acc) {
   if (a.numel() != b.numel() || a.dtype != DType::kF32 || b.dtype != DType::kF32) {

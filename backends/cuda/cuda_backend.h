@@ -67,6 +67,9 @@ class CudaBackend final : public Backend {
                                 float seed_divisor, Tensor out) override;
   absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
                                     Tensor acc) override;
+  absl::Status SquaredErrorAndGradient(Tensor a, Tensor b, double divide_by, float then_divide,
+                                       Tensor acc, float coef, StepStateBuffer step_state,
+                                       float seed_divisor, Tensor out) override;
   absl::Status SumProduct(Tensor a, Tensor b, double divide_by, float then_divide,
                           Tensor acc) override;
   absl::Status LogSoftmaxRows(Tensor x, Tensor out) override;

@@ -562,6 +562,102 @@ TEST(CudaBackend, CompressGradients_MatchesTheCpuBackend_AndWidensBackExactly) {
   }
 }
 
+// MSE's value and gradient from one pass (the 16-bit, aligned, n % 8 == 0 case) must equal the
+// two kernels it replaces bit for bit; other sizes take the two kernels.
+TEST(CudaBackend, SquaredErrorAndGradient_EqualsTheSeparateKernelsBitForBit) {
+  REQUIRE_GPUS(1);
+  auto gpu = SingleRankBackend();
+  ASSERT_NE(gpu, nullptr);
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal;
+  StepState initial;
+  initial.scale = 65536.0f;
+  auto state = gpu->AllocateStepState(initial);
+  ASSERT_TRUE(state.ok());
+  // More than one grid-stride pass, the last one partial (264 blocks × 256 threads × 16).
+  for (int64_t n : {int64_t{1'500'008}, int64_t{4096}, int64_t{1003}}) {
+    std::vector<float> a(n), b(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 4.0f * normal(generator);
+      b[i] = normal(generator);
+    }
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      std::vector<float> losses[2], grads[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        auto a_t = gpu->Allocate(dtype, 1, n);
+        auto b_t = gpu->Allocate(DType::kF32, 1, n);
+        auto out = gpu->Allocate(dtype, 1, n);
+        auto acc = gpu->Allocate(DType::kF32, 1, 1);
+        ASSERT_TRUE(a_t.ok() && b_t.ok() && out.ok() && acc.ok());
+        ASSERT_TRUE(gpu->Upload(a.data(), *a_t).ok());
+        ASSERT_TRUE(gpu->Upload(b.data(), *b_t).ok());
+        const double divide_by = static_cast<double>(n);
+        const float coef = static_cast<float>(2.0 / divide_by);
+        if (fused == 1) {
+          ASSERT_TRUE(gpu->SquaredErrorAndGradient(*a_t, *b_t, divide_by, 4.0f, *acc, coef,
+                                                   *state, 4.0f, *out)
+                          .ok());
+        } else {
+          ASSERT_TRUE(gpu->SumSquaredDifference(*a_t, *b_t, divide_by, 4.0f, *acc).ok());
+          ASSERT_TRUE(gpu->ScaledDifference(*a_t, *b_t, coef, *state, 4.0f, *out).ok());
+        }
+        losses[fused].resize(1);
+        grads[fused].resize(n);
+        ASSERT_TRUE(gpu->Download(*acc, losses[fused].data()).ok());
+        ASSERT_TRUE(gpu->Download(*out, grads[fused].data()).ok());
+      }
+      EXPECT_GT(losses[0][0], 0.0f);
+      EXPECT_EQ(losses[1][0], losses[0][0]) << "n " << n;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(grads[1][i], grads[0][i]) << "n " << n << " element " << i;
+      }
+    }
+  }
+}
+
+// SGD without momentum leaves the momentum buffer out of the update: the same parameters as
+// an update that reads and writes it.
+TEST(CudaBackend, UpdateParameters_SgdWithoutMomentum_SameWithoutTheBuffer) {
+  REQUIRE_GPUS(1);
+  auto gpu = SingleRankBackend();
+  ASSERT_NE(gpu, nullptr);
+  const int64_t n = 10'000;
+  std::vector<float> params(n), grads(n);
+  std::mt19937 generator(12);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < n; ++i) {
+    params[i] = normal(generator);
+    grads[i] = 1024.0f * normal(generator);
+  }
+  StepState initial;
+  initial.scale = 1024.0f;
+  initial.last_scale = 1024.0f;
+  initial.clip_coef = 1.0f;
+  auto state = gpu->AllocateStepState(initial);
+  ASSERT_TRUE(state.ok());
+  UpdateRule rule;
+  rule.lr = 0.01;
+  std::vector<float> results[2];
+  for (int with_buffer = 0; with_buffer < 2; ++with_buffer) {
+    auto p = gpu->Allocate(DType::kF32, 1, n);
+    auto g = gpu->Allocate(DType::kF32, 1, n);
+    auto momentum = gpu->Allocate(DType::kF32, 1, n);
+    auto low = gpu->Allocate(DType::kF16, 1, n);
+    ASSERT_TRUE(p.ok() && g.ok() && momentum.ok() && low.ok());
+    ASSERT_TRUE(gpu->Upload(params.data(), *p).ok());
+    ASSERT_TRUE(gpu->Upload(grads.data(), *g).ok());
+    ASSERT_TRUE(gpu->UpdateParameters(rule, *p, *g, with_buffer ? *momentum : Tensor{}, Tensor{},
+                                      *state, *low)
+                    .ok());
+    results[with_buffer].resize(n);
+    ASSERT_TRUE(gpu->Download(*p, results[with_buffer].data()).ok());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(results[0][i], results[1][i]) << i;
+    ASSERT_NE(results[0][i], params[i]) << i;
+  }
+}
+
 // The mlp8k-like path: the last layer's weight gradient in row chunks (strided dy) must give
 // the gradients of the whole-layer computation.
 TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {

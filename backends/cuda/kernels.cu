@@ -227,13 +227,28 @@ __global__ void scaled_difference_vec8_kernel(const T* a, const float* b, int64_
   }
 }
 
+// MSE's gradient, written by the fused loss kernel below: out = round(coef · (f32(a) − b) ·
+// seed), seed = state->scale / seed_divisor — scaled_difference's formula, element for element.
+template <typename T>
+struct GradientOutput {
+  float coef = 0;
+  const StepState* state = nullptr;
+  float seed_divisor = 1;
+  T* out = nullptr;
+};
+
 // Sixteen elements per thread and iteration (two independent groups of eight: enough loads in
 // flight to keep the memory busy with kReductionBlocks blocks); each thread adds its values in a
 // fixed order, the blocks' partials are added in order: deterministic. The order is not the
-// scalar kernel's: the double sum (hence the loss) may differ from it in its last bits.
-template <typename T>
+// scalar kernel's: the double sum (hence the loss) may differ from it in its last bits. With
+// kGradient it also writes MSE's gradient from the same loads (one pass over a and b instead
+// of two); the partials are the same code, hence the same bits.
+template <typename T, bool kGradient>
 __global__ void squared_difference_partials_vec8_kernel(const T* a, const float* b, int64_t n8,
-                                                        double* partials) {
+                                                        double* partials,
+                                                        GradientOutput<T> gradient) {
+  float seed = 0;
+  if constexpr (kGradient) seed = gradient.state->scale / gradient.seed_divisor;
   double local = 0;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
@@ -258,6 +273,15 @@ __global__ void squared_difference_partials_vec8_kernel(const T* a, const float*
       for (int j = 0; j < 8; ++j) {
         const float diff = ToFloat<T>(av[j]) - bv[j];
         local += static_cast<double>(diff) * diff;
+      }
+      if constexpr (kGradient) {
+        uint4 out_packed;
+        T* o = reinterpret_cast<T*>(&out_packed);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[j] = FromFloat<T>(gradient.coef * (ToFloat<T>(av[j]) - bv[j]) * seed);
+        }
+        reinterpret_cast<uint4*>(gradient.out)[i + group * stride] = out_packed;
       }
     }
   }
@@ -651,8 +675,9 @@ cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int
     using T = decltype(tag);
     if constexpr (sizeof(T) == 2) {
       if (vectorized) {
-        squared_difference_partials_vec8_kernel<T><<<kReductionBlocks, kThreads, 0, stream>>>(
-            static_cast<const T*>(a), b, n / 8, partials);
+        squared_difference_partials_vec8_kernel<T, false>
+            <<<kReductionBlocks, kThreads, 0, stream>>>(static_cast<const T*>(a), b, n / 8,
+                                                        partials, GradientOutput<T>{});
         return cudaGetLastError();
       }
     }
@@ -661,6 +686,30 @@ cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int
     return cudaGetLastError();
   });
   if (error != cudaSuccess) return error;
+  mean_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, divide_by, then_divide,
+                                            acc);
+  return cudaGetLastError();
+}
+
+cudaError_t SquaredErrorAndGradient(const void* a, DType dtype, const float* b, int64_t n,
+                                   double divide_by, float then_divide, float* acc, float coef,
+                                   const StepState* state, float seed_divisor, void* out,
+                                   double* partials, cudaStream_t stream, bool* fused) {
+  *fused = false;
+  if (!Aligned16({a, b, out}) || n % 8 != 0) return cudaSuccess;
+  cudaError_t error = Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      *fused = true;
+      squared_difference_partials_vec8_kernel<T, true>
+          <<<kReductionBlocks, kThreads, 0, stream>>>(
+              static_cast<const T*>(a), b, n / 8, partials,
+              GradientOutput<T>{coef, state, seed_divisor, static_cast<T*>(out)});
+      return cudaGetLastError();
+    }
+    return cudaSuccess;
+  });
+  if (error != cudaSuccess || !*fused) return error;
   mean_finalize_kernel<<<1, 1, 0, stream>>>(partials, kReductionBlocks, divide_by, then_divide,
                                             acc);
   return cudaGetLastError();

@@ -50,6 +50,13 @@ cudaError_t ScaledDifference(const void* a, DType dtype, const float* b, int64_t
 cudaError_t SumSquaredDifference(const void* a, DType dtype, const float* b, int64_t n,
                                  double divide_by, float then_divide, float* acc,
                                  double* partials, cudaStream_t stream);
+// SumSquaredDifference(a, b, ...) and ScaledDifference(a, b, coef, state, seed_divisor, out)
+// in one pass over a and b, with the same bits; only for a 16-bit dtype, 16-byte aligned a, b
+// and out, and n % 8 == 0: otherwise it does nothing and sets *fused = false.
+cudaError_t SquaredErrorAndGradient(const void* a, DType dtype, const float* b, int64_t n,
+                                   double divide_by, float then_divide, float* acc, float coef,
+                                   const StepState* state, float seed_divisor, void* out,
+                                   double* partials, cudaStream_t stream, bool* fused);
 // acc[0] += f32(Σ a·b / divide_by) / then_divide over n f32 elements, the sum in double
 // (deterministic, as SumSquaredDifference).
 cudaError_t SumProduct(const float* a, const float* b, int64_t n, double divide_by,

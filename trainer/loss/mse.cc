@@ -8,10 +8,11 @@ absl::Status MseLoss::Backward(Tensor output, Tensor targets, StepStateBuffer st
                                Tensor metrics, Tensor d_output) {
   const int64_t numel = output.numel();
   const float accumulation = static_cast<float>(accumulation_steps_);
-  RETURN_IF_ERROR(backend_->SumSquaredDifference(output, targets, static_cast<double>(numel),
-                                                 accumulation, metrics.FlatView(0, 1, 1)));
   const float norm = static_cast<float>(2.0 / static_cast<double>(numel));
-  return backend_->ScaledDifference(output, targets, norm, step_state, accumulation, d_output);
+  // The loss (its value for telemetry) and its gradient, seeded with scale / A: one pass.
+  return backend_->SquaredErrorAndGradient(output, targets, static_cast<double>(numel),
+                                           accumulation, metrics.FlatView(0, 1, 1), norm,
+                                           step_state, accumulation, d_output);
 }
 
 absl::Status MseLoss::Evaluate(Tensor output, Tensor targets, Tensor sums) {
