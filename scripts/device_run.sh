@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [sweep] [trace]
+#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -118,6 +118,11 @@ for step in $STEPS; do
           echo "$round $build $ms" | tee -a "$OUT/ab.log"
         done
       done ;;
+    contention)
+      # A collective's resident blocks beside mlp8k's backward GEMMs, with and without the GEMMs'
+      # SM count target (bench/gemm_contention.cc), one GPU.
+      timeout 200 "$MPTRAIN_BIN/gemm_contention" --ctas=${CONTENTION_CTAS:-8,16,32} \
+        2>&1 | tee "$OUT/contention.log" ;;
     overlap)
       # Whether memory-bound work hides behind mlp8k's GEMMs on one GPU (PyTorch, two streams).
       timeout 120 python3 bench/overlap_probe.py 2>&1 | tee "$OUT/overlap.log" ;;

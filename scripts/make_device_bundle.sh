@@ -21,7 +21,7 @@ mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
 cp bazel-bin/coordinator/coordinator bazel-bin/worker/worker bazel-bin/client/trainctl \
   bazel-bin/backends/cuda/cuda_backend_test "$BUNDLE/bin/"
 for binary in bazel-bin/bench/*; do
-  if [ -f "$binary" ] && [ -x "$binary" ] && file "$binary" | grep -q ELF; then
+  if [ -f "$binary" ] && [ -x "$binary" ] && file "$binary" | grep -Eq "ELF .*executable"; then
     cp "$binary" "$BUNDLE/bin/"
   fi
 done

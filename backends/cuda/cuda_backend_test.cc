@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
@@ -506,6 +508,66 @@ TEST(NcclCollective, Connect_GivesUpOnAPeerThatNeverJoins_AndOnAbort) {
         << nccl.status();
     EXPECT_LT(seconds, 5.0) << nccl.status();
   }
+}
+
+// A job of one rank on NCCL: its allreduces and broadcasts leave the data as it is, bit for
+// bit (no kernel runs for them), a one-rank NCCL job trains exactly as one on the single-rank
+// collective, and Abort() still ends every later collective with ABORTED.
+TEST(NcclCollective, OneRank_CollectivesAreTheIdentity_TrainingUnchanged_AbortStillWorks) {
+  REQUIRE_GPUS(1);
+  InMemoryKeyValueStore store;
+  StopToken stop;
+  NcclCollective* collective = nullptr;
+  auto backend = CudaBackend::Create(
+      0,
+      [&](cudaStream_t stream) -> absl::StatusOr<std::unique_ptr<Collective>> {
+        NcclCollectiveOptions options;
+        options.world_size = 1;
+        options.store = &store;
+        options.stop_token = &stop;
+        auto nccl = NcclCollective::Connect(options, stream);
+        if (!nccl.ok()) return nccl.status();
+        collective = nccl->get();
+        return std::unique_ptr<Collective>(std::move(*nccl));
+      },
+      60'000);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::vector<float> values = {1.5f, -0.0f, 3e-41f, -65504.0f, 1e30f,
+                                     std::numeric_limits<float>::infinity(), 0.1f, -7.0f};
+  auto buffer = (*backend)->Allocate(DType::kF32, 1, values.size());
+  auto low = (*backend)->Allocate(DType::kF16, 1, values.size());
+  ASSERT_TRUE(buffer.ok() && low.ok());
+  ASSERT_TRUE((*backend)->Upload(values.data(), *buffer).ok());
+  ASSERT_TRUE((*backend)->Upload(values.data(), *low).ok());
+  ASSERT_TRUE(collective->AllReduceMean(*buffer).ok());
+  ASSERT_TRUE(collective->AllReduceMeanAsync(*buffer).ok());
+  ASSERT_TRUE(collective->AllReduceSumCompressedAsync(*low).ok());
+  ASSERT_TRUE(collective->JoinAllReduces().ok());
+  ASSERT_TRUE(collective->Broadcast(*buffer, 0).ok());
+  ASSERT_TRUE(collective->AllReduceSum(*buffer).ok());
+  EXPECT_EQ(collective->Broadcast(*buffer, 1).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> after(values.size()), after_low(values.size());
+  ASSERT_TRUE((*backend)->Download(*buffer, after.data()).ok());
+  ASSERT_TRUE((*backend)->Download(*low, after_low.data()).ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&after[i], &values[i], 4), 0) << i << ": " << after[i];
+    EXPECT_EQ(after_low[i], RoundTo(DType::kF16, values[i])) << i;
+  }
+
+  // Training: the same parameters as on the single-rank collective.
+  TrainingConfig config = MlpSpec(v1::FP16, 65536.0);
+  NullObserver observer;
+  auto on_nccl = RunTraining(config, 0, backend->get(), &observer);
+  auto single = SingleRankBackend();
+  ASSERT_NE(single, nullptr);
+  auto on_single = RunTraining(config, 0, single.get(), &observer);
+  ASSERT_TRUE(on_nccl.ok() && on_single.ok()) << on_nccl.status() << on_single.status();
+  EXPECT_EQ(on_nccl->checksum, on_single->checksum);
+  EXPECT_EQ(on_nccl->parameters, on_single->parameters);
+
+  stop.RequestStop("test: stopped");
+  EXPECT_EQ(collective->AllReduceMeanAsync(*buffer).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(collective->Broadcast(*buffer, 0).code(), absl::StatusCode::kAborted);
 }
 
 // grad_comm_dtype fp16 / bf16 (DDP's compress hooks) through NCCL's fp16/bf16 sums: the ranks

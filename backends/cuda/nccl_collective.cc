@@ -267,6 +267,11 @@ absl::Status NcclCollective::AbortedStatus(const char* what) {
                                          " aborted: ", abort_reason_));
 }
 
+absl::Status NcclCollective::AloneStatus(const char* what) {
+  if (abort_requested_.load()) return AbortedStatus(what);
+  return absl::OkStatus();
+}
+
 absl::Status NcclCollective::AllReduceMean(Tensor buffer) {
   absl::Status status = AllReduceMeanAsync(buffer);
   if (!status.ok()) return status;
@@ -303,6 +308,9 @@ absl::Status NcclCollective::Enqueue(const char* name, int lanes, Op op) {
 
 absl::Status NcclCollective::StripedAllReduce(const char* name, Tensor buffer,
                                               ncclDataType_t type, ncclRedOp_t op) {
+  // The mean or sum over one rank is the buffer itself. NCCL would still launch a kernel per
+  // call for ncclAvg (its one-rank path scales by 1/1): 1.1 ms per mlp8k step on one GPU.
+  if (options_.world_size == 1) return AloneStatus(name);
   const std::vector<Stripe> stripes =
       PlanStripes(buffer.numel(), lanes(), kMinStripeElements, kStripeAlignElements);
   if (stripes.empty()) return absl::OkStatus();
@@ -338,6 +346,7 @@ absl::Status NcclCollective::Broadcast(Tensor buffer, int root) {
                                                    " is not a rank of a world of ",
                                                    options_.world_size));
   }
+  if (options_.world_size == 1) return AloneStatus("broadcast");  // Rank 0's buffer already.
   absl::Status enqueued = Enqueue("broadcast", 1, [&]() -> absl::Status {
     NCCL_RETURN_IF_ERROR(ncclBroadcast(buffer.data, buffer.data,
                                        static_cast<size_t>(buffer.numel()), ncclFloat32, root,
@@ -366,6 +375,7 @@ absl::Status NcclCollective::AllGather(Tensor send, Tensor recv) {
 }
 
 absl::Status NcclCollective::AllReduceSum(Tensor buffer) {
+  if (options_.world_size == 1) return AloneStatus("allreduce");
   absl::Status enqueued = Enqueue("allreduce", 1, [&]() -> absl::Status {
     NCCL_RETURN_IF_ERROR(ncclAllReduce(buffer.data, buffer.data,
                                        static_cast<size_t>(buffer.numel()), ncclFloat32, ncclSum,

@@ -16,6 +16,9 @@
 // deadline (as nccl-tests does) and calls ncclCommAbort on error, timeout or Abort() from the
 // thread that waits, so no wait is ever endless.
 //
+// In a world of one rank the allreduces and the broadcast are the identity: they run nothing
+// (NCCL's one-rank ncclAvg would launch a kernel per call).
+//
 // Network: NCCL takes its settings from the environment. The worker daemon gives each rank
 // NCCL_SOCKET_IFNAME "=<interface>" (the interface holding the worker's advertised address,
 // for bootstrap and the socket transport) and NCCL_SOCKET_FAMILY, unless the user set them
@@ -142,6 +145,9 @@ class NcclCollective final : public Collective {
   absl::Status StripedAllReduce(const char* name, Tensor buffer, ncclDataType_t type,
                                 ncclRedOp_t op);
   absl::Status AbortedStatus(const char* what);
+  // What an allreduce or broadcast in a world of one returns without any work: ABORTED once
+  // Abort() was called, as for any other collective, else OK.
+  absl::Status AloneStatus(const char* what);
 
   NcclCollectiveOptions options_;
   cudaStream_t compute_stream_;
