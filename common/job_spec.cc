@@ -2,10 +2,17 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace mptrain {
@@ -20,6 +27,9 @@ constexpr int kMaxRestarts = 100;
 constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 16;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr double kMaxQueueTimeoutS = 30.0 * 24 * 3600;
+// Timeouts are used in whole milliseconds: below one they would be 0 (no timeout at all).
+constexpr double kMinTimeoutS = 0.001;
+constexpr double kMaxProgressTimeoutS = 30.0 * 24 * 3600;
 // The scaler's growth tracker is a 32-bit counter on the device.
 constexpr int64_t kMaxGrowthInterval = 1'000'000'000;
 
@@ -183,18 +193,26 @@ absl::Status ValidateLrSchedule(const v1::LrSchedule& schedule, const v1::JobSpe
 }
 
 absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
-  if (!std::isfinite(scaler.init_scale()) || scaler.init_scale() <= 0) {
-    return Invalid(absl::StrCat("loss_scaler.init_scale must be a finite number > 0, got ",
-                                Num(scaler.init_scale())));
+  // The scale and its factors are float32 on the ranks (as GradScaler's tensors): each must
+  // stay finite, and within its range, once rounded to float.
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  constexpr double kFloatMin = std::numeric_limits<float>::min();
+  const double init = scaler.init_scale();
+  if (!std::isfinite(init) || init < kFloatMin || init > kFloatMax) {
+    return Invalid(absl::StrCat("loss_scaler.init_scale must be a number in [", Num(kFloatMin),
+                                ", ", Num(kFloatMax), "] (the scale is a float), got ",
+                                Num(init)));
   }
-  if (!std::isfinite(scaler.growth_factor()) || scaler.growth_factor() <= 1) {
-    return Invalid(absl::StrCat("loss_scaler.growth_factor must be > 1, got ",
-                                Num(scaler.growth_factor())));
+  const double growth = scaler.growth_factor();
+  if (!std::isfinite(growth) || growth > kFloatMax || static_cast<float>(growth) <= 1.0f) {
+    return Invalid(absl::StrCat("loss_scaler.growth_factor must be > 1 as a float and at most ",
+                                Num(kFloatMax), ", got ", Num(growth)));
   }
-  if (!std::isfinite(scaler.backoff_factor()) || scaler.backoff_factor() <= 0 ||
-      scaler.backoff_factor() >= 1) {
-    return Invalid(absl::StrCat("loss_scaler.backoff_factor must be in (0, 1), got ",
-                                Num(scaler.backoff_factor())));
+  const double backoff = scaler.backoff_factor();
+  if (!std::isfinite(backoff) || static_cast<float>(backoff) <= 0.0f ||
+      static_cast<float>(backoff) >= 1.0f) {
+    return Invalid(absl::StrCat("loss_scaler.backoff_factor must be in (0, 1) as a float, got ",
+                                Num(backoff)));
   }
   if (scaler.growth_interval() < 1 || scaler.growth_interval() > kMaxGrowthInterval) {
     return Invalid(absl::StrCat("loss_scaler.growth_interval must be in [1, ",
@@ -203,7 +221,38 @@ absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
   return absl::OkStatus();
 }
 
+// Fields this build does not know (from a newer client, or in a hand-made message) would be
+// kept, stored and copied into every rank's assignment while meaning nothing here: refused,
+// in the spec and in every message inside it.
+absl::Status RefuseUnknownFields(const google::protobuf::Message& message,
+                                 const std::string& path) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(message);
+  if (unknown.field_count() > 0) {
+    return Invalid(absl::StrCat(path, " has ", unknown.field_count(),
+                                " field(s) this coordinator does not know (field number ",
+                                unknown.field(0).number(),
+                                "): is the client newer than the coordinator?"));
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (!field->is_repeated()) {
+      RETURN_IF_ERROR(RefuseUnknownFields(reflection->GetMessage(message, field),
+                                          absl::StrCat(path, ".", field->name())));
+      continue;
+    }
+    for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+      RETURN_IF_ERROR(RefuseUnknownFields(reflection->GetRepeatedMessage(message, field, i),
+                                          absl::StrCat(path, ".", field->name(), "[", i, "]")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
   v1::JobSpec spec;
@@ -265,6 +314,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(RefuseUnknownFields(spec, "spec"));
   if (!IsValidName(spec.name())) {
     // Echo a bounded prefix: the name may be megabytes.
     const std::string shown = spec.name().size() > 64
@@ -361,14 +411,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.telemetry_every() < 1) {
     return Invalid(absl::StrCat("telemetry_every must be >= 1, got ", spec.telemetry_every()));
   }
-  if (!std::isfinite(spec.progress_timeout_s()) || spec.progress_timeout_s() <= 0) {
-    return Invalid(absl::StrCat("progress_timeout_s must be > 0 (default 300), got ",
+  if (!std::isfinite(spec.progress_timeout_s()) || spec.progress_timeout_s() < kMinTimeoutS ||
+      spec.progress_timeout_s() > kMaxProgressTimeoutS) {
+    return Invalid(absl::StrCat("progress_timeout_s must be in [", Num(kMinTimeoutS), ", ",
+                                Num(kMaxProgressTimeoutS), "] seconds (default ",
+                                Num(kDefaultProgressTimeoutS), "), got ",
                                 Num(spec.progress_timeout_s())));
   }
-  if (!std::isfinite(spec.collective_timeout_s()) || spec.collective_timeout_s() <= 0 ||
+  if (!std::isfinite(spec.collective_timeout_s()) ||
+      spec.collective_timeout_s() < kMinTimeoutS ||
       spec.collective_timeout_s() > kMaxCollectiveTimeoutS) {
-    return Invalid(absl::StrCat("collective_timeout_s must be in (0, ", Num(kMaxCollectiveTimeoutS),
-                                "] seconds (default ", Num(kDefaultCollectiveTimeoutS), "), got ",
+    return Invalid(absl::StrCat("collective_timeout_s must be in [", Num(kMinTimeoutS), ", ",
+                                Num(kMaxCollectiveTimeoutS), "] seconds (default ",
+                                Num(kDefaultCollectiveTimeoutS), "), got ",
                                 Num(spec.collective_timeout_s())));
   }
   if (spec.checkpoint_every() < 0) {

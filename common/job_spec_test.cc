@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -315,28 +317,58 @@ TEST(ValidateJobSpec, Momentum_MustBeBelowOne) {
   ExpectInvalid(spec, "optimizer.momentum must be in [0, 1), got 1");
 }
 
+// A field this build does not know (a newer client, or a hand-made binary message) would be
+// stored and copied into every rank's assignment: refused, naming where it is.
+TEST(ValidateJobSpec, UnknownFields_AreRefusedAnywhere) {
+  v1::JobSpec spec = ValidSpec();
+  spec.GetReflection()->MutableUnknownFields(&spec)->AddLengthDelimited(999, std::string(100, 'x'));
+  ExpectInvalid(spec, "spec has 1 field(s) this coordinator does not know (field number 999)");
+  spec = ValidSpec();
+  v1::ModelSpec* model = spec.mutable_model();
+  model->GetReflection()->MutableUnknownFields(model)->AddVarint(77, 1);
+  ExpectInvalid(spec, "spec.model has 1 field(s) this coordinator does not know (field "
+                      "number 77)");
+}
+
 TEST(ValidateJobSpec, WeightDecay_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_optimizer()->set_weight_decay(-0.1);
   ExpectInvalid(spec, "optimizer.weight_decay must be >= 0, got -0.1");
 }
 
-TEST(ValidateJobSpec, InitScale_MustBePositive) {
+TEST(ValidateJobSpec, InitScale_MustBeAPositiveFiniteFloat) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_init_scale(0);
-  ExpectInvalid(spec, "loss_scaler.init_scale must be a finite number > 0, got 0");
+  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.17549e-38, 3.40282e+38] "
+                      "(the scale is a float), got 0");
+  // Finite as a double, infinite or zero as the float the ranks keep it in.
+  spec.mutable_loss_scaler()->set_init_scale(1e39);
+  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.17549e-38, 3.40282e+38]");
+  spec.mutable_loss_scaler()->set_init_scale(1e-39);
+  ExpectInvalid(spec, "got 1e-39");
+  spec.mutable_loss_scaler()->set_init_scale(3e38);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
-TEST(ValidateJobSpec, GrowthFactor_MustExceedOne) {
+TEST(ValidateJobSpec, GrowthFactor_MustExceedOneAsAFloat) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_growth_factor(1.0);
-  ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1, got 1");
+  ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1 as a float and at most "
+                      "3.40282e+38, got 1");
+  spec.mutable_loss_scaler()->set_growth_factor(1.00000001);  // 1.0f: the scale would never grow.
+  ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1 as a float");
+  spec.mutable_loss_scaler()->set_growth_factor(1e39);
+  ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1 as a float and at most");
 }
 
-TEST(ValidateJobSpec, BackoffFactor_MustBeInUnitInterval) {
+TEST(ValidateJobSpec, BackoffFactor_MustBeInUnitIntervalAsAFloat) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_backoff_factor(1.5);
-  ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1), got 1.5");
+  ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1) as a float, got 1.5");
+  spec.mutable_loss_scaler()->set_backoff_factor(0.99999999);  // 1.0f
+  ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1) as a float");
+  spec.mutable_loss_scaler()->set_backoff_factor(1e-50);  // 0.0f
+  ExpectInvalid(spec, "loss_scaler.backoff_factor must be in (0, 1) as a float");
 }
 
 TEST(ValidateJobSpec, GrowthInterval_MustBePositiveAndBounded) {
@@ -471,11 +503,19 @@ TEST(ValidateJobSpec, TelemetryEvery_MustBePositive) {
   ExpectInvalid(spec, "telemetry_every must be >= 1, got -1");
 }
 
-TEST(ValidateJobSpec, ProgressTimeout_MustBePositive) {
+TEST(ValidateJobSpec, ProgressTimeout_MustBeAtLeastAMillisecondAndBounded) {
   v1::JobSpec spec = ValidSpec();
   EXPECT_EQ(spec.progress_timeout_s(), 300) << "default";
   spec.set_progress_timeout_s(-1);
-  ExpectInvalid(spec, "progress_timeout_s must be > 0");
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06] seconds (default 300), "
+                      "got -1");
+  // 0 ms, and an overflowing conversion to ms: each would switch stall detection off.
+  spec.set_progress_timeout_s(0.0001);
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06]");
+  spec.set_progress_timeout_s(1e16);
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06]");
+  spec.set_progress_timeout_s(0.001);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
 TEST(ValidateJobSpec, CollectiveTimeout_DefaultsTo60_AndMustBeInRange) {
@@ -486,16 +526,18 @@ TEST(ValidateJobSpec, CollectiveTimeout_DefaultsTo60_AndMustBeInRange) {
   spec.set_collective_timeout_s(0.5);
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
   spec.set_collective_timeout_s(-1);
-  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600] seconds (default 60), got -1");
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600] seconds (default 60), got -1");
   spec.set_collective_timeout_s(3600.5);
-  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600] seconds (default 60), got 3600.5");
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600] seconds (default 60), got 3600.5");
   spec.set_collective_timeout_s(std::nan(""));
-  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600]");
   spec.set_collective_timeout_s(INFINITY);
-  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600]");
+  spec.set_collective_timeout_s(0.0004);  // 0 ms once rounded: the ranks would refuse it.
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600]");
   // Unset after defaults is impossible, but a spec validated without them is refused too.
   spec.set_collective_timeout_s(0);
-  ExpectInvalid(spec, "collective_timeout_s must be in (0, 3600]");
+  ExpectInvalid(spec, "collective_timeout_s must be in [0.001, 3600]");
 }
 
 TEST(ApplyJobSpecDefaults, ExplicitCollectiveTimeoutKept) {

@@ -432,7 +432,9 @@ absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
                                                    request.max_events()));
   }
   const size_t limit = request.max_events() == 0 ? kDefaultEvents : request.max_events();
-  const int64_t after = std::max<int64_t>(0, request.after_sequence());
+  // (after + 1 is taken below: the largest sequence asked after is one below the maximum.)
+  const int64_t after = std::clamp<int64_t>(request.after_sequence(), 0,
+                                            std::numeric_limits<int64_t>::max() - 1);
   v1::GetJobEventsResponse response;
   int64_t number = 0, oldest_held = 0, last = 0;
   bool terminal = false;
@@ -791,10 +793,15 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   }
   v1::PollAssignmentsResponse response;
   std::set<std::string> desired_keys;
+  size_t start_bytes = 0;
   for (v1::Assignment& assignment : DesiredAssignments(**worker)) {
     std::string key = AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt());
     desired_keys.insert(key);
-    if (!running.count(key)) *response.add_start() = std::move(assignment);
+    if (running.count(key)) continue;
+    const size_t bytes = assignment.ByteSizeLong();
+    if (response.start_size() > 0 && start_bytes + bytes > kMaxPollAnswerBytes) continue;
+    start_bytes += bytes;
+    *response.add_start() = std::move(assignment);
   }
   for (const v1::Assignment& assignment : request.running()) {
     if (RankIsFinishing(assignment)) continue;
@@ -1059,7 +1066,16 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
     effects_.schedule = true;
     return absl::OkStatus();
   }
-  record->RecordSuccess(request.rank(), request.parameter_checksum());
+  // ParameterChecksum's form is 16 hex digits; what is stored and persisted per rank stays that
+  // small.
+  const std::string& checksum = request.parameter_checksum();
+  constexpr size_t kMaxChecksumBytes = 64;
+  if (checksum.size() > kMaxChecksumBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter_checksum must be at most ",
+                                                   kMaxChecksumBytes, " bytes, got ",
+                                                   checksum.size()));
+  }
+  record->RecordSuccess(request.rank(), checksum);
   MaybeFinishJob(record);
   return absl::OkStatus();
 }

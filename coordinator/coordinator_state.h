@@ -88,7 +88,12 @@ inline constexpr int kDefaultListPageSize = 100;
 inline constexpr int kMaxListPageSize = 1'000;
 
 // Sizes of what clients send, answered with INVALID_ARGUMENT naming the limit.
-inline constexpr size_t kMaxSpecBytes = 1 << 20;
+// A real spec is at most ~30 KB (seven paths of at most 4 KiB, small fields); every rank's
+// assignment carries a copy.
+inline constexpr size_t kMaxSpecBytes = 64 << 10;
+// What one PollAssignments answer carries of new assignments, well under a worker's 4 MiB
+// receive limit; the rest come with the next poll, answered at once (at least one per answer).
+inline constexpr size_t kMaxPollAnswerBytes = 2 << 20;
 inline constexpr size_t kMaxKvValueBytes = 1 << 20;
 inline constexpr size_t kMaxKvKeyBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;

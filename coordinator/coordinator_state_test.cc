@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -846,7 +847,7 @@ TEST_F(CoordinatorStateTest, SubmitJob_OversizedSpecOrRequestId_InvalidArgumentN
   request.mutable_spec()->set_name(std::string(kMaxSpecBytes + 1, 'a'));
   auto big = state_->SubmitJob(request);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(big.status().message().find("the limit is 1048576"), std::string::npos);
+  EXPECT_NE(big.status().message().find("the limit is 65536"), std::string::npos);
   EXPECT_LT(big.status().message().size(), 200u);
   *request.mutable_spec() = Spec(1);
   request.mutable_spec()->set_name(std::string(8'000, 'n'));
@@ -947,6 +948,93 @@ TEST_F(CoordinatorStateTest, RegisterWorker_BadNameOrRoots_InvalidArgument) {
   auto relative = state_->RegisterWorker(request);
   EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(relative.status().message().find("data_roots[0]"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, RegisterWorker_TooManySlotsOrDevices_InvalidArgument) {
+  v1::RegisterWorkerRequest request;
+  request.set_host("127.0.0.1");
+  request.set_device(v1::CPU);
+  request.set_name("w");
+  request.set_slots(kMaxWorkerSlots + 1);
+  auto slots = state_->RegisterWorker(request);
+  EXPECT_EQ(slots.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(slots.status().message().find("slots must be in [1, 1024], got 1025"),
+            std::string::npos)
+      << slots.status();
+  request.set_slots(1);
+  for (int i = 0; i <= kMaxWorkerSlots; ++i) request.add_devices()->set_index(i);
+  EXPECT_EQ(state_->RegisterWorker(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.clear_devices();
+  request.set_slots(kMaxWorkerSlots);
+  EXPECT_TRUE(state_->RegisterWorker(request).ok());
+}
+
+TEST_F(CoordinatorStateTest, RegisterWorker_PastTheLiveWorkerLimit_ResourceExhausted) {
+  const std::string first = Register("w0", 1);
+  for (int i = 1; i < kMaxLiveWorkers; ++i) Register(absl::StrCat("w", i), 1);
+  v1::RegisterWorkerRequest request;
+  request.set_host("127.0.0.1");
+  request.set_device(v1::CPU);
+  request.set_slots(1);
+  request.set_name("one-too-many");
+  auto refused = state_->RegisterWorker(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  // A worker leaving makes room.
+  ASSERT_TRUE(Deregister(first, "test").ok());
+  EXPECT_TRUE(state_->RegisterWorker(request).ok());
+}
+
+// A job's ranks each carry its spec: a worker's poll answer is cut at 2 MiB of assignments
+// (under its 4 MiB receive limit), and the next poll brings the rest at once.
+TEST_F(CoordinatorStateTest, PollAssignments_LargeSpecsOnManySlots_ComeInAnswersOf2MiB) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(128);
+  const std::string dir = "/" + std::string(3'990, 'd');
+  v1::NpyData* npy = request.mutable_spec()->mutable_data()->mutable_npy();
+  npy->set_features_path(dir + "/f.npy");
+  npy->set_targets_path(dir + "/t.npy");
+  request.mutable_spec()->mutable_eval_data()->set_features_path(dir + "/ef.npy");
+  request.mutable_spec()->mutable_eval_data()->set_targets_path(dir + "/et.npy");
+  request.mutable_spec()->set_init_checkpoint(dir + "/init.safetensors");
+  request.mutable_spec()->set_output_checkpoint(dir + "/out.safetensors");
+  request.mutable_spec()->set_checkpoint_dir(dir + "/checkpoints");
+  auto submitted = state_->SubmitJob(request);  // Before any worker: paths checked at placement.
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string worker = Register("w", 128);
+  std::vector<v1::Assignment> running;
+  std::set<int> ranks;
+  int answers = 0;
+  while (ranks.size() < 128 && answers < 10) {
+    v1::PollAssignmentsResponse poll = Poll(worker, running);
+    ++answers;
+    ASSERT_GT(poll.start_size(), 0) << "answer " << answers;
+    EXPECT_LE(poll.ByteSizeLong(), kMaxPollAnswerBytes + 64'000);
+    for (const v1::Assignment& start : poll.start()) {
+      EXPECT_TRUE(ranks.insert(start.rank()).second) << "rank " << start.rank() << " twice";
+      running.push_back(start);
+    }
+  }
+  EXPECT_EQ(ranks.size(), 128u);
+  EXPECT_GE(answers, 2) << "128 ranks of a ~28 KB spec do not fit in one 2 MiB answer";
+  EXPECT_EQ(Poll(worker, running).start_size(), 0);
+}
+
+TEST_F(CoordinatorStateTest, ReportRankResult_OversizedChecksum_InvalidArgument) {
+  const std::string worker = Register("w", 1);
+  const std::string job = Submit(1);
+  Poll(worker);
+  v1::ReportRankResultRequest request;
+  request.set_job_id(job);
+  request.set_rank(0);
+  request.set_attempt(1);
+  request.set_rank_secret(RankSecret(job, 0));
+  request.set_parameter_checksum(std::string(4 << 20, 'f'));
+  auto status = state_->ReportRankResult(request);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("parameter_checksum must be at most 64 bytes"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
 }
 
 // ---- Scheduling, resources and bounds ----
@@ -1248,6 +1336,11 @@ TEST_F(CoordinatorStateTest, RankLogAndJobEvents_RefuseHostileRequests) {
   events.set_max_events(-1);
   EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kInvalidArgument);
   events.set_max_events(0);
+  events.set_after_sequence(std::numeric_limits<int64_t>::max());  // after + 1 must not wrap.
+  auto none = state_->GetJobEvents(events);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->events_size(), 0);
+  events.set_after_sequence(0);
   events.set_job_id("job-9999");
   EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kNotFound);
 }

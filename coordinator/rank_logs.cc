@@ -1,6 +1,7 @@
 #include "coordinator/rank_logs.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,7 +12,11 @@ absl::Status RankLogs::Append(int attempt, int rank, int64_t offset, const std::
     return absl::InvalidArgumentError(absl::StrCat("a log chunk is at most ", kMaxChunkBytes,
                                                    " bytes, got ", data.size()));
   }
-  if (offset < 0) return absl::InvalidArgumentError("offset must be >= 0");
+  if (offset < 0 || offset > std::numeric_limits<int64_t>::max() -
+                                  static_cast<int64_t>(data.size())) {
+    return absl::InvalidArgumentError("offset must be >= 0, and offset + the chunk's size fit "
+                                      "in 64 bits");
+  }
   Tail& tail = tails_[{attempt, rank}];
   const int64_t end = offset + static_cast<int64_t>(data.size());
   if (end <= tail.end()) return absl::OkStatus();  // Already held (a retried chunk).

@@ -1,5 +1,7 @@
 #include "coordinator/rank_logs.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -22,6 +24,14 @@ TEST(RankLogs, AppendsChunks_SkipsRetries_AndReadsFromAnOffset) {
   EXPECT_TRUE(logs.Read(1, 0, 12)->complete());
   EXPECT_TRUE(logs.Read(1, 0, 12)->data().empty());
   EXPECT_EQ(logs.Read(1, 1, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RankLogs, OffsetPastTheLargestEnd_IsInvalid) {
+  RankLogs logs;
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(logs.Append(1, 0, max - 2, "abc").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(logs.Append(1, 0, -1, "abc").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(logs.Append(1, 0, max - 3, "abc").ok());
 }
 
 TEST(RankLogs, KeepsTheNewestBytes_AndTwoAttempts) {

@@ -74,8 +74,13 @@ v1::RegisterWorkerResponse WorkerRegistry::Answer(const std::string& worker_id,
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     const v1::RegisterWorkerRequest& request, const std::string& principal,
     bool awaiting_first_poll, int64_t now) {
-  if (request.slots() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", request.slots()));
+  if (request.slots() < 1 || request.slots() > kMaxWorkerSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("slots must be in [1, ", kMaxWorkerSlots,
+                                                   "], got ", request.slots()));
+  }
+  if (request.devices_size() > kMaxWorkerSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("devices may list at most ", kMaxWorkerSlots,
+                                                   " devices, got ", request.devices_size()));
   }
   if (request.device() != v1::CPU && request.device() != v1::CUDA) {
     return absl::InvalidArgumentError("device must be cpu or cuda");
@@ -111,6 +116,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
         "worker name ", name, " is held by live worker ", id,
         "; it frees when that worker deregisters or misses heartbeats for ",
         options_.heartbeat_timeout_ms / 1000.0, " s"));
+  }
+  int live = 0;
+  for (const auto& [id, worker] : workers_) live += worker.alive() ? 1 : 0;
+  if (live >= kMaxLiveWorkers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator has ", live, " live workers, its limit; this one is not registered"));
   }
   // The daemon is back under its name: its lost entry is history now.
   for (const std::string& id : replaced) {

@@ -28,6 +28,11 @@ namespace mptrain {
 
 // Data and output roots a worker may declare, each.
 inline constexpr int kMaxRootsPerKind = 32;
+// Slots (and device descriptions) one worker may declare: a job has at most 1024 ranks, and each
+// scheduling pass walks every free slot.
+inline constexpr int kMaxWorkerSlots = 1024;
+// Live workers at once; a registration past it is RESOURCE_EXHAUSTED.
+inline constexpr int kMaxLiveWorkers = 4096;
 
 // What one slot runs: a rank of one attempt of a job.
 struct BusySlot {

@@ -33,6 +33,10 @@ constexpr int64_t kMaxTensors = 100000;
 // Bounds what a hostile header can make the JSON parser allocate: a shape of millions of 1s
 // would pass every other check.
 constexpr int64_t kMaxArrayElements = 64;
+// Keys of one tensor entry (dtype, shape, data_offsets: a few to spare) and of __metadata__:
+// millions of short keys would cost the parser tens of times the file's size.
+constexpr size_t kMaxTensorFields = 8;
+constexpr size_t kMaxMetadataEntries = 1024;
 
 absl::Status Bad(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", why));
@@ -89,6 +93,12 @@ class HeaderPrecheck {
       return Refuse(frames_.size() == 1
                         ? absl::StrCat("the key '", key, "' appears twice")
                         : absl::StrCat("'", top_key_, "' has the key '", key, "' twice"));
+    }
+    if (frames_.size() == 2) {
+      const size_t limit = top_key_ == "__metadata__" ? kMaxMetadataEntries : kMaxTensorFields;
+      if (frame.keys.size() > limit) {
+        return Refuse(absl::StrCat("'", top_key_, "' has more than ", limit, " keys"));
+      }
     }
     return true;
   }

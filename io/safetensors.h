@@ -39,7 +39,8 @@ struct SafetensorsWriteOptions {
 // ("<path>: is a symbolic link") or unreadable; INVALID_ARGUMENT, naming the file (and the
 // tensor or field), when it is not a regular file ("<path>: not a regular file"), or the header
 // length exceeds the file or 100 MiB, or the header is not a JSON object, has a duplicate key,
-// more than 100,000 tensors, a __metadata__ that is not an object of strings, a tensor that is
+// more than 100,000 tensors, more than 1,024 __metadata__ entries or 8 keys in a tensor's entry,
+// a __metadata__ that is not an object of strings, a tensor that is
 // not F32, has a shape that is not non-negative integers or whose size overflows, data_offsets
 // outside the data or not matching its shape, or overlapping another tensor's; or, with
 // `options.require_finite`, a tensor holds a non-finite value.

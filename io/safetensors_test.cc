@@ -10,6 +10,8 @@
 #include <fstream>
 #include <future>
 #include <limits>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -294,6 +296,29 @@ TEST(Safetensors, ReadSafetensors_TensorCountAtTheCap_IsRead) {
   auto read = ReadSafetensors(path);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->size(), 100000u);
+}
+
+// Millions of short keys would make the parser allocate tens of times the file's size.
+TEST(Safetensors, ReadSafetensors_TooManyKeysInAnObject_IsInvalid) {
+  auto metadata = [](int keys) {
+    std::string header = R"({"__metadata__":{)";
+    for (int i = 0; i < keys; ++i) absl::StrAppend(&header, i ? "," : "", "\"k", i, "\":\"v\"");
+    return header + "}}";
+  };
+  ExpectRefused("many_metadata.safetensors", metadata(1025), 0,
+                "'__metadata__' has more than 1024 keys");
+  const std::string path = TempPath("metadata_at_cap.safetensors");
+  WriteRaw(path, Raw(metadata(1024), 0));
+  std::map<std::string, std::string> read_metadata;
+  auto read = ReadSafetensors(path, &read_metadata);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read_metadata.size(), 1024u);
+
+  std::string fields;
+  for (int i = 0; i < 6; ++i) absl::StrAppend(&fields, ",\"x", i, "\":1");
+  ExpectRefused("many_fields.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4])" + fields + "}}",
+                4, "'w' has more than 8 keys");
 }
 
 TEST(Safetensors, ReadSafetensors_NonFiniteWithRequireFinite_IsInvalidNamingTensorAndIndex) {

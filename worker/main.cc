@@ -99,6 +99,11 @@ absl::Status PinCollectives(mptrain::WorkerOptions* options) {
 absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
   const std::string device = absl::GetFlag(FLAGS_device);
   int slots = absl::GetFlag(FLAGS_slots);
+  // The coordinator takes at most 1024 slots per worker (coordinator/worker_registry.h).
+  if (slots < 0 || slots > 1024) {
+    return absl::InvalidArgumentError("--slots must be in [0, 1024] (0: one per GPU, or 2 CPU "
+                                      "slots), got " + std::to_string(slots));
+  }
   if (device != "cpu" && device != "cuda" && device != "auto") {
     return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got " + device);
   }

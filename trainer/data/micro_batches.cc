@@ -120,8 +120,10 @@ void MicroBatches::SeekToStep(int64_t steps_done, int64_t accumulation) {
     cursor_ = static_cast<int64_t>(position % epoch_rows_);
     return;
   }
+  // 128 bits: both factors are below `rows`, whose square may pass 2^63.
   const int64_t rows = features_.rows;
-  cursor_ = (steps_done % rows) * (accumulation * batch_ % rows) % rows;
+  cursor_ = static_cast<int64_t>(static_cast<__int128>(steps_done % rows) *
+                                 (accumulation * batch_ % rows) % rows);
 }
 
 }  // namespace mptrain
