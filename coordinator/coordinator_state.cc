@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 #include "common/path_rules.h"
 #include "common/resource_estimate.h"
 #include "common/secrets.h"
+#include "common/status_macros.h"
 #include "coordinator/placement.h"
 #include "spdlog/spdlog.h"
 
@@ -134,10 +136,63 @@ JobLimits CoordinatorState::job_limits() const {
                    options_.max_events_per_job, options_.max_events_per_finished_job};
 }
 
+namespace {
+
+// Job numbers a store may hold: far beyond any real count, far below overflow.
+constexpr int64_t kMaxJobNumber = int64_t{1} << 48;
+
+// A stored job as this build writes it, or DATA_LOSS naming what is wrong: the store is a
+// file, and a hand-edited, corrupt or foreign one must not be trusted (a duplicate number or
+// id, a spec no submission could have, progress that does not match the ranks, an id that is
+// not the number's would each crash the coordinator or reach the workers).
+absl::Status CheckStoredJob(const store::StoredJob& stored, const JobStore::Snapshot& snapshot,
+                            const std::set<int64_t>& numbers_seen) {
+  const int64_t number = stored.number();
+  auto refuse = [number](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(
+        "the job store holds a job (number ", number, ") this coordinator did not write: ", why,
+        "; refusing to start (move the store aside to start empty)"));
+  };
+  if (number < 1 || number >= kMaxJobNumber) return refuse("its number is out of range");
+  if (numbers_seen.count(number) != 0) return refuse("its number appears twice");
+  if (stored.job().job_id() != absl::StrFormat("job-%04d", number)) {
+    return refuse(absl::StrCat("its id is not job-", absl::StrFormat("%04d", number)));
+  }
+  auto spec = snapshot.specs.find(number);
+  if (spec == snapshot.specs.end()) return refuse("it has no spec");
+  if (absl::Status valid = ValidateJobSpec(spec->second); !valid.ok()) {
+    return refuse(absl::StrCat("its spec is invalid: ", valid.message()));
+  }
+  const int world_size = spec->second.world_size();
+  if (stored.job().progress_size() != world_size) {
+    return refuse(absl::StrCat("it has progress for ", stored.job().progress_size(),
+                               " ranks and a world of ", world_size));
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (stored.job().progress(rank).rank() != rank) return refuse("its progress is out of order");
+  }
+  if (stored.attempt() < 0 || stored.attempt() > spec->second.max_restarts() + 1) {
+    return refuse(absl::StrCat("its attempt ", stored.attempt(), " is out of range"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CoordinatorState::Restore() {
   if (options_.store == nullptr) return absl::OkStatus();
   absl::StatusOr<JobStore::Snapshot> snapshot = options_.store->Load();
   if (!snapshot.ok()) return snapshot.status();
+  if (snapshot->next_job_number < 0 || snapshot->next_job_number > kMaxJobNumber) {
+    return absl::DataLossError(absl::StrCat("the job store's next job number ",
+                                            snapshot->next_job_number,
+                                            " is out of range; refusing to start"));
+  }
+  std::set<int64_t> numbers;
+  for (const store::StoredJob& stored : snapshot->jobs) {
+    RETURN_IF_ERROR(CheckStoredJob(stored, *snapshot, numbers));
+    numbers.insert(stored.number());
+  }
   Mutation mutation(this);
   const int64_t now = options_.now_ms();
   next_job_number_ = std::max<int64_t>(next_job_number_, snapshot->next_job_number);

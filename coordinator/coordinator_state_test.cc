@@ -1196,6 +1196,72 @@ TEST_F(CoordinatorStateTest, LostWorkers_AreBounded) {
 namespace mptrain {
 namespace {
 
+// A store whose Load returns a given snapshot (a hand-edited or corrupt database's content).
+class SnapshotStore final : public JobStore {
+ public:
+  explicit SnapshotStore(Snapshot snapshot) : snapshot_(std::move(snapshot)) {}
+  absl::StatusOr<Snapshot> Load() override { return snapshot_; }
+  absl::Status Commit(const Batch&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t, int64_t, int) override {
+    return std::vector<v1::WatchJobEvent>{};
+  }
+
+ private:
+  Snapshot snapshot_;
+};
+
+// A stored job this build would not have written refuses the store (DATA_LOSS naming the job)
+// instead of crashing the coordinator or reaching the workers.
+TEST(CoordinatorStateStore, HostileStoredJobs_RefuseTheStoreWithDataLoss) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/hostile_store_", getpid());
+  std::filesystem::remove_all(dir);
+  JobStore::Snapshot valid;
+  {
+    auto store = SqliteJobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    CoordinatorOptions options;
+    options.store = store->get();
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(2);
+    ASSERT_TRUE(state.SubmitJob(request).ok());
+    auto loaded = (*store)->Load();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    valid = *loaded;
+  }
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(valid.jobs.size(), 1u);
+  auto restore = [](JobStore::Snapshot snapshot) {
+    SnapshotStore store(std::move(snapshot));
+    CoordinatorOptions options;
+    options.store = &store;
+    CoordinatorState state(options);
+    return state.Restore();
+  };
+  EXPECT_TRUE(restore(valid).ok()) << restore(valid);
+  auto expect_refused = [&](JobStore::Snapshot snapshot, const std::string& fragment) {
+    absl::Status status = restore(std::move(snapshot));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status;
+  };
+  JobStore::Snapshot twice = valid;
+  twice.jobs.push_back(twice.jobs[0]);
+  expect_refused(twice, "its number appears twice");
+  JobStore::Snapshot renamed = valid;
+  renamed.jobs[0].mutable_job()->set_job_id("../../pwned");
+  expect_refused(renamed, "its id is not job-0001");
+  JobStore::Snapshot huge = valid;
+  huge.specs[huge.jobs[0].number()].set_world_size(2147483647);
+  expect_refused(huge, "its spec is invalid: world_size must be in [1, 1024]");
+  JobStore::Snapshot short_progress = valid;
+  short_progress.jobs[0].mutable_job()->mutable_progress()->RemoveLast();
+  expect_refused(short_progress, "it has progress for 1 ranks and a world of 2");
+  JobStore::Snapshot counter = valid;
+  counter.next_job_number = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(restore(counter).code(), absl::StatusCode::kDataLoss);
+}
+
 // The state writes through its store writer; a second state on the same store restores it.
 TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/state_store_", getpid());

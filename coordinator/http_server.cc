@@ -119,6 +119,29 @@ void SendError(httplib::Response& response, const absl::Status& status) {
                        "application/json");
 }
 
+// What cpp-httplib (Debian 12's 0.11.4) would read or build without a bound, refused before
+// any body is read (the pre-routing handler runs first): a body of no stated length (chunked,
+// which set_payload_max_length does not cover) or an encoded one (its decoded size unknown), a
+// body-carrying method without Content-Length, and byte ranges (one copy of the content per
+// range, in memory). Returns the HTTP status to answer with, or 0 to go on.
+int RefusedRequestShape(const httplib::Request& request, std::string* why) {
+  if (request.has_header("Range")) {
+    *why = "byte ranges are not served";
+    return 416;
+  }
+  if (request.has_header("Transfer-Encoding") || request.has_header("Content-Encoding")) {
+    *why = "request bodies must be sent unencoded, with Content-Length";
+    return 400;
+  }
+  const bool has_body_method =
+      request.method == "POST" || request.method == "PUT" || request.method == "PATCH";
+  if (has_body_method && !request.has_header("Content-Length")) {
+    *why = "a request body needs Content-Length";
+    return 411;
+  }
+  return 0;
+}
+
 std::string CookieToken(const httplib::Request& request) {
   for (absl::string_view part : absl::StrSplit(request.get_header_value("Cookie"), ';')) {
     part = absl::StripAsciiWhitespace(part);
@@ -217,6 +240,14 @@ void HttpServer::Route() {
   // The gate: everything but the login form and its stylesheet needs a user token.
   http.set_pre_routing_handler([this](const httplib::Request& request,
                                       httplib::Response& response) {
+    std::string why;
+    if (const int code = RefusedRequestShape(request, &why); code != 0) {
+      response.status = code;
+      response.set_header("Connection", "close");  // An unread body may follow.
+      response.set_content(absl::StrCat("{\"error\": ", JsonString(why), "}"),
+                           "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (request.path == "/login" || request.path == "/app.css") {
       return httplib::Server::HandlerResponse::Unhandled;
     }

@@ -126,6 +126,19 @@ for w, e, r in zip(watched, exported, rows):
 print(f"3. export: {len(rows)} records, csv and jsonl equal to the watched stream")
 PY
 
+# 3b. Requests whose size cpp-httplib would not bound are refused before any body is read.
+status_of() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+[ "$(status_of -H 'Range: bytes=0-,0-,0-' "$HTTP/app.css")" = 416 ] ||
+  fail "3b. a Range request was served"
+[ "$(status_of -H 'Transfer-Encoding: chunked' --data-binary @/dev/null "$HTTP/login")" = 400 ] ||
+  fail "3b. a chunked body was accepted"
+[ "$(status_of -H 'Content-Encoding: gzip' --data 'token=x' "$HTTP/login")" = 400 ] ||
+  fail "3b. an encoded body was accepted"
+[ "$(status_of -X POST -H 'Content-Length:' "$HTTP/login")" = 411 ] ||
+  fail "3b. a POST without Content-Length was accepted"
+[ "$(status_of "$HTTP/app.css")" = 200 ] || fail "3b. a plain request was refused"
+echo "3b. Range 416, chunked or encoded bodies 400, no Content-Length 411"
+
 # 4. HTTPS with tokens.
 stop_cluster
 CLUSTER_DIR=$CLUSTER_DIR/secure
@@ -154,4 +167,4 @@ if [ $failures -ne 0 ]; then
   echo "0 passed, $failures failed"
   exit 1
 fi
-echo "observability: 4 passed, 0 failed"
+echo "observability: 5 passed, 0 failed"

@@ -10,7 +10,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -40,7 +43,8 @@ ABSL_FLAG(std::string, port_range, "",
           "such setting), for a firewall; 1024..65535, at least one per slot. Default: the "
           "kernel's choice");
 ABSL_FLAG(std::string, name, "", "Stable worker name (default: host:pid)");
-ABSL_FLAG(std::string, work_dir, "", "Directory for assignment files (default: a temp dir)");
+ABSL_FLAG(std::string, work_dir, "",
+          "Directory for assignment files (default: a fresh mode-0700 directory under $TMPDIR)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignment file");
 ABSL_FLAG(int, standby_slot, -1,
@@ -224,15 +228,24 @@ int main(int argc, char** argv) {
   options.warm_ranks = absl::GetFlag(FLAGS_warm_ranks);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (options.work_dir.empty()) {
-    options.work_dir = (std::filesystem::temp_directory_path() /
-                        absl::StrCat("mptrain-worker-", getpid()))
-                           .string();
-  }
-  std::error_code error;
-  std::filesystem::create_directories(options.work_dir, error);
-  if (error) {
-    spdlog::error("cannot create work dir {}: {}", options.work_dir, error.message());
-    return 2;
+    // A fresh directory only this user can enter (mkdtemp: 0700, never an existing one): the
+    // assignment files written there carry rank secrets, and a predictable /tmp name could be
+    // taken by another local user first.
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "mptrain-worker-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      spdlog::error("cannot create a work dir under {}: {}",
+                    std::filesystem::temp_directory_path().string(), std::strerror(errno));
+      return 2;
+    }
+    options.work_dir = pattern;
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(options.work_dir, error);
+    if (error) {
+      spdlog::error("cannot create work dir {}: {}", options.work_dir, error.message());
+      return 2;
+    }
   }
 
   std::atomic<bool> stop{false};

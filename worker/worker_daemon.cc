@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/secrets.h"
@@ -396,6 +397,20 @@ absl::StatusOr<pid_t> WorkerDaemon::LaunchStandby(int slot, int input_fd, int ou
 
 void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   const std::string key = Key(assignment);
+  // The job id names files in the work directory: only the coordinator's "job-N" form, so that
+  // no id (from a corrupt or hostile coordinator store) can reach outside it.
+  const std::string& job_id = assignment.job_id();
+  const bool plain_id = !job_id.empty() && job_id.size() <= 64 &&
+                        std::all_of(job_id.begin(), job_id.end(), [](char c) {
+                          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                                 c == '_';
+                        });
+  if (!plain_id) {
+    spdlog::error("refusing an assignment whose job id is not [A-Za-z0-9_-]{{1,64}}");
+    RunningRank refused{assignment, 0, 0};
+    ReportExit(refused, 126, 0);
+    return;
+  }
   const std::string file = AssignmentFile(assignment);
   if (absl::Status written = WriteAssignmentFile(file, assignment); !written.ok()) {
     spdlog::error("{}", written.ToString());
