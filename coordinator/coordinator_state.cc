@@ -133,7 +133,8 @@ std::string CoordinatorState::JobKey(const std::string& job_id) { return "job:" 
 
 JobLimits CoordinatorState::job_limits() const {
   return JobLimits{options_.max_kv_keys_per_job, options_.max_kv_bytes_per_job,
-                   options_.max_events_per_job, options_.max_events_per_finished_job};
+                   options_.max_events_per_job, options_.max_events_per_finished_job,
+                   options_.max_stored_events_per_job};
 }
 
 namespace {

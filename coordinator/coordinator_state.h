@@ -69,6 +69,8 @@ struct CoordinatorOptions {
   int64_t finished_job_retention_ms = int64_t{7} * 24 * 3600 * 1000;
   // Events (telemetry, state changes) kept of a finished job.
   size_t max_events_per_finished_job = 1'000;
+  // Events the job store keeps of a running job (the history `trainctl export` reads).
+  size_t max_stored_events_per_job = 1'000'000;
   // Lost workers kept for ListWorkers: the newest this many, none lost longer ago than this.
   // A worker that registers again under its name replaces its lost entry at once.
   size_t max_lost_workers = 1'000;

@@ -1196,6 +1196,48 @@ TEST_F(CoordinatorStateTest, LostWorkers_AreBounded) {
 namespace mptrain {
 namespace {
 
+// A long running job's history in the store is bounded too (max_stored_events_per_job, trimmed
+// in steps of kStoredEventsTrimStep events).
+TEST(CoordinatorStateStore, RunningJobsStoredEvents_AreTrimmedToTheLimit) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/trimmed_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.store = store->get();
+  options.max_stored_events_per_job = 100;
+  CoordinatorState state(options);
+  ASSERT_TRUE(state.Restore().ok());
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  ASSERT_TRUE(state.RegisterWorker(worker).ok());
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+  auto submitted = state.SubmitJob(request);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job = submitted->job_id();
+  int64_t step = 0;
+  for (int report = 0; report < 12; ++report) {
+    v1::ReportTelemetryRequest telemetry;
+    telemetry.set_job_id(job);
+    telemetry.set_attempt(1);
+    telemetry.set_rank_secret(state.RankSecretForTesting(job, 1, 0));
+    for (int i = 0; i < 1'000; ++i) telemetry.add_records()->set_step(++step);
+    ASSERT_TRUE(state.ReportTelemetry(telemetry).ok());
+  }
+  ASSERT_EQ(state.GetJob(job)->state(), v1::RUNNING);
+  auto stored = (*store)->LoadEvents(1, 0, 20'000);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_FALSE(stored->empty());
+  // The trim at sequence 10,000 kept the newest 100; about 2,000 came after it.
+  EXPECT_GT(stored->front().sequence(), 9'000);
+  EXPECT_LT(stored->size(), 2'200u);
+  std::filesystem::remove_all(dir);
+}
+
 // A store whose Load returns a given snapshot (a hand-edited or corrupt database's content).
 class SnapshotStore final : public JobStore {
  public:

@@ -183,6 +183,11 @@ void JobRecord::Append(v1::WatchJobEvent event) {
   // A state change concerns the job's workers too; telemetry only its watchers.
   const bool state_change = event.has_state_change();
   changes_->EventAppended(*this, events_.Append(std::move(event)));
+  // The store's history of a running job is bounded too: every kStoredEventsTrimStep events
+  // past the limit, the oldest are dropped there (memory holds far fewer anyway).
+  const int64_t last = events_.last_sequence();
+  const int64_t kept = static_cast<int64_t>(limits_.max_stored_events);
+  if (last > kept && last % kStoredEventsTrimStep == 0) changes_->EventsTrimmed(*this, last - kept);
   Changed(state_change);
 }
 

@@ -62,7 +62,11 @@ struct JobLimits {
   size_t max_kv_bytes = 64 << 20;
   size_t max_events = 10'000;
   size_t max_events_finished = 1'000;
+  // Events the job store keeps of a running job (its export history); older ones are dropped
+  // in steps of kStoredEventsTrimStep, so that a long job's rows stay bounded.
+  size_t max_stored_events = 1'000'000;
 };
+inline constexpr int64_t kStoredEventsTrimStep = 10'000;
 
 // Where a rank was placed: worker id, its host, the slot.
 struct PlacedRank {
