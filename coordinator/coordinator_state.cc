@@ -444,7 +444,9 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   WatchBatch batch;
-  batch.events = record->events().Since(after_sequence);
+  // A bounded batch: a watcher far behind catches up over several fetches.
+  constexpr size_t kMaxWatchBatch = 1'000;
+  batch.events = record->events().Since(after_sequence, kMaxWatchBatch);
   // The terminal state change is always the job's last event.
   batch.finished = record->terminal() &&
                    (batch.events.empty() ||
@@ -506,9 +508,8 @@ absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
     const auto& held = record->events().events();
     oldest_held = held.empty() ? last + 1 : held.front().sequence();
     if (after + 1 >= oldest_held || options_.store == nullptr) {
-      for (const v1::WatchJobEvent& event : record->events().Since(after)) {
-        if (static_cast<size_t>(response.events_size()) == limit) break;
-        *response.add_events() = event;
+      for (v1::WatchJobEvent& event : record->events().Since(after, limit)) {
+        *response.add_events() = std::move(event);
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/job_event_log.h"
 #include "coordinator/store/sqlite_job_store.h"
 #include "gtest/gtest.h"
 
@@ -1236,6 +1237,20 @@ TEST(CoordinatorStateStore, RunningJobsStoredEvents_AreTrimmedToTheLimit) {
   EXPECT_GT(stored->front().sequence(), 9'000);
   EXPECT_LT(stored->size(), 2'200u);
   std::filesystem::remove_all(dir);
+}
+
+// A watcher's fetch returns a bounded batch, from where it left off, whatever the log holds.
+TEST(JobEventLog, Since_StartsAfterTheSequence_AndStopsAtTheLimit) {
+  JobEventLog log(100);
+  for (int i = 0; i < 250; ++i) log.Append(v1::WatchJobEvent());
+  EXPECT_EQ(log.Since(0).size(), 100u);  // The newest 100: 151..250.
+  EXPECT_EQ(log.Since(0).front().sequence(), 151);
+  auto some = log.Since(200, 10);
+  ASSERT_EQ(some.size(), 10u);
+  EXPECT_EQ(some.front().sequence(), 201);
+  EXPECT_EQ(some.back().sequence(), 210);
+  EXPECT_TRUE(log.Since(250).empty());
+  EXPECT_EQ(log.Since(249, 10).size(), 1u);
 }
 
 // A store whose Load returns a given snapshot (a hand-edited or corrupt database's content).

@@ -1,6 +1,7 @@
 #include "coordinator/grpc_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -199,6 +200,19 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     core.state = state;
     core.waits = waits;
     core.job_id = job_id;
+    // Each watch holds a snapshot and a queue and is woken by every event of its job: their
+    // number is bounded (RESOURCE_EXHAUSTED past it, until some end).
+    if (active_watches.fetch_add(1) >= kMaxConcurrentWatches) {
+      active_watches.fetch_sub(1);
+      std::lock_guard<std::recursive_mutex> lock(core.mu);
+      core.finished = true;
+      call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                absl::StrCat("the coordinator serves at most ",
+                                             kMaxConcurrentWatches,
+                                             " watches at once: try again later")));
+      return call;
+    }
+    call->counted_ = true;
     auto snapshot = state->WatchSnapshot(job_id);
     std::lock_guard<std::recursive_mutex> lock(core.mu);
     if (!snapshot.ok()) {
@@ -226,7 +240,10 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     core_->Pump();
   }
   void OnCancel() override { core_->End(grpc::Status::CANCELLED); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (counted_) active_watches.fetch_sub(1);
+    delete this;
+  }
 
  private:
   struct Core : std::enable_shared_from_this<Core> {
@@ -308,6 +325,9 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   };
 
   WatchCall() : core_(std::make_shared<Core>()) {}
+  static constexpr int kMaxConcurrentWatches = 4'096;
+  static inline std::atomic<int> active_watches{0};
+  bool counted_ = false;
   std::shared_ptr<Core> core_;
 };
 

@@ -21,7 +21,9 @@
 namespace mptrain {
 namespace {
 
-constexpr int kHandlerThreads = 4;
+// Each connection holds a thread while it is read (cpp-httplib reads blocking, with a timeout
+// per read): enough threads that a few slow clients do not stall /metrics for everyone.
+constexpr int kHandlerThreads = 16;
 constexpr size_t kMaxQueuedConnections = 64;
 constexpr size_t kMaxBodyBytes = 64 << 10;
 constexpr char kCookie[] = "mptrain_token";
@@ -202,8 +204,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   httplib::Server& http = *server->server_;
   http.new_task_queue = [] { return new BoundedTaskQueue(kHandlerThreads, kMaxQueuedConnections); };
   http.set_payload_max_length(kMaxBodyBytes);
-  http.set_read_timeout(10, 0);
-  http.set_write_timeout(10, 0);
+  http.set_read_timeout(5, 0);
+  http.set_write_timeout(5, 0);
   http.set_keep_alive_max_count(100);
   server->Route();
   if (port == 0) {

@@ -1,5 +1,8 @@
 #include "coordinator/job_event_log.h"
 
+#include <algorithm>
+#include <cstddef>
+
 namespace mptrain {
 
 const v1::WatchJobEvent& JobEventLog::Append(v1::WatchJobEvent event) {
@@ -9,12 +12,12 @@ const v1::WatchJobEvent& JobEventLog::Append(v1::WatchJobEvent event) {
   return events_.back();
 }
 
-std::vector<v1::WatchJobEvent> JobEventLog::Since(int64_t sequence) const {
-  std::vector<v1::WatchJobEvent> events;
-  for (const v1::WatchJobEvent& event : events_) {
-    if (event.sequence() > sequence) events.push_back(event);
-  }
-  return events;
+std::vector<v1::WatchJobEvent> JobEventLog::Since(int64_t sequence, size_t limit) const {
+  auto first = std::upper_bound(
+      events_.begin(), events_.end(), sequence,
+      [](int64_t value, const v1::WatchJobEvent& event) { return value < event.sequence(); });
+  const size_t count = std::min<size_t>(limit, static_cast<size_t>(events_.end() - first));
+  return std::vector<v1::WatchJobEvent>(first, first + static_cast<std::ptrdiff_t>(count));
 }
 
 void JobEventLog::Shrink(size_t capacity) {

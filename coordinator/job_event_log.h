@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <vector>
 
 #include "proto/mptrain.pb.h"
@@ -19,8 +20,10 @@ class JobEventLog {
 
   // Stamps the next sequence number on `event` and keeps it; returns the stamped event.
   const v1::WatchJobEvent& Append(v1::WatchJobEvent event);
-  // Events after `sequence`, oldest first.
-  std::vector<v1::WatchJobEvent> Since(int64_t sequence) const;
+  // Up to `limit` events after `sequence`, oldest first (found by binary search: a watcher's
+  // fetch costs what it returns, not what the log holds).
+  std::vector<v1::WatchJobEvent> Since(int64_t sequence,
+                                       size_t limit = std::numeric_limits<size_t>::max()) const;
   // Keeps only the newest `capacity` events from now on (a finished job).
   void Shrink(size_t capacity);
   // Restores a log (after a coordinator restart): the events and the last sequence number.
