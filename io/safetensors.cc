@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "io/regular_file.h"
 
@@ -328,6 +329,40 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const std::string& path,
   return result;
 }
 
+// An O_DIRECTORY descriptor of `directory`, or -1 with *error set; with `no_symlinks`,
+// reached from "/" one component at a time with O_NOFOLLOW (*error ELOOP when a component is a
+// symbolic link).
+int OpenDirectory(const std::string& directory, bool no_symlinks, int* error) {
+  if (!no_symlinks || directory.empty() || directory[0] != '/') {
+    const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) *error = errno;
+    return fd;
+  }
+  int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = errno;
+    return -1;
+  }
+  for (absl::string_view component : absl::StrSplit(directory, '/', absl::SkipEmpty())) {
+    const std::string part(component);
+    const int next = openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) {
+      *error = errno;
+      // O_NOFOLLOW with O_DIRECTORY answers a symbolic link with ENOTDIR or ELOOP.
+      struct stat link;
+      if (*error == ENOTDIR && fstatat(fd, part.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(link.st_mode)) {
+        *error = ELOOP;
+      }
+      close(fd);
+      return -1;
+    }
+    close(fd);
+    fd = next;
+  }
+  return fd;
+}
+
 absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& tensors,
                                      const std::map<std::string, std::string>& metadata,
                                      const SafetensorsWriteOptions& options) {
@@ -360,25 +395,46 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // Align the data to 8 bytes.
   uint64_t header_len = header_text.size();
 
+  // Everything below is relative to the directory, opened once: with options.no_symlinks it is
+  // reached component by component without following a symbolic link, so a directory swapped
+  // for a link after the path was resolved cannot redirect the file.
+  const std::string directory = DirectoryOf(path);
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  int open_error = 0;
+  const int dir = OpenDirectory(directory, options.no_symlinks, &open_error);
+  if (dir < 0) {
+    std::string why;
+    if (open_error == ENOENT) why = absl::StrCat(" (directory ", directory, " does not exist)");
+    if (open_error == ELOOP) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot create ", path, ": a directory on its path is a symbolic link, and this "
+          "write follows none"));
+    }
+    return absl::ErrnoToStatus(open_error, absl::StrCat("cannot create ", path, why));
+  }
+  struct DirCloser {
+    int fd;
+    ~DirCloser() { close(fd); }
+  } dir_closer{dir};
+
   struct stat existing;
-  if (!options.replace_existing && lstat(path.c_str(), &existing) == 0) {
+  if (!options.replace_existing &&
+      fstatat(dir, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) {
     // Early, to spare writing a file that cannot be placed; the rename below decides.
     return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
   }
 
+  const std::string tmp_name = name + ".tmp." + std::to_string(getpid());
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int fd = openat(dir, tmp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                  0644);
   if (fd < 0) {
-    // The code of the cause: a missing directory is NOT_FOUND, not a permission problem.
+    // The code of the cause: no permission is PERMISSION_DENIED naming the directory.
     const int error = errno;
-    const std::string directory = DirectoryOf(path);
-    struct stat dir_stat;
-    std::string why;
-    if (error == ENOENT && stat(directory.c_str(), &dir_stat) != 0) {
-      why = absl::StrCat(" (directory ", directory, " does not exist)");
-    } else if (error == EACCES || error == EPERM) {
-      why = absl::StrCat(" (no write permission in ", directory, ")");
-    }
+    const std::string why = error == EACCES || error == EPERM
+                                ? absl::StrCat(" (no write permission in ", directory, ")")
+                                : "";
     return absl::ErrnoToStatus(error, absl::StrCat("cannot create ", tmp, why));
   }
   auto write_all = [&](const void* data, size_t size) {
@@ -395,7 +451,7 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
     return true;
   };
   bool ok = write_all(&header_len, 8) && write_all(header_text.data(), header_text.size());
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [tensor_name, tensor] : tensors) {
     if (!ok) break;
     ok = write_all(tensor.values.data(), tensor.values.size() * sizeof(float));
   }
@@ -403,32 +459,28 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
   ok = (close(fd) == 0) && ok;
   if (!ok) {
     const int error = errno;
-    unlink(tmp.c_str());
+    unlinkat(dir, tmp_name.c_str(), 0);
     return absl::DataLossError(absl::StrCat("writing ", tmp, " failed: ", std::strerror(error)));
   }
   int renamed;
   if (options.replace_existing) {
-    renamed = rename(tmp.c_str(), path.c_str());
+    renamed = renameat(dir, tmp_name.c_str(), dir, name.c_str());
   } else {
-    renamed = renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
+    renamed = renameat2(dir, tmp_name.c_str(), dir, name.c_str(), RENAME_NOREPLACE);
     if (renamed != 0 && (errno == EINVAL || errno == ENOSYS)) {
       // A filesystem without RENAME_NOREPLACE: link(2) also refuses an existing target.
-      renamed = link(tmp.c_str(), path.c_str());
-      if (renamed == 0) unlink(tmp.c_str());
+      renamed = linkat(dir, tmp_name.c_str(), dir, name.c_str(), 0);
+      if (renamed == 0) unlinkat(dir, tmp_name.c_str(), 0);
     }
   }
   if (renamed != 0) {
     const int error = errno;
-    unlink(tmp.c_str());
+    unlinkat(dir, tmp_name.c_str(), 0);
     if (error == EEXIST) return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
     return absl::DataLossError(absl::StrCat("renaming ", tmp, " to ", path, " failed: ",
                                             std::strerror(error)));
   }
-  int dir = open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    fsync(dir);
-    close(dir);
-  }
+  fsync(dir);
   return absl::OkStatus();
 }
 

@@ -30,6 +30,10 @@ struct SafetensorsWriteOptions {
   // false: fail with ALREADY_EXISTS instead of replacing a file at `path` (the final rename is
   // renameat2(RENAME_NOREPLACE), so two writers cannot both win).
   bool replace_existing = true;
+  // true: every directory of an absolute `path` is opened from "/" without following symbolic
+  // links, and a link there is PERMISSION_DENIED. For paths resolved earlier (a rank's confined
+  // output paths): a directory swapped for a link since cannot redirect the write.
+  bool no_symlinks = false;
 };
 
 // The reader is total: no file makes it throw, crash or block, and it allocates no more than

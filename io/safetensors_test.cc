@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <limits>
@@ -386,6 +387,32 @@ TEST(Safetensors, WriteSafetensors_MissingDirectory_IsNotFoundSayingSo) {
   tensors["a"] = {{1}, {5}};
   ExpectError(WriteSafetensors(path, tensors), absl::StatusCode::kNotFound, path,
               "(directory " + directory + " does not exist)");
+}
+
+// A directory swapped for a symbolic link after the path was resolved: with no_symlinks the
+// write follows no link on the way (PERMISSION_DENIED, nothing written where the link points).
+TEST(Safetensors, WriteSafetensors_NoSymlinks_RefusesALinkOnThePath) {
+  const std::string real = TempPath("real-dir");
+  const std::string elsewhere = TempPath("elsewhere");
+  const std::string link = TempPath("swapped");
+  std::filesystem::create_directories(real);
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::remove(link);
+  TensorMap tensors;
+  tensors["a"] = {{1}, {5}};
+  SafetensorsWriteOptions options;
+  options.no_symlinks = true;
+  const std::string real_dir = std::filesystem::canonical(real).string();
+  ASSERT_TRUE(WriteSafetensors(real_dir + "/ok.safetensors", tensors, {}, options).ok());
+  std::filesystem::create_directory_symlink(std::filesystem::canonical(elsewhere), link);
+  const std::string through_link =
+      std::filesystem::canonical(TempPath("")).string() + "/swapped/out.safetensors";
+  ExpectError(WriteSafetensors(through_link, tensors, {}, options),
+              absl::StatusCode::kPermissionDenied, through_link, "symbolic link");
+  EXPECT_FALSE(std::filesystem::exists(elsewhere + "/out.safetensors"));
+  // Without the option a link is followed, as for any path a user gives.
+  EXPECT_TRUE(WriteSafetensors(through_link, tensors).ok());
+  EXPECT_TRUE(std::filesystem::exists(elsewhere + "/out.safetensors"));
 }
 
 TEST(Safetensors, WriteSafetensors_DirectoryIsAFile_IsFailedPrecondition) {

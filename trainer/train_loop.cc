@@ -150,6 +150,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     SafetensorsWriteOptions write;
     write.replace_existing = config.overwrite_output || !resume_checkpoint.empty() ||
                              CheckpointWrittenByJob(path, job_id);
+    write.no_symlinks = config.output_paths_resolved;
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     return absl::OkStatus();
@@ -313,6 +314,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   if (rank == 0 && !config.output_checkpoint.empty()) {
     SafetensorsWriteOptions write;
     write.replace_existing = config.overwrite_output;  // Checked before training, enforced here.
+    write.no_symlinks = config.output_paths_resolved;
     std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                     {"steps", std::to_string(config.steps)}};
     if (!job_id.empty()) metadata["mptrain_job"] = job_id;

@@ -119,6 +119,10 @@ struct TrainingConfig {
   int64_t checkpoint_every = 0;  // 0: no checkpoints.
   std::string checkpoint_dir;
   bool overwrite_output = false;
+  // The output paths are already resolved (a worker's rank: realpath, confined to its output
+  // roots): checkpoint and output writes then follow no symbolic link on the way, so a
+  // directory swapped for a link during training cannot redirect them.
+  bool output_paths_resolved = false;
   // Record one optimizer step where the backend can (CUDA graphs) and replay it for the next
   // ones: the same work, bit for bit, for a fraction of the launch cost (train_loop.cc says
   // when). Off: every step issued op by op (a rank started with MPTRAIN_STEP_GRAPHS=0).

@@ -194,6 +194,8 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   RETURN_IF_ERROR(ConfinePaths(options, assignment, &spec, &resume_checkpoint));
   // The one conversion of the spec (defaults, validation) into what the trainer reads.
   ASSIGN_OR_RETURN(TrainingConfig config, TrainingConfigFromSpec(spec));
+  // ConfinePaths resolved them: a symbolic link met on the way later was put there since.
+  config.output_paths_resolved = true;
   // An operator's switch (the worker passes its environment on): every step op by op.
   if (const char* graphs = std::getenv("MPTRAIN_STEP_GRAPHS"); graphs != nullptr &&
                                                                 std::string(graphs) == "0") {
