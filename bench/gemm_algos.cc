@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/cuda_check.h"
 
 ABSL_FLAG(int64_t, rows, 4096, "Rows of a micro-batch (GEMM M of the data side)");
 ABSL_FLAG(int64_t, width, 8192, "Layer width (in = out features)");
@@ -25,24 +26,6 @@ ABSL_FLAG(int, iters, 10, "Timed launches per algorithm");
 ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e = (expr);                                                           \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cudaGetErrorString(e));                                            \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CHECK_LT(expr)                                                                \
-  do {                                                                                \
-    cublasStatus_t s = (expr);                                                        \
-    if (s != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #expr, int(s)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 constexpr size_t kWorkspace = 64 << 20;
 

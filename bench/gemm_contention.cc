@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cuda_check.h"
 #include "bench/sm_occupier.h"
 
 ABSL_FLAG(int64_t, rows, 4096, "Rows of a micro-batch");
@@ -33,24 +34,6 @@ ABSL_FLAG(double, occupier_ms, 0.75, "How long one occupier launch runs alone");
 ABSL_FLAG(int, iters, 5, "Timed sequences per measurement");
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e = (expr);                                                           \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cudaGetErrorString(e));                                            \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CHECK_LT(expr)                                                                \
-  do {                                                                                \
-    cublasStatus_t s = (expr);                                                        \
-    if (s != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #expr, int(s)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 constexpr size_t kWorkspace = 64 << 20;
 
