@@ -92,7 +92,9 @@ void ExpectSameTraining(const TrainingRun& replayed, const TrainingRun& issued) 
     EXPECT_EQ(a.loss_scale, b.loss_scale) << "step " << i + 1;
     EXPECT_EQ(a.skipped, b.skipped) << "step " << i + 1;
     EXPECT_EQ(a.has_eval, b.has_eval) << "step " << i + 1;
-    if (a.has_eval && b.has_eval) EXPECT_EQ(a.eval_loss, b.eval_loss) << "step " << i + 1;
+    if (a.has_eval && b.has_eval) {
+      EXPECT_EQ(a.eval_loss, b.eval_loss) << "step " << i + 1;
+    }
   }
 }
 
