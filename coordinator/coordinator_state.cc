@@ -161,10 +161,13 @@ absl::Status CheckStoredJob(const store::StoredJob& stored, const JobStore::Snap
   }
   auto spec = snapshot.specs.find(number);
   if (spec == snapshot.specs.end()) return refuse("it has no spec");
-  if (absl::Status valid = ValidateJobSpec(spec->second); !valid.ok()) {
-    return refuse(absl::StrCat("its spec is invalid: ", valid.message()));
-  }
+  // What the records are sized by; the rest of the spec is checked once restored (a job that
+  // an older build accepted and this one would not is failed, not the whole store refused).
   const int world_size = spec->second.world_size();
+  constexpr int kMaxStoredWorldSize = 1'024;  // ValidateJobSpec's limit.
+  if (world_size < 1 || world_size > kMaxStoredWorldSize) {
+    return refuse(absl::StrCat("its world_size ", world_size, " is out of range"));
+  }
   if (stored.job().progress_size() != world_size) {
     return refuse(absl::StrCat("it has progress for ", stored.job().progress_size(),
                                " ranks and a world of ", world_size));
@@ -214,6 +217,15 @@ absl::Status CoordinatorState::Restore() {
     job_order_[record->number()] = job_id;
     JobRecord* raw = record.get();
     jobs_[job_id] = std::move(record);
+    if (!raw->terminal()) {
+      if (absl::Status valid = ValidateJobSpec(raw->spec()); !valid.ok()) {
+        // Accepted by another build, not by this one: ended, with the reason, not run.
+        FailJob(raw, absl::StrCat("its spec is not valid for this coordinator: ",
+                                  valid.message()),
+                /*restartable=*/false);  // Listed among the finished by FailJob.
+        continue;
+      }
+    }
     if (raw->state() == v1::PENDING) {
       pending_.push_back(job_id);
     } else if (raw->terminal()) {

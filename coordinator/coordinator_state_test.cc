@@ -1310,13 +1310,29 @@ TEST(CoordinatorStateStore, HostileStoredJobs_RefuseTheStoreWithDataLoss) {
   expect_refused(renamed, "its id is not job-0001");
   JobStore::Snapshot huge = valid;
   huge.specs[huge.jobs[0].number()].set_world_size(2147483647);
-  expect_refused(huge, "its spec is invalid: world_size must be in [1, 1024]");
+  expect_refused(huge, "its world_size 2147483647 is out of range");
   JobStore::Snapshot short_progress = valid;
   short_progress.jobs[0].mutable_job()->mutable_progress()->RemoveLast();
   expect_refused(short_progress, "it has progress for 1 ranks and a world of 2");
   JobStore::Snapshot counter = valid;
   counter.next_job_number = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(restore(counter).code(), absl::StatusCode::kDataLoss);
+
+  // A spec an older build accepted and this one refuses: the job is failed, saying why; the
+  // store and the coordinator go on.
+  JobStore::Snapshot stricter = valid;
+  stricter.specs[stricter.jobs[0].number()].set_progress_timeout_s(0.0001);
+  SnapshotStore store(stricter);
+  CoordinatorOptions options;
+  options.store = &store;
+  CoordinatorState state(options);
+  ASSERT_TRUE(state.Restore().ok());
+  auto job = state.GetJob(stricter.jobs[0].job().job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->error().find("its spec is not valid for this coordinator: progress_timeout_s"),
+            std::string::npos)
+      << job->error();
 }
 
 // The state writes through its store writer; a second state on the same store restores it.
