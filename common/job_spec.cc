@@ -21,7 +21,6 @@ namespace {
 // Limits that keep a typo from asking for terabytes; a real model here is far below them.
 constexpr int64_t kMaxLayerWidth = int64_t{1} << 20;
 constexpr int kMaxLayers = 64;
-constexpr int kMaxWorldSize = 1024;
 constexpr int64_t kMaxMicroBatch = int64_t{1} << 24;
 constexpr int kMaxRestarts = 100;
 constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 16;

@@ -22,6 +22,8 @@ inline constexpr int64_t kDefaultGrowthInterval = 2000;
 inline constexpr double kDefaultProgressTimeoutS = 300;
 inline constexpr double kDefaultCollectiveTimeoutS = 60;
 inline constexpr double kMaxCollectiveTimeoutS = 3600;
+// Ranks of one job; also the most slots one worker may declare (coordinator/worker_registry.h).
+inline constexpr int kMaxWorldSize = 1024;
 // JobSpec.grad_comm_lanes: at most comm/lane_plan.h's kMaxLanes communicators.
 inline constexpr uint32_t kMaxGradCommLanes = 8;
 // torch.optim.Adam's defaults.

@@ -164,8 +164,7 @@ absl::Status CheckStoredJob(const store::StoredJob& stored, const JobStore::Snap
   // What the records are sized by; the rest of the spec is checked once restored (a job that
   // an older build accepted and this one would not is failed, not the whole store refused).
   const int world_size = spec->second.world_size();
-  constexpr int kMaxStoredWorldSize = 1'024;  // ValidateJobSpec's limit.
-  if (world_size < 1 || world_size > kMaxStoredWorldSize) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
     return refuse(absl::StrCat("its world_size ", world_size, " is out of range"));
   }
   if (stored.job().progress_size() != world_size) {

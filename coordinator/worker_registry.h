@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
 #include "coordinator/placement.h"
 #include "proto/mptrain.pb.h"
 
@@ -28,9 +29,9 @@ namespace mptrain {
 
 // Data and output roots a worker may declare, each.
 inline constexpr int kMaxRootsPerKind = 32;
-// Slots (and device descriptions) one worker may declare: a job has at most 1024 ranks, and each
+// Slots (and device descriptions) one worker may declare: no more than a job's ranks, and each
 // scheduling pass walks every free slot.
-inline constexpr int kMaxWorkerSlots = 1024;
+inline constexpr int kMaxWorkerSlots = kMaxWorldSize;
 // Live workers at once; a registration past it is RESOURCE_EXHAUSTED.
 inline constexpr int kMaxLiveWorkers = 4096;
 

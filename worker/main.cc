@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cli_flags.h"
+#include "common/job_spec.h"
 #include "common/client_security_flags.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -103,10 +104,11 @@ absl::Status PinCollectives(mptrain::WorkerOptions* options) {
 absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
   const std::string device = absl::GetFlag(FLAGS_device);
   int slots = absl::GetFlag(FLAGS_slots);
-  // The coordinator takes at most 1024 slots per worker (coordinator/worker_registry.h).
-  if (slots < 0 || slots > 1024) {
-    return absl::InvalidArgumentError("--slots must be in [0, 1024] (0: one per GPU, or 2 CPU "
-                                      "slots), got " + std::to_string(slots));
+  // The coordinator takes at most kMaxWorldSize slots per worker (worker_registry.h there).
+  constexpr int kMaxSlots = mptrain::kMaxWorldSize;
+  if (slots < 0 || slots > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--slots must be in [0, ", kMaxSlots, "] (0: one per GPU, or 2 CPU slots), got ", slots));
   }
   if (device != "cpu" && device != "cuda" && device != "auto") {
     return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got " + device);
