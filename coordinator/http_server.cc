@@ -1,18 +1,26 @@
 #include "coordinator/http_server.h"
 
-#include <httplib.h>  // CPPHTTPLIB_OPENSSL_SUPPORT comes from //third_party/system:httplib
+#include <gnutls/gnutls.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <mutex>
+#include <cstdarg>
+#include <cstdio>
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "coordinator/server_security.h"
 #include "coordinator/web_assets.h"
 #include "google/protobuf/util/json_util.h"
@@ -21,63 +29,18 @@
 namespace mptrain {
 namespace {
 
-// Each connection holds a thread while it is read (cpp-httplib reads blocking, with a timeout
-// per read): enough threads that a few slow clients do not stall /metrics for everyone.
-constexpr int kHandlerThreads = 16;
-constexpr size_t kMaxQueuedConnections = 64;
-constexpr size_t kMaxBodyBytes = 64 << 10;
 constexpr char kCookie[] = "mptrain_token";
 
-// cpp-httplib's own pool queues without bound; this one makes the accept loop wait instead.
-class BoundedTaskQueue final : public httplib::TaskQueue {
- public:
-  BoundedTaskQueue(int threads, size_t max_queued) : max_queued_(max_queued) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-  }
-  ~BoundedTaskQueue() override { shutdown(); }
-
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    room_.wait(lock, [this] { return stopping_ || jobs_.size() < max_queued_; });
-    if (stopping_) return;
-    jobs_.push_back(std::move(fn));
-    work_.notify_one();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    work_.notify_all();
-    room_.notify_all();
-    for (std::thread& thread : threads_) thread.join();
-  }
-
- private:
-  void Run() {
-    while (true) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        work_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-        room_.notify_one();
-      }
-      job();
-    }
-  }
-
-  const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable work_, room_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
-  bool stopping_ = false;
-};
+// What a request may make this server hold. libmicrohttpd reads a request's line and headers
+// into a fixed per-connection pool (a larger head is answered 431 or 414 and the connection
+// closed) and serves every connection from a few event-loop threads, so a slow client holds
+// a connection slot, never a thread.
+constexpr size_t kConnectionMemoryBytes = 32 << 10;  // Request line + headers + the answer's head.
+constexpr unsigned kMaxConnections = 256;
+constexpr unsigned kMaxConnectionsPerAddress = 64;
+constexpr unsigned kIdleTimeoutSeconds = 10;
+constexpr unsigned kEventThreads = 4;
+constexpr size_t kMaxBodyBytes = 64 << 10;
 
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -89,11 +52,11 @@ std::string ToJson(const google::protobuf::Message& message) {
 
 int HttpCode(const absl::Status& status) {
   switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
-    default: return 500;
+    case absl::StatusCode::kInvalidArgument: return MHD_HTTP_BAD_REQUEST;
+    case absl::StatusCode::kUnauthenticated: return MHD_HTTP_UNAUTHORIZED;
+    case absl::StatusCode::kPermissionDenied: return MHD_HTTP_FORBIDDEN;
+    case absl::StatusCode::kNotFound: return MHD_HTTP_NOT_FOUND;
+    default: return MHD_HTTP_INTERNAL_SERVER_ERROR;
   }
 }
 
@@ -115,52 +78,204 @@ std::string JsonString(absl::string_view text) {
   return out + "\"";
 }
 
-void SendError(httplib::Response& response, const absl::Status& status) {
-  response.status = HttpCode(status);
-  response.set_content(absl::StrCat("{\"error\": ", JsonString(status.message()), "}"),
-                       "application/json");
-}
+// One answer, built by a route and sent by Dispatch.
+struct Reply {
+  int status = MHD_HTTP_OK;
+  std::string body;
+  std::string content_type;
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool close = false;  // Close the connection after it (an unread body may follow).
 
-// What cpp-httplib (Debian 12's 0.11.4) would read or build without a bound, refused before
-// any body is read (the pre-routing handler runs first): a body of no stated length (chunked,
-// which set_payload_max_length does not cover) or an encoded one (its decoded size unknown), a
-// body-carrying method without Content-Length, and byte ranges (one copy of the content per
-// range, in memory). Returns the HTTP status to answer with, or 0 to go on.
-int RefusedRequestShape(const httplib::Request& request, std::string* why) {
-  if (request.has_header("Range")) {
-    *why = "byte ranges are not served";
-    return 416;
+  static Reply Json(std::string json) { return {MHD_HTTP_OK, std::move(json), "application/json"}; }
+  static Reply Error(int status, absl::string_view message) {
+    return {status, absl::StrCat("{\"error\": ", JsonString(message), "}"), "application/json"};
   }
-  if (request.has_header("Transfer-Encoding") || request.has_header("Content-Encoding")) {
-    *why = "request bodies must be sent unencoded, with Content-Length";
-    return 400;
+  static Reply Error(const absl::Status& status) {
+    return Error(HttpCode(status), status.message());
+  }
+  static Reply Redirect(std::string location) {
+    Reply reply{MHD_HTTP_FOUND, "", "text/plain"};
+    reply.headers.emplace_back("Location", std::move(location));
+    return reply;
+  }
+};
+
+// The request as the routes see it: libmicrohttpd's parsed line, headers, query and cookies.
+class Request {
+  MHD_Connection* const connection_;  // First: initialised before the fields below.
+
+ public:
+  Request(MHD_Connection* connection, std::string method, std::string path)
+      : connection_(connection), method(std::move(method)), path(std::move(path)) {}
+
+  std::optional<std::string> Header(const char* name) const {
+    return Lookup(MHD_HEADER_KIND, name);
+  }
+  std::optional<std::string> Query(const char* name) const {
+    return Lookup(MHD_GET_ARGUMENT_KIND, name);
+  }
+  std::optional<std::string> Cookie(const char* name) const {
+    return Lookup(MHD_COOKIE_KIND, name);
+  }
+
+  const std::string method;  // HEAD is answered as GET (libmicrohttpd leaves the body out).
+  const std::string path;
+  std::string body;          // At most kMaxBodyBytes.
+
+ private:
+  std::optional<std::string> Lookup(MHD_ValueKind kind, const char* name) const {
+    const char* value = MHD_lookup_connection_value(connection_, kind, name);
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  }
+};
+
+// What would make this server read or build without a bound, refused before any body is read:
+// a body of no stated length (chunked) or an encoded one (its decoded size unknown), a
+// body-carrying method without Content-Length or with more than kMaxBodyBytes, and byte ranges
+// (not served). Returns the reply, or nothing to go on.
+std::optional<Reply> RefusedRequestShape(const Request& request) {
+  auto refuse = [](int status, absl::string_view why) {
+    Reply reply = Reply::Error(status, why);
+    reply.close = true;
+    return reply;
+  };
+  if (request.Header(MHD_HTTP_HEADER_RANGE)) {
+    return refuse(MHD_HTTP_RANGE_NOT_SATISFIABLE, "byte ranges are not served");
+  }
+  if (request.Header(MHD_HTTP_HEADER_TRANSFER_ENCODING) ||
+      request.Header(MHD_HTTP_HEADER_CONTENT_ENCODING)) {
+    return refuse(MHD_HTTP_BAD_REQUEST,
+                  "request bodies must be sent unencoded, with Content-Length");
   }
   const bool has_body_method =
       request.method == "POST" || request.method == "PUT" || request.method == "PATCH";
-  if (has_body_method && !request.has_header("Content-Length")) {
-    *why = "a request body needs Content-Length";
-    return 411;
+  const std::optional<std::string> length = request.Header(MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (has_body_method && (!length || length->empty())) {
+    return refuse(MHD_HTTP_LENGTH_REQUIRED, "a request body needs Content-Length");
   }
-  return 0;
+  uint64_t bytes = 0;
+  if (length && !length->empty() && (!absl::SimpleAtoi(*length, &bytes) || bytes > kMaxBodyBytes)) {
+    return refuse(MHD_HTTP_CONTENT_TOO_LARGE,
+                  absl::StrCat("request bodies are limited to ", kMaxBodyBytes, " bytes"));
+  }
+  return std::nullopt;
 }
 
-std::string CookieToken(const httplib::Request& request) {
-  for (absl::string_view part : absl::StrSplit(request.get_header_value("Cookie"), ';')) {
-    part = absl::StripAsciiWhitespace(part);
-    if (absl::ConsumePrefix(&part, absl::StrCat(kCookie, "="))) return std::string(part);
+// The authorization header value the request carries: its own, or one made from the cookie.
+std::string Authorization(const Request& request) {
+  if (auto header = request.Header(MHD_HTTP_HEADER_AUTHORIZATION); header && !header->empty()) {
+    return *header;
+  }
+  const std::optional<std::string> token = request.Cookie(kCookie);
+  return token && !token->empty() ? absl::StrCat("Bearer ", *token) : "";
+}
+
+// application/x-www-form-urlencoded: the value of `key`, decoded.
+std::string FormValue(const std::string& body, absl::string_view key) {
+  for (absl::string_view pair : absl::StrSplit(body, '&')) {
+    if (!absl::ConsumePrefix(&pair, key) || !absl::ConsumePrefix(&pair, "=")) continue;
+    std::string value(pair);
+    for (char& c : value) {
+      if (c == '+') c = ' ';
+    }
+    value.resize(MHD_http_unescape(value.data()));
+    return value;
   }
   return "";
 }
 
-// The authorization header value the request carries: its own, or one made from the cookie.
-std::string Authorization(const httplib::Request& request) {
-  std::string header = request.get_header_value("Authorization");
-  if (!header.empty()) return header;
-  const std::string token = CookieToken(request);
-  return token.empty() ? "" : absl::StrCat("Bearer ", token);
+// "/api/jobs/ID" and "/api/jobs/ID/events": the job id, when the rest matches `suffix`.
+std::optional<std::string> JobIdIn(absl::string_view path, absl::string_view suffix) {
+  if (!absl::ConsumePrefix(&path, "/api/jobs/") || !absl::ConsumeSuffix(&path, suffix)) {
+    return std::nullopt;
+  }
+  if (path.empty() || path.size() > 64) return std::nullopt;
+  for (char c : path) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-') return std::nullopt;
+  }
+  return std::string(path);
+}
+
+// The dashboard's scripts, stylesheets and the vendored uPlot: [vendor/uplot/]NAME.(js|css).
+bool IsAssetPath(absl::string_view path) {
+  if (!absl::ConsumePrefix(&path, "/")) return false;
+  absl::ConsumePrefix(&path, "vendor/uplot/");
+  if (!absl::EndsWith(path, ".js") && !absl::EndsWith(path, ".css")) return false;
+  for (char c : path) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+Reply Asset(absl::string_view name) {
+  const WebAsset* found = FindWebAsset(std::string(name));
+  if (found == nullptr) return Reply::Error(MHD_HTTP_NOT_FOUND, "not found");
+  return {MHD_HTTP_OK, std::string(found->body), std::string(found->content_type)};
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty() || text.str().size() > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_listen: cannot read ", flag, " ", path, " (a PEM file of at most 1 MiB)"));
+  }
+  return text.str();
+}
+
+void LogFromLibrary(void*, const char* format, va_list args) {
+  char line[512];
+  std::vsnprintf(line, sizeof(line), format, args);
+  std::string text(line);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  spdlog::debug("http: {}", text);
 }
 
 }  // namespace
+
+// The routes and libmicrohttpd's callbacks. Everything it holds is read-only once serving.
+class HttpServer::Handler {
+ public:
+  Handler(const CoordinatorState* state, const RpcMetrics* rpcs,
+          std::shared_ptr<const Authenticator> authenticator, bool tls,
+          bool require_client_certificate)
+      : state_(state),
+        rpcs_(rpcs),
+        authenticator_(std::move(authenticator)),
+        tls_(tls),
+        require_client_certificate_(require_client_certificate) {}
+
+  // MHD_AccessHandlerCallback: called once the request's line and headers are read, then per
+  // piece of its body, then once more to answer.
+  static MHD_Result Dispatch(void* self, MHD_Connection* connection, const char* url,
+                             const char* method, const char* version, const char* upload_data,
+                             size_t* upload_data_size, void** request_state);
+  // MHD_RequestCompletedCallback: the request's state goes.
+  static void Completed(void* self, MHD_Connection* connection, void** request_state,
+                        MHD_RequestTerminationCode why);
+
+  // Kept while serving: libmicrohttpd reads them when it starts.
+  std::string tls_cert_pem, tls_key_pem, tls_client_ca_pem;
+
+ private:
+  struct Pending {
+    std::optional<Request> request;
+    std::optional<Reply> early;  // Refused before its body.
+  };
+
+  static bool HasTrustedClientCertificate(MHD_Connection* connection);
+  static MHD_Result Send(MHD_Connection* connection, const Reply& reply);
+  Reply Route(const Request& request) const;
+  Reply Login(const Request& request) const;
+
+  const CoordinatorState* const state_;
+  const RpcMetrics* const rpcs_;
+  const std::shared_ptr<const Authenticator> authenticator_;
+  const bool tls_;
+  const bool require_client_certificate_;
+};
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const HttpServerOptions& options, const CoordinatorState* state, const RpcMetrics* rpcs,
@@ -183,176 +298,231 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
         "--http_listen ", options.listen, " is off loopback: it needs --tls_cert/--tls_key and "
         "--token_file (as the gRPC port does), or --insecure"));
   }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* resolved = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints,
+                  &resolved) != 0 ||
+      resolved == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_listen: cannot resolve the host of ", options.listen));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> address(resolved, freeaddrinfo);
+
   auto server = std::unique_ptr<HttpServer>(new HttpServer());
-  server->state_ = state;
-  server->rpcs_ = rpcs;
-  server->authenticator_ = std::move(authenticator);
+  const bool enabled = authenticator->enabled();
+  server->handler_ = std::make_unique<Handler>(state, rpcs, std::move(authenticator), tls,
+                                               tls && !options.tls_client_ca.empty());
   server->tls_ = tls;
+  Handler& handler = *server->handler_;
+
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+  if (address->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  std::vector<MHD_OptionItem> items = {
+      {MHD_OPTION_SOCK_ADDR, 0, address->ai_addr},
+      {MHD_OPTION_THREAD_POOL_SIZE, kEventThreads, nullptr},
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes, nullptr},
+      {MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, nullptr},
+      {MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxConnectionsPerAddress, nullptr},
+      {MHD_OPTION_CONNECTION_TIMEOUT, kIdleTimeoutSeconds, nullptr},
+      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Handler::Completed), &handler},
+      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogFromLibrary), nullptr},
+  };
   if (tls) {
-    server->server_ = std::make_unique<httplib::SSLServer>(
-        options.tls_cert.c_str(), options.tls_key.c_str(),
-        options.tls_client_ca.empty() ? nullptr : options.tls_client_ca.c_str());
-    if (!server->server_->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--http_listen: cannot use the TLS certificate ", options.tls_cert, " and key ",
-          options.tls_key, options.tls_client_ca.empty() ? "" : " and client CA ",
-          options.tls_client_ca));
+    flags |= MHD_USE_TLS;
+    ASSIGN_OR_RETURN(handler.tls_cert_pem, ReadPem(options.tls_cert, "--tls_cert"));
+    ASSIGN_OR_RETURN(handler.tls_key_pem, ReadPem(options.tls_key, "--tls_key"));
+    items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, handler.tls_cert_pem.data()});
+    items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, handler.tls_key_pem.data()});
+    items.push_back({MHD_OPTION_HTTPS_PRIORITIES, 0,
+                     const_cast<char*>("NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2")});
+    if (!options.tls_client_ca.empty()) {
+      ASSIGN_OR_RETURN(handler.tls_client_ca_pem,
+                       ReadPem(options.tls_client_ca, "--tls_client_ca"));
+      // libmicrohttpd asks for a client certificate; Dispatch refuses a request without one
+      // that this CA signed.
+      items.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0, handler.tls_client_ca_pem.data()});
     }
-  } else {
-    server->server_ = std::make_unique<httplib::Server>();
   }
-  httplib::Server& http = *server->server_;
-  http.new_task_queue = [] { return new BoundedTaskQueue(kHandlerThreads, kMaxQueuedConnections); };
-  http.set_payload_max_length(kMaxBodyBytes);
-  http.set_read_timeout(5, 0);
-  http.set_write_timeout(5, 0);
-  http.set_keep_alive_max_count(100);
-  server->Route();
-  if (port == 0) {
-    port = http.bind_to_any_port(host);
-  } else if (!http.bind_to_port(host, port)) {
-    port = -1;
+  items.push_back({MHD_OPTION_END, 0, nullptr});
+  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), nullptr, nullptr,
+                                     &Handler::Dispatch, &handler, MHD_OPTION_ARRAY,
+                                     items.data(), MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve HTTP on ", options.listen,
+        tls ? " (the port may be taken, or the TLS certificate, key or client CA unusable)"
+            : " (the port may be taken)"));
   }
-  if (port <= 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", options.listen));
-  }
-  server->port_ = port;
-  server->thread_ = std::thread([raw = server.get()] { raw->server_->listen_after_bind(); });
-  spdlog::info("HTTP (metrics, dashboard) on {}://{}:{}{}", tls ? "https" : "http", host, port,
-               server->authenticator_->enabled() ? ", tokens required" : "");
+  const MHD_DaemonInfo* bound = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  server->port_ = bound != nullptr ? bound->port : port;
+  spdlog::info("HTTP (metrics, dashboard) on {}://{}:{}{}", tls ? "https" : "http", host,
+               server->port_, enabled ? ", tokens required" : "");
   return server;
 }
 
 HttpServer::~HttpServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
 
-void HttpServer::Route() {
-  httplib::Server& http = *server_;
-  const bool secure_cookie = tls_;
-  // Every response: no framing by other sites, scripts only from here.
-  http.set_post_routing_handler([](const httplib::Request&, httplib::Response& response) {
-    response.set_header("Content-Security-Policy",
-                        "default-src 'self'; style-src 'self' 'unsafe-inline'; "
-                        "frame-ancestors 'none'");
-    response.set_header("X-Content-Type-Options", "nosniff");
-    response.set_header("Cache-Control", "no-store");
-  });
+MHD_Result HttpServer::Handler::Dispatch(void* self, MHD_Connection* connection, const char* url,
+                                const char* method, const char*, const char* upload_data,
+                                size_t* upload_data_size, void** request_state) {
+  auto* handler = static_cast<Handler*>(self);
+  auto* pending = static_cast<Pending*>(*request_state);
+  if (pending == nullptr) {
+    // First call: the line and headers are read, no body yet.
+    pending = new Pending;
+    *request_state = pending;
+    pending->request.emplace(connection, method, url);
+    pending->early = RefusedRequestShape(*pending->request);
+    if (!pending->early && handler->require_client_certificate_ &&
+        !HasTrustedClientCertificate(connection)) {
+      pending->early = Reply::Error(
+          MHD_HTTP_FORBIDDEN, "a client certificate signed by --tls_client_ca is required");
+      pending->early->close = true;
+    }
+    if (pending->early) return Send(connection, *pending->early);
+    return MHD_YES;  // Go on to the body (libmicrohttpd answers "100 Continue" if asked).
+  }
+  if (pending->early) {
+    *upload_data_size = 0;  // Refused: its body is not kept.
+    return MHD_YES;
+  }
+  if (*upload_data_size != 0) {
+    // Within the Content-Length checked above; the library stops at that length.
+    std::string& body = pending->request->body;
+    const size_t take = std::min(*upload_data_size, kMaxBodyBytes - body.size());
+    body.append(upload_data, take);
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  return Send(connection, handler->Route(*pending->request));
+}
+
+void HttpServer::Handler::Completed(void*, MHD_Connection*, void** request_state,
+                           MHD_RequestTerminationCode) {
+  delete static_cast<Pending*>(*request_state);
+  *request_state = nullptr;
+}
+
+bool HttpServer::Handler::HasTrustedClientCertificate(MHD_Connection* connection) {
+  const MHD_ConnectionInfo* info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+  if (info == nullptr || info->tls_session == nullptr) return false;
+  auto session = static_cast<gnutls_session_t>(info->tls_session);
+  unsigned int peers = 0;
+  if (gnutls_certificate_get_peers(session, &peers) == nullptr || peers == 0) return false;
+  unsigned int verdict = 0;
+  return gnutls_certificate_verify_peers2(session, &verdict) == GNUTLS_E_SUCCESS && verdict == 0;
+}
+
+MHD_Result HttpServer::Handler::Send(MHD_Connection* connection, const Reply& reply) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      reply.body.size(), const_cast<char*>(reply.body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  if (!reply.content_type.empty()) {
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, reply.content_type.c_str());
+  }
+  for (const auto& [name, value] : reply.headers) {
+    MHD_add_response_header(response, name.c_str(), value.c_str());
+  }
+  // Every answer: no framing by other sites, scripts only from here, nothing cached.
+  MHD_add_response_header(response, "Content-Security-Policy",
+                          "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                          "frame-ancestors 'none'");
+  MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  if (reply.close) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+  const MHD_Result queued =
+      MHD_queue_response(connection, static_cast<unsigned>(reply.status), response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+Reply HttpServer::Handler::Route(const Request& request) const {
+  const bool get = request.method == "GET" || request.method == "HEAD";
+  const std::string& path = request.path;
   // The gate: everything but the login form and its stylesheet needs a user token.
-  http.set_pre_routing_handler([this](const httplib::Request& request,
-                                      httplib::Response& response) {
-    std::string why;
-    if (const int code = RefusedRequestShape(request, &why); code != 0) {
-      response.status = code;
-      response.set_header("Connection", "close");  // An unread body may follow.
-      response.set_content(absl::StrCat("{\"error\": ", JsonString(why), "}"),
-                           "application/json");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (request.path == "/login" || request.path == "/app.css") {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    absl::Status status = authenticator_->Authorize(
-        absl::StrCat("/http", request.path), Authorization(request));
-    if (status.ok()) return httplib::Server::HandlerResponse::Unhandled;
-    const bool page = !absl::StartsWith(request.path, "/api/") && request.path != "/metrics";
-    if (page && status.code() == absl::StatusCode::kUnauthenticated) {
-      response.set_redirect("/login");
-    } else {
-      SendError(response, status);
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  auto asset = [](const std::string& name) {
-    return [name](const httplib::Request&, httplib::Response& response) {
-      const WebAsset* found = FindWebAsset(name);
-      if (found == nullptr) {
-        response.status = 404;
-        return;
-      }
-      response.set_content(std::string(found->body), found->content_type);
-    };
-  };
-  http.Get("/", asset("/jobs.html"));
-  http.Get("/job", asset("/job.html"));
-  http.Get("/workers", asset("/workers.html"));
-  http.Get("/login", asset("/login.html"));
-  http.Get(R"(/((?:vendor/uplot/)?[a-zA-Z0-9_.-]+\.(?:js|css)))",
-           [](const httplib::Request& request, httplib::Response& response) {
-             const WebAsset* found = FindWebAsset(request.path);
-             if (found == nullptr) {
-               response.status = 404;
-               return;
-             }
-             response.set_content(std::string(found->body), found->content_type);
-           });
-  http.Post("/login", [this, secure_cookie](const httplib::Request& request,
-                                            httplib::Response& response) {
-    const std::string token = request.get_param_value("token");
+  if (path != "/login" && path != "/app.css") {
     absl::Status status =
-        token.empty() || token.size() > 256 || token.find_first_of(" ;\r\n") != std::string::npos
-            ? absl::UnauthenticatedError("no token given")
-            : authenticator_->Authorize("/http/", absl::StrCat("Bearer ", token));
+        authenticator_->Authorize(absl::StrCat("/http", path), Authorization(request));
     if (!status.ok()) {
-      response.set_redirect("/login?failed=1");
-      return;
+      const bool page = !absl::StartsWith(path, "/api/") && path != "/metrics";
+      if (page && status.code() == absl::StatusCode::kUnauthenticated) {
+        return Reply::Redirect("/login");
+      }
+      return Reply::Error(status);
     }
-    response.set_header("Set-Cookie",
-                        absl::StrCat(kCookie, "=", token, "; Path=/; HttpOnly; SameSite=Strict",
-                                     secure_cookie ? "; Secure" : ""));
-    response.set_redirect("/");
-  });
-
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(RenderMetrics(state_->GetOverview(), *rpcs_),
-                         "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/api/jobs", [this](const httplib::Request& request, httplib::Response& response) {
+  }
+  if (path == "/login" && request.method == "POST") return Login(request);
+  if (!get) {
+    Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and POST /login)");
+    reply.headers.emplace_back("Allow", path == "/login" ? "GET, HEAD, POST" : "GET, HEAD");
+    return reply;
+  }
+  if (path == "/") return Asset("/jobs.html");
+  if (path == "/job") return Asset("/job.html");
+  if (path == "/workers") return Asset("/workers.html");
+  if (path == "/login") return Asset("/login.html");
+  if (IsAssetPath(path)) return Asset(path);
+  if (path == "/metrics") {
+    return {MHD_HTTP_OK, RenderMetrics(state_->GetOverview(), *rpcs_),
+            "text/plain; version=0.0.4; charset=utf-8"};
+  }
+  if (path == "/api/jobs") {
     v1::ListJobsRequest list;
-    list.set_page_token(request.get_param_value("page_token"));
+    list.set_page_token(request.Query("page_token").value_or(""));
     int page_size = 0;
-    if (request.has_param("page_size") &&
-        !absl::SimpleAtoi(request.get_param_value("page_size"), &page_size)) {
-      SendError(response, absl::InvalidArgumentError("page_size must be a number"));
-      return;
+    if (auto text = request.Query("page_size"); text && !absl::SimpleAtoi(*text, &page_size)) {
+      return Reply::Error(MHD_HTTP_BAD_REQUEST, "page_size must be a number");
     }
     list.set_page_size(page_size);
     auto jobs = state_->ListJobs(list);
-    if (!jobs.ok()) return SendError(response, jobs.status());
-    response.set_content(ToJson(*jobs), "application/json");
-  });
-  http.Get(R"(/api/jobs/([A-Za-z0-9_-]{1,64}))",
-           [this](const httplib::Request& request, httplib::Response& response) {
-             auto job = state_->GetJob(request.matches[1]);
-             if (!job.ok()) return SendError(response, job.status());
-             response.set_content(ToJson(*job), "application/json");
-           });
-  http.Get(R"(/api/jobs/([A-Za-z0-9_-]{1,64})/events)",
-           [this](const httplib::Request& request, httplib::Response& response) {
-             v1::GetJobEventsRequest page;
-             page.set_job_id(request.matches[1]);
-             int64_t after = 0;
-             int limit = 0;
-             if ((request.has_param("after") &&
-                  !absl::SimpleAtoi(request.get_param_value("after"), &after)) ||
-                 (request.has_param("limit") &&
-                  !absl::SimpleAtoi(request.get_param_value("limit"), &limit))) {
-               SendError(response, absl::InvalidArgumentError("after and limit are numbers"));
-               return;
-             }
-             page.set_after_sequence(after);
-             page.set_max_events(limit);
-             auto events = state_->GetJobEvents(page);
-             if (!events.ok()) return SendError(response, events.status());
-             response.set_content(ToJson(*events), "application/json");
-           });
-  http.Get("/api/workers", [this](const httplib::Request&, httplib::Response& response) {
+    return jobs.ok() ? Reply::Json(ToJson(*jobs)) : Reply::Error(jobs.status());
+  }
+  if (std::optional<std::string> id = JobIdIn(path, "")) {
+    auto job = state_->GetJob(*id);
+    return job.ok() ? Reply::Json(ToJson(*job)) : Reply::Error(job.status());
+  }
+  if (std::optional<std::string> id = JobIdIn(path, "/events")) {
+    v1::GetJobEventsRequest page;
+    page.set_job_id(*id);
+    int64_t after = 0;
+    int limit = 0;
+    std::optional<std::string> after_text = request.Query("after");
+    std::optional<std::string> limit_text = request.Query("limit");
+    if ((after_text && !absl::SimpleAtoi(*after_text, &after)) ||
+        (limit_text && !absl::SimpleAtoi(*limit_text, &limit))) {
+      return Reply::Error(MHD_HTTP_BAD_REQUEST, "after and limit are numbers");
+    }
+    page.set_after_sequence(after);
+    page.set_max_events(limit);
+    auto events = state_->GetJobEvents(page);
+    return events.ok() ? Reply::Json(ToJson(*events)) : Reply::Error(events.status());
+  }
+  if (path == "/api/workers") {
     v1::ListWorkersResponse workers;
     for (const auto& line : state_->GetOverview().workers) *workers.add_workers() = line.worker;
-    response.set_content(ToJson(workers), "application/json");
-  });
+    return Reply::Json(ToJson(workers));
+  }
+  return Reply::Error(MHD_HTTP_NOT_FOUND, "not found");
+}
+
+Reply HttpServer::Handler::Login(const Request& request) const {
+  const std::string token = FormValue(request.body, "token");
+  absl::Status status =
+      token.empty() || token.size() > 256 || token.find_first_of(" ;\r\n") != std::string::npos
+          ? absl::UnauthenticatedError("no token given")
+          : authenticator_->Authorize("/http/", absl::StrCat("Bearer ", token));
+  if (!status.ok()) return Reply::Redirect("/login?failed=1");
+  Reply reply = Reply::Redirect("/");
+  reply.headers.emplace_back("Set-Cookie",
+                             absl::StrCat(kCookie, "=", token, "; Path=/; HttpOnly; SameSite=Strict",
+                                          tls_ ? "; Secure" : ""));
+  return reply;
 }
 
 }  // namespace mptrain

@@ -11,22 +11,21 @@
 // --tls_client_ca, the same client certificates). Off loopback, TLS and tokens are required
 // unless --insecure. Nothing here changes state: every route but the login form is GET.
 //
-// Bounded: 4 handler threads and 64 accepted connections waiting for one (then the accept
-// loop waits: the kernel's backlog pushes back), 64 KiB request bodies, 10 s read and write
-// timeouts.
+// Bounded (GNU libmicrohttpd): a request's line and headers are read into 32 KiB per
+// connection (a larger head is answered 431/414 and the connection closed), 256 connections
+// (64 per client address), each closed after 10 s without traffic, served by 4 event-loop
+// threads, so a slow client holds a connection slot, not a thread; request bodies only with
+// Content-Length, at most 64 KiB.
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/metrics.h"
 
-namespace httplib {
-class Server;
-}
+struct MHD_Daemon;
 
 namespace mptrain {
 
@@ -51,14 +50,12 @@ class HttpServer {
   bool tls() const { return tls_; }
 
  private:
-  HttpServer() = default;
-  void Route();
+  class Handler;  // The routes, called from libmicrohttpd's threads (http_server.cc).
 
-  const CoordinatorState* state_ = nullptr;
-  const RpcMetrics* rpcs_ = nullptr;
-  std::shared_ptr<const Authenticator> authenticator_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  HttpServer() = default;
+
+  std::unique_ptr<Handler> handler_;
+  MHD_Daemon* daemon_ = nullptr;  // Stopped before handler_ goes.
   int port_ = 0;
   bool tls_ = false;
 };

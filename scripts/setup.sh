@@ -14,7 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev                 # tests
   openssl                                   # certificates for the secure demo and tests
   libsqlite3-dev                            # the coordinator's durable job store
-  libcpp-httplib-dev                        # the coordinator's /metrics and dashboard
+  libmicrohttpd-dev libgnutls28-dev         # the coordinator's /metrics and dashboard (HTTPS)
   prometheus chromium fonts-dejavu-core curl  # tests: promtool, dashboard screenshots, HTTP
   python3-torch python3-numpy               # the proof against PyTorch in CI (parity/)
   python3-sklearn                           # the digits data set (scripts/make_digits.py)

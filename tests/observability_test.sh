@@ -126,7 +126,8 @@ for w, e, r in zip(watched, exported, rows):
 print(f"3. export: {len(rows)} records, csv and jsonl equal to the watched stream")
 PY
 
-# 3b. Requests whose size cpp-httplib would not bound are refused before any body is read.
+# 3b. Bodies of no stated length, encoded, or asked for in ranges are refused before any body
+# is read (coordinator/http_server_test.cc has the rest: heads, connections, slow clients).
 status_of() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
 [ "$(status_of -H 'Range: bytes=0-,0-,0-' "$HTTP/app.css")" = 416 ] ||
   fail "3b. a Range request was served"
@@ -160,7 +161,17 @@ code() { curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" --cert "$
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$(cat "$CLUSTER_DIR/http_port")/metrics")" != 200 ] ||
   fail "4. plain HTTP answered on the TLS port"
 [ "$(code "$SECURE/job?id=x")" = 302 ] || fail "4. a page without a token does not redirect to /login"
-echo "4. HTTPS: 401 without a token, 403 for a worker, 200 for a user"
+# --tls_client_ca: a user's token without a client certificate, or with one another CA signed,
+# reads nothing.
+[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" \
+       -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" != 200 ] ||
+  fail "4. /metrics answered a client without a certificate"
+bash "$RUNFILES/scripts/make_pki.sh" "$CLUSTER_DIR/other_pki" >/dev/null
+[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" \
+       --cert "$CLUSTER_DIR/other_pki/client.pem" --key "$CLUSTER_DIR/other_pki/client.key" \
+       -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" != 200 ] ||
+  fail "4. /metrics answered a client certificate of another CA"
+echo "4. HTTPS: 401 without a token, 403 for a worker, 200 for a user; no client certificate of the CA, nothing"
 
 if [ $failures -ne 0 ]; then
   for f in "$CLUSTER_DIR"/../*.log "$CLUSTER_DIR"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done

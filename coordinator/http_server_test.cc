@@ -1,0 +1,251 @@
+// The coordinator's HTTP server against hostile and ordinary clients, over real loopback
+// sockets: what a request may make it hold (head, body, connections, threads) and the gate.
+
+#include "coordinator/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUserToken[] = "user-token-0123456789abcdef";
+constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
+
+// One client connection; every call gives up after `timeout_ms`.
+class Client {
+ public:
+  explicit Client(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~Client() { close(fd_); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  bool connected() const { return connected_; }
+
+  // False once the server has closed the connection (or it cannot take more now).
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      pollfd ready{fd_, POLLOUT, 0};
+      if (poll(&ready, 1, 5000) != 1) return false;
+      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Everything until the server closes, or until `timeout_ms` passes without a byte.
+  std::string ReadUntilClosed(int timeout_ms = 5000) {
+    std::string got;
+    char buffer[4096];
+    while (true) {
+      pollfd ready{fd_, POLLIN, 0};
+      if (poll(&ready, 1, timeout_ms) != 1) break;
+      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+    return got;
+  }
+
+  // True when the server closed the connection within `timeout_ms` (having sent nothing).
+  bool ClosedByServer(int timeout_ms) {
+    pollfd ready{fd_, POLLIN, 0};
+    if (poll(&ready, 1, timeout_ms) != 1) return false;
+    char byte;
+    return recv(fd_, &byte, 1, 0) <= 0;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+int StatusOf(const std::string& response) {
+  // "HTTP/1.1 200 OK"
+  if (!absl::StartsWith(response, "HTTP/1.")) return -1;
+  return std::atoi(response.substr(9, 3).c_str());
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void Start(bool with_tokens) {
+    std::optional<TokenTable> tokens;
+    if (with_tokens) {
+      auto parsed = TokenTable::Parse(absl::StrCat("user alice ", kUserToken, "\nworker w1 ",
+                                                   kWorkerToken, "\n"),
+                                      "test tokens");
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      tokens = *std::move(parsed);
+    }
+    HttpServerOptions options;
+    options.listen = "127.0.0.1:0";
+    auto started = HttpServer::Start(options, &state_, &rpcs_,
+                                     std::make_shared<Authenticator>(std::move(tokens)));
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = *std::move(started);
+  }
+
+  // One request on a connection of its own; the whole answer (the server closes after it).
+  std::string Get(const std::string& path, const std::string& headers = "",
+                  const std::string& method = "GET", const std::string& body = "") {
+    Client client(server_->port());
+    EXPECT_TRUE(client.connected());
+    client.Send(absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n",
+                             headers, "\r\n", body));
+    return client.ReadUntilClosed();
+  }
+
+  CoordinatorState state_{CoordinatorOptions{}};
+  RpcMetrics rpcs_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(HttpServerTest, Headers_BeyondTheConnectionsPool_Answered431AndClosed) {
+  Start(false);
+  Client client(server_->port());
+  ASSERT_TRUE(client.connected());
+  client.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n");
+  const std::string header = absl::StrCat("X-Filler: ", std::string(8000, 'a'), "\r\n");
+  // 32 MiB of headers: the server stops reading at its per-connection bound.
+  int sent = 0;
+  for (; sent < 4096 && client.Send(header); ++sent) {
+  }
+  EXPECT_LT(sent, 4096) << "the server read 32 MiB of headers";
+  EXPECT_EQ(StatusOf(client.ReadUntilClosed()), 431);
+  EXPECT_EQ(StatusOf(Get("/metrics")), 200);
+}
+
+TEST_F(HttpServerTest, RequestLine_TooLong_Answered414) {
+  Start(false);
+  EXPECT_EQ(StatusOf(Get(absl::StrCat("/", std::string(200'000, 'a')))), 414);
+  EXPECT_EQ(StatusOf(Get("/metrics")), 200);
+}
+
+TEST_F(HttpServerTest, SlowClients_HoldNoThread_OthersAreAnsweredAtOnce) {
+  Start(false);
+  // Far more half-sent requests than the server has threads, each waiting for the rest of its
+  // headers (cpp-httplib, before, held a thread for each, 16 in all).
+  std::vector<std::unique_ptr<Client>> slow;
+  for (int i = 0; i < 48; ++i) {
+    slow.push_back(std::make_unique<Client>(server_->port()));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_TRUE(slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: 1"));
+  }
+  const auto start = Clock::now();
+  EXPECT_EQ(StatusOf(Get("/metrics")), 200);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST_F(HttpServerTest, ConnectionsFromOneAddress_AreBounded_ThenServedAgain) {
+  Start(false);
+  std::vector<std::unique_ptr<Client>> idle;
+  for (int i = 0; i < 64; ++i) {
+    idle.push_back(std::make_unique<Client>(server_->port()));
+    ASSERT_TRUE(idle.back()->connected());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // All accepted by now.
+  Client extra(server_->port());
+  extra.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_TRUE(extra.ClosedByServer(3000)) << "a 65th connection from one address was served";
+  idle.clear();
+  int status = -1;
+  for (int attempt = 0; attempt < 50 && status != 200; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = StatusOf(Get("/metrics"));
+  }
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(HttpServerTest, Bodies_WithoutLengthEncodedOrTooLarge_AreRefusedBeforeTheyAreRead) {
+  Start(false);
+  // Announced 1 GiB: refused on its headers; nothing of it is sent or read.
+  EXPECT_EQ(StatusOf(Get("/login", "Content-Length: 1073741824\r\n", "POST")), 413);
+  EXPECT_EQ(StatusOf(Get("/login", "Content-Length: 65537\r\n", "POST")), 413);
+  EXPECT_EQ(StatusOf(Get("/login", "Content-Length: -1\r\n", "POST")), 400);  // libmicrohttpd
+  EXPECT_EQ(StatusOf(Get("/login", "Transfer-Encoding: chunked\r\n", "POST")), 400);
+  EXPECT_EQ(StatusOf(Get("/login", "Content-Length: 7\r\nContent-Encoding: gzip\r\n", "POST")),
+            400);
+  EXPECT_EQ(StatusOf(Get("/login", "", "POST")), 411);
+  EXPECT_EQ(StatusOf(Get("/app.css", "Range: bytes=0-,0-,0-\r\n")), 416);
+  EXPECT_EQ(StatusOf(Get("/app.css")), 200);
+}
+
+TEST_F(HttpServerTest, Routes_AnswerJsonErrorsAndRefuseOtherMethods) {
+  Start(false);
+  const std::string metrics = Get("/metrics");
+  EXPECT_EQ(StatusOf(metrics), 200);
+  EXPECT_TRUE(absl::StrContains(metrics, "X-Content-Type-Options: nosniff")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "mptrain_")) << metrics;
+  const std::string head = Get("/metrics", "", "HEAD");
+  EXPECT_EQ(StatusOf(head), 200);
+  EXPECT_FALSE(absl::StrContains(head, "mptrain_")) << "HEAD answered with a body";
+  EXPECT_EQ(StatusOf(Get("/metrics", "", "DELETE")), 405);
+  EXPECT_EQ(StatusOf(Get("/api/jobs")), 200);
+  EXPECT_EQ(StatusOf(Get("/api/jobs?page_size=many")), 400);
+  EXPECT_EQ(StatusOf(Get("/api/jobs/job-0001")), 404);
+  EXPECT_EQ(StatusOf(Get("/api/jobs/job-0001/events?after=x")), 400);
+  EXPECT_EQ(StatusOf(Get("/api/jobs/a.b")), 404);
+  EXPECT_EQ(StatusOf(Get(absl::StrCat("/api/jobs/", std::string(65, 'a')))), 404);
+  EXPECT_EQ(StatusOf(Get("/api/workers")), 200);
+  EXPECT_EQ(StatusOf(Get("/")), 200);
+  EXPECT_EQ(StatusOf(Get("/vendor/uplot/uPlot.iife.min.js")), 200);
+  EXPECT_EQ(StatusOf(Get("/../etc/passwd.js")), 404);
+  EXPECT_EQ(StatusOf(Get("/nothing-here")), 404);
+}
+
+TEST_F(HttpServerTest, Tokens_UserAdmittedWorkerRefused_LoginSetsTheCookie) {
+  Start(true);
+  EXPECT_EQ(StatusOf(Get("/metrics")), 401);
+  EXPECT_EQ(StatusOf(Get("/metrics", absl::StrCat("Authorization: Bearer ", kWorkerToken, "\r\n"))),
+            403);
+  EXPECT_EQ(StatusOf(Get("/metrics", absl::StrCat("Authorization: Bearer ", kUserToken, "\r\n"))),
+            200);
+  const std::string page = Get("/job?id=x");
+  EXPECT_EQ(StatusOf(page), 302);
+  EXPECT_TRUE(absl::StrContains(page, "Location: /login")) << page;
+  EXPECT_EQ(StatusOf(Get("/login")), 200);  // The form and its stylesheet need no token.
+  EXPECT_EQ(StatusOf(Get("/app.css")), 200);
+
+  const std::string form = absl::StrCat("token=", kUserToken);
+  const std::string login =
+      Get("/login", absl::StrCat("Content-Type: application/x-www-form-urlencoded\r\n",
+                                 "Content-Length: ", form.size(), "\r\n"),
+          "POST", form);
+  EXPECT_EQ(StatusOf(login), 302);
+  EXPECT_TRUE(absl::StrContains(login, absl::StrCat("mptrain_token=", kUserToken, "; Path=/; HttpOnly; SameSite=Strict")))
+      << login;
+  EXPECT_EQ(StatusOf(Get("/api/jobs", absl::StrCat("Cookie: mptrain_token=", kUserToken, "\r\n"))),
+            200);
+  const std::string bad = "token=not-a-token-of-anyone";
+  const std::string refused =
+      Get("/login", absl::StrCat("Content-Length: ", bad.size(), "\r\n"), "POST", bad);
+  EXPECT_TRUE(absl::StrContains(refused, "Location: /login?failed=1")) << refused;
+  EXPECT_FALSE(absl::StrContains(refused, "Set-Cookie")) << refused;
+}
+
+}  // namespace
+}  // namespace mptrain
