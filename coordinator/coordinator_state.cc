@@ -105,6 +105,20 @@ void CoordinatorState::Effects::RankLogKept(const JobRecord& job, store::StoredR
   batch.rank_logs.emplace_back(job.number(), std::move(log));
 }
 
+void CoordinatorState::Effects::KvWritten(const JobRecord& job, const std::string& key,
+                                          const std::string& value) {
+  batch.kv_writes.push_back({job.number(), JobStore::KvEntry{job.attempt(), key, value}});
+}
+
+void CoordinatorState::Effects::KvCleared(const JobRecord& job) {
+  // Keys written earlier in this mutation go too (the store clears before it writes).
+  auto& writes = batch.kv_writes;
+  writes.erase(std::remove_if(writes.begin(), writes.end(),
+                              [&](const auto& write) { return write.first == job.number(); }),
+               writes.end());
+  batch.kv_cleared.insert(job.number());
+}
+
 CoordinatorState::Finished CoordinatorState::FinishMutation() {
   if (effects_.schedule) {
     effects_.schedule = false;
@@ -206,8 +220,9 @@ absl::Status CoordinatorState::Restore() {
   for (store::StoredJob& stored : snapshot->jobs) {
     auto record = std::make_unique<JobRecord>(stored, snapshot->specs[stored.number()],
                                               std::move(snapshot->events[stored.number()]),
-                                              snapshot->rank_logs[stored.number()], now,
-                                              job_limits(), &effects_);
+                                              snapshot->rank_logs[stored.number()],
+                                              snapshot->kv[stored.number()], now, job_limits(),
+                                              &effects_);
     next_job_number_ = std::max(next_job_number_, record->number() + 1);
     const std::string job_id = record->id();
     if (!record->job().request_id().empty()) {
@@ -1048,11 +1063,12 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
     return absl::FailedPreconditionError(absl::StrCat("job ", request.job_id(), " attempt ",
                                                       request.attempt(), " is not running"));
   }
-  if (absl::Status status = record->kv().Set(request.key(), request.value()); !status.ok()) {
+  if (absl::Status status = record->SetKv(request.key(), request.value()); !status.ok()) {
     return absl::Status(status.code(),
                         absl::StrCat("job ", request.job_id(), ": ", status.message()));
   }
-  effects_.JobChanged(*record, /*workers_too=*/false);
+  // Its waiters look again; the record itself is unchanged (the store writes the key alone).
+  effects_.Wake(JobKey(record->id()));
   return absl::OkStatus();
 }
 

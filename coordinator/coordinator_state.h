@@ -253,6 +253,9 @@ class CoordinatorState {
     void EventAppended(const JobRecord& job, const v1::WatchJobEvent& event) override;
     void EventsTrimmed(const JobRecord& job, int64_t sequence) override;
     void RankLogKept(const JobRecord& job, store::StoredRankLog log) override;
+    void KvWritten(const JobRecord& job, const std::string& key,
+                   const std::string& value) override;
+    void KvCleared(const JobRecord& job) override;
     void Wake(const std::string& key) { wake_keys.insert(key); }
 
     bool schedule = false;

@@ -1484,5 +1484,175 @@ TEST_F(CoordinatorStateTest, RankLogAndJobEvents_RefuseHostileRequests) {
   EXPECT_EQ(state_->GetJobEvents(events).status().code(), absl::StatusCode::kNotFound);
 }
 
+// However often a job restarts, its record holds the rank secrets of two attempts: the current
+// one and the one before (whose ranks may still send their last output).
+TEST_F(CoordinatorStateTest, RankSecrets_OfTheLastTwoAttemptsOnly_OlderOnesAreOver) {
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = Spec(2);
+  submit.mutable_spec()->set_max_restarts(5);
+  std::string job = state_->SubmitJob(submit)->job_id();
+  std::string worker = Register("w", 2);
+  const std::string first = RankSecret(job, 0, 1);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_EQ(StateOf(job), v1::RUNNING);
+    ReportExit(worker, job, 1, attempt, 9);
+    ReportExit(worker, job, 0, attempt, 15);
+  }
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  ASSERT_EQ(state_->GetJob(job)->restarts(), 3);
+  v1::ReportRankResultRequest result;
+  result.set_job_id(job);
+  result.set_rank(0);
+  result.set_parameter_checksum("0123456789abcdef");
+  result.set_attempt(1);
+  result.set_rank_secret(first);
+  EXPECT_EQ(state_->ReportRankResult(result).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(RankSecret(job, 0, 2).empty());
+  ASSERT_FALSE(RankSecret(job, 0, 3).empty());
+  result.set_attempt(3);
+  result.set_rank_secret(RankSecret(job, 0, 3));
+  EXPECT_TRUE(state_->ReportRankResult(result).ok()) << "attempt 3 is over, its secret still known";
+  result.set_rank_secret("forged");
+  EXPECT_EQ(state_->ReportRankResult(result).code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A store that counts what is written through it.
+class CountingStore final : public JobStore {
+ public:
+  explicit CountingStore(JobStore* inner) : inner_(inner) {}
+  absl::StatusOr<Snapshot> Load() override { return inner_->Load(); }
+  absl::Status Commit(const Batch& batch) override {
+    record_writes += static_cast<int>(batch.jobs.size());
+    kv_writes += static_cast<int>(batch.kv_writes.size());
+    return inner_->Commit(batch);
+  }
+  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t number, int64_t after,
+                                                            int limit) override {
+    return inner_->LoadEvents(number, after, limit);
+  }
+  std::atomic<int> record_writes{0};
+  std::atomic<int> kv_writes{0};
+
+ private:
+  JobStore* inner_;
+};
+
+// A key-value set writes that key alone (not the job's whole record, key-value store included,
+// as before: quadratic in the keys), and the keys survive a restart of the coordinator.
+TEST(CoordinatorStateStore, KeyValueSet_WritesTheKeyAlone_AndTheKeysSurviveARestart) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/kv_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto sqlite = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  CountingStore store(sqlite->get());
+  std::string job;
+  {
+    CoordinatorOptions options;
+    options.store = &store;
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::RegisterWorkerRequest worker;
+    worker.set_host("127.0.0.1");
+    worker.set_name("w");
+    worker.set_device(v1::CPU);
+    worker.set_slots(1);
+    ASSERT_TRUE(state.RegisterWorker(worker).ok());
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+    auto submitted = state.SubmitJob(request);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    job = submitted->job_id();
+    ASSERT_EQ(state.GetJob(job)->state(), v1::RUNNING);
+    const int records_before = store.record_writes;
+    for (int key = 0; key < 200; ++key) {
+      v1::KeyValueSetRequest set;
+      set.set_job_id(job);
+      set.set_attempt(1);
+      set.set_rank(0);
+      set.set_rank_secret(state.RankSecretForTesting(job, 1, 0));
+      set.set_key(absl::StrCat("rank_", key));
+      set.set_value(std::string(1000, 'a' + key % 26));
+      ASSERT_TRUE(state.KeyValueSet(set).ok());
+      ASSERT_TRUE(state.KeyValueSet(set).ok()) << "a retry with the same value";
+    }
+    EXPECT_EQ(store.record_writes, records_before) << "a key-value set rewrote the job record";
+    EXPECT_EQ(store.kv_writes, 200);
+  }
+  CoordinatorOptions options;
+  options.store = &store;
+  CoordinatorState restarted(options);
+  ASSERT_TRUE(restarted.Restore().ok());
+  v1::KeyValueGetRequest get;
+  get.set_job_id(job);
+  get.set_attempt(1);
+  get.set_rank(0);
+  get.set_rank_secret(restarted.RankSecretForTesting(job, 1, 0));
+  get.set_key("rank_127");
+  auto value = restarted.KeyValueGet(get);
+  ASSERT_TRUE(value.ok()) << value.status();
+  ASSERT_TRUE(value->has_value()) << "the key did not survive the restart";
+  EXPECT_EQ(**value, std::string(1000, 'a' + 127 % 26));
+  std::filesystem::remove_all(dir);
+}
+
+// An older build kept the key-value store inside the job's record: a restart moves it to the
+// store's key-value table (and rewrites the record without it).
+TEST(CoordinatorStateStore, KeyValueInAnOlderRecord_IsReadAndMovedToItsTable) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/kv_legacy_", getpid());
+  std::filesystem::remove_all(dir);
+  auto sqlite = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  std::string job;
+  {
+    CoordinatorOptions options;
+    options.store = sqlite->get();
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::RegisterWorkerRequest worker;
+    worker.set_host("127.0.0.1");
+    worker.set_name("w");
+    worker.set_device(v1::CPU);
+    worker.set_slots(1);
+    ASSERT_TRUE(state.RegisterWorker(worker).ok());
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+    job = state.SubmitJob(request)->job_id();
+  }
+  // The record as an older build wrote it.
+  auto snapshot = (*sqlite)->Load();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  ASSERT_EQ(snapshot->jobs.size(), 1u);
+  store::StoredJob old = snapshot->jobs[0];
+  ASSERT_EQ(old.attempt(), 1);
+  (*old.mutable_kv())["nccl_unique_id"] = "legacy-id";
+  JobStore::Batch rewrite;
+  rewrite.jobs.push_back(old);
+  ASSERT_TRUE((*sqlite)->Commit(rewrite).ok());
+
+  for (int restart = 0; restart < 2; ++restart) {
+    SCOPED_TRACE(absl::StrCat("restart ", restart));
+    CoordinatorOptions options;
+    options.store = sqlite->get();
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::KeyValueGetRequest get;
+    get.set_job_id(job);
+    get.set_attempt(1);
+    get.set_rank(0);
+    get.set_rank_secret(state.RankSecretForTesting(job, 1, 0));
+    get.set_key("nccl_unique_id");
+    auto value = state.KeyValueGet(get);
+    ASSERT_TRUE(value.ok()) << value.status();
+    ASSERT_TRUE(value->has_value());
+    EXPECT_EQ(**value, "legacy-id");
+  }
+  auto moved = (*sqlite)->Load();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(moved->jobs[0].kv().empty()) << "the record still carries the key-value store";
+  ASSERT_EQ(moved->kv[1].size(), 1u);
+  EXPECT_EQ(moved->kv[1][0].key, "nccl_unique_id");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mptrain

@@ -13,6 +13,8 @@ class NoChanges : public JobChanges {
   void EventAppended(const JobRecord&, const v1::WatchJobEvent&) override {}
   void EventsTrimmed(const JobRecord&, int64_t) override {}
   void RankLogKept(const JobRecord&, store::StoredRankLog) override {}
+  void KvWritten(const JobRecord&, const std::string&, const std::string&) override {}
+  void KvCleared(const JobRecord&) override {}
 };
 
 struct RunningJob {

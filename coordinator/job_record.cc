@@ -7,6 +7,7 @@
 #include "common/grpc_status.h"
 #include "common/path_rules.h"
 #include "common/secrets.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace mptrain {
@@ -40,7 +41,8 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
 
 JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
                      std::vector<v1::WatchJobEvent> events,
-                     const std::vector<store::StoredRankLog>& rank_logs, int64_t now,
+                     const std::vector<store::StoredRankLog>& rank_logs,
+                     const std::vector<JobStore::KvEntry>& kv, int64_t now,
                      const JobLimits& limits, JobChanges* changes)
     : changes_(changes),
       limits_(limits),
@@ -55,7 +57,14 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
   for (const auto& [attempt, secrets] : stored.rank_secrets()) {
     rank_secrets_[attempt].assign(secrets.secret().begin(), secrets.secret().end());
   }
-  for (const auto& [key, value] : stored.kv()) kv_.Set(key, value).IgnoreError();
+  for (const JobStore::KvEntry& entry : kv) {
+    if (entry.attempt == attempt_) kv_.Set(entry.key, entry.value).IgnoreError();
+  }
+  if (!stored.kv().empty()) {
+    // An older build's store kept the store inside the record: it moves to the kv table.
+    for (const auto& [key, value] : stored.kv()) SetKv(key, value).IgnoreError();
+    Changed(/*workers_too=*/false);  // Rewritten without it.
+  }
   events_.Restore(std::move(events), stored.last_sequence());
   if (terminal()) events_.Shrink(limits.max_events_finished);
   for (const store::StoredRankLog& log : rank_logs) logs_.Restore(log);
@@ -83,7 +92,6 @@ store::StoredJob JobRecord::ToStored() const {
     auto& out = (*stored.mutable_rank_secrets())[attempt];
     for (const std::string& secret : secrets) out.add_secret(secret);
   }
-  for (const auto& [key, value] : kv_.values()) (*stored.mutable_kv())[key] = value;
   stored.set_last_sequence(events_.last_sequence());
   return stored;
 }
@@ -94,9 +102,11 @@ store::StoredJob JobRecord::ToStored() const {
 
 void JobRecord::StartAttempt(const std::vector<PlacedRank>& placement, int64_t now) {
   attempt_ += 1;
-  kv_.Clear();
+  ClearKv();
   std::vector<std::string>& secrets = rank_secrets_[attempt_];
   for (int rank = 0; rank < world_size(); ++rank) secrets.push_back(RandomSecret());
+  rank_secrets_.erase(rank_secrets_.begin(),
+                      rank_secrets_.lower_bound(attempt_ - kAttemptsWithSecrets + 1));
   job_.clear_placement();
   for (const PlacedRank& placed : placement) {
     v1::RankPlacement* out = job_.add_placement();
@@ -121,7 +131,7 @@ void JobRecord::StartAttempt(const std::vector<PlacedRank>& placement, int64_t n
 
 void JobRecord::Requeue(const std::string& note, int64_t now) {
   job_.set_restarts(job_.restarts() + 1);
-  kv_.Clear();
+  ClearKv();
   job_.set_state(v1::PENDING);
   queued_since_ms_ = now;
   KeepRankLogs();  // The failed attempt's output, for `trainctl logs --attempt`.
@@ -145,7 +155,7 @@ void JobRecord::SetState(v1::JobState state, const std::string& error, int64_t n
   if (state != v1::PENDING) job_.clear_pending_reason();
   if (IsTerminal(state)) {
     job_.set_finished_unix_ms(now);
-    kv_.Clear();
+    ClearKv();
     logs_.Shrink();
     KeepRankLogs();
   }
@@ -195,7 +205,23 @@ void JobRecord::Append(v1::WatchJobEvent event) {
 // Ranks
 // ---------------------------------------------------------------------------------------------
 
+absl::Status JobRecord::SetKv(const std::string& key, const std::string& value) {
+  const bool is_new = !kv_.Contains(key);
+  RETURN_IF_ERROR(kv_.Set(key, value));
+  if (is_new) changes_->KvWritten(*this, key, value);
+  return absl::OkStatus();
+}
+
+void JobRecord::ClearKv() {
+  kv_.Clear();
+  changes_->KvCleared(*this);
+}
+
 absl::Status JobRecord::CheckRankSecret(int attempt, int rank, const std::string& secret) const {
+  if (attempt > 0 && !rank_secrets_.empty() && attempt < rank_secrets_.begin()->first) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id(), " attempt ", attempt, " is long over"));
+  }
   auto secrets = rank_secrets_.find(attempt);
   if (secrets == rank_secrets_.end() || rank < 0 ||
       rank >= static_cast<int>(secrets->second.size()) ||

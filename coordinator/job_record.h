@@ -26,6 +26,7 @@
 #include "coordinator/job_kv.h"
 #include "coordinator/placement.h"
 #include "coordinator/rank_logs.h"
+#include "coordinator/store/job_store.h"
 #include "coordinator/store/stored_job.pb.h"
 #include "proto/mptrain.pb.h"
 
@@ -45,6 +46,11 @@ class JobChanges {
   virtual void EventsTrimmed(const JobRecord& job, int64_t sequence) = 0;
   // A rank's kept output is worth writing (its process ended, or the job did).
   virtual void RankLogKept(const JobRecord& job, store::StoredRankLog log) = 0;
+  // The key-value store gained a key (the store writes it alone, not the whole record), or
+  // lost every key (a new attempt, a restart, the end).
+  virtual void KvWritten(const JobRecord& job, const std::string& key,
+                         const std::string& value) = 0;
+  virtual void KvCleared(const JobRecord& job) = 0;
 };
 
 // What one rank of the current attempt has told the coordinator.
@@ -85,11 +91,13 @@ class JobRecord {
   JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
             const std::string& request_id, int64_t rank_memory_bytes, int64_t now,
             const JobLimits& limits, JobChanges* changes);
-  // A job as the store kept it; RUNNING ranks count as reporting at `now`.
+  // A job as the store kept it; RUNNING ranks count as reporting at `now`. `kv`: the key-value
+  // entries stored for it (those of its current attempt are kept).
   JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
             std::vector<v1::WatchJobEvent> events,
-            const std::vector<store::StoredRankLog>& rank_logs, int64_t now,
-            const JobLimits& limits, JobChanges* changes);
+            const std::vector<store::StoredRankLog>& rank_logs,
+            const std::vector<JobStore::KvEntry>& kv, int64_t now, const JobLimits& limits,
+            JobChanges* changes);
   store::StoredJob ToStored() const;
 
   const v1::Job& job() const { return job_; }
@@ -106,8 +114,9 @@ class JobRecord {
   const RankRecord& rank(int rank) const { return ranks_[rank]; }
   bool ValidRank(int rank) const { return rank >= 0 && rank < world_size(); }
   const JobEventLog& events() const { return events_; }
-  JobKv& kv() { return kv_; }
   const JobKv& kv() const { return kv_; }
+  // JobKv::Set, and the store told of a new key.
+  absl::Status SetKv(const std::string& key, const std::string& value);
   // The tails of its ranks' output. The store gets a copy of a rank's tail when its process
   // ends, of every tail when the job ends or restarts, and of each tail that grows after that.
   const RankLogs& logs() const { return logs_; }
@@ -126,7 +135,8 @@ class JobRecord {
 
   // ---- What the ranks report ----
 
-  // PERMISSION_DENIED unless `secret` is the rank secret of (attempt, rank).
+  // PERMISSION_DENIED unless `secret` is the rank secret of (attempt, rank); FAILED_PRECONDITION
+  // for an attempt older than the two whose secrets are kept.
   absl::Status CheckRankSecret(int attempt, int rank, const std::string& secret) const;
   // "" when there is none.
   std::string RankSecret(int attempt, int rank) const;
@@ -172,6 +182,7 @@ class JobRecord {
   // Hands the store the tail of (attempt, rank), or every tail held.
   void KeepRankLog(int attempt, int rank);
   void KeepRankLogs();
+  void ClearKv();
 
   JobChanges* changes_;
   JobLimits limits_;
@@ -182,8 +193,11 @@ class JobRecord {
   int attempt_ = 0;
   std::vector<RankRecord> ranks_;
   JobKv kv_;  // Cleared on each new attempt and at the end.
-  // Rank secrets of every attempt (attempt -> rank -> secret), so that a late call of an
-  // earlier attempt is recognised as such and anything else is refused.
+  // Rank secrets of the current attempt and the one before (attempt -> rank -> secret), so
+  // that a late call of the earlier attempt (its ranks' last output) is recognised as such and
+  // anything else is refused; older ones are dropped, so that the record stays the size of
+  // two attempts however often a job restarts.
+  static constexpr int kAttemptsWithSecrets = 2;
   std::map<int, std::vector<std::string>> rank_secrets_;
   JobEventLog events_;
   RankLogs logs_;

@@ -93,6 +93,10 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(
            // Added to schema 1 without a version change: an older database gains it empty.
            "CREATE TABLE IF NOT EXISTS rank_logs (number INTEGER NOT NULL, attempt INTEGER NOT "
            "NULL, rank INTEGER NOT NULL, log BLOB NOT NULL, PRIMARY KEY (number, attempt, rank))",
+           // Likewise: a job attempt's key-value store, a row per key (a store of an older
+           // build keeps it inside the job's record; restore moves it here).
+           "CREATE TABLE IF NOT EXISTS kv (number INTEGER NOT NULL, attempt INTEGER NOT NULL, "
+           "key BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (number, key))",
        }) {
     if (absl::Status status = store->Exec(sql); !status.ok()) return status;
   }
@@ -211,6 +215,19 @@ absl::StatusOr<JobStore::Snapshot> SqliteJobStore::Load() {
     }
     if (step != SQLITE_DONE) return Error("reading rank logs");
   }
+  {
+    Statement kv(db_, "SELECT number, attempt, key, value FROM kv ORDER BY number, key");
+    if (!kv.ok()) return Error("reading key-value stores");
+    int step;
+    while ((step = sqlite3_step(kv.get())) == SQLITE_ROW) {
+      KvEntry entry;
+      entry.attempt = sqlite3_column_int(kv.get(), 1);
+      entry.key = Blob(kv.get(), 2);
+      entry.value = Blob(kv.get(), 3);
+      snapshot.kv[sqlite3_column_int64(kv.get(), 0)].push_back(std::move(entry));
+    }
+    if (step != SQLITE_DONE) return Error("reading key-value stores");
+  }
   return snapshot;
 }
 
@@ -290,9 +307,29 @@ absl::Status SqliteJobStore::Commit(const Batch& batch) {
       if (sqlite3_step(prune.get()) != SQLITE_DONE) return fail("pruning rank logs");
     }
   }
+  {
+    Statement clear(db_, "DELETE FROM kv WHERE number = ?");
+    Statement insert(db_, "INSERT OR REPLACE INTO kv (number, attempt, key, value) VALUES (?, ?, ?, ?)");
+    if (!clear.ok() || !insert.ok()) return fail("preparing a key-value write");
+    for (int64_t number : batch.kv_cleared) {
+      sqlite3_reset(clear.get());
+      sqlite3_bind_int64(clear.get(), 1, number);
+      if (sqlite3_step(clear.get()) != SQLITE_DONE) return fail("clearing a key-value store");
+    }
+    for (const auto& [number, entry] : batch.kv_writes) {
+      sqlite3_reset(insert.get());
+      sqlite3_bind_int64(insert.get(), 1, number);
+      sqlite3_bind_int(insert.get(), 2, entry.attempt);
+      sqlite3_bind_blob(insert.get(), 3, entry.key.data(), static_cast<int>(entry.key.size()),
+                        SQLITE_STATIC);
+      sqlite3_bind_blob(insert.get(), 4, entry.value.data(),
+                        static_cast<int>(entry.value.size()), SQLITE_STATIC);
+      if (sqlite3_step(insert.get()) != SQLITE_DONE) return fail("writing a key-value entry");
+    }
+  }
   for (int64_t number : batch.deleted) {
     for (const char* sql : {"DELETE FROM jobs WHERE number = ?", "DELETE FROM events WHERE number = ?",
-                            "DELETE FROM rank_logs WHERE number = ?"}) {
+                            "DELETE FROM rank_logs WHERE number = ?", "DELETE FROM kv WHERE number = ?"}) {
       Statement remove(db_, sql);
       if (!remove.ok()) return fail("preparing a delete");
       sqlite3_bind_int64(remove.get(), 1, number);

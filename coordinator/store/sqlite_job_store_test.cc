@@ -23,8 +23,8 @@ JobStore::Batch NewJob(int64_t number, const std::string& name) {
   job.mutable_job()->set_job_id("job-" + std::to_string(number));
   job.mutable_job()->set_state(v1::RUNNING);
   (*job.mutable_rank_secrets())[1].add_secret("s0");
-  (*job.mutable_kv())["nccl_unique_id"] = std::string("\0\1\2", 3);
   batch.jobs.push_back(job);
+  batch.kv_writes.push_back({number, {1, "nccl_unique_id", std::string("\0\1\2", 3)}});
   v1::JobSpec spec;
   spec.set_name(name);
   batch.new_specs[number] = spec;
@@ -62,11 +62,44 @@ TEST(SqliteJobStore, CommitThenReopen_LoadsEverything) {
   EXPECT_EQ(snapshot->next_job_number, 3);
   ASSERT_EQ(snapshot->jobs.size(), 1u);
   EXPECT_EQ(snapshot->jobs[0].job().state(), v1::SUCCEEDED);
-  EXPECT_EQ(snapshot->jobs[0].kv().at("nccl_unique_id"), std::string("\0\1\2", 3));
+  ASSERT_EQ(snapshot->kv[1].size(), 1u);
+  EXPECT_EQ(snapshot->kv[1][0].attempt, 1);
+  EXPECT_EQ(snapshot->kv[1][0].key, "nccl_unique_id");
+  EXPECT_EQ(snapshot->kv[1][0].value, std::string("\0\1\2", 3));
+  EXPECT_EQ(snapshot->kv.count(2), 0u) << "a deleted job's keys were kept";
   EXPECT_EQ(snapshot->jobs[0].rank_secrets().at(1).secret(0), "s0");
   EXPECT_EQ(snapshot->specs.at(1).name(), "first");
   ASSERT_EQ(snapshot->events[1].size(), 2u);
   EXPECT_EQ(snapshot->events[1][0].telemetry().step(), 4);
+}
+
+TEST(SqliteJobStore, KeyValue_WrittenAKeyAtATime_ClearedBeforeTheBatchsWrites) {
+  const std::string dir = FreshDir("kv");
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Commit(NewJob(1, "a")).ok());
+  JobStore::Batch more;
+  more.kv_writes.push_back({1, {1, "rank_1", "addr1"}});
+  more.kv_writes.push_back({1, {1, "empty", ""}});
+  ASSERT_TRUE((*store)->Commit(more).ok());
+  auto keys = [&] {
+    auto snapshot = (*store)->Load();
+    EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+    std::vector<std::string> found;
+    for (const JobStore::KvEntry& entry : snapshot->kv[1]) {
+      found.push_back(entry.key + "@" + std::to_string(entry.attempt) + "=" + entry.value);
+    }
+    return found;
+  };
+  EXPECT_EQ(keys(), (std::vector<std::string>{
+                        "empty@1=", "nccl_unique_id@1=" + std::string("\0\1\2", 3),
+                        "rank_1@1=addr1"}));
+  // A new attempt: every key of the job goes, then the new attempt's first key is written.
+  JobStore::Batch next;
+  next.kv_cleared.insert(1);
+  next.kv_writes.push_back({1, {2, "nccl_unique_id", "id2"}});
+  ASSERT_TRUE((*store)->Commit(next).ok());
+  EXPECT_EQ(keys(), std::vector<std::string>{"nccl_unique_id@2=id2"});
 }
 
 TEST(SqliteJobStore, LoadEvents_PagesOneJobsHistoryInOrder) {
