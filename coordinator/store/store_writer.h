@@ -6,8 +6,10 @@
 // the call that made it answers its client only once the batch is written (WaitWritten):
 // whatever a client was told survives a crash of the coordinator.
 //
-// Bounded: with `max_queued` batches waiting, Enqueue blocks until the writer catches up (back
-// pressure on every mutation, rather than memory without end).
+// Bounded: with `max_queued` batches, or `max_queued_bytes` of them, waiting, Enqueue blocks
+// until the writer catches up (back pressure on every mutation, rather than memory without
+// end). The bytes of the batch being written count until it is written; a
+// batch larger than the bound on its own waits until nothing else is queued or written.
 
 #include <condition_variable>
 #include <cstdint>
@@ -21,7 +23,9 @@ namespace mptrain {
 
 class StoreWriter {
  public:
-  explicit StoreWriter(JobStore* store, size_t max_queued = 10'000);
+  static constexpr size_t kDefaultMaxQueuedBytes = size_t{256} << 20;
+  explicit StoreWriter(JobStore* store, size_t max_queued = 10'000,
+                       size_t max_queued_bytes = kDefaultMaxQueuedBytes);
   // Writes what is queued, then stops.
   ~StoreWriter();
   StoreWriter(const StoreWriter&) = delete;
@@ -36,15 +40,20 @@ class StoreWriter {
   // Commits that failed so far.
   uint64_t failures() const;
 
+  // What a batch holds, about (the size of its messages and key-value entries).
+  static size_t ApproximateBytes(const JobStore::Batch& batch);
+
  private:
   void Run();
 
   JobStore* store_;
   const size_t max_queued_;
+  const size_t max_queued_bytes_;
   mutable std::mutex mu_;
   std::condition_variable queued_cv_;   // The writer waits for work.
   std::condition_variable written_cv_;  // Callers wait for their ticket; Enqueue for room.
-  std::deque<JobStore::Batch> queue_;
+  std::deque<std::pair<JobStore::Batch, size_t>> queue_;  // With its ApproximateBytes.
+  size_t queued_bytes_ = 0;  // Of the queue and of the batch being written.
   uint64_t next_ticket_ = 1;  // The ticket of the next batch enqueued.
   uint64_t written_ = 0;      // Every ticket up to this one is written.
   uint64_t failures_ = 0;

@@ -78,5 +78,29 @@ TEST(StoreWriter, Destructor_WritesWhatIsQueued) {
   EXPECT_EQ(store.committed.size(), 6u);
 }
 
+// The queue is bounded in bytes too: with 10 KB allowed and a 6 KB batch being written, the
+// next 6 KB batch waits for it; a batch over the bound alone still goes through.
+TEST(StoreWriter, QueuedBytes_AreBounded_ALargerBatchAloneStillGoes) {
+  RecordingStore store;
+  store.delay = std::chrono::milliseconds(400);
+  StoreWriter writer(&store, /*max_queued=*/100, /*max_queued_bytes=*/10'000);
+  auto sized = [](int64_t n, size_t bytes) {
+    JobStore::Batch batch = Numbered(n);
+    batch.kv_writes.push_back({n, {1, "key", std::string(bytes, 'v')}});
+    return batch;
+  };
+  EXPECT_GE(StoreWriter::ApproximateBytes(sized(1, 6'000)), 6'000u);
+  const uint64_t first = writer.Enqueue(sized(1, 6'000));
+  const auto start = std::chrono::steady_clock::now();
+  writer.Enqueue(sized(2, 6'000));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(250)) << "a second 6 KB batch did not wait";
+  writer.WaitWritten(first);
+  store.delay = std::chrono::milliseconds(0);
+  writer.WaitWritten(writer.Enqueue(sized(3, 50'000)));
+  std::lock_guard<std::mutex> lock(store.mu);
+  EXPECT_EQ(store.committed, (std::vector<int64_t>{1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace mptrain
