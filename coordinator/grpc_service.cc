@@ -192,7 +192,8 @@ class LongCall final : public grpc::ServerUnaryReactor {
 class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  public:
   static grpc::ServerWriteReactor<v1::WatchJobEvent>* Start(CoordinatorState* state,
-                                                            WaitSet* waits,
+                                                            WaitSet* waits, WatchQuota* quota,
+                                                            const std::string& principal,
                                                             const std::string& job_id) {
     auto* call = new WatchCall();
     Core& core = *call->core_;
@@ -200,19 +201,15 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     core.state = state;
     core.waits = waits;
     core.job_id = job_id;
-    // Each watch holds a snapshot and a queue and is woken by every event of its job: their
-    // number is bounded (RESOURCE_EXHAUSTED past it, until some end).
-    if (active_watches.fetch_add(1) >= kMaxConcurrentWatches) {
-      active_watches.fetch_sub(1);
+    // Their number is bounded (RESOURCE_EXHAUSTED past it, until some end).
+    if (absl::Status admitted = quota->Acquire(principal); !admitted.ok()) {
       std::lock_guard<std::recursive_mutex> lock(core.mu);
       core.finished = true;
-      call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                absl::StrCat("the coordinator serves at most ",
-                                             kMaxConcurrentWatches,
-                                             " watches at once: try again later")));
+      call->Finish(ToGrpcStatus(admitted));
       return call;
     }
-    call->counted_ = true;
+    call->quota_ = quota;
+    call->principal_ = principal;
     auto snapshot = state->WatchSnapshot(job_id);
     std::lock_guard<std::recursive_mutex> lock(core.mu);
     if (!snapshot.ok()) {
@@ -241,7 +238,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   }
   void OnCancel() override { core_->End(grpc::Status::CANCELLED); }
   void OnDone() override {
-    if (counted_) active_watches.fetch_sub(1);
+    if (quota_ != nullptr) quota_->Release(principal_);
     delete this;
   }
 
@@ -325,13 +322,36 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   };
 
   WatchCall() : core_(std::make_shared<Core>()) {}
-  static constexpr int kMaxConcurrentWatches = 4'096;
-  static inline std::atomic<int> active_watches{0};
-  bool counted_ = false;
+  WatchQuota* quota_ = nullptr;  // Set once admitted: OnDone gives the place back.
+  std::string principal_;
   std::shared_ptr<Core> core_;
 };
 
 }  // namespace
+
+absl::Status WatchQuota::Acquire(const std::string& principal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (total_ >= limits_.total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator serves at most ", limits_.total, " watches at once: try again later"));
+  }
+  int& mine = per_principal_[principal];
+  if (mine >= limits_.per_principal) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(principal, " has ", mine, " watches open, the most one caller may have "
+                     "(--max_watches_per_principal): end one first"));
+  }
+  ++mine;
+  ++total_;
+  return absl::OkStatus();
+}
+
+void WatchQuota::Release(const std::string& principal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --total_;
+  auto it = per_principal_.find(principal);
+  if (it != per_principal_.end() && --it->second <= 0) per_principal_.erase(it);
+}
 
 // ---- Coordinator ----
 
@@ -412,8 +432,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRankLog(grpc::CallbackServerCon
 }
 
 grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
-    grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
-  return WatchCall::Start(state_, waits_, request->job_id());
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return WatchCall::Start(state_, waits_, &watches_, auth_->Identify(*context).principal,
+                          request->job_id());
 }
 
 // ---- WorkerControl ----

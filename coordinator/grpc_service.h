@@ -10,8 +10,12 @@
 // look again when the state names that key, when their deadline passes, or never (the client
 // cancelled). Deadlines and cancellation are handled in one place (LongCall in the .cc).
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 
+#include "absl/status/status.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/wait_set.h"
@@ -23,6 +27,29 @@ namespace mptrain {
 // How long a long call may wait at most, whatever the client asks.
 inline constexpr int64_t kMaxPollWaitMs = 30'000;
 inline constexpr int64_t kMaxKeyValueWaitMs = 600'000;
+
+// How many WatchJob streams may be open: each holds a snapshot and a queue and is woken by every
+// event of its job. Per principal too, so that one user's watches cannot take every one.
+struct WatchLimits {
+  int total = 4'096;
+  int per_principal = 512;
+};
+
+// The open watches, counted in all and per principal. Thread-safe.
+class WatchQuota {
+ public:
+  explicit WatchQuota(WatchLimits limits) : limits_(limits) {}
+  // RESOURCE_EXHAUSTED naming the limit reached; OK: one more watch of `principal`, until
+  // Release.
+  absl::Status Acquire(const std::string& principal);
+  void Release(const std::string& principal);
+
+ private:
+  const WatchLimits limits_;
+  std::mutex mu_;
+  int total_ = 0;
+  std::map<std::string, int> per_principal_;  // Only principals with open watches.
+};
 
 // Unary methods are registered raw (ByteBuffer in, ByteBuffer out): their requests are parsed
 // here, so bytes that are no protobuf message of the method's type are answered
@@ -49,8 +76,8 @@ using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorke
 class CoordinatorService final : public CoordinatorBase {
  public:
   CoordinatorService(CoordinatorState* state, WaitSet* waits,
-                     std::shared_ptr<const Authenticator> auth)
-      : state_(state), waits_(waits), auth_(std::move(auth)) {}
+                     std::shared_ptr<const Authenticator> auth, WatchLimits watch_limits = {})
+      : state_(state), waits_(waits), auth_(std::move(auth)), watches_(watch_limits) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -80,6 +107,7 @@ class CoordinatorService final : public CoordinatorBase {
   CoordinatorState* state_;
   WaitSet* waits_;
   std::shared_ptr<const Authenticator> auth_;  // Who is calling (the gate already ran).
+  WatchQuota watches_;
 };
 
 class WorkerControlService final : public WorkerControlBase {

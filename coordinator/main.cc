@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT for /metrics (Prometheus) and the web dashboard (empty: off). Uses the "
           "same TLS certificate and tokens as gRPC");
 ABSL_FLAG(std::string, http_port_file, "", "If set, the bound HTTP port is written to this file");
+ABSL_FLAG(int32_t, max_watches_per_principal, 512,
+          "WatchJob streams one caller (token principal; \"anonymous\" without tokens) may "
+          "have open at once (4096 in all)");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -126,7 +129,15 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(restored.message()));
     return 2;
   }
-  mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator);
+  mptrain::WatchLimits watch_limits;
+  watch_limits.per_principal = absl::GetFlag(FLAGS_max_watches_per_principal);
+  if (watch_limits.per_principal < 1 || watch_limits.per_principal > watch_limits.total) {
+    spdlog::error("--max_watches_per_principal must be in [1, {}], got {}", watch_limits.total,
+                  watch_limits.per_principal);
+    return 2;
+  }
+  mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
+                                                  watch_limits);
   mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);

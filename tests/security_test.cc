@@ -295,6 +295,73 @@ std::pair<std::string, grpc::Status> ListServicesByReflection(
   return {answer, status};
 }
 
+// WatchJob streams are bounded per principal (--max_watches_per_principal), so that one user's
+// watches cannot take every place: alice's third is refused, bob's first is served, and a place
+// alice gives back is hers again.
+TEST(Security, Watches_AreBoundedPerPrincipal) {
+  LocalCluster::Options options;
+  options.workers = 1;
+  options.coordinator_flags = {"--max_watches_per_principal=2"};
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  // Two ranks on one slot: the job stays PENDING, so its watches stay open.
+  const std::string job_id = cluster.Submit(WriteSpec("waiting", R"({
+    "name": "waiting", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 1}},
+    "micro_batch_size": 2, "accumulation_steps": 1, "steps": 1, "optimizer": {"lr": 0.1}})"));
+  ASSERT_FALSE(job_id.empty());
+  auto alice = v1::Coordinator::NewStub(cluster.Channel(cluster.SecurityFor("alice")));
+  auto bob = v1::Coordinator::NewStub(cluster.Channel(cluster.SecurityFor("bob")));
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::WatchJobEvent>> reader;
+    v1::WatchJobEvent first;
+    bool open = false;
+  };
+  auto watch = [&](v1::Coordinator::Stub* stub) {
+    auto opened = std::make_unique<Watch>();
+    opened->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    opened->reader = stub->WatchJob(&opened->context, request);
+    opened->open = opened->reader->Read(&opened->first);  // The snapshot, when admitted.
+    return opened;
+  };
+  auto first = watch(alice.get());
+  auto second = watch(alice.get());
+  ASSERT_TRUE(first->open) << first->reader->Finish().error_message() << " job " << job_id;
+  ASSERT_TRUE(second->open) << second->reader->Finish().error_message();
+  EXPECT_EQ(first->first.snapshot().state(), v1::PENDING);
+  auto third = watch(alice.get());
+  EXPECT_FALSE(third->open);
+  const grpc::Status refused = third->reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max_watches_per_principal"), std::string::npos)
+      << refused.error_message();
+  auto bobs = watch(bob.get());
+  EXPECT_TRUE(bobs->open) << "alice's watches took bob's place";
+
+  first->context.TryCancel();
+  first->reader->Finish();
+  bool readmitted = false;
+  for (int attempt = 0; attempt < 50 && !readmitted; ++attempt) {
+    auto again = watch(alice.get());
+    readmitted = again->open;
+    if (readmitted) {
+      again->context.TryCancel();
+      again->reader->Finish();
+    } else {
+      again->reader->Finish();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_TRUE(readmitted) << "a watch alice ended did not give its place back";
+  for (Watch* open : {second.get(), bobs.get()}) {
+    open->context.TryCancel();
+    open->reader->Finish();
+  }
+}
+
 TEST(Security, ServerReflection_ListsTheServicesToUsersOnly) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
