@@ -1,16 +1,22 @@
 #include "coordinator/http_server.h"
 
 #include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,12 +38,15 @@ namespace {
 constexpr char kCookie[] = "mptrain_token";
 
 // What a request may make this server hold. libmicrohttpd reads a request's line and headers
-// into a fixed per-connection pool (a larger head is answered 431 or 414 and the connection
+// into a fixed per-connection pool (a larger head is answered 431 or 414, or the connection
 // closed) and serves every connection from a few event-loop threads, so a slow client holds
-// a connection slot, never a thread.
-constexpr size_t kConnectionMemoryBytes = 32 << 10;  // Request line + headers + the answer's head.
+// a connection slot, never a thread; and a slot only for so long: libmicrohttpd closes a
+// connection idle for kIdleTimeoutSeconds, this server one that has not sent a whole request
+// head within HttpServerOptions::head_deadline of opening (a byte every few seconds is not
+// idle) or is older than its max_connection_age.
+constexpr size_t kConnectionMemoryBytes = 64 << 10;  // Request line + headers + the answer's head.
 constexpr unsigned kMaxConnections = 256;
-constexpr unsigned kMaxConnectionsPerAddress = 64;
+constexpr unsigned kMaxConnectionsPerAddress = 32;
 constexpr unsigned kIdleTimeoutSeconds = 10;
 constexpr unsigned kEventThreads = 4;
 constexpr size_t kMaxBodyBytes = 64 << 10;
@@ -235,17 +244,92 @@ void LogFromLibrary(void*, const char* format, va_list args) {
 
 }  // namespace
 
-// The routes and libmicrohttpd's callbacks. Everything it holds is read-only once serving.
+// The connections being served, for the deadlines libmicrohttpd does not keep (a whole request
+// head within `head_deadline` of opening, `max_age` in all): a thread looks every tenth of a
+// second and shuts down the socket of a connection past one (libmicrohttpd then sees it end and
+// closes it, its own way).
+class ConnectionReaper {
+ public:
+  ConnectionReaper(std::chrono::milliseconds head_deadline, std::chrono::milliseconds max_age)
+      : head_deadline_(head_deadline), max_age_(max_age), thread_([this] { Run(); }) {}
+  ~ConnectionReaper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void Opened(MHD_Connection* connection, int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_[connection] = Tracked{fd, Clock::now()};
+  }
+  void HeadRead(MHD_Connection* connection) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(connection);
+    if (it != open_.end()) it->second.head_read = true;
+  }
+  // Called by libmicrohttpd before it closes the socket: from then on the fd is not touched.
+  void Closed(MHD_Connection* connection) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.erase(connection);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Tracked {
+    int fd = -1;
+    Clock::time_point opened;
+    bool head_read = false;
+    bool shut = false;
+  };
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; })) {
+      const Clock::time_point now = Clock::now();
+      for (auto& [connection, tracked] : open_) {
+        const auto age = now - tracked.opened;
+        if (tracked.shut || (age < max_age_ && (tracked.head_read || age < head_deadline_))) {
+          continue;
+        }
+        spdlog::debug("http: closing a connection {}", tracked.head_read
+                                                            ? "past its maximum age"
+                                                            : "that sent no whole request head in time");
+        shutdown(tracked.fd, SHUT_RDWR);
+        tracked.shut = true;
+      }
+    }
+  }
+
+  const std::chrono::milliseconds head_deadline_;
+  const std::chrono::milliseconds max_age_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<MHD_Connection*, Tracked> open_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// The routes and libmicrohttpd's callbacks. What it holds is read-only once serving, but for
+// the reaper's table (locked).
 class HttpServer::Handler {
  public:
   Handler(const CoordinatorState* state, const RpcMetrics* rpcs,
           std::shared_ptr<const Authenticator> authenticator, bool tls,
-          bool require_client_certificate)
+          bool require_client_certificate, const HttpServerOptions& options)
       : state_(state),
         rpcs_(rpcs),
         authenticator_(std::move(authenticator)),
         tls_(tls),
-        require_client_certificate_(require_client_certificate) {}
+        require_client_certificate_(require_client_certificate),
+        reaper_(options.head_deadline, options.max_connection_age) {}
+
+  // MHD_NotifyConnectionCallback: a connection opened (its TLS handshake not yet made) or is
+  // about to be closed.
+  static void Connection(void* self, MHD_Connection* connection, void** socket_context,
+                         MHD_ConnectionNotificationCode code);
 
   // MHD_AccessHandlerCallback: called once the request's line and headers are read, then per
   // piece of its body, then once more to answer.
@@ -267,6 +351,9 @@ class HttpServer::Handler {
 
   static bool HasTrustedClientCertificate(MHD_Connection* connection);
   static MHD_Result Send(MHD_Connection* connection, const Reply& reply);
+  // What is answered before any body is read, if anything: a request of a refused shape, or
+  // not admitted (client certificate, token).
+  std::optional<Reply> Gate(MHD_Connection* connection, const Request& request) const;
   Reply Route(const Request& request) const;
   Reply Login(const Request& request) const;
 
@@ -275,6 +362,7 @@ class HttpServer::Handler {
   const std::shared_ptr<const Authenticator> authenticator_;
   const bool tls_;
   const bool require_client_certificate_;
+  ConnectionReaper reaper_;
 };
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
@@ -314,13 +402,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto server = std::unique_ptr<HttpServer>(new HttpServer());
   const bool enabled = authenticator->enabled();
   server->handler_ = std::make_unique<Handler>(state, rpcs, std::move(authenticator), tls,
-                                               tls && !options.tls_client_ca.empty());
+                                               tls && !options.tls_client_ca.empty(), options);
   server->tls_ = tls;
   Handler& handler = *server->handler_;
 
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
   if (address->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   std::vector<MHD_OptionItem> items = {
+      // First, so that what the options below may log goes there too.
+      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogFromLibrary), nullptr},
       {MHD_OPTION_SOCK_ADDR, 0, address->ai_addr},
       {MHD_OPTION_THREAD_POOL_SIZE, kEventThreads, nullptr},
       {MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes, nullptr},
@@ -328,7 +418,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
       {MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxConnectionsPerAddress, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, kIdleTimeoutSeconds, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Handler::Completed), &handler},
-      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogFromLibrary), nullptr},
+      {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&Handler::Connection), &handler},
   };
   if (tls) {
     flags |= MHD_USE_TLS;
@@ -341,8 +431,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     if (!options.tls_client_ca.empty()) {
       ASSIGN_OR_RETURN(handler.tls_client_ca_pem,
                        ReadPem(options.tls_client_ca, "--tls_client_ca"));
-      // libmicrohttpd asks for a client certificate; Dispatch refuses a request without one
-      // that this CA signed.
+      // The trust list the handshake verifies client certificates against (Connection makes
+      // one required; Gate checks again).
       items.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0, handler.tls_client_ca_pem.data()});
     }
   }
@@ -376,14 +466,9 @@ MHD_Result HttpServer::Handler::Dispatch(void* self, MHD_Connection* connection,
     // First call: the line and headers are read, no body yet.
     pending = new Pending;
     *request_state = pending;
+    handler->reaper_.HeadRead(connection);
     pending->request.emplace(connection, method, url);
-    pending->early = RefusedRequestShape(*pending->request);
-    if (!pending->early && handler->require_client_certificate_ &&
-        !HasTrustedClientCertificate(connection)) {
-      pending->early = Reply::Error(
-          MHD_HTTP_FORBIDDEN, "a client certificate signed by --tls_client_ca is required");
-      pending->early->close = true;
-    }
+    pending->early = handler->Gate(connection, *pending->request);
     if (pending->early) return Send(connection, *pending->early);
     return MHD_YES;  // Go on to the body (libmicrohttpd answers "100 Continue" if asked).
   }
@@ -408,6 +493,55 @@ void HttpServer::Handler::Completed(void*, MHD_Connection*, void** request_state
   *request_state = nullptr;
 }
 
+void HttpServer::Handler::Connection(void* self, MHD_Connection* connection, void**,
+                                     MHD_ConnectionNotificationCode code) {
+  auto* handler = static_cast<Handler*>(self);
+  if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    handler->reaper_.Closed(connection);
+    return;
+  }
+  const MHD_ConnectionInfo* fd =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (fd != nullptr) handler->reaper_.Opened(connection, fd->connect_fd);
+  if (!handler->require_client_certificate_) return;
+  // libmicrohttpd only asks for a client certificate: require one, verified during the
+  // handshake against --tls_client_ca and made for client authentication (extended key usage
+  // TLS client, as OpenSSL's "sslclient" purpose), so that a client without one gets no
+  // connection to hold.
+  const MHD_ConnectionInfo* tls =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+  if (tls == nullptr || tls->tls_session == nullptr) return;
+  auto session = static_cast<gnutls_session_t>(tls->tls_session);
+  gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+  static gnutls_typed_vdata_st client_purpose = {
+      GNUTLS_DT_KEY_PURPOSE_OID,
+      reinterpret_cast<unsigned char*>(const_cast<char*>(GNUTLS_KP_TLS_WWW_CLIENT)), 0};
+  gnutls_session_set_verify_cert2(session, &client_purpose, 1, 0);
+}
+
+std::optional<Reply> HttpServer::Handler::Gate(MHD_Connection* connection,
+                                               const Request& request) const {
+  if (std::optional<Reply> refused = RefusedRequestShape(request)) return refused;
+  if (require_client_certificate_ && !HasTrustedClientCertificate(connection)) {
+    Reply reply = Reply::Error(MHD_HTTP_FORBIDDEN,
+                               "a client certificate signed by --tls_client_ca is required");
+    reply.close = true;
+    return reply;
+  }
+  // Everything but the login form and its stylesheet needs a user token.
+  const std::string& path = request.path;
+  if (path == "/login" || path == "/app.css") return std::nullopt;
+  absl::Status status =
+      authenticator_->Authorize(absl::StrCat("/http", path), Authorization(request));
+  if (status.ok()) return std::nullopt;
+  const bool page = !absl::StartsWith(path, "/api/") && path != "/metrics";
+  Reply reply = page && status.code() == absl::StatusCode::kUnauthenticated
+                    ? Reply::Redirect("/login")
+                    : Reply::Error(status);
+  reply.close = true;  // A body may follow, unread.
+  return reply;
+}
+
 bool HttpServer::Handler::HasTrustedClientCertificate(MHD_Connection* connection) {
   const MHD_ConnectionInfo* info =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_GNUTLS_SESSION);
@@ -415,8 +549,12 @@ bool HttpServer::Handler::HasTrustedClientCertificate(MHD_Connection* connection
   auto session = static_cast<gnutls_session_t>(info->tls_session);
   unsigned int peers = 0;
   if (gnutls_certificate_get_peers(session, &peers) == nullptr || peers == 0) return false;
+  gnutls_typed_vdata_st purpose = {
+      GNUTLS_DT_KEY_PURPOSE_OID,
+      reinterpret_cast<unsigned char*>(const_cast<char*>(GNUTLS_KP_TLS_WWW_CLIENT)), 0};
   unsigned int verdict = 0;
-  return gnutls_certificate_verify_peers2(session, &verdict) == GNUTLS_E_SUCCESS && verdict == 0;
+  return gnutls_certificate_verify_peers(session, &purpose, 1, &verdict) == GNUTLS_E_SUCCESS &&
+         verdict == 0;
 }
 
 MHD_Result HttpServer::Handler::Send(MHD_Connection* connection, const Reply& reply) {
@@ -444,19 +582,7 @@ MHD_Result HttpServer::Handler::Send(MHD_Connection* connection, const Reply& re
 
 Reply HttpServer::Handler::Route(const Request& request) const {
   const bool get = request.method == "GET" || request.method == "HEAD";
-  const std::string& path = request.path;
-  // The gate: everything but the login form and its stylesheet needs a user token.
-  if (path != "/login" && path != "/app.css") {
-    absl::Status status =
-        authenticator_->Authorize(absl::StrCat("/http", path), Authorization(request));
-    if (!status.ok()) {
-      const bool page = !absl::StartsWith(path, "/api/") && path != "/metrics";
-      if (page && status.code() == absl::StatusCode::kUnauthenticated) {
-        return Reply::Redirect("/login");
-      }
-      return Reply::Error(status);
-    }
-  }
+  const std::string& path = request.path;  // Admitted by Gate.
   if (path == "/login" && request.method == "POST") return Login(request);
   if (!get) {
     Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and POST /login)");
@@ -513,8 +639,13 @@ Reply HttpServer::Handler::Route(const Request& request) const {
 
 Reply HttpServer::Handler::Login(const Request& request) const {
   const std::string token = FormValue(request.body, "token");
+  // Only a token the cookie can carry back as it is (RFC 6265's cookie-octets: no space,
+  // quote, comma, semicolon or backslash); any token still works as a Bearer header.
+  const bool cookie_safe = std::all_of(token.begin(), token.end(), [](char c) {
+    return c > 0x20 && c < 0x7f && c != '"' && c != ',' && c != ';' && c != '\\';
+  });
   absl::Status status =
-      token.empty() || token.size() > 256 || token.find_first_of(" ;\r\n") != std::string::npos
+      token.empty() || token.size() > 256 || !cookie_safe
           ? absl::UnauthenticatedError("no token given")
           : authenticator_->Authorize("/http/", absl::StrCat("Bearer ", token));
   if (!status.ok()) return Reply::Redirect("/login?failed=1");

@@ -11,12 +11,15 @@
 // --tls_client_ca, the same client certificates). Off loopback, TLS and tokens are required
 // unless --insecure. Nothing here changes state: every route but the login form is GET.
 //
-// Bounded (GNU libmicrohttpd): a request's line and headers are read into 32 KiB per
+// Bounded (GNU libmicrohttpd): a request's line and headers are read into 64 KiB per
 // connection (a larger head is answered 431/414 and the connection closed), 256 connections
-// (64 per client address), each closed after 10 s without traffic, served by 4 event-loop
-// threads, so a slow client holds a connection slot, not a thread; request bodies only with
-// Content-Length, at most 64 KiB.
+// (32 per client address), each closed after 10 s without traffic, 10 s without a whole
+// request head, or 2 minutes in all, served by 4 event-loop threads, so a slow client holds a
+// connection slot for a while, never a thread; request bodies only with Content-Length, at
+// most 64 KiB, read only once the request is admitted. With --tls_client_ca a client
+// certificate (for client authentication, signed by that CA) is required in the handshake.
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -35,6 +38,10 @@ struct HttpServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   bool insecure = false;
+  // A connection is closed when it has not sent a whole request head this long after opening
+  // (a client sending a byte every few seconds is not idle), or is older than the maximum age.
+  std::chrono::milliseconds head_deadline{10'000};
+  std::chrono::milliseconds max_connection_age{120'000};
 };
 
 class HttpServer {

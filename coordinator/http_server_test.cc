@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kUserToken[] = "user-token-0123456789abcdef";
 constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
+constexpr char kCommaToken[] = "comma,token-0123456789abcdef";
 
 // One client connection; every call gives up after `timeout_ms`.
 class Client {
@@ -92,16 +93,16 @@ int StatusOf(const std::string& response) {
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  void Start(bool with_tokens) {
+  void Start(bool with_tokens, HttpServerOptions options = {}) {
     std::optional<TokenTable> tokens;
     if (with_tokens) {
       auto parsed = TokenTable::Parse(absl::StrCat("user alice ", kUserToken, "\nworker w1 ",
-                                                   kWorkerToken, "\n"),
+                                                   kWorkerToken, "\nuser carol ", kCommaToken,
+                                                   "\n"),
                                       "test tokens");
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       tokens = *std::move(parsed);
     }
-    HttpServerOptions options;
     options.listen = "127.0.0.1:0";
     auto started = HttpServer::Start(options, &state_, &rpcs_,
                                      std::make_shared<Authenticator>(std::move(tokens)));
@@ -150,7 +151,7 @@ TEST_F(HttpServerTest, SlowClients_HoldNoThread_OthersAreAnsweredAtOnce) {
   // Far more half-sent requests than the server has threads, each waiting for the rest of its
   // headers (cpp-httplib, before, held a thread for each, 16 in all).
   std::vector<std::unique_ptr<Client>> slow;
-  for (int i = 0; i < 48; ++i) {
+  for (int i = 0; i < 24; ++i) {
     slow.push_back(std::make_unique<Client>(server_->port()));
     ASSERT_TRUE(slow.back()->connected());
     ASSERT_TRUE(slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: 1"));
@@ -160,17 +161,48 @@ TEST_F(HttpServerTest, SlowClients_HoldNoThread_OthersAreAnsweredAtOnce) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
 }
 
+// A client that sends its head a byte at a time is never idle (libmicrohttpd's timeout), but
+// has the head deadline to finish it; and no connection outlives its maximum age.
+TEST_F(HttpServerTest, SlowHeadsAndOldConnections_AreClosed) {
+  HttpServerOptions options;
+  options.head_deadline = std::chrono::milliseconds(1'000);
+  options.max_connection_age = std::chrono::milliseconds(2'500);
+  Start(false, options);
+  auto trickle_until_closed = [](Client& client) {
+    const auto start = Clock::now();
+    while (Clock::now() - start < std::chrono::seconds(8)) {
+      if (!client.Send("a") || client.ClosedByServer(200)) break;
+    }
+    return Clock::now() - start;
+  };
+  Client slow(server_->port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Send("GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: "));
+  const auto slow_lived = trickle_until_closed(slow);
+  EXPECT_GE(slow_lived, std::chrono::milliseconds(700));
+  EXPECT_LT(slow_lived, std::chrono::milliseconds(3'000)) << "a head trickled past its deadline";
+
+  // Kept alive after a whole request, then trickling the next head: closed at the maximum age.
+  Client kept(server_->port());
+  ASSERT_TRUE(kept.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(kept.Send("GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: "));
+  const auto kept_lived = trickle_until_closed(kept);
+  EXPECT_LT(kept_lived, std::chrono::milliseconds(4'000)) << "a connection outlived its age";
+  EXPECT_EQ(StatusOf(Get("/metrics")), 200);
+}
+
 TEST_F(HttpServerTest, ConnectionsFromOneAddress_AreBounded_ThenServedAgain) {
   Start(false);
   std::vector<std::unique_ptr<Client>> idle;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < 32; ++i) {
     idle.push_back(std::make_unique<Client>(server_->port()));
     ASSERT_TRUE(idle.back()->connected());
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // All accepted by now.
   Client extra(server_->port());
   extra.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
-  EXPECT_TRUE(extra.ClosedByServer(3000)) << "a 65th connection from one address was served";
+  EXPECT_TRUE(extra.ClosedByServer(3000)) << "a 33rd connection from one address was served";
   idle.clear();
   int status = -1;
   for (int attempt = 0; attempt < 50 && status != 200; ++attempt) {
@@ -245,6 +277,26 @@ TEST_F(HttpServerTest, Tokens_UserAdmittedWorkerRefused_LoginSetsTheCookie) {
       Get("/login", absl::StrCat("Content-Length: ", bad.size(), "\r\n"), "POST", bad);
   EXPECT_TRUE(absl::StrContains(refused, "Location: /login?failed=1")) << refused;
   EXPECT_FALSE(absl::StrContains(refused, "Set-Cookie")) << refused;
+
+  // A token the cookie could not carry back as it is (a comma): no cookie, the header works.
+  const std::string comma = absl::StrCat("token=", kCommaToken);
+  const std::string uncookied =
+      Get("/login", absl::StrCat("Content-Length: ", comma.size(), "\r\n"), "POST", comma);
+  EXPECT_TRUE(absl::StrContains(uncookied, "Location: /login?failed=1")) << uncookied;
+  EXPECT_EQ(StatusOf(Get("/metrics", absl::StrCat("Authorization: Bearer ", kCommaToken, "\r\n"))),
+            200);
+}
+
+// A request that is not admitted is answered before its body is read: no "100 Continue".
+TEST_F(HttpServerTest, Gate_AnswersBeforeTheBody) {
+  Start(true);
+  Client client(server_->port());
+  client.Send(
+      "POST /api/jobs HTTP/1.1\r\nHost: test\r\nContent-Length: 65536\r\n"
+      "Expect: 100-continue\r\n\r\n");
+  const std::string answer = client.ReadUntilClosed(3000);
+  EXPECT_EQ(StatusOf(answer), 401) << answer;
+  EXPECT_FALSE(absl::StrContains(answer, "100 Continue")) << answer;
 }
 
 }  // namespace

@@ -171,6 +171,10 @@ bash "$RUNFILES/scripts/make_pki.sh" "$CLUSTER_DIR/other_pki" >/dev/null
        --cert "$CLUSTER_DIR/other_pki/client.pem" --key "$CLUSTER_DIR/other_pki/client.key" \
        -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" != 200 ] ||
   fail "4. /metrics answered a client certificate of another CA"
+[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" \
+       --cert "$pki/server.pem" --key "$pki/server.key" \
+       -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" != 200 ] ||
+  fail "4. /metrics answered the server's certificate (not made for clients) used as a client's"
 echo "4. HTTPS: 401 without a token, 403 for a worker, 200 for a user; no client certificate of the CA, nothing"
 
 if [ $failures -ne 0 ]; then
