@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -268,11 +269,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open job spec file ", path));
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  auto spec = ParseJobSpecJson(buffer.str());
+  // A regular file of bounded size (a FIFO, a device or /dev/zero is refused, not read forever).
+  ASSIGN_OR_RETURN(std::string json, ReadSmallFile("job spec file", path, kMaxSpecJsonBytes));
+  auto spec = ParseJobSpecJson(json);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }

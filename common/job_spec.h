@@ -36,6 +36,8 @@ inline constexpr double kDefaultAdamEps = 1e-8;
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 
 // Reads and parses a JSON job spec file. NOT_FOUND / INVALID_ARGUMENT name the file.
+// The largest job spec file read (JSON is far larger than the binary spec's kMaxSpecBytes).
+inline constexpr size_t kMaxSpecJsonBytes = size_t{1} << 20;
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Fills fields the user may leave out: activation (RELU), loss (MSE), precision (FP16),

@@ -1,6 +1,7 @@
 #include "common/job_spec.h"
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,6 +103,21 @@ TEST(ValidateJobSpec, DigitsExample_IsValid) {
   EXPECT_EQ(spec->lr_schedule().kind(), v1::WARMUP_COSINE);
   EXPECT_TRUE(spec->data().npy().shuffle());
   EXPECT_TRUE(spec->has_eval_data());
+}
+
+TEST(LoadJobSpecFile, DevicesAndHugeFiles_AreRefusedNotRead) {
+  auto device = LoadJobSpecFile("/dev/zero");
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("not a regular file"), std::string::npos)
+      << device.status();
+  const std::string path = ::testing::TempDir() + "/huge_spec.json";
+  {
+    std::ofstream huge(path);
+    huge << "{\"name\": \"" << std::string(kMaxSpecJsonBytes, 'x') << "\"}";
+  }
+  auto big = LoadJobSpecFile(path);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("the limit is"), std::string::npos) << big.status();
 }
 
 TEST(ValidateJobSpec, SeedExamples_AreValid) {

@@ -11,11 +11,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/small_file.h"
 #include "common/status_macros.h"
 #include "coordinator/server_security.h"
 #include "coordinator/web_assets.h"
@@ -223,17 +222,6 @@ Reply Asset(absl::string_view name) {
   return {MHD_HTTP_OK, std::string(found->body), std::string(found->content_type)};
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty() || text.str().size() > (1 << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--http_listen: cannot read ", flag, " ", path, " (a PEM file of at most 1 MiB)"));
-  }
-  return text.str();
-}
-
 void LogFromLibrary(void*, const char* format, va_list args) {
   char line[512];
   std::vsnprintf(line, sizeof(line), format, args);
@@ -422,15 +410,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   };
   if (tls) {
     flags |= MHD_USE_TLS;
-    ASSIGN_OR_RETURN(handler.tls_cert_pem, ReadPem(options.tls_cert, "--tls_cert"));
-    ASSIGN_OR_RETURN(handler.tls_key_pem, ReadPem(options.tls_key, "--tls_key"));
+    ASSIGN_OR_RETURN(handler.tls_cert_pem, ReadPemFile("--tls_cert", options.tls_cert));
+    ASSIGN_OR_RETURN(handler.tls_key_pem, ReadPemFile("--tls_key", options.tls_key));
     items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, handler.tls_cert_pem.data()});
     items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, handler.tls_key_pem.data()});
     items.push_back({MHD_OPTION_HTTPS_PRIORITIES, 0,
                      const_cast<char*>("NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2")});
     if (!options.tls_client_ca.empty()) {
       ASSIGN_OR_RETURN(handler.tls_client_ca_pem,
-                       ReadPem(options.tls_client_ca, "--tls_client_ca"));
+                       ReadPemFile("--tls_client_ca", options.tls_client_ca));
       // The trust list the handshake verifies client certificates against (Connection makes
       // one required; Gate checks again).
       items.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0, handler.tls_client_ca_pem.data()});
