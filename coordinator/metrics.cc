@@ -1,8 +1,11 @@
 #include "coordinator/metrics.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "google/protobuf/descriptor.h"
 #include "coordinator/prometheus_text.h"
 
 namespace mptrain {
@@ -17,11 +20,26 @@ std::pair<std::string, std::string> SplitMethod(const std::string& full) {
   return {full.substr(1, slash - 1), full.substr(slash + 1)};
 }
 
+// Whether `full` names a method this server has: one of mptrain's services (their descriptors
+// are linked in), gRPC's health check or server reflection.
+bool IsServedMethod(const std::string& full) {
+  static const std::set<std::string> kGrpcMethods = {
+      "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"};
+  if (kGrpcMethods.count(full) > 0) return true;
+  const auto [service, method] = SplitMethod(full);
+  if (!absl::StartsWith(service, "mptrain.")) return false;
+  const google::protobuf::ServiceDescriptor* descriptor =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  return descriptor != nullptr && descriptor->FindMethodByName(method) != nullptr;
+}
+
 }  // namespace
 
 void RpcMetrics::Record(const std::string& method, const std::string& code, double seconds) {
+  const std::string& label = IsServedMethod(method) ? method : std::string(kUnknownMethod);
   std::lock_guard<std::mutex> lock(mu_);
-  Method& m = methods_[method];
+  Method& m = methods_[label];
   m.calls_by_code[code] += 1;
   const size_t bucket =
       std::lower_bound(kBounds.begin(), kBounds.end(), seconds) - kBounds.begin();

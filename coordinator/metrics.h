@@ -23,9 +23,12 @@ class RpcMetrics {
   static constexpr std::array<double, 14> kBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                      0.025,  0.05,  0.1,    0.25,  0.5,
                                                      1,      2.5,   10,     30};
-  // `method` is gRPC's full name ("/mptrain.v1.Coordinator/GetJob"); only methods of the
-  // registered services reach here, so the label set is bounded.
+  // `method` is gRPC's full name ("/mptrain.v1.Coordinator/GetJob"), as the client sent it:
+  // a method of mptrain's services, gRPC's health check or server reflection keeps its name;
+  // any other (answered UNIMPLEMENTED, or let through to the health service unauthenticated)
+  // is counted as kUnknownMethod, so that the label set stays bounded whatever clients send.
   void Record(const std::string& method, const std::string& code, double seconds);
+  static constexpr char kUnknownMethod[] = "unknown";
 
   struct Method {
     std::map<std::string, uint64_t> calls_by_code;

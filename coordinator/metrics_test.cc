@@ -34,6 +34,24 @@ TEST(RpcMetrics, CountsByCodeAndBucketsLatency) {
                              "Coordinator\",method=\"GetJob\"} 3\n"));
 }
 
+// Method names come from clients (a call to a method that does not exist is still counted):
+// only the served ones are labels, so 10,000 invented names make one "unknown" series.
+TEST(RpcMetrics, MethodsTheServerDoesNotHave_AreOneUnknownSeries) {
+  RpcMetrics rpcs;
+  for (int i = 0; i < 10'000; ++i) {
+    rpcs.Record("/grpc.health.v1.Health/" + std::to_string(i), "UNIMPLEMENTED", 0.0001);
+    rpcs.Record("/mptrain.v1.Coordinator/Nope" + std::to_string(i), "UNIMPLEMENTED", 0.0001);
+  }
+  rpcs.Record("/mptrain.v1.WorkerControl/Heartbeat", "OK", 0.001);
+  rpcs.Record("/grpc.health.v1.Health/Check", "OK", 0.001);
+  const auto methods = rpcs.Snapshot();
+  EXPECT_EQ(methods.size(), 3u);
+  ASSERT_EQ(methods.count(RpcMetrics::kUnknownMethod), 1u);
+  EXPECT_EQ(methods.at(RpcMetrics::kUnknownMethod).count, 20'000u);
+  EXPECT_EQ(methods.count("/mptrain.v1.WorkerControl/Heartbeat"), 1u);
+  EXPECT_EQ(methods.count("/grpc.health.v1.Health/Check"), 1u);
+}
+
 TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   CoordinatorState::Overview overview;
   overview.jobs[v1::RUNNING] = 1;
