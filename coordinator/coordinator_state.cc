@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "common/path_rules.h"
 #include "common/resource_estimate.h"
+#include "common/rpc_limits.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/placement.h"
@@ -1074,6 +1075,11 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
 
 absl::StatusOr<std::optional<std::string>> CoordinatorState::KeyValueGet(
     const v1::KeyValueGetRequest& request) const {
+  // As for a set: a waiting get keeps its request, so its key is bounded too.
+  if (request.key().empty() || request.key().size() > kMaxKvKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key must be 1 to ", kMaxKvKeyBytes,
+                                                   " bytes, got ", request.key().size()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const std::string& job_id = request.job_id();
   const JobRecord* record = FindJob(job_id);
@@ -1102,6 +1108,11 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
           record->CheckRankSecret(request.attempt(), request.rank(), request.rank_secret());
       !status.ok()) {
     return status;
+  }
+  if (request.records_size() > kMaxTelemetryRecordsPerReport) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "records: at most ", kMaxTelemetryRecordsPerReport, " per report, got ",
+        request.records_size()));
   }
   v1::ReportTelemetryResponse response;
   if (!record->running() || record->attempt() != request.attempt()) {

@@ -790,6 +790,26 @@ TEST_F(CoordinatorStateTest, RankCalls_WrongOtherRanksOrStaleSecret_PermissionDe
   EXPECT_EQ(StateOf(job), v1::SUCCEEDED);
 }
 
+// A report's records are bounded in number (each is bounded in size: unknown fields are
+// dropped at the RPC layer), and a get's key like a set's.
+TEST_F(CoordinatorStateTest, TelemetryRecordsAndKeyValueGetKeys_AreBounded) {
+  std::string job = Submit(1);
+  Register("w", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  v1::ReportTelemetryRequest report;
+  report.set_job_id(job);
+  report.set_attempt(1);
+  report.set_rank_secret(RankSecret(job, 0));
+  for (int i = 0; i <= 10'000; ++i) report.add_records()->set_step(i + 1);
+  auto refused = state_->ReportTelemetry(report);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("10000"), std::string::npos) << refused.status();
+  report.mutable_records()->RemoveLast();
+  EXPECT_TRUE(state_->ReportTelemetry(report).ok());
+  auto get = KvGet(job, 1, std::string(257, 'k'));
+  EXPECT_EQ(get.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CoordinatorStateTest, KeyValueSet_IsWriteOncePerAttempt) {
   std::string job = Submit(2);
   Register("w", 2);

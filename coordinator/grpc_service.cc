@@ -5,6 +5,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -53,6 +54,11 @@ grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
                      " (its bytes do not parse as that protobuf message)")));
     return reactor;
   }
+  // Fields this build does not know (a newer worker's, or padding a hostile caller adds) would
+  // be kept and copied — into the job's telemetry history, the worker registry — while meaning
+  // nothing here: dropped. A job spec's are refused instead (ValidateJobSpec): a setting the
+  // user asked for must not be ignored silently.
+  if constexpr (!std::is_same_v<Req, v1::SubmitJobRequest>) frame->request.DiscardUnknownFields();
   return handle(frame);
 }
 

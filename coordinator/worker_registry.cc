@@ -8,6 +8,7 @@
 #include "common/grpc_status.h"
 #include "common/path_rules.h"
 #include "common/resource_estimate.h"
+#include "common/rpc_limits.h"
 #include "common/secrets.h"
 #include "spdlog/spdlog.h"
 
@@ -81,6 +82,18 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   if (request.devices_size() > kMaxWorkerSlots) {
     return absl::InvalidArgumentError(absl::StrCat("devices may list at most ", kMaxWorkerSlots,
                                                    " devices, got ", request.devices_size()));
+  }
+  for (const v1::DeviceInfo& device : request.devices()) {
+    if (device.name().size() > kMaxDeviceNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[].name must be at most ",
+                                                     kMaxDeviceNameBytes, " bytes, got ",
+                                                     device.name().size()));
+    }
+  }
+  if (request.registration_nonce().size() > kMaxRegistrationNonceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("registration_nonce must be at most ",
+                                                   kMaxRegistrationNonceBytes, " bytes, got ",
+                                                   request.registration_nonce().size()));
   }
   if (request.device() != v1::CPU && request.device() != v1::CUDA) {
     return absl::InvalidArgumentError("device must be cpu or cuda");

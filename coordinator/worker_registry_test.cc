@@ -37,6 +37,25 @@ TEST(WorkerRegistry, Register_AnswersSecretAndTimeouts) {
   EXPECT_EQ(response->heartbeat_interval_ms(), 333);
 }
 
+// What a registration stores is bounded field by field, not only in number of workers.
+TEST(WorkerRegistry, Register_LongNonceOrDeviceName_InvalidArgumentNamingTheField) {
+  WorkerRegistry registry(Options());
+  v1::RegisterWorkerRequest nonce = Request("w");
+  nonce.set_registration_nonce(std::string(65, 'n'));
+  auto refused = registry.Register(nonce, "alice", false, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("registration_nonce"), std::string::npos)
+      << refused.status();
+  v1::RegisterWorkerRequest device = Request("w");
+  device.add_devices()->set_name(std::string(257, 'd'));
+  refused = registry.Register(device, "alice", false, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("devices[].name"), std::string::npos)
+      << refused.status();
+  device.mutable_devices(0)->set_name("NVIDIA H200");
+  EXPECT_TRUE(registry.Register(device, "alice", false, 0).ok());
+}
+
 TEST(WorkerRegistry, LiveName_IsRefused_ButRetryGetsTheSameAnswer) {
   WorkerRegistry registry(Options());
   auto first = registry.Register(Request("w"), "p", false, 0);

@@ -226,6 +226,43 @@ TEST_F(BadInput, CorruptProtobufBytes_InvalidArgumentNamingTheMessage) {
   ExpectNextJobSucceeds();
 }
 
+// Fields this build does not know are dropped from what workers and ranks send (a registration
+// padded with 1 MB of them does not make every ListWorkers answer carry it), while a job spec's
+// are refused (the user asked for something this coordinator would ignore).
+TEST_F(BadInput, UnknownFields_DroppedFromReports_RefusedInSpecs) {
+  v1::RegisterWorkerRequest padded;
+  padded.set_host("127.0.0.1");
+  padded.set_name("padded");
+  padded.set_device(v1::CPU);
+  padded.set_slots(1);
+  padded.set_incarnation(7);
+  v1::DeviceInfo* device = padded.add_devices();
+  device->set_name("cpu");
+  device->GetReflection()->MutableUnknownFields(device)->AddLengthDelimited(
+      99, std::string(1 << 20, 'x'));
+  grpc::Status registered = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("worker")),
+                                          "/mptrain.v1.WorkerControl/RegisterWorker",
+                                          padded.SerializeAsString());
+  ASSERT_TRUE(registered.ok()) << registered.error_message();
+  v1::ListWorkersResponse workers;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(
+      cluster_->coordinator()->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+  EXPECT_LT(workers.ByteSizeLong(), 100'000u) << "the padding was kept";
+
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->set_name("unknown");
+  v1::JobSpec* spec = submit.mutable_spec();
+  spec->GetReflection()->MutableUnknownFields(spec)->AddVarint(999, 1);
+  grpc::Status refused = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("alice")),
+                                       "/mptrain.v1.Coordinator/SubmitJob",
+                                       submit.SerializeAsString());
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("field number 999"), std::string::npos)
+      << refused.error_message();
+}
+
 TEST_F(BadInput, FiveThousandQueuedJobs_CoordinatorStaysSmallAndListWorks) {
   // Jobs for a device kind nobody has: they all wait.
   v1::SubmitJobRequest request;

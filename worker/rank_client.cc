@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/rpc_limits.h"
 #include "spdlog/spdlog.h"
 
 namespace mptrain {
@@ -13,7 +14,7 @@ constexpr auto kRpcDeadline = std::chrono::seconds(10);
 // While the coordinator is away (a restart), telemetry waits in a bounded queue (the oldest
 // records go first) and the final result is retried for this long: long enough for a
 // coordinator to come back and re-adopt the job.
-constexpr size_t kMaxQueuedRecords = 10'000;
+constexpr size_t kMaxQueuedRecords = kMaxTelemetryRecordsPerReport;
 constexpr auto kResultRetryFor = std::chrono::seconds(180);
 constexpr auto kFinalFlushRetryFor = std::chrono::seconds(60);
 constexpr auto kRendezvousRetryFor = std::chrono::seconds(60);
@@ -123,6 +124,8 @@ void TelemetryReporter::OnStep(int64_t step, const StepTelemetry* record) {
   step_ = step;
   // Only rank 0 sends records: after the allreduce every rank holds the same values.
   if (record == nullptr || identity_.rank != 0) return;
+  // Bounded while the coordinator cannot keep up: the oldest go first.
+  if (queued_.size() >= kMaxQueuedRecords) queued_.erase(queued_.begin());
   queued_.push_back(ToTelemetryRecord(*record));
   spdlog::info(
       "step {:>6} loss {:.6f} grad_norm {:.6g} scale {:g} skipped {} ({} total) "
@@ -140,6 +143,11 @@ void TelemetryReporter::Run() {
     bool stopping = stopping_;
     lock.unlock();
     bool sent = SendBatch();
+    // A whole report's worth queued again (a job faster than a report per flush interval):
+    // on at once rather than falling behind.
+    while (sent && !stopping && QueuedRecords() >= size_t{kMaxTelemetryRecordsPerReport}) {
+      sent = SendBatch();
+    }
     // The last batch (before the result that ends the job) is worth waiting for.
     const auto give_up = std::chrono::steady_clock::now() + kFinalFlushRetryFor;
     while (stopping && !sent && std::chrono::steady_clock::now() < give_up) {
@@ -160,8 +168,10 @@ bool TelemetryReporter::SendBatch() {
     request.set_attempt(identity_.attempt);
     request.set_rank_secret(identity_.secret);
     request.set_step(step_);
-    for (auto& record : queued_) *request.add_records() = std::move(record);
-    queued_.clear();
+    // The oldest first, at most a report's worth; the rest go with the next report.
+    const size_t sent = std::min(queued_.size(), size_t{kMaxTelemetryRecordsPerReport});
+    for (size_t i = 0; i < sent; ++i) *request.add_records() = std::move(queued_[i]);
+    queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(sent));
     request.set_checkpoint_step(checkpoint_step_);
     request.set_checkpoint_path(checkpoint_path_);
   }
@@ -186,6 +196,11 @@ bool TelemetryReporter::SendBatch() {
     stop_->RequestStop("the coordinator ended the job");
   }
   return true;
+}
+
+size_t TelemetryReporter::QueuedRecords() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_.size();
 }
 
 void TelemetryReporter::Flush() {

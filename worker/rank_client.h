@@ -64,6 +64,7 @@ class TelemetryReporter final : public TrainingObserver {
  private:
   void Run();
   bool SendBatch();
+  size_t QueuedRecords();
 
   std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
   RankIdentity identity_;
