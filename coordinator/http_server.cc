@@ -282,9 +282,9 @@ class ConnectionReaper {
         if (tracked.shut || (age < max_age_ && (tracked.head_read || age < head_deadline_))) {
           continue;
         }
-        spdlog::debug("http: closing a connection {}", tracked.head_read
-                                                            ? "past its maximum age"
-                                                            : "that sent no whole request head in time");
+        spdlog::debug("http: closing a connection {}",
+                      tracked.head_read ? "past its maximum age"
+                                        : "that sent no whole request head in time");
         shutdown(tracked.fd, SHUT_RDWR);
         tracked.shut = true;
       }
@@ -638,9 +638,9 @@ Reply HttpServer::Handler::Login(const Request& request) const {
           : authenticator_->Authorize("/http/", absl::StrCat("Bearer ", token));
   if (!status.ok()) return Reply::Redirect("/login?failed=1");
   Reply reply = Reply::Redirect("/");
-  reply.headers.emplace_back("Set-Cookie",
-                             absl::StrCat(kCookie, "=", token, "; Path=/; HttpOnly; SameSite=Strict",
-                                          tls_ ? "; Secure" : ""));
+  reply.headers.emplace_back(
+      "Set-Cookie", absl::StrCat(kCookie, "=", token, "; Path=/; HttpOnly; SameSite=Strict",
+                                 tls_ ? "; Secure" : ""));
   return reply;
 }
 

@@ -268,7 +268,8 @@ TEST_F(HttpServerTest, Tokens_UserAdmittedWorkerRefused_LoginSetsTheCookie) {
                                  "Content-Length: ", form.size(), "\r\n"),
           "POST", form);
   EXPECT_EQ(StatusOf(login), 302);
-  EXPECT_TRUE(absl::StrContains(login, absl::StrCat("mptrain_token=", kUserToken, "; Path=/; HttpOnly; SameSite=Strict")))
+  EXPECT_TRUE(absl::StrContains(
+      login, absl::StrCat("mptrain_token=", kUserToken, "; Path=/; HttpOnly; SameSite=Strict")))
       << login;
   EXPECT_EQ(StatusOf(Get("/api/jobs", absl::StrCat("Cookie: mptrain_token=", kUserToken, "\r\n"))),
             200);
