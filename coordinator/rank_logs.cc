@@ -48,13 +48,25 @@ void RankLogs::MarkComplete(int attempt, int rank) { tails_[{attempt, rank}].com
 void RankLogs::Trim(Tail* tail) const {
   if (tail->data.size() <= max_bytes_) return;
   const size_t drop = tail->data.size() - max_bytes_;
-  tail->data.erase(0, drop);
+  // A copy of what is kept, not erase(): erase keeps the string's memory, so an ended job's
+  // 16 KiB tails went on holding the 64 KiB (and more) of their running days.
+  std::string kept(tail->data, drop);
+  tail->data.swap(kept);
   tail->start += static_cast<int64_t>(drop);
 }
 
 void RankLogs::Shrink() {
   max_bytes_ = kMaxBytesPerRankEnded;
-  for (auto& [key, tail] : tails_) Trim(&tail);
+  for (auto& [key, tail] : tails_) {
+    Trim(&tail);
+    tail.data.shrink_to_fit();
+  }
+}
+
+size_t RankLogs::HeldBytes() const {
+  size_t bytes = 0;
+  for (const auto& [key, tail] : tails_) bytes += tail.data.capacity();
+  return bytes;
 }
 
 store::StoredRankLog RankLogs::Stored(int attempt, int rank, const Tail& tail) {

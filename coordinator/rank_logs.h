@@ -32,8 +32,10 @@ class RankLogs {
   absl::Status Append(int attempt, int rank, int64_t offset, const std::string& data);
   // The rank's process ended (its worker sends the rest of its output before saying so).
   void MarkComplete(int attempt, int rank);
-  // The job ended: keep less of each.
+  // The job ended: keep less of each (and hold no more memory than that).
   void Shrink();
+  // The memory the tails hold.
+  size_t HeldBytes() const;
   // NOT_FOUND: nothing of that rank (and attempt; 0 = the newest attempt with output).
   absl::StatusOr<v1::GetRankLogResponse> Read(int attempt, int rank, int64_t after_offset) const;
 

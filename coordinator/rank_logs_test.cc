@@ -62,5 +62,24 @@ TEST(RankLogs, AGap_StartsAgainAtTheNewChunk) {
   EXPECT_EQ(tail->data(), "xyz");
 }
 
+// An ended job's tails hold what they keep, not the memory of their running days.
+TEST(RankLogs, Shrink_ReleasesTheMemoryOfTheLongerTails) {
+  RankLogs logs;
+  for (int rank = 0; rank < 64; ++rank) {
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      ASSERT_TRUE(logs.Append(1, rank, chunk * 40'000, std::string(40'000, 'a' + chunk)).ok());
+    }
+  }
+  EXPECT_LE(logs.HeldBytes(), 64 * 2 * RankLogs::kMaxBytesPerRank);
+  logs.Shrink();
+  EXPECT_LE(logs.HeldBytes(), 64 * (RankLogs::kMaxBytesPerRankEnded + 64))
+      << "ended tails still hold their running memory";
+  auto read = logs.Read(1, 3, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->data().size(), RankLogs::kMaxBytesPerRankEnded);
+  EXPECT_EQ(read->end_offset(), 160'000);
+  EXPECT_EQ(read->data().back(), 'd');
+}
+
 }  // namespace
 }  // namespace mptrain
