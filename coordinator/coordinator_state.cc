@@ -861,6 +861,13 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   auto worker =
       workers_.FindLive(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
+  // A worker runs at most a rank per slot (and one being stopped beside the next, at times):
+  // a longer list would only make a stop list as long, under the lock.
+  if (request.running_size() > 2 * (*worker)->info.slots()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "running lists ", request.running_size(), " ranks; this worker has ",
+        (*worker)->info.slots(), " slots"));
+  }
   AdoptRunningRanks(*worker, request);
   if ((*worker)->awaiting_first_poll) {
     (*worker)->awaiting_first_poll = false;

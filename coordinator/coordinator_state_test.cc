@@ -810,6 +810,26 @@ TEST_F(CoordinatorStateTest, TelemetryRecordsAndKeyValueGetKeys_AreBounded) {
   EXPECT_EQ(get.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A poll's list of running ranks is bounded by the worker's slots (each entry could cost a stop
+// in the answer, built under the lock).
+TEST_F(CoordinatorStateTest, PollAssignments_RunningListLongerThanTheSlots_InvalidArgument) {
+  std::string worker = Register("w", 2);
+  v1::PollAssignmentsRequest request;
+  request.set_worker_id(worker);
+  request.set_incarnation(1);
+  request.set_worker_secret(worker_secrets_[worker]);
+  for (int i = 0; i < 5; ++i) {
+    v1::Assignment* running = request.add_running();
+    running->set_job_id("job-9999");
+    running->set_rank(i);
+  }
+  auto refused = state_->PollAssignments(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("2 slots"), std::string::npos) << refused.status();
+  request.mutable_running()->DeleteSubrange(4, 1);
+  EXPECT_TRUE(state_->PollAssignments(request).ok());
+}
+
 TEST_F(CoordinatorStateTest, KeyValueSet_IsWriteOncePerAttempt) {
   std::string job = Submit(2);
   Register("w", 2);

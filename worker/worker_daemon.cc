@@ -20,6 +20,7 @@
 #include "common/secrets.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_launcher.h"
+#include "worker/start_check.h"
 
 namespace mptrain {
 namespace {
@@ -397,16 +398,21 @@ absl::StatusOr<pid_t> WorkerDaemon::LaunchStandby(int slot, int input_fd, int ou
 
 void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   const std::string key = Key(assignment);
-  // The job id names files in the work directory: only the coordinator's "job-N" form, so that
-  // no id (from a corrupt or hostile coordinator store) can reach outside it.
-  const std::string& job_id = assignment.job_id();
-  const bool plain_id = !job_id.empty() && job_id.size() <= 64 &&
-                        std::all_of(job_id.begin(), job_id.end(), [](char c) {
-                          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
-                                 c == '_';
-                        });
-  if (!plain_id) {
-    spdlog::error("refusing an assignment whose job id is not [A-Za-z0-9_-]{{1,64}}");
+  // The job id names files in the work directory, and each rank holds a slot: what the
+  // coordinator asks is checked against what this daemon has and runs.
+  absl::Status allowed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<const v1::Assignment*> running;
+    for (const auto& [unused, rank] : running_) running.push_back(&rank.assignment);
+    allowed = CheckStart(assignment, options_.slots, running);
+  }
+  if (absl::IsAlreadyExists(allowed)) {
+    spdlog::warn("ignoring a repeated start: {}", std::string(allowed.message()));
+    return;
+  }
+  if (!allowed.ok()) {
+    spdlog::error("refusing an assignment: {}", std::string(allowed.message()));
     RunningRank refused{assignment, 0, 0};
     ReportExit(refused, 126, 0);
     return;
