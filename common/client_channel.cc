@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/rpc_limits.h"
 #include "common/small_file.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -105,6 +106,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
   // TLS handshake on a busy machine needs more than a few hundred milliseconds.)
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A call that waits on an open stream (trainctl watch, a long poll) learns that the
+  // coordinator's host has gone within ~30 s instead of waiting on a dead connection for ever:
+  // a ping every kClientKeepaliveMs while calls are open, answered within 10 s (the
+  // coordinator accepts pings that often: kServerMinPingIntervalMs).
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveMs);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   if (!security.tls_ca.empty()) {
     grpc::SslCredentialsOptions options;
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca", security.tls_ca);

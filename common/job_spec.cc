@@ -288,6 +288,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->grad_comm_dtype() == v1::PRECISION_UNSPECIFIED) spec->set_grad_comm_dtype(v1::FP32);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
   if (spec->progress_timeout_s() == 0) spec->set_progress_timeout_s(kDefaultProgressTimeoutS);
+  if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(kDefaultKeptCheckpoints);
   if (spec->collective_timeout_s() == 0) {
     spec->set_collective_timeout_s(kDefaultCollectiveTimeoutS);
   }
@@ -430,6 +431,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (spec.checkpoint_every() > 0 && spec.checkpoint_dir().empty()) {
     return Invalid("checkpoint_dir must be set when checkpoint_every > 0");
+  }
+  if (spec.keep_checkpoints() != 0 &&
+      (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > kMaxKeptCheckpoints)) {
+    return Invalid(absl::StrCat("keep_checkpoints must be 0 (the default, ",
+                                kDefaultKeptCheckpoints, ") or in [2, ", kMaxKeptCheckpoints,
+                                "], got ", spec.keep_checkpoints()));
   }
   if (!std::isfinite(spec.queue_timeout_s()) || spec.queue_timeout_s() < 0 ||
       spec.queue_timeout_s() > kMaxQueueTimeoutS) {

@@ -24,6 +24,9 @@ inline constexpr double kDefaultCollectiveTimeoutS = 60;
 inline constexpr double kMaxCollectiveTimeoutS = 3600;
 // Ranks of one job; also the most slots one worker may declare (coordinator/worker_registry.h).
 inline constexpr int kMaxWorldSize = 1024;
+// Checkpoints a job keeps in its checkpoint_dir (JobSpec.keep_checkpoints).
+inline constexpr int kDefaultKeptCheckpoints = 3;
+inline constexpr int kMaxKeptCheckpoints = 1000;
 // JobSpec.grad_comm_lanes: at most comm/lane_plan.h's kMaxLanes communicators.
 inline constexpr uint32_t kMaxGradCommLanes = 8;
 // torch.optim.Adam's defaults.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
@@ -571,6 +572,22 @@ TEST(ValidateJobSpec, CheckpointEvery_NeedsADirectory) {
   ExpectInvalid(spec, "checkpoint_dir must be set when checkpoint_every > 0");
   spec.set_checkpoint_dir("/tmp/ckpt");
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(ValidateJobSpec, KeepCheckpoints_DefaultThreeOrTwoToAThousand) {
+  v1::JobSpec spec = ValidSpec();
+  for (int keep : {1, -1, 1001}) {
+    spec.set_keep_checkpoints(keep);
+    ExpectInvalid(spec, absl::StrCat("keep_checkpoints must be 0 (the default, 3) or in [2, "
+                                     "1000], got ", keep));
+  }
+  for (int keep : {0, 2, 1000}) {
+    spec.set_keep_checkpoints(keep);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << keep;
+  }
+  spec.set_keep_checkpoints(0);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.keep_checkpoints(), 3);
 }
 
 TEST(ValidateJobSpec, MaxRestarts_MustBeInRange) {

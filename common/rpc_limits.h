@@ -1,7 +1,7 @@
 #pragma once
 
-// Limits of the worker and rank RPCs that both sides must know: the coordinator refuses past
-// them (INVALID_ARGUMENT naming the limit), the worker and the ranks send within them.
+// What both sides of the coordinator's RPCs must agree on: limits the coordinator refuses past
+// (INVALID_ARGUMENT naming the limit) and the worker and the ranks send within, and keepalive.
 
 #include <cstddef>
 
@@ -14,5 +14,11 @@ inline constexpr int kMaxTelemetryRecordsPerReport = 10'000;
 // RegisterWorker: the worker's nonce (it sends 16 random bytes, hex) and each device name.
 inline constexpr size_t kMaxRegistrationNonceBytes = 64;
 inline constexpr size_t kMaxDeviceNameBytes = 256;
+
+// Keepalive: clients ping a connection with open calls this often (and give it up when a ping
+// is not answered in 10 s); the coordinator accepts pings at most this often (more often is
+// gRPC's "too many pings", which closes the connection).
+inline constexpr int kClientKeepaliveMs = 20'000;
+inline constexpr int kServerMinPingIntervalMs = 10'000;
 
 }  // namespace mptrain

@@ -354,6 +354,17 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
         "the queue is full (", pending_.size(), " jobs wait; the limit is ",
         options_.max_pending_jobs, "): try again when some have been placed"));
   }
+  // One submitter cannot take the whole queue: its own jobs waiting are bounded too.
+  const size_t owned = static_cast<size_t>(
+      std::count_if(pending_.begin(), pending_.end(), [&](const std::string& pending_id) {
+        return jobs_.at(pending_id)->job().owner() == owner;
+      }));
+  if (owned >= options_.max_pending_jobs_per_owner) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        owner.empty() ? "anonymous" : owner, " has ", owned, " jobs waiting, the most one "
+        "submitter may have (--max_pending_jobs_per_principal): try again when some have been "
+        "placed"));
+  }
   // A job no live worker could ever hold is refused now rather than queued for ever. (With no
   // worker of its kind yet, it waits: workers may still come.)
   const int64_t largest = workers_.LargestSlotMemory(spec.device());

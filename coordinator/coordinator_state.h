@@ -64,6 +64,8 @@ struct CoordinatorOptions {
   size_t max_kv_bytes_per_job = 64 << 20;
   // Queued jobs beyond this are refused (RESOURCE_EXHAUSTED).
   size_t max_pending_jobs = 10'000;
+  // Of them, one owner's (principal) at most.
+  size_t max_pending_jobs_per_owner = 1'000;
   // Finished jobs kept for GetJob/ListJobs: the newest this many, none older than this.
   size_t max_finished_jobs = 1'000;
   int64_t finished_job_retention_ms = int64_t{7} * 24 * 3600 * 1000;

@@ -1154,6 +1154,23 @@ TEST_F(CoordinatorStateTest, QueueIsBounded) {
   EXPECT_NE(full.status().message().find("the limit is 3"), std::string::npos);
 }
 
+TEST_F(CoordinatorStateTest, QueueIsBoundedPerOwnerToo) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_pending_jobs = 10;
+  options.max_pending_jobs_per_owner = 2;
+  state_ = std::make_unique<CoordinatorState>(options);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  ASSERT_TRUE(state_->SubmitJob(request, "alice").ok());
+  ASSERT_TRUE(state_->SubmitJob(request, "alice").ok());
+  auto refused = state_->SubmitJob(request, "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("alice has 2 jobs waiting"), std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(state_->SubmitJob(request, "bob").ok()) << "alice's jobs took bob's place";
+}
+
 TEST_F(CoordinatorStateTest, FinishedJobs_AreEvictedByCountAndAge_AndTheirEventsTrimmed) {
   CoordinatorOptions options;
   options.now_ms = [this] { return now_ms_.load(); };

@@ -13,18 +13,19 @@
 #include "absl/flags/flag.h"
 #include "common/cli_flags.h"
 #include "common/logging.h"
+#include "common/rpc_limits.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/grpc_service.h"
-#include "coordinator/server_security.h"
-#include "coordinator/wait_set.h"
-#include "grpcpp/resource_quota.h"
-#include "coordinator/store/sqlite_job_store.h"
 #include "coordinator/http_server.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rpc_metrics_interceptor.h"
+#include "coordinator/server_security.h"
+#include "coordinator/store/sqlite_job_store.h"
+#include "coordinator/wait_set.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 = any free)");
 ABSL_FLAG(double, heartbeat_timeout, 10.0,
@@ -53,6 +54,9 @@ ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT for /metrics (Prometheus) and the web dashboard (empty: off). Uses the "
           "same TLS certificate and tokens as gRPC");
 ABSL_FLAG(std::string, http_port_file, "", "If set, the bound HTTP port is written to this file");
+ABSL_FLAG(int64_t, max_pending_jobs_per_principal, 1000,
+          "Jobs one submitter (token principal; \"anonymous\" without tokens) may have waiting "
+          "to be placed (10000 in all)");
 ABSL_FLAG(int32_t, max_watches_per_principal, 512,
           "WatchJob streams one caller (token principal; \"anonymous\" without tokens) may "
           "have open at once (4096 in all)");
@@ -115,6 +119,15 @@ int main(int argc, char** argv) {
                   "--lost_worker_retention_s must be >= 0");
     return 2;
   }
+  if (absl::GetFlag(FLAGS_max_pending_jobs_per_principal) < 1 ||
+      absl::GetFlag(FLAGS_max_pending_jobs_per_principal) >
+          static_cast<int64_t>(options.max_pending_jobs)) {
+    spdlog::error("--max_pending_jobs_per_principal must be in [1, {}]",
+                  options.max_pending_jobs);
+    return 2;
+  }
+  options.max_pending_jobs_per_owner =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_pending_jobs_per_principal));
   options.adopt_grace_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_adopt_grace_s) * 1000);
   options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
   options.finished_job_retention_ms =
@@ -157,6 +170,9 @@ int main(int argc, char** argv) {
   quota.Resize(kMaxServerMemoryBytes);
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  // Clients ping connections with open calls (common/rpc_limits.h): accept that rate.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             mptrain::kServerMinPingIntervalMs);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

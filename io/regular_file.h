@@ -47,6 +47,11 @@ absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
 absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t offset, void* out,
                     uint64_t size);
 
+// An O_DIRECTORY descriptor of `directory` (the caller closes it), or -1 with *error set (an
+// errno); with `no_symlinks`, an absolute `directory` is reached from "/" one component at a
+// time with O_NOFOLLOW (*error ELOOP when a component is a symbolic link).
+int OpenDirectory(const std::string& directory, bool no_symlinks, int* error);
+
 // Runs `fn`, turning an exception (an allocation the size of a huge but genuine file is the only
 // one expected) into a status naming `path`, so that nothing escapes to terminate the rank.
 template <typename Fn>

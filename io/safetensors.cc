@@ -310,6 +310,10 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const std::string& path,
   TensorMap result;
   for (TensorEntry& entry : tensors) {
     NamedTensor& tensor = entry.tensor;
+    if (options.header_only) {
+      result[entry.name] = std::move(tensor);
+      continue;
+    }
     tensor.values.resize((entry.end - entry.begin) / sizeof(float));
     status = ReadAt(*file, path, data_start + entry.begin, tensor.values.data(),
                     entry.end - entry.begin);
@@ -327,40 +331,6 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const std::string& path,
   }
   if (metadata != nullptr) *metadata = std::move(entries);
   return result;
-}
-
-// An O_DIRECTORY descriptor of `directory`, or -1 with *error set; with `no_symlinks`,
-// reached from "/" one component at a time with O_NOFOLLOW (*error ELOOP when a component is a
-// symbolic link).
-int OpenDirectory(const std::string& directory, bool no_symlinks, int* error) {
-  if (!no_symlinks || directory.empty() || directory[0] != '/') {
-    const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) *error = errno;
-    return fd;
-  }
-  int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = errno;
-    return -1;
-  }
-  for (absl::string_view component : absl::StrSplit(directory, '/', absl::SkipEmpty())) {
-    const std::string part(component);
-    const int next = openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (next < 0) {
-      *error = errno;
-      // O_NOFOLLOW with O_DIRECTORY answers a symbolic link with ENOTDIR or ELOOP.
-      struct stat link;
-      if (*error == ENOTDIR && fstatat(fd, part.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 &&
-          S_ISLNK(link.st_mode)) {
-        *error = ELOOP;
-      }
-      close(fd);
-      return -1;
-    }
-    close(fd);
-    fd = next;
-  }
-  return fd;
 }
 
 absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& tensors,

@@ -24,6 +24,9 @@ struct SafetensorsReadOptions {
   // Refuse a tensor holding NaN or ±Inf (naming it and the first such index): for weights that
   // a run starts or resumes from, where one NaN would silently poison every step.
   bool require_finite = false;
+  // Check the whole header (every rule below) but read no tensor data: the tensors come back
+  // with their shapes and no values. For the metadata of a large file.
+  bool header_only = false;
 };
 
 struct SafetensorsWriteOptions {

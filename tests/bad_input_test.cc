@@ -55,6 +55,8 @@ class BadInput : public ::testing::Test {
     LocalCluster::Options options;
     options.roots = dir_;
     options.worker_flags = {"--data_root=/dev"};  // So /dev/zero passes the roots check.
+    // FiveThousandQueuedJobs submits them all as one user.
+    options.coordinator_flags = {"--max_pending_jobs_per_principal=10000"};
     cluster_ = std::make_unique<LocalCluster>(options);
     ASSERT_TRUE(cluster_->Start().ok());
     NpyMatrix features{8, 4, std::vector<float>(32, 0.5f)};

@@ -1,14 +1,27 @@
 #include "trainer/checkpoint.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "io/regular_file.h"
 #include "io/safetensors.h"
 
 namespace mptrain {
@@ -17,6 +30,21 @@ namespace {
 constexpr char kFormat[] = "mptrain-checkpoint-v1";
 
 std::string HexFloat(double value) { return absl::StrFormat("%a", value); }
+
+// The step of a file name CheckpointPath makes ("step-00000100.safetensors"), exactly so.
+std::optional<int64_t> CheckpointStep(absl::string_view name) {
+  const std::string whole(name);
+  if (!absl::ConsumePrefix(&name, "step-") || !absl::ConsumeSuffix(&name, ".safetensors") ||
+      name.size() < 8 || name.size() > 18 ||
+      !std::all_of(name.begin(), name.end(), absl::ascii_isdigit)) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name, &step) || absl::StrFormat("step-%08d.safetensors", step) != whole) {
+    return std::nullopt;
+  }
+  return step;
+}
 
 // The __metadata__ of one checkpoint file, each value parsed strictly: a value that does not
 // parse whole, overflows or is out of range is an error naming the file and the key, never a
@@ -106,6 +134,41 @@ std::string CheckpointPath(const std::string& directory, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", directory, step);
 }
 
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, const std::string& job_id,
+                                     int keep, bool no_symlinks) {
+  if (job_id.empty()) return 0;
+  int error = 0;
+  const int dir = OpenDirectory(directory, no_symlinks, &error);
+  if (dir < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read checkpoint_dir ", directory, ": ", std::strerror(error)));
+  }
+  ScopedFd dir_fd(dir);
+  // fdopendir takes its descriptor: a copy, so that dir_fd stays for what follows.
+  DIR* listing = fdopendir(fcntl(dir, F_DUPFD_CLOEXEC, 0));
+  if (listing == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list checkpoint_dir ", directory, ": ", std::strerror(errno)));
+  }
+  std::map<int64_t, std::string, std::greater<int64_t>> by_step;  // Newest first.
+  while (const dirent* entry = readdir(listing)) {
+    if (std::optional<int64_t> step = CheckpointStep(entry->d_name)) {
+      by_step[*step] = entry->d_name;
+    }
+  }
+  closedir(listing);
+  int kept = 0, removed = 0;
+  for (const auto& [step, name] : by_step) {
+    // Read through the directory held open (/proc/self/fd/N is it, whatever its path is now);
+    // the file itself is never followed if it is a link (OpenRegularFile).
+    const std::string through_dir = absl::StrCat("/proc/self/fd/", dir, "/", name);
+    if (!CheckpointWrittenByJob(through_dir, job_id)) continue;
+    if (++kept <= keep) continue;
+    if (unlinkat(dir, name.c_str(), 0) == 0) ++removed;
+  }
+  return removed;
+}
+
 absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
                                      const TrainingCheckpoint& checkpoint,
                                      const SafetensorsWriteOptions& options) {
@@ -143,7 +206,9 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
 bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id) {
   if (job_id.empty()) return false;
   std::map<std::string, std::string> metadata;
-  if (!ReadSafetensors(path, &metadata).ok()) return false;
+  SafetensorsReadOptions header;
+  header.header_only = true;  // A checkpoint may be gigabytes; its stamp is in the header.
+  if (!ReadSafetensors(path, &metadata, header).ok()) return false;
   auto it = metadata.find("mptrain_job");
   return it != metadata.end() && it->second == job_id;
 }

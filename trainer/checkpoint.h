@@ -45,6 +45,16 @@ bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id);
 // The file of step `step` in `directory`: <directory>/step-00000100.safetensors.
 std::string CheckpointPath(const std::string& directory, int64_t step);
 
+// Deletes job `job_id`'s checkpoint files in `directory` but the `keep` of the latest steps:
+// files named as CheckpointPath names them and stamped by that job (another job's files, a
+// user's, a symbolic link or anything else there are left alone). With `no_symlinks` the
+// directory is reached without following links (SafetensorsWriteOptions::no_symlinks), and a
+// file is read and removed through that directory. Returns how many went; an error when the
+// directory cannot be read (a file that cannot be removed is left and not counted). Nothing
+// for an empty `job_id`.
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, const std::string& job_id,
+                                     int keep, bool no_symlinks);
+
 // `options.replace_existing = false` makes an existing file at `path` an ALREADY_EXISTS error
 // instead of being replaced; otherwise the errors of WriteSafetensors.
 absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,

@@ -110,6 +110,46 @@ TEST(Checkpoint, JobStamp_TellsTheJobsOwnFilesFromOthers) {
   EXPECT_TRUE(ReadTrainingCheckpoint(path, SmallLayout()).ok()) << "the stamp reads back fine";
 }
 
+// A job keeps its newest checkpoints; nothing that is not its own goes, whatever it is named.
+TEST(Checkpoint, PruneCheckpoints_KeepsTheJobsNewest_LeavesEverythingElse) {
+  const std::string dir = TempPath("prune");
+  ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + "/elsewhere").c_str()), 0);
+  const ParameterLayout layout = SmallLayout();
+  TrainingCheckpoint mine = SmallCheckpoint();
+  mine.job_id = "job-0007";
+  for (int64_t step : {10, 20, 30, 40, 50}) {
+    ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, step), layout, mine).ok());
+  }
+  TrainingCheckpoint theirs = SmallCheckpoint();
+  theirs.job_id = "job-0003";
+  ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, 5), layout, theirs).ok());
+  TrainingCheckpoint unstamped = SmallCheckpoint();
+  ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, 6), layout, unstamped).ok());
+  // Named like ours but not quite (a ninth digit of zero), and a link to one of ours elsewhere.
+  ASSERT_TRUE(WriteTrainingCheckpoint(dir + "/step-000000001.safetensors", layout, mine).ok());
+  ASSERT_TRUE(WriteTrainingCheckpoint(dir + "/elsewhere/kept.safetensors", layout, mine).ok());
+  ASSERT_EQ(symlink((dir + "/elsewhere/kept.safetensors").c_str(),
+                    CheckpointPath(dir, 2).c_str()),
+            0);
+
+  auto removed = PruneCheckpoints(dir, "job-0007", 2, /*no_symlinks=*/true);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 3);
+  auto exists = [](const std::string& path) {
+    struct stat info;
+    return lstat(path.c_str(), &info) == 0;
+  };
+  for (int64_t step : {10, 20, 30}) EXPECT_FALSE(exists(CheckpointPath(dir, step))) << step;
+  for (int64_t step : {40, 50, 5, 6, 2}) EXPECT_TRUE(exists(CheckpointPath(dir, step))) << step;
+  EXPECT_TRUE(exists(dir + "/step-000000001.safetensors"));
+  EXPECT_TRUE(exists(dir + "/elsewhere/kept.safetensors"));
+  // Nothing more to do; no job, nothing at all.
+  EXPECT_EQ(*PruneCheckpoints(dir, "job-0007", 2, true), 0);
+  EXPECT_EQ(*PruneCheckpoints(dir, "", 1, true), 0);
+  EXPECT_EQ(PruneCheckpoints(dir + "/missing", "job-0007", 2, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTensor) {
   TrainingCheckpoint checkpoint = SmallCheckpoint();
   checkpoint.parameters[7] = std::numeric_limits<float>::quiet_NaN();  // bias[1]

@@ -153,6 +153,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     write.no_symlinks = config.output_paths_resolved;
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
+    // A long job would fill the disk: its older checkpoints go once this one is written.
+    absl::StatusOr<int> pruned = PruneCheckpoints(config.checkpoint_dir, job_id,
+                                                  config.keep_checkpoints, write.no_symlinks);
+    if (!pruned.ok()) {
+      observer->OnWarning(
+          absl::StrCat("older checkpoints not removed: ", pruned.status().ToString()));
+    }
     return absl::OkStatus();
   };
 

@@ -46,6 +46,9 @@ class TrainingObserver {
   virtual std::string StopReason() { return "a stop was requested"; }
   // Rank 0, after a checkpoint file is complete (renamed into place).
   virtual void OnCheckpoint(int64_t step, const std::string& path) {}
+  // Something went wrong that does not stop training (older checkpoints that could not be
+  // removed): for the rank's log.
+  virtual void OnWarning(const std::string& message) {}
 };
 
 struct TrainingResult {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gloo_collective.h"
@@ -14,6 +15,7 @@
 #include "io/safetensors.h"
 #include "tests/fake_collectives.h"
 #include "tests/reference_mlp.h"
+#include "trainer/checkpoint.h"
 #include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
 
@@ -499,6 +501,34 @@ TEST(RunTraining, ShuffledEpochsResumeBitIdentically_AndEvaluationIsReported) {
   TrainedRun in_order = TrainOneRank(spec);
   ASSERT_TRUE(in_order.result.ok());
   EXPECT_NE(in_order.result->parameters, whole.result->parameters);
+}
+
+// A job's run keeps its newest keep_checkpoints files (the ones it stamped) and nothing older.
+TEST(RunTraining, KeepCheckpoints_OlderOnesOfTheJobGo) {
+  TrainingConfig spec = SmallConfig();
+  spec.steps = 7;
+  spec.checkpoint_every = 1;
+  spec.keep_checkpoints = 2;
+  spec.checkpoint_dir = TestTmp() + "/kept";
+  ASSERT_EQ(system(("rm -rf " + spec.checkpoint_dir).c_str()), 0);
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver observer;
+  auto result = RunTraining(spec, 0, &backend, &observer, "", "job-0042");
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::vector<std::string> left;
+  for (int64_t step = 1; step <= 7; ++step) {
+    if (access(CheckpointPath(spec.checkpoint_dir, step).c_str(), F_OK) == 0) {
+      left.push_back(std::to_string(step));
+    }
+  }
+  EXPECT_EQ(left, (std::vector<std::string>{"6", "7"}));
+  // The newest resumes as before.
+  CpuBackend again(std::make_unique<testing::SingleRankCollective>());
+  RecordingObserver resumed_observer;
+  EXPECT_TRUE(RunTraining(spec, 0, &again, &resumed_observer,
+                          CheckpointPath(spec.checkpoint_dir, 6), "job-0042")
+                  .ok());
 }
 
 class ResumeWithOptimizer : public ::testing::TestWithParam<OptimizerType> {};

@@ -266,6 +266,12 @@ int main(int argc, char** argv) {
   }
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&stop);
+  if (absl::GetFlag(FLAGS_work_dir).empty()) {
+    // The directory this start made (its ranks are gone, and their assignment files with
+    // them): one per daemon start would pile up in /tmp.
+    std::error_code ignored;
+    std::filesystem::remove_all(options.work_dir, ignored);
+  }
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     spdlog::error("{}", status.ToString());
     return 1;

@@ -198,6 +198,10 @@ bool TelemetryReporter::SendBatch() {
   return true;
 }
 
+void TelemetryReporter::OnWarning(const std::string& message) {
+  spdlog::warn("{}", message);  // The rank's log: the worker's, and trainctl logs.
+}
+
 size_t TelemetryReporter::QueuedRecords() {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_.size();

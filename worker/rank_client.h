@@ -58,6 +58,7 @@ class TelemetryReporter final : public TrainingObserver {
   bool ShouldStop() override { return stop_->stop_requested(); }
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
+  void OnWarning(const std::string& message) override;
   // Sends what is queued and stops the thread.
   void Flush();
 
