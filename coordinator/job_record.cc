@@ -68,7 +68,7 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
   events_.Restore(std::move(events), stored.last_sequence());
   if (terminal()) events_.Shrink(limits.max_events_finished);
   for (const store::StoredRankLog& log : rank_logs) logs_.Restore(log);
-  if (terminal()) logs_.Shrink();
+  if (terminal()) logs_.Shrink(job_.spec().world_size());  // ranks_ is not sized yet.
   ranks_.resize(std::max(0, job_.spec().world_size()));
   for (const v1::RankProgress& progress : job_.progress()) {
     if (!ValidRank(progress.rank())) continue;
@@ -156,7 +156,7 @@ void JobRecord::SetState(v1::JobState state, const std::string& error, int64_t n
   if (IsTerminal(state)) {
     job_.set_finished_unix_ms(now);
     ClearKv();
-    logs_.Shrink();
+    logs_.Shrink(world_size());
     KeepRankLogs();
   }
   if (state == v1::FAILED) {

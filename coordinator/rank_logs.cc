@@ -55,8 +55,10 @@ void RankLogs::Trim(Tail* tail) const {
   tail->start += static_cast<int64_t>(drop);
 }
 
-void RankLogs::Shrink() {
-  max_bytes_ = kMaxBytesPerRankEnded;
+void RankLogs::Shrink(int world_size) {
+  const size_t tails = 2 * static_cast<size_t>(std::max(1, world_size));
+  max_bytes_ = std::clamp(kMaxBytesPerJobEnded / tails, kMinBytesPerRankEnded,
+                          kMaxBytesPerRankEnded);
   for (auto& [key, tail] : tails_) {
     Trim(&tail);
     tail.data.shrink_to_fit();

@@ -24,6 +24,10 @@ class RankLogs {
  public:
   static constexpr size_t kMaxBytesPerRank = 64 << 10;
   static constexpr size_t kMaxBytesPerRankEnded = 16 << 10;
+  // An ended job's tails together (two attempts of every rank): with 1,000 ended jobs kept,
+  // a few GiB at most however wide the jobs were.
+  static constexpr size_t kMaxBytesPerJobEnded = 2 << 20;
+  static constexpr size_t kMinBytesPerRankEnded = 1 << 10;
   static constexpr size_t kMaxChunkBytes = 64 << 10;
 
   // A chunk at `offset` of the rank's output. Bytes already held are skipped; a gap (bytes the
@@ -32,8 +36,10 @@ class RankLogs {
   absl::Status Append(int attempt, int rank, int64_t offset, const std::string& data);
   // The rank's process ended (its worker sends the rest of its output before saying so).
   void MarkComplete(int attempt, int rank);
-  // The job ended: keep less of each (and hold no more memory than that).
-  void Shrink();
+  // The job (of `world_size` ranks) ended: keep less of each — kMaxBytesPerRankEnded, less for
+  // wide jobs so that two attempts of every rank fit in kMaxBytesPerJobEnded (but at least
+  // kMinBytesPerRankEnded) — and hold no more memory than that.
+  void Shrink(int world_size);
   // The memory the tails hold.
   size_t HeldBytes() const;
   // NOT_FOUND: nothing of that rank (and attempt; 0 = the newest attempt with output).

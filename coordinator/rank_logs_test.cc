@@ -48,7 +48,7 @@ TEST(RankLogs, KeepsTheNewestBytes_AndTwoAttempts) {
   EXPECT_EQ(logs.Read(1, 0, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(logs.Read(0, 0, 0)->data(), "third");
   EXPECT_EQ(logs.Read(2, 0, 0)->data(), "second");
-  logs.Shrink();
+  logs.Shrink(2);
   EXPECT_EQ(logs.Append(3, 0, 5, std::string(RankLogs::kMaxChunkBytes + 1, 'x')).code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -71,7 +71,7 @@ TEST(RankLogs, Shrink_ReleasesTheMemoryOfTheLongerTails) {
     }
   }
   EXPECT_LE(logs.HeldBytes(), 64 * 2 * RankLogs::kMaxBytesPerRank);
-  logs.Shrink();
+  logs.Shrink(64);
   EXPECT_LE(logs.HeldBytes(), 64 * (RankLogs::kMaxBytesPerRankEnded + 64))
       << "ended tails still hold their running memory";
   auto read = logs.Read(1, 3, 0);
@@ -79,6 +79,20 @@ TEST(RankLogs, Shrink_ReleasesTheMemoryOfTheLongerTails) {
   EXPECT_EQ(read->data().size(), RankLogs::kMaxBytesPerRankEnded);
   EXPECT_EQ(read->end_offset(), 160'000);
   EXPECT_EQ(read->data().back(), 'd');
+}
+
+// A wide job's ended tails share a budget: 1,024 ranks keep 1 KiB each, not 16.
+TEST(RankLogs, Shrink_WideJob_FitsThePerJobBudget) {
+  RankLogs logs;
+  for (int rank = 0; rank < 1024; ++rank) {
+    ASSERT_TRUE(logs.Append(1, rank, 0, std::string(20'000, 'x')).ok());
+  }
+  logs.Shrink(1024);
+  EXPECT_LE(logs.HeldBytes(), RankLogs::kMaxBytesPerJobEnded + 1024 * 64);
+  EXPECT_EQ(logs.Read(1, 1023, 0)->data().size(), RankLogs::kMinBytesPerRankEnded);
+  // Output arriving after the end keeps to it too.
+  ASSERT_TRUE(logs.Append(2, 5, 0, std::string(20'000, 'y')).ok());
+  EXPECT_EQ(logs.Read(2, 5, 0)->data().size(), RankLogs::kMinBytesPerRankEnded);
 }
 
 }  // namespace
