@@ -113,6 +113,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveMs);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // gRPC stops pinging after 2 pings with no data sent by this side (its default), and a watch
+  // sends nothing after its request: without this, pings end 40 s into a quiet watch.
+  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (!security.tls_ca.empty()) {
     grpc::SslCredentialsOptions options;
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca", security.tls_ca);

@@ -432,10 +432,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.checkpoint_every() > 0 && spec.checkpoint_dir().empty()) {
     return Invalid("checkpoint_dir must be set when checkpoint_every > 0");
   }
-  if (spec.keep_checkpoints() != 0 &&
-      (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > kMaxKeptCheckpoints)) {
-    return Invalid(absl::StrCat("keep_checkpoints must be 0 (the default, ",
-                                kDefaultKeptCheckpoints, ") or in [2, ", kMaxKeptCheckpoints,
+  if (spec.keep_checkpoints() != 0 && spec.keep_checkpoints() != -1 &&
+      (spec.keep_checkpoints() < 1 || spec.keep_checkpoints() > kMaxKeptCheckpoints)) {
+    return Invalid(absl::StrCat("keep_checkpoints must be -1 (keep every one), 0 (the default, ",
+                                kDefaultKeptCheckpoints, ") or in [1, ", kMaxKeptCheckpoints,
                                 "], got ", spec.keep_checkpoints()));
   }
   if (!std::isfinite(spec.queue_timeout_s()) || spec.queue_timeout_s() < 0 ||

@@ -574,14 +574,14 @@ TEST(ValidateJobSpec, CheckpointEvery_NeedsADirectory) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
 }
 
-TEST(ValidateJobSpec, KeepCheckpoints_DefaultThreeOrTwoToAThousand) {
+TEST(ValidateJobSpec, KeepCheckpoints_AllDefaultThreeOrOneToAThousand) {
   v1::JobSpec spec = ValidSpec();
-  for (int keep : {1, -1, 1001}) {
+  for (int keep : {-2, 1001}) {
     spec.set_keep_checkpoints(keep);
-    ExpectInvalid(spec, absl::StrCat("keep_checkpoints must be 0 (the default, 3) or in [2, "
-                                     "1000], got ", keep));
+    ExpectInvalid(spec, absl::StrCat("keep_checkpoints must be -1 (keep every one), 0 (the "
+                                     "default, 3) or in [1, 1000], got ", keep));
   }
-  for (int keep : {0, 2, 1000}) {
+  for (int keep : {-1, 0, 1, 1000}) {
     spec.set_keep_checkpoints(keep);
     EXPECT_TRUE(ValidateJobSpec(spec).ok()) << keep;
   }

@@ -354,11 +354,15 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
         "the queue is full (", pending_.size(), " jobs wait; the limit is ",
         options_.max_pending_jobs, "): try again when some have been placed"));
   }
-  // One submitter cannot take the whole queue: its own jobs waiting are bounded too.
-  const size_t owned = static_cast<size_t>(
-      std::count_if(pending_.begin(), pending_.end(), [&](const std::string& pending_id) {
-        return jobs_.at(pending_id)->job().owner() == owner;
-      }));
+  // One submitter cannot take the whole queue: its own jobs waiting are bounded too. (Counted
+  // only when the queue is that long: at most max_pending_jobs lookups, under the lock.)
+  const size_t owned =
+      pending_.size() < options_.max_pending_jobs_per_owner
+          ? 0
+          : static_cast<size_t>(std::count_if(
+                pending_.begin(), pending_.end(), [&](const std::string& pending_id) {
+                  return jobs_.at(pending_id)->job().owner() == owner;
+                }));
   if (owned >= options_.max_pending_jobs_per_owner) {
     return absl::ResourceExhaustedError(absl::StrCat(
         owner.empty() ? "anonymous" : owner, " has ", owned, " jobs waiting, the most one "
@@ -853,6 +857,7 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     assignment.set_attempt(record->attempt());
     assignment.set_resume_checkpoint(record->job().latest_checkpoint_path());
     assignment.set_rank_secret(record->RankSecret(record->attempt(), busy.rank));
+    assignment.set_job_uid(record->job().uid());
     desired.push_back(std::move(assignment));
   }
   return desired;

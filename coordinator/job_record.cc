@@ -27,6 +27,7 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
       kv_(limits.max_kv_keys, limits.max_kv_bytes),
       events_(limits.max_events) {
   job_.set_job_id(absl::StrFormat("job-%04d", number));
+  job_.set_uid(RandomSecret());
   const int world_size = spec.world_size();
   *job_.mutable_spec() = std::move(spec);
   job_.set_state(v1::PENDING);
@@ -64,6 +65,12 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
     // An older build's store kept the store inside the record: it moves to the kv table.
     for (const auto& [key, value] : stored.kv()) SetKv(key, value).IgnoreError();
     Changed(/*workers_too=*/false);  // Rewritten without it.
+  }
+  if (job_.uid().empty()) {
+    // Stored by a build before uids: one now (its files, stamped with the id alone, are then
+    // never taken for its own — the safe side).
+    job_.set_uid(RandomSecret());
+    Changed(/*workers_too=*/false);
   }
   events_.Restore(std::move(events), stored.last_sequence());
   if (terminal()) events_.Shrink(limits.max_events_finished);

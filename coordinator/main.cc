@@ -55,11 +55,11 @@ ABSL_FLAG(std::string, http_listen, "",
           "same TLS certificate and tokens as gRPC");
 ABSL_FLAG(std::string, http_port_file, "", "If set, the bound HTTP port is written to this file");
 ABSL_FLAG(int64_t, max_pending_jobs_per_principal, 1000,
-          "Jobs one submitter (token principal; \"anonymous\" without tokens) may have waiting "
-          "to be placed (10000 in all)");
+          "Jobs one submitter (token principal) may have waiting to be placed, of the 10000 in "
+          "all (without tokens every caller is one principal: only the total applies)");
 ABSL_FLAG(int32_t, max_watches_per_principal, 512,
-          "WatchJob streams one caller (token principal; \"anonymous\" without tokens) may "
-          "have open at once (4096 in all)");
+          "WatchJob streams one caller (token principal) may have open at once, of the 4096 in "
+          "all (without tokens only the total applies)");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -126,8 +126,12 @@ int main(int argc, char** argv) {
                   options.max_pending_jobs);
     return 2;
   }
+  // Without tokens every caller is the same principal ("anonymous"): a share of the queue per
+  // principal would only shrink it.
   options.max_pending_jobs_per_owner =
-      static_cast<size_t>(absl::GetFlag(FLAGS_max_pending_jobs_per_principal));
+      security->authenticator->enabled()
+          ? static_cast<size_t>(absl::GetFlag(FLAGS_max_pending_jobs_per_principal))
+          : options.max_pending_jobs;
   options.adopt_grace_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_adopt_grace_s) * 1000);
   options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
   options.finished_job_retention_ms =
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
                   watch_limits.per_principal);
     return 2;
   }
+  if (!security->authenticator->enabled()) watch_limits.per_principal = watch_limits.total;
   mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
                                                   watch_limits);
   mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);

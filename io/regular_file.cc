@@ -24,12 +24,17 @@ const char* FileTypeName(mode_t mode) {
 }  // namespace
 
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  return OpenRegularFileAt(AT_FDCWD, path, path);
+}
+
+absl::StatusOr<RegularFile> OpenRegularFileAt(int dir_fd, const std::string& name,
+                                              const std::string& path) {
   // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one
   // (it has no effect on the regular files we go on to read). O_NOFOLLOW: a link as the last
   // component fails with ELOOP rather than reading whatever it points to.
   int fd;
   do {
-    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    fd = openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int error = errno;

@@ -41,6 +41,10 @@ struct RegularFile {
 // NOT_FOUND (missing), PERMISSION_DENIED (a symbolic link), INVALID_ARGUMENT (not a regular
 // file, naming what it is); each message starts with `path`.
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
+// The same for `name` in the directory `dir_fd` is open on (AT_FDCWD: the working directory);
+// messages name `path`.
+absl::StatusOr<RegularFile> OpenRegularFileAt(int dir_fd, const std::string& name,
+                                              const std::string& path);
 
 // Reads exactly `size` bytes at `offset`. The caller has checked them against the file's size,
 // so running out means that the file shrank while it was read (INVALID_ARGUMENT).

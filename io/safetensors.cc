@@ -230,10 +230,10 @@ absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std:
   return entry;
 }
 
-absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const std::string& path,
+absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFile>& file,
+                                                 const std::string& path,
                                                  std::map<std::string, std::string>* metadata,
                                                  const SafetensorsReadOptions& options) {
-  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
   if (!file.ok()) return file.status();
   if (file->size < 8) {
     return Bad(path, absl::StrCat("its ", file->size,
@@ -459,7 +459,22 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
 absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
                                           std::map<std::string, std::string>* metadata,
                                           const SafetensorsReadOptions& options) {
-  return NoThrow(path, [&] { return ReadSafetensorsOrThrow(path, metadata, options); });
+  return NoThrow(path, [&] {
+    return ReadSafetensorsOrThrow(OpenRegularFile(path), path, metadata, options);
+  });
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadataAt(
+    int dir_fd, const std::string& name, const std::string& path) {
+  std::map<std::string, std::string> metadata;
+  SafetensorsReadOptions header;
+  header.header_only = true;
+  absl::Status status = NoThrow(path, [&]() -> absl::Status {
+    return ReadSafetensorsOrThrow(OpenRegularFileAt(dir_fd, name, path), path, &metadata, header)
+        .status();
+  });
+  if (!status.ok()) return status;
+  return metadata;
 }
 
 absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors,

@@ -56,6 +56,12 @@ absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
                                           std::map<std::string, std::string>* metadata = nullptr,
                                           const SafetensorsReadOptions& options = {});
 
+// The "__metadata__" of `name` in the directory `dir_fd` is open on, with every check of the
+// header as above and no tensor data read (a checkpoint may be gigabytes); the last component is
+// not followed if it is a link. Messages name `path`.
+absl::StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadataAt(
+    int dir_fd, const std::string& name, const std::string& path);
+
 // Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory.
 // `metadata` goes into the header's "__metadata__" (string values only, per the format).
 // INVALID_ARGUMENT when a tensor's values do not match its shape or a tensor is named

@@ -12,7 +12,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <iterator>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -134,37 +137,66 @@ std::string CheckpointPath(const std::string& directory, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", directory, step);
 }
 
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, const std::string& job_id,
-                                     int keep, bool no_symlinks) {
-  if (job_id.empty()) return 0;
+CheckpointRetention::CheckpointRetention(std::string directory, std::string stamp, int keep,
+                                         bool no_symlinks)
+    : directory_(std::move(directory)),
+      stamp_(std::move(stamp)),
+      keep_(keep),
+      no_symlinks_(no_symlinks) {}
+
+absl::StatusOr<int> CheckpointRetention::Written(int64_t step, int64_t protected_from) {
+  if (stamp_.empty() || keep_ < 0) return 0;
   int error = 0;
-  const int dir = OpenDirectory(directory, no_symlinks, &error);
+  const int dir = OpenDirectory(directory_, no_symlinks_, &error);
   if (dir < 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot read checkpoint_dir ", directory, ": ", std::strerror(error)));
+        absl::StrCat("cannot read checkpoint_dir ", directory_, ": ", std::strerror(error)));
   }
   ScopedFd dir_fd(dir);
-  // fdopendir takes its descriptor: a copy, so that dir_fd stays for what follows.
-  DIR* listing = fdopendir(fcntl(dir, F_DUPFD_CLOEXEC, 0));
-  if (listing == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot list checkpoint_dir ", directory, ": ", std::strerror(errno)));
-  }
-  std::map<int64_t, std::string, std::greater<int64_t>> by_step;  // Newest first.
-  while (const dirent* entry = readdir(listing)) {
-    if (std::optional<int64_t> step = CheckpointStep(entry->d_name)) {
-      by_step[*step] = entry->d_name;
+  if (!scanned_) {
+    // Once: the files earlier attempts of the job left. fdopendir takes its descriptor: a copy.
+    DIR* listing = fdopendir(fcntl(dir, F_DUPFD_CLOEXEC, 0));
+    if (listing == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot list checkpoint_dir ", directory_, ": ", std::strerror(errno)));
     }
+    std::vector<std::pair<int64_t, std::string>> named;
+    while (const dirent* entry = readdir(listing)) {
+      if (std::optional<int64_t> found = CheckpointStep(entry->d_name)) {
+        named.emplace_back(*found, entry->d_name);
+      }
+    }
+    closedir(listing);
+    for (const auto& [found, name] : named) {
+      auto metadata =
+          ReadSafetensorsMetadataAt(dir, name, absl::StrCat(directory_, "/", name));
+      if (!metadata.ok()) continue;
+      auto it = metadata->find("mptrain_job");
+      if (it != metadata->end() && it->second == stamp_) steps_.insert(found);
+    }
+    scanned_ = true;
   }
-  closedir(listing);
-  int kept = 0, removed = 0;
-  for (const auto& [step, name] : by_step) {
-    // Read through the directory held open (/proc/self/fd/N is it, whatever its path is now);
-    // the file itself is never followed if it is a link (OpenRegularFile).
-    const std::string through_dir = absl::StrCat("/proc/self/fd/", dir, "/", name);
-    if (!CheckpointWrittenByJob(through_dir, job_id)) continue;
-    if (++kept <= keep) continue;
-    if (unlinkat(dir, name.c_str(), 0) == 0) ++removed;
+  steps_.insert(step);
+  // Newest first among those at or below `step`.
+  std::vector<int64_t> surplus;
+  int kept = 0;
+  for (auto it = std::make_reverse_iterator(steps_.upper_bound(step)); it != steps_.rend(); ++it) {
+    if (++kept > keep_ && *it < protected_from) surplus.push_back(*it);
+  }
+  int removed = 0;
+  for (int64_t candidate : surplus) {
+    const std::string name = CheckpointPath("", candidate).substr(1);  // "step-...safetensors"
+    // Still the job's file (it may have been replaced since the directory was read)?
+    auto metadata = ReadSafetensorsMetadataAt(dir, name, absl::StrCat(directory_, "/", name));
+    auto stamp = metadata.ok() ? metadata->find("mptrain_job") : decltype(metadata->find(""))();
+    if (!metadata.ok() || stamp == metadata->end() || stamp->second != stamp_) {
+      steps_.erase(candidate);  // Not ours (any more): left alone.
+      continue;
+    }
+    if (unlinkat(dir, name.c_str(), 0) == 0 || errno == ENOENT) {
+      steps_.erase(candidate);
+      ++removed;
+    }
   }
   return removed;
 }

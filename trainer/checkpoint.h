@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,15 +46,33 @@ bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id);
 // The file of step `step` in `directory`: <directory>/step-00000100.safetensors.
 std::string CheckpointPath(const std::string& directory, int64_t step);
 
-// Deletes job `job_id`'s checkpoint files in `directory` but the `keep` of the latest steps:
-// files named as CheckpointPath names them and stamped by that job (another job's files, a
-// user's, a symbolic link or anything else there are left alone). With `no_symlinks` the
-// directory is reached without following links (SafetensorsWriteOptions::no_symlinks), and a
-// file is read and removed through that directory. Returns how many went; an error when the
-// directory cannot be read (a file that cannot be removed is left and not counted). Nothing
-// for an empty `job_id`.
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, const std::string& job_id,
-                                     int keep, bool no_symlinks);
+// A job's checkpoint files in its checkpoint_dir, and which of them may go
+// (JobSpec.keep_checkpoints). Its own files are those named as CheckpointPath names them and
+// stamped with `stamp` (another job's, a user's, an unstamped file, a link or anything else
+// there is never touched); the directory is read once, at the first Written, and with
+// `no_symlinks` reached without following links (SafetensorsWriteOptions::no_symlinks), the
+// files read and removed through it.
+class CheckpointRetention {
+ public:
+  // keep < 0: every checkpoint stays. An empty `stamp`: nothing is ever removed.
+  CheckpointRetention(std::string directory, std::string stamp, int keep, bool no_symlinks);
+
+  // After step `step`'s file is written: removes the job's files past the newest `keep` of
+  // those at or below `step`, but never one at or above `protected_from` (the newest checkpoint
+  // a restart would resume from — the coordinator may not have heard of the newer ones yet).
+  // Files above `step` (an earlier attempt got further) stay: this run writes them again on
+  // its way. Returns how many went; FAILED_PRECONDITION when the directory cannot be read (a
+  // file that cannot be removed stays, and is not counted).
+  absl::StatusOr<int> Written(int64_t step, int64_t protected_from);
+
+ private:
+  const std::string directory_;
+  const std::string stamp_;
+  const int keep_;
+  const bool no_symlinks_;
+  bool scanned_ = false;
+  std::set<int64_t> steps_;  // The job's files, by step.
+};
 
 // `options.replace_existing = false` makes an existing file at `path` an ALREADY_EXISTS error
 // instead of being replaced; otherwise the errors of WriteSafetensors.

@@ -110,44 +110,70 @@ TEST(Checkpoint, JobStamp_TellsTheJobsOwnFilesFromOthers) {
   EXPECT_TRUE(ReadTrainingCheckpoint(path, SmallLayout()).ok()) << "the stamp reads back fine";
 }
 
-// A job keeps its newest checkpoints; nothing that is not its own goes, whatever it is named.
-TEST(Checkpoint, PruneCheckpoints_KeepsTheJobsNewest_LeavesEverythingElse) {
-  const std::string dir = TempPath("prune");
+// A job keeps its newest checkpoints and the ones a restart may need; nothing that is not its
+// own goes, whatever it is named.
+TEST(Checkpoint, Retention_KeepsTheNewestAndTheAcknowledged_LeavesEverythingElse) {
+  const std::string dir = TempPath("retention");
   ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + "/elsewhere").c_str()), 0);
   const ParameterLayout layout = SmallLayout();
   TrainingCheckpoint mine = SmallCheckpoint();
-  mine.job_id = "job-0007";
-  for (int64_t step : {10, 20, 30, 40, 50}) {
-    ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, step), layout, mine).ok());
-  }
+  mine.job_id = "job-0007/aaaa";
+  auto write = [&](int64_t step, const TrainingCheckpoint& checkpoint) {
+    ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, step), layout, checkpoint).ok());
+  };
+  // An earlier attempt's files, one of them past where this attempt is.
+  for (int64_t step : {10, 20, 30, 40, 90}) write(step, mine);
   TrainingCheckpoint theirs = SmallCheckpoint();
-  theirs.job_id = "job-0003";
-  ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, 5), layout, theirs).ok());
-  TrainingCheckpoint unstamped = SmallCheckpoint();
-  ASSERT_TRUE(WriteTrainingCheckpoint(CheckpointPath(dir, 6), layout, unstamped).ok());
-  // Named like ours but not quite (a ninth digit of zero), and a link to one of ours elsewhere.
+  theirs.job_id = "job-0007/bbbb";  // The same id from another coordinator: not ours.
+  write(5, theirs);
+  write(6, SmallCheckpoint());  // Unstamped.
+  // Named like ours but not quite (a ninth digit), and a link to one of ours elsewhere.
   ASSERT_TRUE(WriteTrainingCheckpoint(dir + "/step-000000001.safetensors", layout, mine).ok());
   ASSERT_TRUE(WriteTrainingCheckpoint(dir + "/elsewhere/kept.safetensors", layout, mine).ok());
-  ASSERT_EQ(symlink((dir + "/elsewhere/kept.safetensors").c_str(),
-                    CheckpointPath(dir, 2).c_str()),
-            0);
-
-  auto removed = PruneCheckpoints(dir, "job-0007", 2, /*no_symlinks=*/true);
-  ASSERT_TRUE(removed.ok()) << removed.status();
-  EXPECT_EQ(*removed, 3);
+  ASSERT_EQ(
+      symlink((dir + "/elsewhere/kept.safetensors").c_str(), CheckpointPath(dir, 2).c_str()), 0);
   auto exists = [](const std::string& path) {
     struct stat info;
     return lstat(path.c_str(), &info) == 0;
   };
-  for (int64_t step : {10, 20, 30}) EXPECT_FALSE(exists(CheckpointPath(dir, step))) << step;
-  for (int64_t step : {40, 50, 5, 6, 2}) EXPECT_TRUE(exists(CheckpointPath(dir, step))) << step;
+
+  CheckpointRetention retention(dir, "job-0007/aaaa", 2, /*no_symlinks=*/true);
+  // This attempt wrote step 50; the coordinator has heard of step 20 only: 20 and newer stay.
+  write(50, mine);
+  auto removed = retention.Written(50, /*protected_from=*/20);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_FALSE(exists(CheckpointPath(dir, 10)));
+  for (int64_t step : {20, 30, 40, 50, 90}) EXPECT_TRUE(exists(CheckpointPath(dir, step))) << step;
+  // Now it knows 60: the newest two at or below 60 stay; 90, ahead of this attempt, too.
+  write(60, mine);
+  removed = retention.Written(60, 60);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 3);
+  for (int64_t step : {20, 30, 40}) EXPECT_FALSE(exists(CheckpointPath(dir, step))) << step;
+  for (int64_t step : {50, 60, 90, 5, 6, 2}) EXPECT_TRUE(exists(CheckpointPath(dir, step))) << step;
   EXPECT_TRUE(exists(dir + "/step-000000001.safetensors"));
   EXPECT_TRUE(exists(dir + "/elsewhere/kept.safetensors"));
-  // Nothing more to do; no job, nothing at all.
-  EXPECT_EQ(*PruneCheckpoints(dir, "job-0007", 2, true), 0);
-  EXPECT_EQ(*PruneCheckpoints(dir, "", 1, true), 0);
-  EXPECT_EQ(PruneCheckpoints(dir + "/missing", "job-0007", 2, true).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  // A file replaced by someone else's since the directory was read is not removed.
+  write(70, mine);
+  ASSERT_TRUE(retention.Written(70, 70).ok());
+  EXPECT_FALSE(exists(CheckpointPath(dir, 50)));
+  write(60, theirs);
+  write(80, mine);
+  removed = retention.Written(80, 80);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(*removed, 0);
+  EXPECT_TRUE(exists(CheckpointPath(dir, 60))) << "another job's file went";
+
+  // Keep every one; no stamp; no directory.
+  write(100, mine);
+  CheckpointRetention all(dir, "job-0007/aaaa", -1, true);
+  EXPECT_EQ(*all.Written(100, 100), 0);
+  CheckpointRetention unstamped(dir, "", 1, true);
+  EXPECT_EQ(*unstamped.Written(100, 100), 0);
+  EXPECT_TRUE(exists(CheckpointPath(dir, 70)));
+  CheckpointRetention missing(dir + "/missing", "job-0007/aaaa", 2, true);
+  EXPECT_EQ(missing.Written(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTensor) {

@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -42,7 +43,7 @@ StepConfig MakeStepConfig(const TrainingConfig& config) {
 absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
                                            Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint,
-                                           const std::string& job_id) {
+                                           const std::string& job_stamp) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
   if (config.world_size != world_size) {
@@ -125,6 +126,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
 
   // Rank 0 saves what a restarted run needs (a host synchronisation, every checkpoint_every
   // steps only).
+  std::optional<CheckpointRetention> retention;  // Made at the first checkpoint.
   auto write_checkpoint = [&](int64_t step) -> absl::Status {
     TrainingCheckpoint checkpoint;
     checkpoint.step = step;
@@ -142,20 +144,23 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       checkpoint.num_batches_tracked = mlp->num_batches_tracked();
     }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
-    checkpoint.job_id = job_id;
+    checkpoint.job_id = job_stamp;
     const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A later attempt may write again a step file an earlier attempt of this job wrote (it
     // resumed from an older checkpoint, or from the beginning when the coordinator never heard
     // of that file); a run never replaces another job's file, unless the spec says so.
     SafetensorsWriteOptions write;
     write.replace_existing = config.overwrite_output || !resume_checkpoint.empty() ||
-                             CheckpointWrittenByJob(path, job_id);
+                             CheckpointWrittenByJob(path, job_stamp);
     write.no_symlinks = config.output_paths_resolved;
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     // A long job would fill the disk: its older checkpoints go once this one is written.
-    absl::StatusOr<int> pruned = PruneCheckpoints(config.checkpoint_dir, job_id,
-                                                  config.keep_checkpoints, write.no_symlinks);
+    if (!retention) {
+      retention.emplace(config.checkpoint_dir, job_stamp, config.keep_checkpoints,
+                        write.no_symlinks);
+    }
+    absl::StatusOr<int> pruned = retention->Written(step, observer->AcknowledgedCheckpointStep());
     if (!pruned.ok()) {
       observer->OnWarning(
           absl::StrCat("older checkpoints not removed: ", pruned.status().ToString()));
@@ -324,7 +329,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     write.no_symlinks = config.output_paths_resolved;
     std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                     {"steps", std::to_string(config.steps)}};
-    if (!job_id.empty()) metadata["mptrain_job"] = job_id;
+    if (!job_stamp.empty()) metadata["mptrain_job"] = job_stamp;
     TensorMap tensors = ParametersToTensors(mlp->layout(), result.parameters);
     for (auto& [name, tensor] :
          BuffersToTensors(mlp->layout(), result.buffers, mlp->num_batches_tracked())) {

@@ -4,6 +4,7 @@
 // DDP + autocast + GradScaler + no_sync, written once over the Backend interface.
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ class TrainingObserver {
   virtual std::string StopReason() { return "a stop was requested"; }
   // Rank 0, after a checkpoint file is complete (renamed into place).
   virtual void OnCheckpoint(int64_t step, const std::string& path) {}
+  // The newest checkpoint step a restart of the job would resume from (the coordinator has
+  // heard of it): it and newer ones are never removed (keep_checkpoints). With no one else to
+  // tell, every checkpoint written counts as known.
+  virtual int64_t AcknowledgedCheckpointStep() { return std::numeric_limits<int64_t>::max(); }
   // Something went wrong that does not stop training (older checkpoints that could not be
   // removed): for the rank's log.
   virtual void OnWarning(const std::string& message) {}
@@ -68,13 +73,14 @@ struct TrainingResult {
 // state through the collective and never open the path. Rank 0 writes a checkpoint every
 // config.checkpoint_every steps and config.output_checkpoint at the end. Errors carry their
 // cause (data files, checkpoint, backend, collective, stop request).
-// `job_id`, when given, is stamped in the output checkpoint's metadata ("mptrain_job"): a later
-// attempt of the same job may then replace it (see worker/rank_process.cc).
+// `job_stamp`, when given, is stamped in the metadata of the checkpoints and the output checkpoint
+// ("mptrain_job"; worker/rank_process.cc: the job's id and uid): a later attempt of the same
+// job may then replace them, and the job's older checkpoints go (keep_checkpoints).
 // INVALID_ARGUMENT when config.world_size is not the collective's.
 absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
                                            Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint = "",
-                                           const std::string& job_id = "");
+                                           const std::string& job_stamp = "");
 
 // The optimizer/scaler configuration of the step kernels.
 StepConfig MakeStepConfig(const TrainingConfig& config);

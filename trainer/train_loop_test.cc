@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -503,31 +504,41 @@ TEST(RunTraining, ShuffledEpochsResumeBitIdentically_AndEvaluationIsReported) {
   EXPECT_NE(in_order.result->parameters, whole.result->parameters);
 }
 
-// A job's run keeps its newest keep_checkpoints files (the ones it stamped) and nothing older.
-TEST(RunTraining, KeepCheckpoints_OlderOnesOfTheJobGo) {
+// A job's run keeps its newest keep_checkpoints files (the ones it stamped) and those a restart
+// may resume from (the observer's acknowledged step and newer).
+TEST(RunTraining, KeepCheckpoints_OlderOnesOfTheJobGo_NeverTheAcknowledged) {
+  struct Acknowledging : RecordingObserver {
+    int64_t acknowledged = std::numeric_limits<int64_t>::max();
+    int64_t AcknowledgedCheckpointStep() override { return acknowledged; }
+  };
   TrainingConfig spec = SmallConfig();
   spec.steps = 7;
   spec.checkpoint_every = 1;
   spec.keep_checkpoints = 2;
   spec.checkpoint_dir = TestTmp() + "/kept";
-  ASSERT_EQ(system(("rm -rf " + spec.checkpoint_dir).c_str()), 0);
-  mkdir(spec.checkpoint_dir.c_str(), 0755);
-  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
-  RecordingObserver observer;
-  auto result = RunTraining(spec, 0, &backend, &observer, "", "job-0042");
-  ASSERT_TRUE(result.ok()) << result.status();
-  std::vector<std::string> left;
-  for (int64_t step = 1; step <= 7; ++step) {
-    if (access(CheckpointPath(spec.checkpoint_dir, step).c_str(), F_OK) == 0) {
-      left.push_back(std::to_string(step));
+  auto left_after = [&](int64_t acknowledged) {
+    EXPECT_EQ(system(("rm -rf " + spec.checkpoint_dir).c_str()), 0);
+    mkdir(spec.checkpoint_dir.c_str(), 0755);
+    CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+    Acknowledging observer;
+    observer.acknowledged = acknowledged;
+    auto result = RunTraining(spec, 0, &backend, &observer, "", "job-0042/uid");
+    EXPECT_TRUE(result.ok()) << result.status();
+    std::vector<int64_t> left;
+    for (int64_t step = 1; step <= 7; ++step) {
+      if (access(CheckpointPath(spec.checkpoint_dir, step).c_str(), F_OK) == 0) {
+        left.push_back(step);
+      }
     }
-  }
-  EXPECT_EQ(left, (std::vector<std::string>{"6", "7"}));
+    return left;
+  };
+  EXPECT_EQ(left_after(std::numeric_limits<int64_t>::max()), (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(left_after(3), (std::vector<int64_t>{3, 4, 5, 6, 7}));
   // The newest resumes as before.
   CpuBackend again(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver resumed_observer;
   EXPECT_TRUE(RunTraining(spec, 0, &again, &resumed_observer,
-                          CheckpointPath(spec.checkpoint_dir, 6), "job-0042")
+                          CheckpointPath(spec.checkpoint_dir, 6), "job-0042/uid")
                   .ok());
 }
 

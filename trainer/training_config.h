@@ -118,8 +118,8 @@ struct TrainingConfig {
   int64_t telemetry_every = 1;
   int64_t checkpoint_every = 0;  // 0: no checkpoints.
   std::string checkpoint_dir;
-  // The job's newest checkpoints kept in checkpoint_dir; older ones of the same job go (only
-  // files stamped with the job's id: a run without one deletes nothing).
+  // The job's newest checkpoints kept in checkpoint_dir (-1: all); older ones of the same job
+  // go (only files stamped with the job's stamp: a run without one deletes nothing).
   int keep_checkpoints = 3;
   bool overwrite_output = false;
   // The output paths are already resolved (a worker's rank: realpath, confined to its output

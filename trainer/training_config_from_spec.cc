@@ -93,7 +93,7 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.telemetry_every = spec.telemetry_every();
   config.checkpoint_every = spec.checkpoint_every();
   config.checkpoint_dir = spec.checkpoint_dir();
-  if (spec.keep_checkpoints() > 0) config.keep_checkpoints = spec.keep_checkpoints();
+  if (spec.keep_checkpoints() != 0) config.keep_checkpoints = spec.keep_checkpoints();
   config.overwrite_output = spec.overwrite_output();
   return config;
 }

@@ -191,11 +191,21 @@ bool TelemetryReporter::SendBatch() {
     queued_ = std::move(kept);
     return false;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    acknowledged_checkpoint_step_ =
+        std::max(acknowledged_checkpoint_step_, request.checkpoint_step());
+  }
   if (response.abort() && !stop_->stop_requested()) {
     spdlog::warn("the coordinator ended this job: stopping");
     stop_->RequestStop("the coordinator ended the job");
   }
   return true;
+}
+
+int64_t TelemetryReporter::AcknowledgedCheckpointStep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return acknowledged_checkpoint_step_;
 }
 
 void TelemetryReporter::OnWarning(const std::string& message) {

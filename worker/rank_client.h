@@ -59,6 +59,7 @@ class TelemetryReporter final : public TrainingObserver {
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
   void OnWarning(const std::string& message) override;
+  int64_t AcknowledgedCheckpointStep() override;
   // Sends what is queued and stops the thread.
   void Flush();
 
@@ -76,6 +77,9 @@ class TelemetryReporter final : public TrainingObserver {
   int64_t step_ = 0;
   int64_t checkpoint_step_ = 0;
   std::string checkpoint_path_;
+  // The newest checkpoint step a report the coordinator answered carried: until then (0)
+  // every checkpoint file stays.
+  int64_t acknowledged_checkpoint_step_ = 0;
   StopToken* stop_;
   bool stopping_ = false;
   std::thread thread_;

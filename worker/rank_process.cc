@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/mptrain.grpc.pb.h"
 #include "trainer/backend_registry.h"
+#include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
 #include "trainer/training_config_from_spec.h"
 #include "io/safetensors.h"
@@ -119,13 +120,12 @@ void StartSignalThread() {
 // Checks every path of the spec against the worker's roots before anything is opened, and
 // replaces each by its resolved form (so a symlink swapped in later is not followed: the
 // readers also refuse a symlink as the final component). Only rank 0 writes.
-// Whether `path` is this job's own output, written by an earlier attempt (its metadata names
-// the job): a restarted job may replace it, nobody else's file.
-bool IsOwnOutput(const std::string& path, const std::string& job_id) {
-  std::map<std::string, std::string> metadata;
-  if (!ReadSafetensors(path, &metadata).ok()) return false;
-  auto it = metadata.find("mptrain_job");
-  return it != metadata.end() && it->second == job_id;
+// What this job's files are stamped with ("mptrain_job"): its id and its uid, never reused
+// (a coordinator without its store counts job ids from job-0001 again). From a coordinator
+// before uids: the id alone.
+std::string JobStamp(const v1::Assignment& assignment) {
+  return assignment.job_uid().empty() ? assignment.job_id()
+                                      : absl::StrCat(assignment.job_id(), "/", assignment.job_uid());
 }
 
 absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignment& assignment,
@@ -170,7 +170,9 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
     if (output.status().code() == absl::StatusCode::kAlreadyExists && assignment.attempt() > 1) {
       absl::StatusOr<std::string> again =
           policy->CheckWrite("output_checkpoint", spec->output_checkpoint(), true);
-      if (again.ok() && IsOwnOutput(*again, assignment.job_id())) {
+      // This job's own output, written by an earlier attempt: a restarted job may replace it,
+      // nobody else's file.
+      if (again.ok() && CheckpointWrittenByJob(*again, JobStamp(assignment))) {
         output = again;
         spec->set_overwrite_output(true);  // Replacing what an earlier attempt wrote.
       }
@@ -233,7 +235,7 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   // wait for.
   *backend_holder = std::move(*backend);
   auto result = RunTraining(config, assignment.rank(), backend_holder->get(), observer,
-                            resume_checkpoint, assignment.job_id());
+                            resume_checkpoint, JobStamp(assignment));
   if (!result.ok()) return result.status();
   spdlog::info("finished: parameter checksum {}, {} skipped steps, final scale {}, {} steps "
                "replayed from a recorded one",

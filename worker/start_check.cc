@@ -33,9 +33,9 @@ absl::Status CheckStart(const v1::Assignment& start, int slots,
   }
   for (const v1::Assignment* other : running) {
     if (other->device_index() == start.device_index()) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::UnavailableError(absl::StrCat(
           "slot ", start.device_index(), " is held by rank ", other->rank(), " of ",
-          other->job_id(), " attempt ", other->attempt()));
+          other->job_id(), " attempt ", other->attempt(), " until it exits"));
     }
   }
   return absl::OkStatus();

@@ -12,8 +12,11 @@
 namespace mptrain {
 
 // OK: start it. ALREADY_EXISTS: that rank of that attempt runs here already (a repeated start:
-// ignore it). INVALID_ARGUMENT: a job id outside [A-Za-z0-9_-]{1,64} (it names files), a device
-// index outside [0, slots), or a slot a running rank holds (refuse: the rank fails to start).
+// ignore it). UNAVAILABLE: its slot is still held by another rank (one being stopped, e.g. a
+// rank a restarted coordinator did not adopt, asked to stop in the same answer): not now — the
+// coordinator asks again with its next poll answer, as long as this worker does not list the
+// rank as running. INVALID_ARGUMENT: a job id outside [A-Za-z0-9_-]{1,64} (it names files) or a
+// device index outside [0, slots) (refuse: the rank fails to start).
 absl::Status CheckStart(const v1::Assignment& start, int slots,
                         const std::vector<const v1::Assignment*>& running);
 

@@ -22,13 +22,14 @@ TEST(CheckStart, AFreeSlotOfThisWorker_IsStarted) {
 
 TEST(CheckStart, HostileOrConfusedCoordinator_IsRefused) {
   const v1::Assignment running = Start("job-0001", 0, 1, 0);
-  // More ranks than slots, on a slot that is not there, on a busy one.
+  // A slot that is not there.
   EXPECT_EQ(CheckStart(Start("job-0002", 0, 1, 1), 1, {&running}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckStart(Start("job-0002", 0, 1, -1), 4, {}).code(),
             absl::StatusCode::kInvalidArgument);
+  // A busy slot: not now (the coordinator asks again), and not a second process on it.
   const absl::Status busy = CheckStart(Start("job-0002", 0, 1, 0), 4, {&running});
-  EXPECT_EQ(busy.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(busy.message().find("held by rank 0 of job-0001"), std::string::npos) << busy;
   // The same rank again: not a second process.
   EXPECT_EQ(CheckStart(Start("job-0001", 0, 1, 0), 4, {&running}).code(),

@@ -396,7 +396,7 @@ absl::StatusOr<pid_t> WorkerDaemon::LaunchStandby(int slot, int input_fd, int ou
   return RankLauncher::Launch(argv, RankEnv(), output_fd, input_fd);
 }
 
-void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
+bool WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   const std::string key = Key(assignment);
   // The job id names files in the work directory, and each rank holds a slot: what the
   // coordinator asks is checked against what this daemon has and runs.
@@ -409,20 +409,26 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   }
   if (absl::IsAlreadyExists(allowed)) {
     spdlog::warn("ignoring a repeated start: {}", std::string(allowed.message()));
-    return;
+    return true;
+  }
+  if (absl::IsUnavailable(allowed)) {
+    // Not listed as running, so the coordinator hands it again with its next answer.
+    spdlog::debug("rank {} of {} waits: {}", assignment.rank(), assignment.job_id(),
+                  std::string(allowed.message()));
+    return false;
   }
   if (!allowed.ok()) {
     spdlog::error("refusing an assignment: {}", std::string(allowed.message()));
     RunningRank refused{assignment, 0, 0};
     ReportExit(refused, 126, 0);
-    return;
+    return true;
   }
   const std::string file = AssignmentFile(assignment);
   if (absl::Status written = WriteAssignmentFile(file, assignment); !written.ok()) {
     spdlog::error("{}", written.ToString());
     RunningRank failed{assignment, 0, 0};
     ReportExit(failed, 126, 0);
-    return;
+    return true;
   }
   if (standbys_ != nullptr) {
     // Under the lock ReapOnce holds: the rank is in running_ before its exit can be reaped.
@@ -435,7 +441,7 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
                    assignment.attempt(), assignment.device_index(), handed->pid,
                    handed->warm_for_ms);
       running_[key] = RunningRank{assignment, handed->pid, 0, std::move(handed->log)};
-      return;
+      return true;
     }
   }
   std::vector<std::string> argv = RankArgv();
@@ -464,13 +470,14 @@ void WorkerDaemon::StartRank(const v1::Assignment& assignment) {
                   pid.status().ToString());
     RunningRank failed{assignment, 0, 0};
     ReportExit(failed, 126, 0);
-    return;
+    return true;
   }
   spdlog::info("started rank {}/{} of {} (attempt {}) on device {} as pid {}",
                assignment.rank(), assignment.world_size(), assignment.job_id(),
                assignment.attempt(), assignment.device_index(), *pid);
   std::lock_guard<std::mutex> lock(mu_);
   running_[key] = RunningRank{assignment, *pid, 0, std::move(log)};
+  return true;
 }
 
 void WorkerDaemon::LogLoop(const std::atomic<bool>* stop) {
@@ -582,7 +589,11 @@ absl::Status WorkerDaemon::PollOnce() {
   if (!status.ok()) return FromGrpcStatus(status);
   Contact();
   for (const v1::Assignment& stop : response.stop()) RequestStop(Key(stop));
-  for (const v1::Assignment& start : response.start()) StartRank(start);
+  bool waiting = false;
+  for (const v1::Assignment& start : response.start()) waiting |= !StartRank(start);
+  // A start waiting for its slot comes back in the next answer at once: poll again only after
+  // a moment, rather than in a loop while the slot's previous rank exits.
+  if (waiting) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   return absl::OkStatus();
 }
 

@@ -69,7 +69,8 @@ class WorkerDaemon {
 
   absl::Status Register(const std::atomic<bool>* stop);
   absl::Status PollOnce();
-  void StartRank(const v1::Assignment& assignment);
+  // False when the start waits for its slot (the coordinator hands it again).
+  bool StartRank(const v1::Assignment& assignment);
   // What every rank process of this daemon runs with: its command line (before the flag that
   // says which rank it is) and its extra environment.
   std::vector<std::string> RankArgv() const;
