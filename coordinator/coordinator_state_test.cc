@@ -1254,6 +1254,22 @@ TEST_F(CoordinatorStateTest, LostWorkers_AreBounded) {
 namespace mptrain {
 namespace {
 
+// A one-slot CPU worker "w" and a one-rank job on it; the job's id ("" when either failed).
+std::string StartOneRankJob(CoordinatorState* state) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  auto registered = state->RegisterWorker(worker);
+  EXPECT_TRUE(registered.ok()) << registered.status();
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+  auto submitted = state->SubmitJob(request);
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  return registered.ok() && submitted.ok() ? submitted->job_id() : "";
+}
+
 // A long running job's history in the store is bounded too (max_stored_events_per_job, trimmed
 // in steps of kStoredEventsTrimStep events).
 TEST(CoordinatorStateStore, RunningJobsStoredEvents_AreTrimmedToTheLimit) {
@@ -1266,17 +1282,8 @@ TEST(CoordinatorStateStore, RunningJobsStoredEvents_AreTrimmedToTheLimit) {
   options.max_stored_events_per_job = 100;
   CoordinatorState state(options);
   ASSERT_TRUE(state.Restore().ok());
-  v1::RegisterWorkerRequest worker;
-  worker.set_host("127.0.0.1");
-  worker.set_name("w");
-  worker.set_device(v1::CPU);
-  worker.set_slots(1);
-  ASSERT_TRUE(state.RegisterWorker(worker).ok());
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
-  auto submitted = state.SubmitJob(request);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const std::string job = submitted->job_id();
+  const std::string job = StartOneRankJob(&state);
+  ASSERT_FALSE(job.empty());
   int64_t step = 0;
   for (int report = 0; report < 12; ++report) {
     v1::ReportTelemetryRequest telemetry;
@@ -1608,17 +1615,8 @@ TEST(CoordinatorStateStore, KeyValueSet_WritesTheKeyAlone_AndTheKeysSurviveARest
     options.store = &store;
     CoordinatorState state(options);
     ASSERT_TRUE(state.Restore().ok());
-    v1::RegisterWorkerRequest worker;
-    worker.set_host("127.0.0.1");
-    worker.set_name("w");
-    worker.set_device(v1::CPU);
-    worker.set_slots(1);
-    ASSERT_TRUE(state.RegisterWorker(worker).ok());
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
-    auto submitted = state.SubmitJob(request);
-    ASSERT_TRUE(submitted.ok()) << submitted.status();
-    job = submitted->job_id();
+    job = StartOneRankJob(&state);
+    ASSERT_FALSE(job.empty());
     ASSERT_EQ(state.GetJob(job)->state(), v1::RUNNING);
     const int records_before = store.record_writes;
     for (int key = 0; key < 200; ++key) {
@@ -1665,15 +1663,7 @@ TEST(CoordinatorStateStore, KeyValueInAnOlderRecord_IsReadAndMovedToItsTable) {
     options.store = sqlite->get();
     CoordinatorState state(options);
     ASSERT_TRUE(state.Restore().ok());
-    v1::RegisterWorkerRequest worker;
-    worker.set_host("127.0.0.1");
-    worker.set_name("w");
-    worker.set_device(v1::CPU);
-    worker.set_slots(1);
-    ASSERT_TRUE(state.RegisterWorker(worker).ok());
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
-    job = state.SubmitJob(request)->job_id();
+    job = StartOneRankJob(&state);
   }
   // The record as an older build wrote it.
   auto snapshot = (*sqlite)->Load();
