@@ -92,14 +92,14 @@ for step in $STEPS; do
     sweep)
       # mlp8k in process on 1 and 2 GPUs, and on 2 GPUs under each setting in SWEEP (';'-separated
       # environment assignments; the empty one is the default).
-      echo "gpus setting ms/step"
+      echo "gpus setting ms/step allreduce ms"
       IFS=';' read -ra settings <<<"${SWEEP:-;MPTRAIN_STEP_GRAPHS=0}"
       for gpus in ${SWEEP_GPUS:-1 2}; do
         for setting in "${settings[@]}"; do
           [ "$gpus" = 1 ] && [ -n "$setting" ] && [ -z "${SWEEP_GPUS:-}" ] && continue
           ms=$(env $setting timeout 120 "$MPTRAIN_BIN/train_bench" --gpus=$gpus --configs=${SWEEP_CONFIG:-mlp8k} \
             --warmup=10 --steps=${SWEEP_STEPS:-40} --raw_nccl=false 2>>"$OUT/sweep.err" | \
-            python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['step_ms'], 3))")
+            python3 -c "import json,sys; r=json.loads(sys.stdin.readline()); print(round(r['step_ms'], 3), 'allreduce', round(r.get('allreduce_ms', 0), 3))")
           echo "$gpus ${setting:-default} $ms" | tee -a "$OUT/sweep.log"
         done
       done ;;
