@@ -91,9 +91,12 @@ class LongCall final : public grpc::ServerUnaryReactor {
   // Turns the answer into the status to finish with (serializes the response).
   using Seal = std::function<grpc::Status(const grpc::Status&)>;
 
+  // `done` (optional) runs once when gRPC is done with the call, however it ended.
   static grpc::ServerUnaryReactor* Start(WaitSet* waits, std::string key, int64_t wait_ms,
-                                         Attempt attempt, Seal seal) {
+                                         Attempt attempt, Seal seal,
+                                         std::function<void()> done = nullptr) {
     auto* call = new LongCall();
+    call->done_ = std::move(done);
     call->core_->seal = std::move(seal);
     call->core_->reactor = call;
     call->core_->waits = waits;
@@ -105,7 +108,10 @@ class LongCall final : public grpc::ServerUnaryReactor {
   }
 
   void OnCancel() override { core_->Answer(grpc::Status::CANCELLED); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (done_) done_();
+    delete this;
+  }
 
  private:
   // Outlives the reactor while a wait callback may still run.
@@ -191,6 +197,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
 
   LongCall() : core_(std::make_shared<Core>()) {}
   std::shared_ptr<Core> core_;
+  std::function<void()> done_;
 };
 
 // WatchJob: the snapshot, then each event in order, one write at a time, until the job's
@@ -198,7 +205,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
 class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  public:
   static grpc::ServerWriteReactor<v1::WatchJobEvent>* Start(CoordinatorState* state,
-                                                            WaitSet* waits, WatchQuota* quota,
+                                                            WaitSet* waits, CallQuota* quota,
                                                             const std::string& principal,
                                                             const std::string& job_id) {
     auto* call = new WatchCall();
@@ -328,35 +335,40 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   };
 
   WatchCall() : core_(std::make_shared<Core>()) {}
-  WatchQuota* quota_ = nullptr;  // Set once admitted: OnDone gives the place back.
+  CallQuota* quota_ = nullptr;  // Set once admitted: OnDone gives the place back.
   std::string principal_;
   std::shared_ptr<Core> core_;
 };
 
 }  // namespace
 
-absl::Status WatchQuota::Acquire(const std::string& principal) {
+absl::Status CallQuota::Acquire(const std::string& holder) {
   std::lock_guard<std::mutex> lock(mu_);
   if (total_ >= limits_.total) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the coordinator serves at most ", limits_.total, " watches at once: try again later"));
+    return absl::ResourceExhaustedError(absl::StrCat("the coordinator serves at most ",
+                                                     limits_.total, " ", what_,
+                                                     " at once: try again later"));
   }
-  int& mine = per_principal_[principal];
-  if (mine >= limits_.per_principal) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(principal, " has ", mine, " watches open, the most one caller may have "
-                     "(--max_watches_per_principal): end one first"));
+  int& mine = per_holder_[holder];
+  if (mine >= limits_.per_holder) {
+    return absl::ResourceExhaustedError(absl::StrCat(holder, " has ", mine, " ", what_,
+                                                     " open, the most one may have", hint_));
   }
   ++mine;
   ++total_;
   return absl::OkStatus();
 }
 
-void WatchQuota::Release(const std::string& principal) {
+void CallQuota::Release(const std::string& holder) {
   std::lock_guard<std::mutex> lock(mu_);
   --total_;
-  auto it = per_principal_.find(principal);
-  if (it != per_principal_.end() && --it->second <= 0) per_principal_.erase(it);
+  auto it = per_holder_.find(holder);
+  if (it != per_holder_.end() && --it->second <= 0) per_holder_.erase(it);
+}
+
+int CallQuota::open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_;
 }
 
 // ---- Coordinator ----
@@ -485,6 +497,11 @@ grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
   return Dispatch<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>(
       context, request, response, [&](auto frame) {
         const int64_t wait_ms = std::clamp<int64_t>(frame->request.wait_ms(), 0, kMaxPollWaitMs);
+        std::string holder =
+            absl::StrCat("worker ", TruncateForError(frame->request.worker_id(), 128));
+        if (absl::Status admitted = long_polls_.Acquire(holder); !admitted.ok()) {
+          return AnswerNow(context, *frame, admitted);
+        }
         return LongCall::Start(
             waits_, CoordinatorState::WorkerKey(frame->request.worker_id()), wait_ms,
             [this, frame](bool final) -> std::optional<grpc::Status> {
@@ -496,7 +513,8 @@ grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
               frame->response = std::move(*result);
               return grpc::Status::OK;
             },
-            [frame](const grpc::Status& status) { return frame->Seal(status); });
+            [frame](const grpc::Status& status) { return frame->Seal(status); },
+            [this, holder = std::move(holder)] { long_polls_.Release(holder); });
       });
 }
 
@@ -525,6 +543,13 @@ grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServer
       context, request, response, [&](auto frame) {
         const int64_t wait_ms =
             std::clamp<int64_t>(frame->request.timeout_ms(), 0, kMaxKeyValueWaitMs);
+        std::string holder =
+            absl::StrCat("rank ", frame->request.rank(), " of job ",
+                         TruncateForError(frame->request.job_id(), 128), " attempt ",
+                         frame->request.attempt());
+        if (absl::Status admitted = long_polls_.Acquire(holder); !admitted.ok()) {
+          return AnswerNow(context, *frame, admitted);
+        }
         return LongCall::Start(
             waits_, CoordinatorState::JobKey(frame->request.job_id()), wait_ms,
             [this, frame](bool final) -> std::optional<grpc::Status> {
@@ -540,7 +565,8 @@ grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServer
                   TruncateForError(frame->request.job_id(), 128), " not set within ",
                   frame->request.timeout_ms(), " ms")));
             },
-            [frame](const grpc::Status& status) { return frame->Seal(status); });
+            [frame](const grpc::Status& status) { return frame->Seal(status); },
+            [this, holder = std::move(holder)] { long_polls_.Release(holder); });
       });
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "coordinator/auth.h"
@@ -28,27 +29,39 @@ namespace mptrain {
 inline constexpr int64_t kMaxPollWaitMs = 30'000;
 inline constexpr int64_t kMaxKeyValueWaitMs = 600'000;
 
-// How many WatchJob streams may be open: each holds a snapshot and a queue and is woken by every
-// event of its job. Per principal too, so that one user's watches cannot take every one.
-struct WatchLimits {
+// How many calls of one kind may be open at once, in all and per holder (a principal, a
+// worker, a rank), so that one holder cannot take every place.
+struct CallLimits {
   int total = 4'096;
-  int per_principal = 512;
+  int per_holder = 512;
 };
 
-// The open watches, counted in all and per principal. Thread-safe.
-class WatchQuota {
+// WatchJob streams: each holds a snapshot and a queue and is woken by every event of its job.
+// Per principal (--max_watches_per_principal).
+inline constexpr CallLimits kDefaultWatchLimits{4'096, 512};
+// Waiting PollAssignments and KeyValueGet calls: each holds a pending call and a wait. A worker
+// has one poll open, a rank one KeyValueGet; a few more cover retries after a reconnect.
+inline constexpr CallLimits kDefaultLongPollLimits{16'384, 16};
+
+// The open calls of one kind, counted in all and per holder. Thread-safe.
+class CallQuota {
  public:
-  explicit WatchQuota(WatchLimits limits) : limits_(limits) {}
-  // RESOURCE_EXHAUSTED naming the limit reached; OK: one more watch of `principal`, until
-  // Release.
-  absl::Status Acquire(const std::string& principal);
-  void Release(const std::string& principal);
+  // `what` names the calls in errors ("watches"); `per_holder_hint` says how the per-holder
+  // bound is set or what to do ("(--max_watches_per_principal): end one first").
+  CallQuota(std::string what, CallLimits limits, std::string per_holder_hint)
+      : what_(std::move(what)), limits_(limits), hint_(std::move(per_holder_hint)) {}
+  // RESOURCE_EXHAUSTED naming the limit reached; OK: one more call of `holder`, until Release.
+  absl::Status Acquire(const std::string& holder);
+  void Release(const std::string& holder);
+  int open() const;
 
  private:
-  const WatchLimits limits_;
-  std::mutex mu_;
+  const std::string what_;
+  const CallLimits limits_;
+  const std::string hint_;
+  mutable std::mutex mu_;
   int total_ = 0;
-  std::map<std::string, int> per_principal_;  // Only principals with open watches.
+  std::map<std::string, int> per_holder_;  // Only holders with open calls.
 };
 
 // Unary methods are registered raw (ByteBuffer in, ByteBuffer out): their requests are parsed
@@ -76,8 +89,13 @@ using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorke
 class CoordinatorService final : public CoordinatorBase {
  public:
   CoordinatorService(CoordinatorState* state, WaitSet* waits,
-                     std::shared_ptr<const Authenticator> auth, WatchLimits watch_limits = {})
-      : state_(state), waits_(waits), auth_(std::move(auth)), watches_(watch_limits) {}
+                     std::shared_ptr<const Authenticator> auth,
+                     CallLimits watch_limits = kDefaultWatchLimits)
+      : state_(state),
+        waits_(waits),
+        auth_(std::move(auth)),
+        watches_("watches", watch_limits,
+                 "(--max_watches_per_principal): end one first") {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -107,14 +125,19 @@ class CoordinatorService final : public CoordinatorBase {
   CoordinatorState* state_;
   WaitSet* waits_;
   std::shared_ptr<const Authenticator> auth_;  // Who is calling (the gate already ran).
-  WatchQuota watches_;
+  CallQuota watches_;
 };
 
 class WorkerControlService final : public WorkerControlBase {
  public:
   WorkerControlService(CoordinatorState* state, WaitSet* waits,
-                       std::shared_ptr<const Authenticator> auth)
-      : state_(state), waits_(waits), auth_(std::move(auth)) {}
+                       std::shared_ptr<const Authenticator> auth,
+                       CallLimits long_poll_limits = kDefaultLongPollLimits)
+      : state_(state),
+        waits_(waits),
+        auth_(std::move(auth)),
+        long_polls_("waiting polls and key-value reads", long_poll_limits,
+                    ": let one end first") {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const grpc::ByteBuffer* request,
@@ -151,6 +174,8 @@ class WorkerControlService final : public WorkerControlBase {
   CoordinatorState* state_;
   WaitSet* waits_;
   std::shared_ptr<const Authenticator> auth_;
+  // Per worker (its polls) and per rank (its key-value reads).
+  CallQuota long_polls_;
 };
 
 }  // namespace mptrain

@@ -146,14 +146,14 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(restored.message()));
     return 2;
   }
-  mptrain::WatchLimits watch_limits;
-  watch_limits.per_principal = absl::GetFlag(FLAGS_max_watches_per_principal);
-  if (watch_limits.per_principal < 1 || watch_limits.per_principal > watch_limits.total) {
+  mptrain::CallLimits watch_limits = mptrain::kDefaultWatchLimits;
+  watch_limits.per_holder = absl::GetFlag(FLAGS_max_watches_per_principal);
+  if (watch_limits.per_holder < 1 || watch_limits.per_holder > watch_limits.total) {
     spdlog::error("--max_watches_per_principal must be in [1, {}], got {}", watch_limits.total,
-                  watch_limits.per_principal);
+                  watch_limits.per_holder);
     return 2;
   }
-  if (!security->authenticator->enabled()) watch_limits.per_principal = watch_limits.total;
+  if (!security->authenticator->enabled()) watch_limits.per_holder = watch_limits.total;
   mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
                                                   watch_limits);
   mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);

@@ -1,6 +1,7 @@
 // End-to-end tests: a real coordinator, real worker daemons and their rank processes, driven by
 // trainctl and by raw worker-side RPCs, all on loopback.
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -245,6 +246,71 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     v1::KeyValueGetResponse response;
     EXPECT_EQ(stub->KeyValueGet(&context, get, &response).error_code(),
               grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+
+  // A rank holds at most 16 waiting reads (kDefaultLongPollLimits): the 17th is refused at
+  // once, its peer is still served, and reads that end give their places back.
+  {
+    constexpr int kOpen = 16;
+    auto waiting_get = [&](int rank, const std::string& secret, const std::string& key,
+                           int64_t timeout_ms) {
+      v1::KeyValueGetRequest get;
+      get.set_job_id(job_id);
+      get.set_attempt(attempt);
+      get.set_key(key);
+      get.set_timeout_ms(timeout_ms);
+      get.set_rank(rank);
+      get.set_rank_secret(secret);
+      grpc::ClientContext context;
+      context.set_deadline(deadline() + std::chrono::seconds(20));
+      v1::KeyValueGetResponse response;
+      return stub->KeyValueGet(&context, get, &response);
+    };
+    // Sixteen reads of a key set below; one refused while a probe holds a place reads again.
+    std::array<grpc::Status, kOpen> ended;
+    std::vector<std::thread> readers;
+    for (int i = 0; i < kOpen; ++i) {
+      readers.emplace_back([&, i] {
+        for (int tries = 0; tries < 1'000; ++tries) {
+          ended[i] = waiting_get(0, secret0, "released", 20'000);
+          if (ended[i].error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      });
+    }
+    // One probe at a time (admitted, it ends after 1 ms): refused only once the 16 are open.
+    grpc::Status refused;
+    for (int tries = 0; tries < 500; ++tries) {
+      refused = waiting_get(0, secret0, "never", 1);
+      if (refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(refused.error_message().find("rank 0 of job"), std::string::npos)
+        << refused.error_message();
+    const grpc::Status peer = waiting_get(1, secret1, "nccl_unique_id", 1'000);
+    EXPECT_TRUE(peer.ok()) << "rank 0's reads took rank 1's place: " << peer.error_message();
+    {
+      v1::KeyValueSetRequest set;
+      set.set_job_id(job_id);
+      set.set_attempt(attempt);
+      set.set_key("released");
+      set.set_value("1");
+      set.set_rank(0);
+      set.set_rank_secret(secret0);
+      v1::KeyValueSetResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(deadline());
+      ASSERT_TRUE(stub->KeyValueSet(&context, set, &response).ok());
+    }
+    for (auto& reader : readers) reader.join();
+    for (const grpc::Status& status : ended) EXPECT_TRUE(status.ok()) << status.error_message();
+    bool readmitted = false;
+    for (int tries = 0; tries < 50 && !readmitted; ++tries) {
+      readmitted = waiting_get(0, secret0, "released", 1'000).ok();
+      if (!readmitted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(readmitted) << "the ended reads did not give their places back";
   }
 
   v1::ReportTelemetryRequest telemetry;
