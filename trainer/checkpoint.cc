@@ -34,21 +34,6 @@ constexpr char kFormat[] = "mptrain-checkpoint-v1";
 
 std::string HexFloat(double value) { return absl::StrFormat("%a", value); }
 
-// The step of a file name CheckpointPath makes ("step-00000100.safetensors"), exactly so.
-std::optional<int64_t> CheckpointStep(absl::string_view name) {
-  const std::string whole(name);
-  if (!absl::ConsumePrefix(&name, "step-") || !absl::ConsumeSuffix(&name, ".safetensors") ||
-      name.size() < 8 || name.size() > 18 ||
-      !std::all_of(name.begin(), name.end(), absl::ascii_isdigit)) {
-    return std::nullopt;
-  }
-  int64_t step = 0;
-  if (!absl::SimpleAtoi(name, &step) || absl::StrFormat("step-%08d.safetensors", step) != whole) {
-    return std::nullopt;
-  }
-  return step;
-}
-
 // The __metadata__ of one checkpoint file, each value parsed strictly: a value that does not
 // parse whole, overflows or is out of range is an error naming the file and the key, never a
 // silently clamped number or an exception.
@@ -133,6 +118,62 @@ SafetensorsReadOptions FiniteOnly() {
 
 }  // namespace
 
+std::optional<int64_t> CheckpointStep(absl::string_view name) {
+  const std::string whole(name);
+  if (!absl::ConsumePrefix(&name, "step-") || !absl::ConsumeSuffix(&name, ".safetensors") ||
+      name.size() < 8 || name.size() > 18 ||
+      !std::all_of(name.begin(), name.end(), absl::ascii_isdigit)) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name, &step) || absl::StrFormat("step-%08d.safetensors", step) != whole) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+namespace {
+
+// FindJobCheckpoints through an open directory.
+absl::StatusOr<std::set<int64_t>> JobCheckpointsIn(int dir, const std::string& directory,
+                                                    const std::string& stamp) {
+  // fdopendir takes its descriptor: a copy.
+  DIR* listing = fdopendir(fcntl(dir, F_DUPFD_CLOEXEC, 0));
+  if (listing == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list checkpoint_dir ", directory, ": ", std::strerror(errno)));
+  }
+  std::vector<std::pair<int64_t, std::string>> named;
+  while (const dirent* entry = readdir(listing)) {
+    if (std::optional<int64_t> found = CheckpointStep(entry->d_name)) {
+      named.emplace_back(*found, entry->d_name);
+    }
+  }
+  closedir(listing);
+  std::set<int64_t> steps;
+  for (const auto& [found, name] : named) {
+    auto metadata = ReadSafetensorsMetadataAt(dir, name, absl::StrCat(directory, "/", name));
+    if (!metadata.ok()) continue;
+    auto it = metadata->find("mptrain_job");
+    if (it != metadata->end() && it->second == stamp) steps.insert(found);
+  }
+  return steps;
+}
+
+}  // namespace
+
+absl::StatusOr<std::set<int64_t>> FindJobCheckpoints(const std::string& directory,
+                                                     const std::string& stamp, bool no_symlinks) {
+  int error = 0;
+  const int dir = OpenDirectory(directory, no_symlinks, &error);
+  if (dir < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read checkpoint_dir ", directory, ": ", std::strerror(error)));
+  }
+  ScopedFd dir_fd(dir);
+  return JobCheckpointsIn(dir, directory, stamp);
+}
+
 std::string CheckpointPath(const std::string& directory, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", directory, step);
 }
@@ -154,26 +195,8 @@ absl::StatusOr<int> CheckpointRetention::Written(int64_t step, int64_t protected
   }
   ScopedFd dir_fd(dir);
   if (!scanned_) {
-    // Once: the files earlier attempts of the job left. fdopendir takes its descriptor: a copy.
-    DIR* listing = fdopendir(fcntl(dir, F_DUPFD_CLOEXEC, 0));
-    if (listing == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot list checkpoint_dir ", directory_, ": ", std::strerror(errno)));
-    }
-    std::vector<std::pair<int64_t, std::string>> named;
-    while (const dirent* entry = readdir(listing)) {
-      if (std::optional<int64_t> found = CheckpointStep(entry->d_name)) {
-        named.emplace_back(*found, entry->d_name);
-      }
-    }
-    closedir(listing);
-    for (const auto& [found, name] : named) {
-      auto metadata =
-          ReadSafetensorsMetadataAt(dir, name, absl::StrCat(directory_, "/", name));
-      if (!metadata.ok()) continue;
-      auto it = metadata->find("mptrain_job");
-      if (it != metadata->end() && it->second == stamp_) steps_.insert(found);
-    }
+    // Once: the files earlier attempts of the job left.
+    ASSIGN_OR_RETURN(steps_, JobCheckpointsIn(dir, directory_, stamp_));
     scanned_ = true;
   }
   steps_.insert(step);

@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "io/safetensors.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/step_math.h"
@@ -45,6 +47,17 @@ bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id);
 
 // The file of step `step` in `directory`: <directory>/step-00000100.safetensors.
 std::string CheckpointPath(const std::string& directory, int64_t step);
+
+// The step of a file named as CheckpointPath names them ("step-00000100.safetensors" -> 100),
+// nullopt for any other name.
+std::optional<int64_t> CheckpointStep(absl::string_view name);
+
+// The checkpoint files in `directory` stamped `stamp` (named as CheckpointPath names them;
+// regular files only, each opened through the directory without following links, its header
+// alone read), by step. With `no_symlinks` the directory itself is reached without following
+// links (SafetensorsWriteOptions::no_symlinks). FAILED_PRECONDITION when it cannot be read.
+absl::StatusOr<std::set<int64_t>> FindJobCheckpoints(const std::string& directory,
+                                                     const std::string& stamp, bool no_symlinks);
 
 // A job's checkpoint files in its checkpoint_dir, and which of them may go
 // (JobSpec.keep_checkpoints). Its own files are those named as CheckpointPath names them and

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -94,18 +97,49 @@ absl::StatusOr<ResumeState> DecodeResumeHeader(const std::vector<float>& header,
   return state;
 }
 
-absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
+std::vector<std::string> FindResumeCandidates(const std::string& recorded,
+                                              const std::string& stamp) {
+  std::vector<std::string> candidates = {recorded};
+  const size_t slash = recorded.rfind('/');
+  if (stamp.empty() || slash == std::string::npos) return candidates;
+  const std::string directory = slash == 0 ? "/" : recorded.substr(0, slash);
+  const std::optional<int64_t> below = CheckpointStep(recorded.substr(slash + 1));
+  // The recorded path was resolved (confined) before: its directory is reached without links.
+  absl::StatusOr<std::set<int64_t>> steps =
+      FindJobCheckpoints(directory, stamp, /*no_symlinks=*/recorded[0] == '/');
+  if (!steps.ok()) return candidates;
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    if (below.has_value() && *it >= *below) continue;
+    candidates.push_back(CheckpointPath(directory, *it));
+  }
+  return candidates;
+}
+
+absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
                                             const ParameterLayout& layout, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
                                             Tensor buffers) {
   Collective* collective = backend->collective();
   std::vector<float> header;
   absl::Status read = absl::OkStatus();
+  std::string path;
+  std::vector<std::string> unreadable;
   if (rank == 0) {
     std::vector<std::string> names;
     for (const ResumeSlot& slot : slots) names.push_back(slot.name);
-    absl::StatusOr<TrainingCheckpoint> checkpoint = ReadTrainingCheckpoint(path, layout, names);
+    absl::StatusOr<TrainingCheckpoint> checkpoint =
+        absl::InvalidArgumentError("no checkpoint to resume from");
+    for (const std::string& candidate : candidates) {
+      checkpoint = ReadTrainingCheckpoint(candidate, layout, names);
+      if (checkpoint.ok()) {
+        path = candidate;
+        break;
+      }
+      unreadable.push_back(std::string(checkpoint.status().message()));
+      if (read.ok()) read = checkpoint.status();  // The recorded one's error is the cause.
+    }
     if (checkpoint.ok()) {
+      read = absl::OkStatus();
       RETURN_IF_ERROR(backend->Upload(checkpoint->parameters.data(), params));
       for (const ResumeSlot& slot : slots) {
         RETURN_IF_ERROR(
@@ -116,7 +150,11 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
     } else {
       // Still take part in the header's broadcast, so the others fail at once instead of
       // waiting out the collective timeout.
-      read = checkpoint.status();
+      if (candidates.size() > 1) {
+        read = absl::Status(read.code(), absl::StrCat(read.message(), "; and none of the job's ",
+                                                      candidates.size() - 1,
+                                                      " older checkpoints could be read"));
+      }
       header = EncodeResumeHeader(nullptr, layout.total);
     }
   } else {
@@ -128,6 +166,8 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
   RETURN_IF_ERROR(backend->Download(header_tensor, header.data()));
   if (!read.ok()) return read;
   ASSIGN_OR_RETURN(ResumeState state, DecodeResumeHeader(header, layout.total));
+  state.path = std::move(path);
+  state.unreadable = std::move(unreadable);
   RETURN_IF_ERROR(collective->Broadcast(params, 0));
   for (const ResumeSlot& slot : slots) RETURN_IF_ERROR(collective->Broadcast(slot.values, 0));
   if (!buffers.empty()) RETURN_IF_ERROR(collective->Broadcast(buffers, 0));

@@ -22,6 +22,10 @@ namespace mptrain {
 struct ResumeState {
   int64_t step = 0;      // Optimizer steps completed at the checkpoint.
   StepState step_state;  // scale, growth_tracker, skipped_total, steps_done; the rest default.
+  // Rank 0: the candidate it read, and why each one before it could not be (empty when the
+  // first was read).
+  std::string path;
+  std::vector<std::string> unreadable;
 };
 
 // One optimizer state buffer (momentum, Adam's exp_avg, ...): its checkpoint name and the rank's
@@ -36,13 +40,25 @@ struct ResumeSlot {
 // rank (broadcast in the order given, which every rank must share). `buffers` (the batch
 // norms' running statistics, [1, layout.buffers_total]; empty without batch norms) too,
 // broadcast last.
-// Rank 0: the errors of ReadTrainingCheckpoint for `path` (the others then fail too, at once).
-// Other ranks: UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own
-// error is the job's cause); the collective's errors; INTERNAL for a malformed state.
-absl::StatusOr<ResumeState> LoadResumeState(const std::string& path, int rank,
+// Rank 0 reads the first of `candidates` that it can (the checkpoint to resume from, then older
+// ones of the same job: FindResumeCandidates); the others ignore them.
+// Rank 0: the error of ReadTrainingCheckpoint for the first candidate when none could be read,
+// naming how many others were tried (the others then fail too, at once). Other ranks:
+// UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own error is
+// the job's cause); the collective's errors; INTERNAL for a malformed state.
+absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
                                             const ParameterLayout& layout, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
                                             Tensor buffers = {});
+
+// What rank 0 tries, in order: `recorded` (the checkpoint the coordinator last heard of), then
+// the older checkpoints of the job stamped `stamp` in its directory, newest first — a recorded
+// file lost or damaged on disk need not fail the job while an older one is there. Only files
+// named step-<N>.safetensors below the recorded step's N, stamped with `stamp`, and not links
+// count; with an empty stamp (a job without one), or a directory that cannot be read, only
+// `recorded`.
+std::vector<std::string> FindResumeCandidates(const std::string& recorded,
+                                              const std::string& stamp);
 
 // The scalars of a resume as floats that a broadcast carries exactly: every integer in 16-bit
 // pieces (each a float holding 0..65535), the scale by its bits. `checkpoint` null: rank 0

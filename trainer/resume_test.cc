@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -28,16 +29,21 @@ class NullObserver : public TrainingObserver {
  public:
   void OnStep(int64_t step, const StepTelemetry*) override { last_step = step; }
   bool ShouldStop() override { return false; }
+  void OnWarning(const std::string& message) override { warnings.push_back(message); }
   int64_t last_step = 0;
+  std::vector<std::string> warnings;
 };
 
 // Two CPU ranks over gloo on loopback, each given its own resume path.
 struct TwoRanks {
   absl::StatusOr<TrainingResult> results[2];
   double seconds[2] = {0, 0};
+  std::vector<std::string> warnings[2];
 };
 
-TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2]) {
+// `stamp`: the job's checkpoint stamp (RunTraining's job_stamp).
+TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2],
+                     const std::string& stamp = "") {
   TwoRanks out;
   InMemoryKeyValueStore store;
   std::thread ranks[2];
@@ -62,7 +68,8 @@ TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2]) {
         out.results[rank] = config.status();
         return;
       }
-      out.results[rank] = RunTraining(*config, rank, &backend, &observer, resume[rank]);
+      out.results[rank] = RunTraining(*config, rank, &backend, &observer, resume[rank], stamp);
+      out.warnings[rank] = observer.warnings;
       out.seconds[rank] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
@@ -152,6 +159,66 @@ TEST(LoadResumeState, RankZeroCannotReadIt_FailsNamingIt_AndTheOtherRankFailsAtO
             std::string::npos)
       << run.results[1].status();
   EXPECT_LT(run.seconds[1], 10.0) << "not after the 30 s collective timeout";
+}
+
+// The checkpoint the coordinator recorded is damaged on disk: rank 0 resumes from the job's
+// newest older checkpoint it can read instead (never another job's file, whatever its step),
+// says so, and the run still ends bit-identical to an uninterrupted one. With none left the
+// job fails naming the recorded file.
+TEST(LoadResumeState, RecordedCheckpointDamaged_ResumesFromTheJobsNewestOlderOne) {
+  const std::string dir = TempPath("resume_fallback");
+  const std::string other_dir = TempPath("resume_fallback_other_job");
+  ::mkdir(dir.c_str(), 0755);
+  ::mkdir(other_dir.c_str(), 0755);
+  v1::JobSpec spec = ResumableSpec(dir);
+  spec.set_checkpoint_every(2);
+  spec.set_keep_checkpoints(-1);
+  const std::string fresh[2] = {"", ""};
+  TwoRanks whole = RunTwoRanks(spec, fresh, "job-0001/uid-a");
+  ASSERT_TRUE(whole.results[0].ok()) << whole.results[0].status();
+  v1::JobSpec other = spec;
+  other.set_checkpoint_dir(other_dir);
+  TwoRanks other_job = RunTwoRanks(other, fresh, "job-0001/uid-b");  // Same id, another job.
+  ASSERT_TRUE(other_job.results[0].ok()) << other_job.results[0].status();
+
+  const std::string recorded = dir + "/step-00000008.safetensors";
+  std::ofstream(recorded, std::ios::trunc) << "damaged";
+  // Step 6 is now another job's file (the same bytes but its stamp): not a candidate.
+  ASSERT_EQ(std::rename((other_dir + "/step-00000006.safetensors").c_str(),
+                        (dir + "/step-00000006.safetensors").c_str()),
+            0);
+  const std::string resume[2] = {recorded, "/nonexistent/step-00000008.safetensors"};
+  TwoRanks resumed = RunTwoRanks(spec, resume, "job-0001/uid-a");
+  ASSERT_TRUE(resumed.results[0].ok()) << resumed.results[0].status();
+  ASSERT_TRUE(resumed.results[1].ok()) << resumed.results[1].status();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(resumed.results[rank]->parameters, whole.results[rank]->parameters) << rank;
+    EXPECT_EQ(resumed.results[rank]->final_loss_scale, whole.results[rank]->final_loss_scale);
+    EXPECT_EQ(resumed.results[rank]->skipped_steps, whole.results[rank]->skipped_steps);
+  }
+  ASSERT_EQ(resumed.warnings[0].size(), 1u);
+  EXPECT_NE(resumed.warnings[0][0].find("resumed from " + dir + "/step-00000004.safetensors"),
+            std::string::npos)
+      << resumed.warnings[0][0];
+  EXPECT_NE(resumed.warnings[0][0].find(recorded), std::string::npos) << resumed.warnings[0][0];
+  EXPECT_TRUE(resumed.warnings[1].empty());
+
+  // Nothing of the job's below the recorded step: the recorded file's error, and how many more
+  // were tried.
+  const std::string lonely_dir = TempPath("resume_fallback_none");
+  ::mkdir(lonely_dir.c_str(), 0755);
+  const std::string lonely = lonely_dir + "/step-00000008.safetensors";
+  std::ofstream(lonely, std::ios::trunc) << "damaged";
+  ASSERT_EQ(std::rename((dir + "/step-00000002.safetensors").c_str(),
+                        (lonely_dir + "/step-00000002.safetensors").c_str()),
+            0);
+  std::ofstream(lonely_dir + "/step-00000002.safetensors", std::ios::trunc) << "damaged too";
+  const std::string lonely_resume[2] = {lonely, lonely};
+  TwoRanks failed = RunTwoRanks(spec, lonely_resume, "job-0001/uid-a");
+  ASSERT_FALSE(failed.results[0].ok());
+  EXPECT_NE(std::string(failed.results[0].status().message()).find(lonely), std::string::npos)
+      << failed.results[0].status();
+  ASSERT_FALSE(failed.results[1].ok());
 }
 
 TEST(ResumeHeader, RoundTripsEveryFieldExactly) {

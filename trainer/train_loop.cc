@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
@@ -105,9 +106,18 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     // (trainer/resume.h), so the file need only be on rank 0's host.
     std::vector<ResumeSlot> slots;
     for (const OptimizerSlot& slot : optimizer->slots()) slots.push_back({slot.name, slot.values});
+    // Rank 0 falls back to the job's older checkpoints when the recorded one cannot be read.
+    const std::vector<std::string> candidates =
+        rank == 0 ? FindResumeCandidates(resume_checkpoint, job_stamp)
+                  : std::vector<std::string>{resume_checkpoint};
     ASSIGN_OR_RETURN(ResumeState resumed,
-                     LoadResumeState(resume_checkpoint, rank, mlp->layout(), backend,
-                                     mlp->params(), slots, mlp->buffers()));
+                     LoadResumeState(candidates, rank, mlp->layout(), backend, mlp->params(),
+                                     slots, mlp->buffers()));
+    if (!resumed.unreadable.empty()) {
+      observer->OnWarning(absl::StrCat(
+          "resumed from ", resumed.path, " (step ", resumed.step, "): the newer checkpoints of "
+          "the job could not be read: ", absl::StrJoin(resumed.unreadable, "; ")));
+    }
     // A checkpoint past the job's end (a hostile or foreign file: its step is metadata) would
     // overflow the data position and the batch count below.
     if (resumed.step < 0 || resumed.step > config.steps) {
