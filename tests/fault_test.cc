@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -330,6 +331,54 @@ INSTANTIATE_TEST_SUITE_P(
                          "lr_schedule": {"kind": "warmup_cosine", "warmup_steps": 20,
                                          "min_lr": 0.0001},
                          "loss": "cross_entropy", "label_smoothing": 0.1)"));
+
+// The checkpoint the coordinator recorded is gone from rank 0's disk when the job restarts:
+// rank 0 resumes from the job's newest older checkpoint instead, and the job still ends
+// bit-identical to an uninterrupted run (its restart is not spent on a missing file).
+TEST(Faults, RecordedCheckpointDeleted_RestartResumesFromAnOlderOne_BitIdentical) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string dir = TestTempDir();
+  auto spec = [&](const std::string& name) {
+    return WriteSpec(name, absl::StrCat(R"({
+      "name": ")", name, R"(", "world_size": 2, "device": "cpu",
+      "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+      "data": {"synthetic": {"seed": 6}}, "micro_batch_size": 16, "accumulation_steps": 2,
+      "steps": 800, "optimizer": {"lr": 0.01, "momentum": 0.9}, "telemetry_every": 10,
+      "checkpoint_every": 40, "keep_checkpoints": -1, "max_restarts": 1,
+      "checkpoint_dir": ")", dir, "/", name, R"("})"));
+  };
+  RunCommand("rm -rf " + dir + "/fallback* && mkdir -p " + dir + "/fallback_whole " + dir +
+             "/fallback_restarted");
+  CommandResult whole = cluster.Trainctl("submit " + spec("fallback_whole") + " --wait");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+
+  const std::string job_id = cluster.Submit(spec("fallback_restarted"));
+  auto progressed = WaitForStep(cluster, job_id, 90, /*checkpoint_step=*/80);
+  ASSERT_TRUE(progressed.ok()) << progressed.status();
+  ASSERT_EQ(progressed->state(), v1::RUNNING) << "the job must still run";
+  // Frozen, so that no newer checkpoint is recorded while the recorded one is removed.
+  std::vector<pid_t> pids = cluster.RankProcesses(job_id);
+  ASSERT_EQ(pids.size(), 2u);
+  for (pid_t pid : pids) kill(pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto frozen = WaitForStep(cluster, job_id, 0);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  const int64_t recorded = frozen->latest_checkpoint_step();
+  ASSERT_GE(recorded, 80);
+  const std::string recorded_file = absl::StrFormat("%s/fallback_restarted/step-%08d.safetensors",
+                                                    dir, recorded);
+  ASSERT_EQ(std::remove(recorded_file.c_str()), 0) << recorded_file;
+  for (pid_t pid : pids) kill(pid, SIGKILL);
+  auto job = cluster.WaitForEnd(job_id, 120);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->error();
+  EXPECT_EQ(job->restarts(), 1);
+  auto reference = cluster.WaitForEnd(LastLine(whole.output), 10);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ(job->progress(0).parameter_checksum(), reference->progress(0).parameter_checksum())
+      << "final parameters must be bit-identical";
+}
 
 TEST(Faults, WorkerDaemonSigterm_StopsItsRanksDeregistersAndExitsCleanly) {
   LocalCluster::Options options;

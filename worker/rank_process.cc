@@ -159,9 +159,17 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
   // Only rank 0 reads the resume checkpoint (the others receive its state through the
   // collective, trainer/resume.h): on their hosts the file need not exist.
   if (rank == 0 && !resume_checkpoint->empty()) {
-    RETURN_IF_ERROR(confine(policy->CheckRead("resume checkpoint", *resume_checkpoint,
-                                              ReadScope::kDataOrOutput),
-                            resume_checkpoint));
+    absl::StatusOr<std::string> readable =
+        policy->CheckRead("resume checkpoint", *resume_checkpoint, ReadScope::kDataOrOutput);
+    if (readable.status().code() == absl::StatusCode::kNotFound) {
+      // Gone from the disk: its directory, confined as a checkpoint_dir is, may still hold the
+      // job's older checkpoints (the trainer falls back to them, trainer/resume.h), and the
+      // trainer's read names the missing file if none is left.
+      absl::StatusOr<std::string> in_directory =
+          policy->CheckWrite("resume checkpoint", *resume_checkpoint, /*overwrite=*/true);
+      if (in_directory.ok()) readable = std::move(in_directory);
+    }
+    RETURN_IF_ERROR(confine(readable, resume_checkpoint));
   }
   if (rank != 0) return absl::OkStatus();
   if (!spec->output_checkpoint().empty()) {
