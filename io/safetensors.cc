@@ -14,10 +14,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "io/regular_file.h"
+#include "xxhash.h"
 
 namespace mptrain {
 namespace {
@@ -230,6 +232,25 @@ absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std:
   return entry;
 }
 
+// XXH3-64 of tensors' values in the order given, as hex: the data section's digest.
+class DataDigest {
+ public:
+  DataDigest() : state_(XXH3_createState()) {
+    if (state_ == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(state_);
+  }
+  ~DataDigest() { XXH3_freeState(state_); }
+  DataDigest(const DataDigest&) = delete;
+  DataDigest& operator=(const DataDigest&) = delete;
+  void Add(const std::vector<float>& values) {
+    XXH3_64bits_update(state_, values.data(), values.size() * sizeof(float));
+  }
+  std::string Hex() const { return absl::StrFormat("%016x", XXH3_64bits_digest(state_)); }
+
+ private:
+  XXH3_state_t* state_;
+};
+
 absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFile>& file,
                                                  const std::string& path,
                                                  std::map<std::string, std::string>* metadata,
@@ -329,6 +350,18 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
     }
     result[entry.name] = std::move(tensor);
   }
+  if (auto digest = entries.find(std::string(kDataDigestKey));
+      digest != entries.end() && !options.header_only) {
+    // Written with the file: any byte of its data changed since (a bit flip on disk, a partial
+    // copy) shows here, where a flipped mantissa bit would otherwise load without a trace.
+    DataDigest computed;
+    for (const TensorEntry* entry : by_offset) computed.Add(result.at(entry->name).values);
+    if (computed.Hex() != digest->second) {
+      return Bad(path, absl::StrCat("its tensor data does not match the digest written with it (",
+                                    kDataDigestKey, " ", digest->second, ", computed ",
+                                    computed.Hex(), "): the file is damaged"));
+    }
+  }
   if (metadata != nullptr) *metadata = std::move(entries);
   return result;
 }
@@ -337,7 +370,13 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
                                      const std::map<std::string, std::string>& metadata,
                                      const SafetensorsWriteOptions& options) {
   json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::map<std::string, std::string> stamped = metadata;
+  {
+    DataDigest digest;  // Over the data in the order it is written below.
+    for (const auto& [name, tensor] : tensors) digest.Add(tensor.values);
+    stamped[std::string(kDataDigestKey)] = digest.Hex();
+  }
+  header["__metadata__"] = stamped;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__") {

@@ -76,6 +76,36 @@ TEST(Safetensors, WriteThenRead_RoundTrips) {
   EXPECT_EQ(read->at("empty").shape, (std::vector<int64_t>{0, 3}));
 }
 
+// Every file carries a digest of its data: one flipped bit (a mantissa's lowest, which loads
+// as a plausible weight) is refused naming the file; the header alone still reads; a file
+// without a digest (another writer's) reads unchecked.
+TEST(Safetensors, OneFlippedDataBit_IsRefusedAsDamaged_FilesWithoutADigestReadUnchecked) {
+  TensorMap tensors;
+  tensors["a"] = {{3}, {1.0f, 2.0f, 3.0f}};
+  tensors["b"] = {{2}, {-4.0f, 5.5f}};
+  const std::string path = TempPath("digest.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {{"step", "3"}}).ok());
+  std::map<std::string, std::string> metadata;
+  ASSERT_TRUE(ReadSafetensors(path, &metadata).ok());
+  EXPECT_EQ(metadata[kDataDigestKey].size(), 16u);
+  std::string bytes = ReadAll(path);
+  bytes[bytes.size() - 5] ^= 0x01;  // b[0]'s lowest mantissa bit.
+  WriteRaw(path, bytes);
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "the file is damaged");
+  SafetensorsReadOptions header_only;
+  header_only.header_only = true;
+  EXPECT_TRUE(ReadSafetensors(path, nullptr, header_only).ok());
+
+  const std::string plain = TempPath("no_digest.safetensors");
+  std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  WriteRaw(plain, Raw(header, 4));
+  auto read = ReadSafetensors(plain);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->at("a").values, std::vector<float>{0.0f});
+}
+
 TEST(Safetensors, HeaderLayout_MatchesTheFormat) {
   TensorMap tensors;
   tensors["a"] = {{1}, {3.0f}};
