@@ -134,6 +134,8 @@ CoordinatorState::Finished CoordinatorState::FinishMutation() {
     }
     // Under the lock, so that batches are written in the order of the mutations.
     finished.ticket = writer_->Enqueue(std::move(effects_.batch));
+  } else if (writer_ != nullptr) {
+    finished.ticket = writer_->LastTicket();  // What this call may have read.
   }
   finished.keys.assign(effects_.wake_keys.begin(), effects_.wake_keys.end());
   effects_ = Effects();

@@ -236,12 +236,14 @@ class CoordinatorState {
     ~Mutation() {
       Finished finished = state_->FinishMutation();
       lock_.unlock();
+      // The caller's answer waits for the write (off the lock): what a client is told
+      // survives a crash. A call that changed nothing waits for the writes before it all the
+      // same (a poll must not hand a worker an assignment a restart would not know), and the
+      // waiters are woken only then, for the same reason.
+      if (finished.ticket != 0) state_->writer_->WaitWritten(finished.ticket);
       if (state_->options_.notify && !finished.keys.empty()) {
         state_->options_.notify(finished.keys);
       }
-      // The caller's answer waits for the write (off the lock): what a client is told
-      // survives a crash.
-      if (finished.ticket != 0) state_->writer_->WaitWritten(finished.ticket);
     }
 
    private:

@@ -1,11 +1,25 @@
 #include "coordinator/store/store_writer.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
 #include "spdlog/spdlog.h"
 
 namespace mptrain {
 
-StoreWriter::StoreWriter(JobStore* store, size_t max_queued, size_t max_queued_bytes)
+StoreWriter::StoreWriter(JobStore* store, size_t max_queued, size_t max_queued_bytes,
+                         LastingFailure on_failure)
     : store_(store),
+      on_failure_(on_failure != nullptr ? std::move(on_failure) : [](const absl::Status& status) {
+        spdlog::critical("could not write the job store after {} attempts: {}; the coordinator "
+                         "stops rather than answer for changes it could not store (restart it "
+                         "once the store can be written: it resumes from what the store holds)",
+                         kCommitAttempts, status.ToString());
+        spdlog::shutdown();
+        std::_Exit(kStoreFailureExitCode);
+      }),
       max_queued_(max_queued == 0 ? 1 : max_queued),
       max_queued_bytes_(max_queued_bytes),
       thread_([this] { Run(); }) {}
@@ -51,6 +65,11 @@ void StoreWriter::WaitWritten(uint64_t ticket) {
   written_cv_.wait(lock, [&] { return written_ >= ticket; });
 }
 
+uint64_t StoreWriter::LastTicket() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_ticket_ - 1;
+}
+
 uint64_t StoreWriter::failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failures_;
@@ -66,11 +85,13 @@ void StoreWriter::Run() {
     queue_.pop_front();
     lock.unlock();
     absl::Status status = store_->Commit(batch);
-    if (!status.ok()) {
-      spdlog::error("could not write the job store (a coordinator restart would lose the "
-                    "last changes): {}",
-                    status.ToString());
+    for (int attempt = 2; !status.ok() && attempt <= kCommitAttempts; ++attempt) {
+      spdlog::error("could not write the job store (attempt {} of {}): {}", attempt - 1,
+                    kCommitAttempts, status.ToString());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 * attempt));
+      status = store_->Commit(batch);  // A failed commit was rolled back whole.
     }
+    if (!status.ok()) on_failure_(status);  // Before anyone waiting for it hears back.
     lock.lock();
     if (!status.ok()) ++failures_;
     queued_bytes_ -= bytes;

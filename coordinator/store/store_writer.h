@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -24,8 +25,17 @@ namespace mptrain {
 class StoreWriter {
  public:
   static constexpr size_t kDefaultMaxQueuedBytes = size_t{256} << 20;
+  // A commit is tried this many times (a moment apart) before its failure is lasting.
+  static constexpr int kCommitAttempts = 3;
+  // Called on the writer's thread when a batch could not be committed, before any caller
+  // waiting for it is released. Null: the default, which logs and ends the process (exit code
+  // kStoreFailureExitCode) — the coordinator stops rather than tell a client OK for a change a
+  // restart would not find; its supervisor restarts it on what the store holds.
+  using LastingFailure = std::function<void(const absl::Status&)>;
+  static constexpr int kStoreFailureExitCode = 75;  // EX_TEMPFAIL
   explicit StoreWriter(JobStore* store, size_t max_queued = 10'000,
-                       size_t max_queued_bytes = kDefaultMaxQueuedBytes);
+                       size_t max_queued_bytes = kDefaultMaxQueuedBytes,
+                       LastingFailure on_failure = nullptr);
   // Writes what is queued, then stops.
   ~StoreWriter();
   StoreWriter(const StoreWriter&) = delete;
@@ -34,8 +44,11 @@ class StoreWriter {
   // Queues `batch` after every earlier one; returns its ticket for WaitWritten.
   uint64_t Enqueue(JobStore::Batch batch);
   // Returns once the batch of `ticket` (and every one before it) has been committed, or its
-  // commit failed (logged: the state in memory is still right, a restart would lose it).
+  // commit failed and the failure handler returned (tests only: the default ends the process).
   void WaitWritten(uint64_t ticket);
+  // The ticket of the last batch enqueued (0: none): what an answer that reads the state must
+  // wait for, so that it never shows a change that is not yet written.
+  uint64_t LastTicket() const;
 
   // Commits that failed so far.
   uint64_t failures() const;
@@ -47,6 +60,7 @@ class StoreWriter {
   void Run();
 
   JobStore* store_;
+  const LastingFailure on_failure_;
   const size_t max_queued_;
   const size_t max_queued_bytes_;
   mutable std::mutex mu_;

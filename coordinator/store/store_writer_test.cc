@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -22,10 +24,15 @@ class RecordingStore : public JobStore {
     std::lock_guard<std::mutex> lock(mu);
     committed.push_back(batch.next_job_number);
     if (fail) return absl::InternalError("disk full");
+    if (fail_times > 0) {
+      --fail_times;
+      return absl::InternalError("disk full, for a moment");
+    }
     return absl::OkStatus();
   }
   std::chrono::milliseconds delay{0};
   std::atomic<bool> fail{false};
+  std::atomic<int> fail_times{0};  // Fail this many commits, then succeed.
   std::mutex mu;
   std::vector<int64_t> committed;
 };
@@ -59,12 +66,54 @@ TEST(StoreWriter, WaitForAnEarlierTicket_DoesNotWaitForLaterOnes) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
 }
 
-TEST(StoreWriter, FailedCommit_IsCountedAndReleasesItsWaiter) {
+// A failing commit is tried kCommitAttempts times; a lasting failure goes to the handler
+// before the waiter is released (in production the handler ends the process, so no caller
+// hears OK for it); a commit that fails once and then succeeds is no failure.
+TEST(StoreWriter, LastingFailure_ReachesTheHandlerBeforeTheWaiter_ATransientOneIsRetried) {
   RecordingStore store;
   store.fail = true;
-  StoreWriter writer(&store);
+  std::atomic<int> handled{0};
+  std::atomic<bool> released{false};
+  bool released_before_handler = false;
+  StoreWriter writer(&store, 10, StoreWriter::kDefaultMaxQueuedBytes,
+                     [&](const absl::Status& status) {
+                       released_before_handler = released.load();
+                       EXPECT_NE(std::string(status.message()).find("disk full"),
+                                 std::string::npos);
+                       ++handled;
+                     });
   writer.WaitWritten(writer.Enqueue(Numbered(1)));
+  released = true;
+  EXPECT_EQ(handled.load(), 1);
+  EXPECT_FALSE(released_before_handler);
   EXPECT_EQ(writer.failures(), 1u);
+  {
+    std::lock_guard<std::mutex> lock(store.mu);
+    EXPECT_EQ(store.committed.size(), static_cast<size_t>(StoreWriter::kCommitAttempts));
+  }
+
+  // Fails once, then the disk has room again.
+  store.fail_times = 1;
+  store.fail = false;
+  writer.WaitWritten(writer.Enqueue(Numbered(2)));
+  EXPECT_EQ(handled.load(), 1);
+  EXPECT_EQ(writer.failures(), 1u);
+}
+
+// The default handler ends the process: the coordinator stops rather than answer for a change
+// it could not store.
+TEST(StoreWriterDeathTest, LastingFailure_EndsTheProcessByDefault) {
+  EXPECT_EXIT(
+      {
+        RecordingStore store;
+        store.fail = true;
+        StoreWriter writer(&store);
+        writer.WaitWritten(writer.Enqueue(Numbered(1)));
+        std::fprintf(stderr, "released\n");
+        std::exit(0);
+      },
+      // spdlog writes to stdout: the exit code says it (0 had the waiter been released).
+      ::testing::ExitedWithCode(StoreWriter::kStoreFailureExitCode), "");
 }
 
 TEST(StoreWriter, Destructor_WritesWhatIsQueued) {
