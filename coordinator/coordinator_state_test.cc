@@ -446,14 +446,24 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_FALSE(abort->abort());
   EXPECT_EQ(state_->GetJob(job)->latest_telemetry().step(), 2);
   EXPECT_EQ(state_->GetJob(job)->progress(0).step(), 2);
+  // The same report again (its answer lost), then one overlapping it: each step once.
+  ASSERT_TRUE(state_->ReportTelemetry(telemetry).ok());
+  v1::ReportTelemetryRequest overlapping = telemetry;
+  overlapping.clear_records();
+  overlapping.set_step(3);
+  for (int step = 2; step <= 3; ++step) overlapping.add_records()->set_step(step);
+  ASSERT_TRUE(state_->ReportTelemetry(overlapping).ok());
+  EXPECT_EQ(state_->GetJob(job)->latest_telemetry().step(), 3);
   ReportResult(job, 0, "abc");
 
   auto batch = state_->JobEventsSince(job, snapshot->sequence());
   ASSERT_TRUE(batch.ok());
-  ASSERT_EQ(batch->events.size(), 3u);
+  ASSERT_EQ(batch->events.size(), 4u);
   EXPECT_EQ(batch->events[0].telemetry().step(), 1);
   EXPECT_EQ(batch->events[1].telemetry().step(), 2);
-  EXPECT_EQ(batch->events[2].state_change().state(), v1::SUCCEEDED);
+  EXPECT_EQ(batch->events[1].telemetry().loss(), 0.5) << "the first record of a step stands";
+  EXPECT_EQ(batch->events[2].telemetry().step(), 3);
+  EXPECT_EQ(batch->events[3].state_change().state(), v1::SUCCEEDED);
   EXPECT_LT(batch->events[0].sequence(), batch->events[1].sequence());
   EXPECT_LT(batch->events[1].sequence(), batch->events[2].sequence());
   EXPECT_TRUE(batch->finished);

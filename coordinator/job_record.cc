@@ -274,6 +274,13 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
     job_.set_latest_checkpoint_worker(worker_name);
   }
   for (const v1::TelemetryRecord& telemetry : request.records()) {
+    // Steps already recorded are not recorded twice: a report re-sent because its answer was
+    // lost (the coordinator died between writing it and answering), or the steps a restart
+    // runs again from its checkpoint (resumes are bit-identical, so the first record stands).
+    // The latest record is part of the stored job, so this holds across restarts.
+    if (job_.has_latest_telemetry() && telemetry.step() <= job_.latest_telemetry().step()) {
+      continue;
+    }
     *job_.mutable_latest_telemetry() = telemetry;
     // Evaluations are rarer than telemetry: the latest one stays until the next.
     if (telemetry.has_eval_loss() || telemetry.has_eval_accuracy()) {
