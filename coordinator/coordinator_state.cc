@@ -1150,6 +1150,10 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
     if (placement.rank() != request.rank()) continue;
     if (const WorkerRecord* worker = workers_.Find(placement.worker_id())) {
       worker_name = worker->name;
+    } else {
+      // A restarted coordinator hears from the rank before its worker registers again: the
+      // holder must not become "" (a later restart would place rank 0 where the file is not).
+      worker_name = WorkerRegistry::NameOfId(placement.worker_id());
     }
   }
   if (absl::Status status = record->RecordTelemetry(request, worker_name, options_.now_ms());

@@ -1409,6 +1409,62 @@ TEST(CoordinatorStateStore, HostileStoredJobs_RefuseTheStoreWithDataLoss) {
       << job->error();
 }
 
+// After a restart, rank 0 may report a checkpoint before its worker has registered again:
+// the checkpoint's holder is still that worker's name (it had become "", and a later restart
+// put rank 0 on a worker without the file).
+TEST(CoordinatorStateStore, CheckpointReportedBeforeItsWorkerReturns_KeepsItsHolder) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/holder_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.store = store->get();
+  std::string job_id, secret;
+  auto report = [&](CoordinatorState& state, int64_t step) {
+    v1::ReportTelemetryRequest telemetry;
+    telemetry.set_job_id(job_id);
+    telemetry.set_attempt(1);
+    telemetry.set_rank(0);
+    telemetry.set_step(step);
+    telemetry.set_rank_secret(secret);
+    telemetry.set_checkpoint_step(step);
+    telemetry.set_checkpoint_path(absl::StrCat("/ck/job/step-", step, ".safetensors"));
+    return state.ReportTelemetry(telemetry).status();
+  };
+  {
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::RegisterWorkerRequest worker;
+    worker.set_host("127.0.0.1");
+    worker.set_name("gpu0");
+    worker.set_device(v1::CPU);
+    worker.set_slots(1);
+    worker.set_incarnation(1);
+    worker.add_output_roots("/ck");
+    ASSERT_TRUE(state.RegisterWorker(worker).ok());
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+    request.mutable_spec()->set_steps(100);
+    request.mutable_spec()->set_checkpoint_every(10);
+    request.mutable_spec()->set_checkpoint_dir("/ck/job");
+    auto submitted = state.SubmitJob(request);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    job_id = submitted->job_id();
+    secret = state.RankSecretForTesting(job_id, 1, 0);
+    ASSERT_FALSE(secret.empty()) << "the job must be placed";
+    ASSERT_TRUE(report(state, 10).ok());
+    EXPECT_EQ(state.GetJob(job_id)->latest_checkpoint_worker(), "gpu0");
+  }
+  CoordinatorState restored(options);
+  ASSERT_TRUE(restored.Restore().ok());
+  ASSERT_TRUE(report(restored, 20).ok());  // Before any worker has registered again.
+  auto job = restored.GetJob(job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->latest_checkpoint_step(), 20);
+  EXPECT_EQ(job->latest_checkpoint_worker(), "gpu0");
+  std::filesystem::remove_all(dir);
+}
+
 // The state writes through its store writer; a second state on the same store restores it.
 TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/state_store_", getpid());

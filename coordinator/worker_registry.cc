@@ -146,7 +146,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   worker.secret = RandomSecret();
   worker.registration_nonce = request.registration_nonce();
   worker.awaiting_first_poll = awaiting_first_poll;
-  std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);
+  std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);  // NameOfId's form.
   worker.info.set_worker_id(worker_id);
   worker.info.set_host(request.host());
   worker.info.set_device(request.device());
@@ -351,6 +351,11 @@ std::vector<v1::Worker> WorkerRegistry::List() const {
     workers.push_back(info);
   }
   return workers;
+}
+
+std::string WorkerRegistry::NameOfId(const std::string& worker_id) {
+  const size_t hash = worker_id.rfind('#');
+  return hash == std::string::npos ? "" : worker_id.substr(0, hash);
 }
 
 }  // namespace mptrain

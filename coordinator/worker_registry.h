@@ -72,6 +72,10 @@ class WorkerRegistry {
   };
   explicit WorkerRegistry(Options options) : options_(options) {}
 
+  // The name in a worker id ("gpu0#12" -> "gpu0"): ids are the name and a registration number.
+  // What a placement still says after a restart, before its worker has registered again.
+  static std::string NameOfId(const std::string& worker_id);
+
   // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
   // ALREADY_EXISTS: a live worker holds the name. A retried registration (same incarnation and
   // registration nonce) gets the first answer again. A lost worker of the same name is
