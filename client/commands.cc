@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.h"
 #include "client/format.h"
 #include "common/job_spec.h"
+#include "common/secrets.h"
 
 namespace mptrain {
 namespace {
@@ -91,61 +92,100 @@ class ProgressLine {
   bool drawn_ = false;
 };
 
-// Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED).
+// How long a watch keeps reconnecting to a coordinator that went away (a restart takes a few
+// seconds) before it gives up with the error.
+constexpr auto kWatchReconnectFor = std::chrono::seconds(60);
+
+// Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED). A
+// stream the coordinator dropped (UNAVAILABLE: it restarted, or the network failed) is opened
+// again for up to kWatchReconnectFor; the new snapshot's state is printed only if it changed,
+// and telemetry of steps already printed is skipped (the steps in between are not replayed).
 v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, int* exit_code) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
-  grpc::ClientContext rpc;  // No deadline: a watch lasts as long as the job.
-  std::unique_ptr<grpc::ClientReaderInterface<v1::WatchJobEvent>> reader =
-      context.stub->WatchJob(&rpc, request);
-  v1::WatchJobEvent event;
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  bool seen = false;        // A snapshot was printed.
+  int64_t last_step = 0;    // The last telemetry step printed.
   std::string error;
   const bool progress_bar = context.format == OutputFormat::kTable && context.terminal;
   ProgressLine progress(context.out);
-  while (reader->Read(&event)) {
-    if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
-    if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
-    switch (event.event_case()) {
-      case v1::WatchJobEvent::kSnapshot:
-        last = event.snapshot().state();
-        error = event.snapshot().error();
-        progress.SetTotal(event.snapshot().spec().steps());
-        if (context.format == OutputFormat::kTable) {
-          *context.out << job_id << " " << ShortState(last) << "\n";
-        }
-        break;
-      case v1::WatchJobEvent::kStateChange:
-        last = event.state_change().state();
-        error = event.state_change().error();
-        if (context.format == OutputFormat::kTable) {
-          *context.out << job_id << " " << ShortState(last)
-                       << (error.empty() ? "" : ": " + error) << "\n";
-        }
-        break;
-      case v1::WatchJobEvent::kTelemetry:
-        if (progress_bar) {
-          progress.Update(event.telemetry());
-        } else if (context.format == OutputFormat::kTable) {
-          *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
-        }
-        break;
-      default:
-        break;
+  auto reconnect_until = std::chrono::steady_clock::now() + kWatchReconnectFor;
+  bool told_reconnecting = false;
+  while (true) {
+    grpc::ClientContext rpc;  // No deadline: a watch lasts as long as the job.
+    std::unique_ptr<grpc::ClientReaderInterface<v1::WatchJobEvent>> reader =
+        context.stub->WatchJob(&rpc, request);
+    v1::WatchJobEvent event;
+    while (reader->Read(&event)) {
+      reconnect_until = std::chrono::steady_clock::now() + kWatchReconnectFor;
+      told_reconnecting = false;
+      const bool repeated =
+          (event.event_case() == v1::WatchJobEvent::kSnapshot && seen &&
+           event.snapshot().state() == last) ||
+          (event.event_case() == v1::WatchJobEvent::kTelemetry &&
+           event.telemetry().step() <= last_step);
+      if (repeated) continue;
+      if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
+      if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
+      switch (event.event_case()) {
+        case v1::WatchJobEvent::kSnapshot:
+          seen = true;
+          last = event.snapshot().state();
+          error = event.snapshot().error();
+          progress.SetTotal(event.snapshot().spec().steps());
+          if (context.format == OutputFormat::kTable) {
+            *context.out << job_id << " " << ShortState(last) << "\n";
+          }
+          break;
+        case v1::WatchJobEvent::kStateChange:
+          last = event.state_change().state();
+          error = event.state_change().error();
+          if (context.format == OutputFormat::kTable) {
+            *context.out << job_id << " " << ShortState(last)
+                         << (error.empty() ? "" : ": " + error) << "\n";
+          }
+          break;
+        case v1::WatchJobEvent::kTelemetry:
+          last_step = event.telemetry().step();
+          if (progress_bar) {
+            progress.Update(event.telemetry());
+          } else if (context.format == OutputFormat::kTable) {
+            *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
+          }
+          break;
+        default:
+          break;
+      }
+      context.out->flush();
     }
-    context.out->flush();
-  }
-  progress.Finish();
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    *exit_code = ReportRpcError(context, "watch " + job_id, status);
+    grpc::Status status = reader->Finish();
+    const bool ended = last == v1::SUCCEEDED || last == v1::FAILED || last == v1::CANCELLED;
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !ended &&
+        std::chrono::steady_clock::now() < reconnect_until) {
+      if (!told_reconnecting) {
+        progress.Finish();
+        *context.err << "trainctl: watch " << job_id << ": " << status.error_message()
+                     << "; reconnecting\n";
+        told_reconnecting = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    progress.Finish();
+    if (!status.ok()) {
+      *exit_code = ReportRpcError(context, "watch " + job_id, status);
+      return last;
+    }
+    *exit_code = last == v1::SUCCEEDED ? 0 : 1;
     return last;
   }
-  *exit_code = last == v1::SUCCEEDED ? 0 : 1;
-  return last;
 }
 
 }  // namespace
+
+// A submit is sent this many times while the coordinator is UNAVAILABLE (0.5, 1, 1.5, 2 s
+// apart: a restart takes a few seconds), always with the same request id.
+constexpr int kSubmitAttempts = 5;
 
 int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,
                   const std::string& request_id) {
@@ -156,11 +196,19 @@ int SubmitCommand(const CommandContext& context, const std::string& spec_file, b
   }
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
-  request.set_request_id(request_id);
+  // Always idempotent: a submit whose answer was lost (the coordinator restarted after storing
+  // the job) is sent again with the same id and answered with the job it made.
+  request.set_request_id(request_id.empty() ? absl::StrCat("trainctl-", RandomSecret())
+                                            : request_id);
   v1::SubmitJobResponse response;
-  grpc::ClientContext rpc;
-  SetDeadline(context, &rpc);
-  grpc::Status status = context.stub->SubmitJob(&rpc, request, &response);
+  grpc::Status status;
+  for (int attempt = 1; attempt <= kSubmitAttempts; ++attempt) {
+    grpc::ClientContext rpc;
+    SetDeadline(context, &rpc);
+    status = context.stub->SubmitJob(&rpc, request, &response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == kSubmitAttempts) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
+  }
   if (!status.ok()) return ReportRpcError(context, "submit " + spec_file, status);
   if (context.format == OutputFormat::kJson && !wait) {
     *context.out << ToJson(response) << "\n";

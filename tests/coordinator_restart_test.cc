@@ -6,6 +6,8 @@
 // never repeat, and a job queued before a restart is placed after it.
 
 #include <chrono>
+#include <cstdio>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -159,6 +161,48 @@ TEST(CoordinatorRestart, PendingJob_IsPlacedAfterTheRestart) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::PENDING);
   EXPECT_EQ(job->pending_reason(), "no live cpu worker");
+}
+
+// `trainctl submit --wait` outlives a coordinator restart: its watch reconnects, prints the
+// job's state once and every telemetry step once, in order, and exits with the job's result.
+TEST(CoordinatorRestart, SubmitWait_ReconnectsAcrossTheRestart_AndEndsWithTheJob) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string dir = TestTempDir();
+  RunCommand("rm -rf " + dir + "/followed* && mkdir -p " + dir + "/followed");
+  const std::string spec = Spec("followed", dir, 4000);
+  CommandResult waited;
+  std::thread submit([&] { waited = cluster.Trainctl("submit " + spec + " --wait"); });
+  // Restart once the job runs (its first telemetry is in).
+  bool running = false;
+  for (int tries = 0; tries < 300 && !running; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto jobs = cluster.Trainctl("list");
+    running = jobs.output.find("RUNNING") != std::string::npos;
+  }
+  ASSERT_TRUE(running) << "the job never ran";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+  submit.join();
+  EXPECT_EQ(waited.exit_code, 0) << waited.output;
+  EXPECT_NE(waited.output.find("reconnecting"), std::string::npos) << waited.output;
+  EXPECT_NE(waited.output.find("SUCCEEDED"), std::string::npos) << waited.output;
+  size_t running_lines = 0;
+  int64_t previous = 0;
+  std::istringstream lines(waited.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" RUNNING") != std::string::npos && line.rfind("job-", 0) == 0) {
+      ++running_lines;
+    }
+    int64_t step = 0;
+    if (std::sscanf(line.c_str(), "step %ld", &step) == 1) {
+      EXPECT_GT(step, previous) << "a telemetry step printed twice or out of order:\n"
+                                << waited.output;
+      previous = step;
+    }
+  }
+  EXPECT_EQ(running_lines, 1u) << waited.output;
+  EXPECT_EQ(previous, 4000) << waited.output;
 }
 
 }  // namespace
