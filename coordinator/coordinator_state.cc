@@ -940,12 +940,26 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
     placed_here |= busy.job_id == request.job_id() && busy.rank == request.rank() &&
                    busy.attempt == request.attempt();
   }
-  if (!placed_here) return absl::OkStatus();
   JobRecord* record = FindJob(request.job_id());
+  if (!placed_here) {
+    // After a restart the coordinator waits for the job's ranks to be re-adopted; a rank that
+    // died meanwhile is listed by no worker, and its worker (registered again) reports the exit
+    // with the rank's secret as proof. Without it the job would wait out adopt_grace_s and
+    // fail naming the wrong cause.
+    const bool awaited = record != nullptr && record->running() &&
+                         request.attempt() == record->attempt() &&
+                         record->ValidRank(request.rank()) &&
+                         record->awaiting_adoption().count(request.rank()) > 0 &&
+                         record->CheckRankSecret(request.attempt(), request.rank(),
+                                                 request.rank_secret())
+                             .ok();
+    if (!awaited) return absl::OkStatus();
+  }
   const bool current = record != nullptr && record->running() &&
                        request.attempt() == record->attempt() &&
                        record->ValidRank(request.rank());
   if (current) {
+    if (!placed_here) record->StopAwaitingAdoption(request.rank());
     record->RecordExit(request.rank());
     // A rank that reported its result (success or error) is accounted for.
     if (!record->rank(request.rank()).result_reported) {

@@ -1465,6 +1465,79 @@ TEST(CoordinatorStateStore, CheckpointReportedBeforeItsWorkerReturns_KeepsItsHol
   std::filesystem::remove_all(dir);
 }
 
+// A rank that died while the coordinator was away is reported, once its worker has registered
+// again, with the rank's secret: the job fails at once naming the signal, instead of waiting
+// out adopt_grace_s and blaming the wrong rank. Without the rank's secret the report is ignored.
+TEST(CoordinatorStateStore, RankExitDuringTheOutage_EndsTheWaitForItWithItsCause) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/exit_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.store = store->get();
+  auto register_worker = [](CoordinatorState& state) {
+    v1::RegisterWorkerRequest worker;
+    worker.set_host("127.0.0.1");
+    worker.set_name("cpu0");
+    worker.set_device(v1::CPU);
+    worker.set_slots(2);
+    worker.set_incarnation(1);
+    auto registered = state.RegisterWorker(worker);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return registered.ok() ? *registered : v1::RegisterWorkerResponse();
+  };
+  std::string job_id, secrets[2];
+  v1::Assignment assignments[2];
+  {
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    v1::RegisterWorkerResponse worker = register_worker(state);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = CoordinatorStateTest::SmallSpec(2);
+    auto submitted = state.SubmitJob(request);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    job_id = submitted->job_id();
+    v1::PollAssignmentsRequest poll;
+    poll.set_worker_id(worker.worker_id());
+    poll.set_incarnation(1);
+    poll.set_worker_secret(worker.worker_secret());
+    auto started = state.PollAssignments(poll);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_EQ(started->start_size(), 2);
+    for (const v1::Assignment& assignment : started->start()) {
+      assignments[assignment.rank()] = assignment;
+    }
+  }
+  CoordinatorState restored(options);
+  ASSERT_TRUE(restored.Restore().ok());
+  v1::RegisterWorkerResponse worker = register_worker(restored);
+  // Rank 1 is still running and is listed; rank 0 died meanwhile.
+  v1::PollAssignmentsRequest poll;
+  poll.set_worker_id(worker.worker_id());
+  poll.set_incarnation(1);
+  poll.set_worker_secret(worker.worker_secret());
+  *poll.add_running() = assignments[1];
+  ASSERT_TRUE(restored.PollAssignments(poll).ok());
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker.worker_id());
+  exit.set_worker_secret(worker.worker_secret());
+  exit.set_job_id(job_id);
+  exit.set_rank(0);
+  exit.set_attempt(assignments[0].attempt());
+  exit.set_term_signal(9);
+  exit.set_rank_secret("0123456789abcdef0123456789abcdef");  // Not rank 0's.
+  ASSERT_TRUE(restored.ReportRankExit(exit).ok());
+  EXPECT_EQ(restored.GetJob(job_id)->state(), v1::RUNNING) << "a wrong secret proves nothing";
+  exit.set_rank_secret(assignments[0].rank_secret());
+  ASSERT_TRUE(restored.ReportRankExit(exit).ok());
+  auto job = restored.GetJob(job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->error().find("rank 0"), std::string::npos) << job->error();
+  EXPECT_NE(job->error().find("killed by signal 9"), std::string::npos) << job->error();
+  std::filesystem::remove_all(dir);
+}
+
 // The state writes through its store writer; a second state on the same store restores it.
 TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/state_store_", getpid());

@@ -166,6 +166,8 @@ class JobRecord {
   void AwaitAdoption(int64_t deadline_ms);
   // Binds `rank` to where a worker says it runs.
   void Adopt(const PlacedRank& where);
+  // `rank` will not come back: its worker reported its exit (ReportRankExit with its secret).
+  void StopAwaitingAdoption(int rank) { awaiting_adoption_.erase(rank); }
   // Gives up waiting; returns the ranks that did not come back.
   std::set<int> AbandonAdoption();
 

@@ -5,6 +5,8 @@
 // bit-identical to an uninterrupted run. Earlier jobs keep their records and telemetry, job ids
 // never repeat, and a job queued before a restart is placed after it.
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -161,6 +163,39 @@ TEST(CoordinatorRestart, PendingJob_IsPlacedAfterTheRestart) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::PENDING);
   EXPECT_EQ(job->pending_reason(), "no live cpu worker");
+}
+
+// A rank killed while the coordinator is down: once the coordinator is back, its worker
+// registers again and reports the exit with the rank's secret, and the job fails at once naming
+// the signal (it waited out adopt_grace_s, 60 s, and blamed the surviving rank's broken pipe).
+TEST(CoordinatorRestart, RankKilledDuringTheOutage_JobFailsAtOnceNamingTheSignal) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string dir = TestTempDir();
+  RunCommand("rm -rf " + dir + "/outage* && mkdir -p " + dir + "/outage");
+  std::string spec_json = absl::StrCat(R"({
+    "name": "outage", "world_size": 2, "device": "cpu",
+    "model": {"input_dim": 64, "hidden_dims": [64], "output_dim": 8},
+    "data": {"synthetic": {"seed": 3}}, "micro_batch_size": 32, "accumulation_steps": 2,
+    "steps": 1000000, "optimizer": {"lr": 0.001}, "telemetry_every": 50})");
+  const std::string job_id = cluster.Submit(WriteSpec("outage", spec_json));
+  auto running = cluster.WaitForJob(
+      job_id, [](const v1::Job& job) { return job.state() == v1::RUNNING && MinStep(job) > 10; },
+      60);
+  ASSERT_TRUE(running.ok()) << running.status();
+  std::vector<pid_t> victim = cluster.RankProcesses(job_id, 0);
+  ASSERT_EQ(victim.size(), 1u);
+  cluster.KillCoordinator();
+  kill(victim[0], SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto restarted = Clock::now();
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+  auto ended = cluster.WaitForEnd(job_id, 50);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::FAILED);
+  EXPECT_NE(ended->error().find("rank 0"), std::string::npos) << ended->error();
+  EXPECT_NE(ended->error().find("killed by signal 9"), std::string::npos) << ended->error();
+  EXPECT_LT(Clock::now() - restarted, std::chrono::seconds(30)) << "not after adopt_grace_s";
 }
 
 // `trainctl submit --wait` outlives a coordinator restart: its watch reconnects, prints the

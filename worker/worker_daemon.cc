@@ -313,11 +313,10 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
                 "rank {} of {} (pid {}) exited with code {}", assignment.rank(),
                 assignment.job_id(), rank.pid, exit_code);
   }
-  if (!SendExit(Exit{assignment, exit_code, term_signal})) {
+  Exit exit{assignment, exit_code, term_signal};
+  if (!SendExit(exit)) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (unreported_exits_.size() < kMaxUnreportedExits) {
-      unreported_exits_.push_back(Exit{assignment, exit_code, term_signal});
-    }
+    if (unreported_exits_.size() < kMaxUnreportedExits) unreported_exits_.push_back(exit);
   }
 }
 
@@ -355,11 +354,19 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_attempt(assignment.attempt());
   request.set_exit_code(exit_code);
   request.set_term_signal(term_signal);
+  request.set_rank_secret(assignment.rank_secret());
   v1::ReportRankExitResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
   grpc::Status status = stub_->ReportRankExit(&context, request, &response);
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
+  if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+      ++exit.denied < kMaxDeniedExitReports) {
+    // A restarted coordinator does not know this registration: register again, then report
+    // it (with the rank's secret) — the coordinator may be waiting for this very rank.
+    must_register_.store(true);
+    return false;
+  }
   return status.error_code() != grpc::StatusCode::UNAVAILABLE &&
          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
 }

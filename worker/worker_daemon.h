@@ -97,7 +97,11 @@ class WorkerDaemon {
     v1::Assignment assignment;
     int exit_code = 0;
     int term_signal = 0;
+    // Answers PERMISSION_DENIED so far (this registration unknown to the coordinator: it
+    // registers again and retries); kMaxDeniedExitReports of them and it is dropped.
+    mutable int denied = 0;
   };
+  static constexpr int kMaxDeniedExitReports = 5;
   // Reports a rank's end; one the coordinator could not be told of (unreachable) is kept and
   // reported again before the next poll.
   void ReportExit(const RunningRank& rank, int exit_code, int term_signal);
