@@ -1,6 +1,7 @@
 #include "trainer/evaluator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/status_macros.h"
 
@@ -43,7 +44,10 @@ absl::StatusOr<EvalResult> Evaluator::Run(Mlp* mlp, Loss* loss) {
   const double ranks = static_cast<double>(collective->world_size());
   EvalResult result;
   result.loss = static_cast<double>(sums[0]) * ranks / static_cast<double>(total_rows_);
-  result.accuracy = static_cast<double>(sums[1]) * ranks / static_cast<double>(total_rows_);
+  // The correct count is a whole number: rounded, so that the fp32 mean of 3 ranks' counts
+  // (inexact) cannot make an accuracy of 1.00000003.
+  result.accuracy =
+      std::nearbyint(static_cast<double>(sums[1]) * ranks) / static_cast<double>(total_rows_);
   return result;
 }
 

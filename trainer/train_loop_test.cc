@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <sys/stat.h>
@@ -401,6 +402,73 @@ TEST(RunTraining, CrossEntropy_LearnsAndReportsAccuracy) {
   EXPECT_NE(bad.result.status().message().find("ce_bad.npy: row 17 has class 3"),
             absl::string_view::npos)
       << bad.result.status();
+}
+
+// Three ranks (the mean of their correct counts is not exact in fp32): every training and
+// evaluation accuracy is a whole number of samples over the total, exactly, as PyTorch's
+// summed counts give (2/3 had come out 0.66666669, and an eval accuracy 1.00000003).
+TEST(RunTraining, ThreeRanks_AccuraciesAreExactFractionsOfTheWholeCount) {
+  const int in = 2, rows = 30;
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal;
+  NpyMatrix features{rows, in, std::vector<float>(rows * in)};
+  NpyLabels labels{rows, std::vector<int64_t>(rows)};
+  for (int r = 0; r < rows; ++r) {
+    // Separable with a margin: the label is the sign of the first feature.
+    const float first = normal(generator);
+    features.values[r * in] = first > 0 ? first + 1.0f : first - 1.0f;
+    features.values[r * in + 1] = normal(generator);
+    labels.values[r] = first > 0 ? 1 : 0;
+  }
+  ASSERT_TRUE(WriteNpyMatrix(TempPath("acc3_x.npy"), features).ok());
+  ASSERT_TRUE(WriteNpyLabels(TempPath("acc3_y.npy"), labels).ok());
+  TrainingConfig spec = SmallConfig();
+  spec.world_size = 3;
+  spec.model.widths = {in, 2};
+  spec.loss.type = LossType::kCrossEntropy;
+  spec.data.source = DataConfig::Source::kNpy;
+  spec.data.features_path = TempPath("acc3_x.npy");
+  spec.data.targets_path = TempPath("acc3_y.npy");
+  spec.eval.features_path = TempPath("acc3_x.npy");
+  spec.eval.targets_path = TempPath("acc3_y.npy");
+  spec.eval.every = 1;
+  spec.micro_batch_size = 1;
+  spec.accumulation_steps = 1;
+  spec.steps = 40;
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.optimizer.lr = 0.5;
+  InMemoryKeyValueStore store;
+  absl::StatusOr<TrainingResult> results[3];
+  RecordingObserver observers[3];
+  std::thread ranks[3];
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto collective = GlooCollective::Connect(rank, 3, "127.0.0.1", &store, 30'000);
+      if (!collective.ok()) {
+        results[rank] = collective.status();
+        return;
+      }
+      CpuBackend backend(std::move(*collective));
+      results[rank] = RunTraining(spec, rank, &backend, &observers[rank]);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank].status();
+  ASSERT_EQ(observers[0].records.size(), 40u);
+  std::set<double> fractions;
+  for (const StepTelemetry& record : observers[0].records) {
+    ASSERT_TRUE(record.has_accuracy);
+    EXPECT_EQ(record.accuracy, std::round(record.accuracy * 3) / 3) << "step " << record.step;
+    fractions.insert(record.accuracy);
+    ASSERT_TRUE(record.has_eval);
+    EXPECT_LE(record.eval_accuracy, 1.0);
+    EXPECT_EQ(record.eval_accuracy, std::round(record.eval_accuracy * rows) / rows)
+        << "step " << record.step;
+  }
+  EXPECT_GT(fractions.count(1.0 / 3) + fractions.count(2.0 / 3), 0u)
+      << "no step had 1 or 2 of 3 right: the case proves nothing";
+  EXPECT_EQ(observers[0].records.back().eval_accuracy, 1.0) << "a separable set, learned";
 }
 
 // GradScaler.step skips optimizer.step() on overflow: Adam's state, its step count included,
