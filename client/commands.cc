@@ -99,13 +99,15 @@ constexpr auto kWatchReconnectFor = std::chrono::seconds(60);
 // Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED). A
 // stream the coordinator dropped (UNAVAILABLE: it restarted, or the network failed) is opened
 // again for up to kWatchReconnectFor; the new snapshot's state is printed only if it changed,
-// and telemetry of steps already printed is skipped (the steps in between are not replayed).
+// and telemetry of an attempt's steps already printed is skipped (the steps in between are not
+// replayed).
 v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, int* exit_code) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   bool seen = false;        // A snapshot was printed.
-  int64_t last_step = 0;    // The last telemetry step printed.
+  int64_t last_step = 0;    // The last telemetry step printed, and its attempt.
+  int32_t last_attempt = 0;
   std::string error;
   const bool progress_bar = context.format == OutputFormat::kTable && context.terminal;
   ProgressLine progress(context.out);
@@ -123,7 +125,7 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
           (event.event_case() == v1::WatchJobEvent::kSnapshot && seen &&
            event.snapshot().state() == last) ||
           (event.event_case() == v1::WatchJobEvent::kTelemetry &&
-           event.telemetry().step() <= last_step);
+           event.telemetry().attempt() == last_attempt && event.telemetry().step() <= last_step);
       if (repeated) continue;
       if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
       if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
@@ -147,6 +149,7 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
           break;
         case v1::WatchJobEvent::kTelemetry:
           last_step = event.telemetry().step();
+          last_attempt = event.telemetry().attempt();
           if (progress_bar) {
             progress.Update(event.telemetry());
           } else if (context.format == OutputFormat::kTable) {
@@ -160,7 +163,8 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
     }
     grpc::Status status = reader->Finish();
     const bool ended = last == v1::SUCCEEDED || last == v1::FAILED || last == v1::CANCELLED;
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !ended &&
+    // Only a stream that worked (a snapshot came): a wrong address fails at once.
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && seen && !ended &&
         std::chrono::steady_clock::now() < reconnect_until) {
       if (!told_reconnecting) {
         progress.Finish();
@@ -183,8 +187,9 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
 
 }  // namespace
 
-// A submit is sent this many times while the coordinator is UNAVAILABLE (0.5, 1, 1.5, 2 s
-// apart: a restart takes a few seconds), always with the same request id.
+// A submit is sent this many times while the coordinator is UNAVAILABLE or the answer does not
+// come (0.5, 1, 1.5, 2 s apart: a restart takes a few seconds), always with the same request
+// id.
 constexpr int kSubmitAttempts = 5;
 
 int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,
@@ -206,7 +211,10 @@ int SubmitCommand(const CommandContext& context, const std::string& spec_file, b
     grpc::ClientContext rpc;
     SetDeadline(context, &rpc);
     status = context.stub->SubmitJob(&rpc, request, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == kSubmitAttempts) break;
+    // DEADLINE_EXCEEDED too: the answer may be what was lost (the request id makes it safe).
+    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retry || attempt == kSubmitAttempts) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
   }
   if (!status.ok()) return ReportRpcError(context, "submit " + spec_file, status);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -24,6 +25,9 @@
 
 namespace mptrain {
 namespace {
+
+// WorkerKey(id): the wait key of a worker's polls.
+constexpr absl::string_view kWorkerKeyPrefix = "worker:";
 
 int64_t SystemNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -134,8 +138,15 @@ CoordinatorState::Finished CoordinatorState::FinishMutation() {
     }
     // Under the lock, so that batches are written in the order of the mutations.
     finished.ticket = writer_->Enqueue(std::move(effects_.batch));
-  } else if (writer_ != nullptr) {
-    finished.ticket = writer_->LastTicket();  // What this call may have read.
+    // The workers whose assignments this changed: their polls hand it out only once written.
+    for (const std::string& key : effects_.wake_keys) {
+      if (!absl::StartsWith(key, kWorkerKeyPrefix)) continue;
+      if (WorkerRecord* worker = workers_.Find(key.substr(kWorkerKeyPrefix.size()))) {
+        worker->assignments_ticket = finished.ticket;
+      }
+    }
+  } else {
+    finished.ticket = effects_.wait_ticket;
   }
   finished.keys.assign(effects_.wake_keys.begin(), effects_.wake_keys.end());
   effects_ = Effects();
@@ -143,7 +154,7 @@ CoordinatorState::Finished CoordinatorState::FinishMutation() {
 }
 
 std::string CoordinatorState::WorkerKey(const std::string& worker_id) {
-  return "worker:" + worker_id;
+  return std::string(kWorkerKeyPrefix) + worker_id;
 }
 
 std::string CoordinatorState::JobKey(const std::string& job_id) { return "job:" + job_id; }
@@ -340,7 +351,8 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   const RankMemoryEstimate memory = EstimateRankMemory(spec);
 
   Mutation mutation(this);
-  if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
+  // A repeated request first: a retry after a coordinator restart must find its job even
+  // before the workers whose roots admitted its paths have registered again.
   if (!request.request_id().empty()) {
     auto it = job_by_request_id_.find(request.request_id());
     if (it != job_by_request_id_.end()) {
@@ -350,6 +362,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
       return response;
     }
   }
+  if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
   EvictOldRecords(options_.now_ms());
   if (pending_.size() >= options_.max_pending_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -923,6 +936,9 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
       stop->set_rank(assignment.rank());
       stop->set_attempt(assignment.attempt());
     }
+  }
+  if (response.start_size() > 0 || response.stop_size() > 0) {
+    effects_.wait_ticket = (*worker)->assignments_ticket;  // Not before it is written.
   }
   return response;
 }

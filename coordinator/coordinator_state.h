@@ -237,9 +237,9 @@ class CoordinatorState {
       Finished finished = state_->FinishMutation();
       lock_.unlock();
       // The caller's answer waits for the write (off the lock): what a client is told
-      // survives a crash. A call that changed nothing waits for the writes before it all the
-      // same (a poll must not hand a worker an assignment a restart would not know), and the
-      // waiters are woken only then, for the same reason.
+      // survives a crash; and the waiters are woken only then (a woken poll must not hand a
+      // worker an assignment a restart would not know). A call that changed nothing answers at
+      // once, but for a poll handing out a change still being written (Effects::wait_ticket).
       if (finished.ticket != 0) state_->writer_->WaitWritten(finished.ticket);
       if (state_->options_.notify && !finished.keys.empty()) {
         state_->options_.notify(finished.keys);
@@ -263,6 +263,9 @@ class CoordinatorState {
     void Wake(const std::string& key) { wake_keys.insert(key); }
 
     bool schedule = false;
+    // A store ticket the answer must wait for although this call writes nothing (a poll
+    // answering with starts or stops of a change not yet written); 0: none.
+    uint64_t wait_ticket = 0;
     std::set<std::string> wake_keys;
     std::set<std::string> dirty_jobs;
     JobStore::Batch batch;

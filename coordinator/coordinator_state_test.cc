@@ -462,6 +462,7 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_EQ(batch->events[0].telemetry().step(), 1);
   EXPECT_EQ(batch->events[1].telemetry().step(), 2);
   EXPECT_EQ(batch->events[1].telemetry().loss(), 0.5) << "the first record of a step stands";
+  EXPECT_EQ(batch->events[1].telemetry().attempt(), 1) << "stamped with the attempt that ran it";
   EXPECT_EQ(batch->events[2].telemetry().step(), 3);
   EXPECT_EQ(batch->events[3].state_change().state(), v1::SUCCEEDED);
   EXPECT_LT(batch->events[0].sequence(), batch->events[1].sequence());

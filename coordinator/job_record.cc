@@ -273,12 +273,14 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
     // Rank 0 writes checkpoints on its own worker's disk: a restart reads it there.
     job_.set_latest_checkpoint_worker(worker_name);
   }
-  for (const v1::TelemetryRecord& telemetry : request.records()) {
-    // Steps already recorded are not recorded twice: a report re-sent because its answer was
-    // lost (the coordinator died between writing it and answering), or the steps a restart
-    // runs again from its checkpoint (resumes are bit-identical, so the first record stands).
-    // The latest record is part of the stored job, so this holds across restarts.
-    if (job_.has_latest_telemetry() && telemetry.step() <= job_.latest_telemetry().step()) {
+  for (v1::TelemetryRecord telemetry : request.records()) {
+    // An attempt's steps are recorded once: a report re-sent because its answer was lost (the
+    // coordinator died between writing it and answering) is not recorded twice. The latest
+    // record is part of the stored job, so this holds across coordinator restarts. The steps a
+    // restart runs again from its checkpoint are recorded again, with their attempt.
+    telemetry.set_attempt(attempt_);
+    if (job_.has_latest_telemetry() && job_.latest_telemetry().attempt() == attempt_ &&
+        telemetry.step() <= job_.latest_telemetry().step()) {
       continue;
     }
     *job_.mutable_latest_telemetry() = telemetry;

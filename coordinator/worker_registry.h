@@ -55,6 +55,9 @@ struct WorkerRecord {
   // reported (and re-adopted) the ranks it still runs: its slots only look free.
   bool awaiting_first_poll = false;
   std::map<int, BusySlot> busy_slots;  // slot index -> its rank
+  // The store ticket of the last change to what this worker should run: a poll hands that
+  // change out only once it is written (0: nothing pending).
+  uint64_t assignments_ticket = 0;
 
   bool alive() const { return info.state() == v1::ALIVE; }
   int free_slots() const { return info.slots() - static_cast<int>(busy_slots.size()); }

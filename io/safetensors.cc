@@ -245,6 +245,7 @@ class DataDigest {
   void Add(const std::vector<float>& values) {
     XXH3_64bits_update(state_, values.data(), values.size() * sizeof(float));
   }
+  void AddText(const std::string& text) { XXH3_64bits_update(state_, text.data(), text.size()); }
   std::string Hex() const { return absl::StrFormat("%016x", XXH3_64bits_digest(state_)); }
 
  private:
@@ -356,8 +357,11 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
     // copy) shows here, where a flipped mantissa bit would otherwise load without a trace.
     DataDigest computed;
     for (const TensorEntry* entry : by_offset) computed.Add(result.at(entry->name).values);
+    json unstamped = header;
+    unstamped["__metadata__"].erase(std::string(kDataDigestKey));
+    computed.AddText(unstamped.dump());
     if (computed.Hex() != digest->second) {
-      return Bad(path, absl::StrCat("its tensor data does not match the digest written with it (",
+      return Bad(path, absl::StrCat("its data or header does not match the digest written with it (",
                                     kDataDigestKey, " ", digest->second, ", computed ",
                                     computed.Hex(), "): the file is damaged"));
     }
@@ -370,13 +374,9 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
                                      const std::map<std::string, std::string>& metadata,
                                      const SafetensorsWriteOptions& options) {
   json header = json::object();
-  std::map<std::string, std::string> stamped = metadata;
-  {
-    DataDigest digest;  // Over the data in the order it is written below.
-    for (const auto& [name, tensor] : tensors) digest.Add(tensor.values);
-    stamped[std::string(kDataDigestKey)] = digest.Hex();
-  }
-  header["__metadata__"] = stamped;
+  std::map<std::string, std::string> unstamped = metadata;
+  unstamped.erase(std::string(kDataDigestKey));
+  header["__metadata__"] = unstamped;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__") {
@@ -399,7 +399,14 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  // Throws (caught at the boundary) on a name or value that is not UTF-8.
+  {
+    // Over the data in the order it is written below, then the header without the digest: a
+    // flipped bit in a tensor or in the step, scale or data position shows.
+    DataDigest digest;
+    for (const auto& [name, tensor] : tensors) digest.Add(tensor.values);
+    digest.AddText(header.dump());  // Throws (caught at the boundary) on text that is not UTF-8.
+    header["__metadata__"][std::string(kDataDigestKey)] = digest.Hex();
+  }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // Align the data to 8 bytes.
   uint64_t header_len = header_text.size();

@@ -20,8 +20,8 @@ struct NamedTensor {
 
 using TensorMap = std::map<std::string, NamedTensor>;
 
-// The __metadata__ key of the data section's digest (XXH3-64 of every tensor's bytes in file
-// order, hex). Every file written here has one; a read of a file that has one (not
+// The __metadata__ key of the file's digest (XXH3-64, hex, of every tensor's bytes in file
+// order and then of the JSON header without this key). Every file written here has one; a read of a file that has one (not
 // header_only) checks it, so a damaged file is an error instead of wrong weights. Files
 // without one (other writers, older builds) are read unchecked.
 inline constexpr char kDataDigestKey[] = "mptrain_data_xxh3";

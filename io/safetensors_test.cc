@@ -96,6 +96,15 @@ TEST(Safetensors, OneFlippedDataBit_IsRefusedAsDamaged_FilesWithoutADigestReadUn
   SafetensorsReadOptions header_only;
   header_only.header_only = true;
   EXPECT_TRUE(ReadSafetensors(path, nullptr, header_only).ok());
+  // A flipped bit in the header's metadata ("step":"3" -> "7") shows too.
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {{"step", "3"}}).ok());
+  bytes = ReadAll(path);
+  const size_t step = bytes.find(R"("step":"3")");
+  ASSERT_NE(step, std::string::npos);
+  bytes[step + 8] ^= 0x04;
+  WriteRaw(path, bytes);
+  ExpectError(ReadSafetensors(path).status(), absl::StatusCode::kInvalidArgument, path,
+              "the file is damaged");
 
   const std::string plain = TempPath("no_digest.safetensors");
   std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";

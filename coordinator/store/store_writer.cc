@@ -17,7 +17,6 @@ StoreWriter::StoreWriter(JobStore* store, size_t max_queued, size_t max_queued_b
                          "stops rather than answer for changes it could not store (restart it "
                          "once the store can be written: it resumes from what the store holds)",
                          kCommitAttempts, status.ToString());
-        spdlog::shutdown();
         std::_Exit(kStoreFailureExitCode);
       }),
       max_queued_(max_queued == 0 ? 1 : max_queued),
