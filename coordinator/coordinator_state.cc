@@ -1128,6 +1128,25 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorState::CheckWorkerCaller(const std::string& worker_id,
+                                                 const std::string& secret) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const WorkerRecord* worker = workers_.Find(worker_id);
+  if (worker == nullptr || !SecretsEqual(worker->secret, secret)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the worker secret does not match worker ", Quote(worker_id)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::CheckRankCaller(const std::string& job_id, int attempt, int rank,
+                                               const std::string& secret) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobRecord* record = FindJob(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
+  return record->CheckRankSecret(attempt, rank, secret);
+}
+
 absl::StatusOr<std::optional<std::string>> CoordinatorState::KeyValueGet(
     const v1::KeyValueGetRequest& request) const {
   // As for a set: a waiting get keeps its request, so its key is bounded too.

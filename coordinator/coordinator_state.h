@@ -196,6 +196,12 @@ class CoordinatorState {
   // ALREADY_EXISTS: the key holds another value (keys are write-once per attempt).
   // INVALID_ARGUMENT: key or value over its limit. RESOURCE_EXHAUSTED: the job's store is full.
   absl::Status KeyValueSet(const v1::KeyValueSetRequest& request);
+  // Whether the caller is who it says, before a long call is given one of its holder's places
+  // (so that a stranger's calls cannot use up a worker's or a rank's): the worker's secret, the
+  // rank's secret of its job. PERMISSION_DENIED / NOT_FOUND as the calls themselves answer.
+  absl::Status CheckWorkerCaller(const std::string& worker_id, const std::string& secret) const;
+  absl::Status CheckRankCaller(const std::string& job_id, int attempt, int rank,
+                               const std::string& secret) const;
   // The value, or nullopt while the key is not set (the caller waits on JobKey).
   // ABORTED: the attempt is over. NOT_FOUND: unknown job.
   absl::StatusOr<std::optional<std::string>> KeyValueGet(

@@ -497,6 +497,11 @@ grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
   return Dispatch<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>(
       context, request, response, [&](auto frame) {
         const int64_t wait_ms = std::clamp<int64_t>(frame->request.wait_ms(), 0, kMaxPollWaitMs);
+        if (absl::Status caller = state_->CheckWorkerCaller(frame->request.worker_id(),
+                                                            frame->request.worker_secret());
+            !caller.ok()) {
+          return AnswerNow(context, *frame, caller);
+        }
         std::string holder =
             absl::StrCat("worker ", TruncateForError(frame->request.worker_id(), 128));
         if (absl::Status admitted = long_polls_.Acquire(holder); !admitted.ok()) {
@@ -543,6 +548,12 @@ grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServer
       context, request, response, [&](auto frame) {
         const int64_t wait_ms =
             std::clamp<int64_t>(frame->request.timeout_ms(), 0, kMaxKeyValueWaitMs);
+        if (absl::Status caller = state_->CheckRankCaller(
+                frame->request.job_id(), frame->request.attempt(), frame->request.rank(),
+                frame->request.rank_secret());
+            !caller.ok()) {
+          return AnswerNow(context, *frame, caller);
+        }
         std::string holder =
             absl::StrCat("rank ", frame->request.rank(), " of job ",
                          TruncateForError(frame->request.job_id(), 128), " attempt ",
