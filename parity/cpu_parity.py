@@ -125,19 +125,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_torch(case_dir, timeout=600):
+def run_torch(case_dir, timeout=600, world=2):
     here = os.path.dirname(os.path.abspath(__file__))
     port = str(free_port())
     processes = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, OMP_NUM_THREADS="1")
         log = open(os.path.join(case_dir, f"torch_rank{rank}.log"), "w")
         processes.append(subprocess.Popen(
             [sys.executable, os.path.join(here, "pytorch_reference.py"), "--case",
              os.path.join(case_dir, "case.json"), "--out", case_dir],
             stdout=log, stderr=subprocess.STDOUT, env=env))
-    # Both must end; one that fails ends the other (it would wait for its peer).
+    # All must end; one that fails ends the others (they would wait for it).
     deadline = time.time() + timeout
     while any(p.poll() is None for p in processes) and time.time() < deadline:
         if any(p.poll() not in (None, 0) for p in processes):
@@ -149,7 +149,7 @@ def run_torch(case_dir, timeout=600):
     codes = [p.wait() for p in processes]
     if any(codes):
         logs = "".join(open(os.path.join(case_dir, f"torch_rank{r}.log")).read()[-3000:]
-                       for r in range(2))
+                       for r in range(world))
         raise RuntimeError(f"PyTorch reference failed ({codes}):\n{logs}")
 
 

@@ -189,33 +189,8 @@ def check_case(case):
 
 
 def run_torch(case_dir, world, timeout=300):
-    """cpu_parity.run_torch (which starts two ranks) for `world` ranks."""
-    if world == 2:
-        return cpu_parity.run_torch(case_dir, timeout=timeout)
-    here = os.path.dirname(os.path.abspath(__file__))
-    port = str(cpu_parity.free_port())
-    processes = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
-        log = open(os.path.join(case_dir, f"torch_rank{rank}.log"), "w")
-        processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(here, "pytorch_reference.py"), "--case",
-             os.path.join(case_dir, "case.json"), "--out", case_dir],
-            stdout=log, stderr=subprocess.STDOUT, env=env))
-    deadline = time.time() + timeout
-    while any(p.poll() is None for p in processes) and time.time() < deadline:
-        if any(p.poll() not in (None, 0) for p in processes):
-            break
-        time.sleep(0.1)
-    for p in processes:
-        if p.poll() is None:
-            p.kill()
-    codes = [p.wait() for p in processes]
-    if any(codes):
-        logs = "".join(open(os.path.join(case_dir, f"torch_rank{r}.log")).read()[-3000:]
-                       for r in range(world))
-        raise RuntimeError(f"PyTorch reference failed ({codes}):\n{logs}")
+    """cpu_parity.run_torch for `world` ranks."""
+    return cpu_parity.run_torch(case_dir, timeout=timeout, world=world)
 
 
 def make_spec(name, case, case_dir):
