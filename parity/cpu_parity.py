@@ -125,6 +125,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+def compare_final(case, ours_tensors, torch_tensors, problems):
+    """Our final parameters, tensor names and running statistics against PyTorch's, appending
+    what differs to `problems`: returns (param_err, param_tol, stats_err or None)."""
+    precision = case["precision"]
+    param_err = rel(flat(ours_tensors), flat(torch_tensors))
+    param_tol = case.get("param_tol", PARAM_TOL[precision])
+    if param_err > param_tol:
+        problems.append(f"parameters differ by {param_err:.3g}")
+    if sorted(ours_tensors) != sorted(torch_tensors):
+        problems.append(f"tensor names differ: {sorted(set(ours_tensors) ^ set(torch_tensors))}")
+    stats_err = None
+    if len(flat(torch_tensors, buffers=True)):
+        # Rank 0's running statistics and num_batches_tracked (DDP's broadcast_buffers).
+        stats_err = rel(flat(ours_tensors, buffers=True), flat(torch_tensors, buffers=True))
+        if stats_err > PARAM_TOL[precision]:
+            problems.append(f"running statistics differ by {stats_err:.3g}")
+    return param_err, param_tol, stats_err
+
+
 def run_torch(case_dir, timeout=600, world=2):
     here = os.path.dirname(os.path.abspath(__file__))
     port = str(free_port())
@@ -181,25 +200,14 @@ def main():
             run_spec = dict(spec, output_checkpoint=os.path.join(case_dir, "ours.safetensors"))
             steps, ours_s = cluster.run(run_spec, os.path.join(case_dir, "ours.json"))
             ours_tensors = load_safetensors(run_spec["output_checkpoint"])
-            final = flat(ours_tensors)
             precision = case["precision"]
             samples = case["micro_batch_size"] * case["accumulation_steps"] * 2
             accuracy_tol = 0.0 if precision == "fp32" else 2.0 / samples
             eval_accuracy_tol = 0.0 if precision == "fp32" else 2.0 / case.get("eval_rows", 1)
             problems, worst_loss = compare_steps(steps, torch_steps, LOSS_TOL[precision],
                                                  accuracy_tol, eval_accuracy_tol)
-            param_err = rel(final, torch_final)
-            param_tol = case.get("param_tol", PARAM_TOL[precision])
-            if param_err > param_tol:
-                problems.append(f"parameters differ by {param_err:.3g}")
-            if sorted(ours_tensors) != sorted(torch_tensors):
-                problems.append(f"tensor names differ: {sorted(set(ours_tensors) ^ set(torch_tensors))}")
-            stats_err = None
-            if len(flat(torch_tensors, buffers=True)):
-                # Rank 0's running statistics and num_batches_tracked (DDP's broadcast_buffers).
-                stats_err = rel(flat(ours_tensors, buffers=True), flat(torch_tensors, buffers=True))
-                if stats_err > PARAM_TOL[precision]:
-                    problems.append(f"running statistics differ by {stats_err:.3g}")
+            param_err, param_tol, stats_err = compare_final(case, ours_tensors, torch_tensors,
+                                                            problems)
             change = rel(torch_final, init)
             if change < 10 * max(param_err, param_tol / 10):
                 problems.append(f"training barely moved the parameters ({change:.3g}): no proof")

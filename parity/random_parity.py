@@ -16,10 +16,8 @@ keys...}; the spec each run prints is in that form; --name seeds its inputs as w
 does: `--name s1-27` gives case 27 of seed 1 its data back). --profile conditioned draws the same
 cases kept out of ill-conditioned corners (condition()). Exits 1 when a case disagrees or fails.
 
-Verdicts: ok; MISMATCH; MISMATCH(accuracy rounding only): the only disagreement is an accuracy
-off by less than 1e-6 (our count of correct samples averaged over 3 ranks in fp32: a real, small
-disagreement, tagged so that it does not hide others); "weak" marks a case whose parameters moved
-too little for the comparison to prove much (cpu_parity.py fails those; here only noted).
+Verdicts: ok; MISMATCH; "weak" marks a case whose parameters moved too little for the comparison
+to prove much (cpu_parity.py fails those; here only noted).
 
 Not drawn: fp16 and loss scaling (CPU autocast is bf16 only and GradScaler CUDA only in the
 reference), sync_batch_norm (CUDA), layer_norm under bf16 (PyTorch 1.13 refuses it on the CPU),
@@ -236,43 +234,19 @@ def run_case(cluster, name, case, out):
     with open(os.path.join(case_dir, "ours_steps.json"), "w") as f:
         json.dump(steps, f)
     ours_tensors = load_safetensors(run_spec["output_checkpoint"])
-    final = flat(ours_tensors)
     precision = case["precision"]
     samples = case["micro_batch_size"] * case["accumulation_steps"] * world
     accuracy_tol = 0.0 if precision == "fp32" else 2.0 / samples
     eval_accuracy_tol = 0.0 if precision == "fp32" else 2.0 / case.get("eval_rows", 1)
     problems, worst_loss = compare_steps(steps, torch_steps, cpu_parity.LOSS_TOL[precision],
                                          accuracy_tol, eval_accuracy_tol)
-    # Accuracies off by float rounding only (our count of correct samples is averaged over the
-    # ranks in fp32: 2/3 becomes 0.6666666865) are told apart from other disagreements: tagged,
-    # still a mismatch.
-    tiny = 0
-    if len(steps) == len(torch_steps):
-        for a, b in zip(steps, torch_steps):
-            for key, tol in (("accuracy", accuracy_tol), ("eval_accuracy", eval_accuracy_tol)):
-                if b.get(key) is not None and a.get(key) is not None:
-                    diff = abs(a[key] - b[key])
-                    if tol < diff < tol + 1e-6:
-                        tiny += 1
-    accuracy_problems = [p for p in problems if "accuracy" in p]
-    rounding_only = tiny > 0 and tiny == len(accuracy_problems)
-    param_err = rel(final, torch_final)
-    param_tol = case.get("param_tol", cpu_parity.PARAM_TOL[precision])
-    if param_err > param_tol:
-        problems.append(f"parameters differ by {param_err:.3g}")
-    if sorted(ours_tensors) != sorted(torch_tensors):
-        problems.append(f"tensor names differ: {sorted(set(ours_tensors) ^ set(torch_tensors))}")
-    stats_err = None
-    if len(flat(torch_tensors, buffers=True)):
-        stats_err = rel(flat(ours_tensors, buffers=True), flat(torch_tensors, buffers=True))
-        if stats_err > cpu_parity.PARAM_TOL[precision]:
-            problems.append(f"running statistics differ by {stats_err:.3g}")
+    param_err, param_tol, stats_err = cpu_parity.compare_final(case, ours_tensors, torch_tensors,
+                                                               problems)
     change = rel(torch_final, init)
     weak = change < 10 * max(param_err, param_tol / 10)
     figures = dict(steps=len(steps), worst_loss=worst_loss, param_err=param_err,
                    stats_err=stats_err, change=change, torch_s=round(torch_s, 1),
-                   ours_s=round(ours_s, 1), weak=weak,
-                   only_accuracy_rounding=rounding_only and len(accuracy_problems) == len(problems))
+                   ours_s=round(ours_s, 1), weak=weak)
     return not problems, figures, problems
 
 
@@ -351,9 +325,6 @@ def main():
                 continue
             verdict = "ok" if ok else "MISMATCH"
             counts[verdict] += 1
-            if not ok and figures["only_accuracy_rounding"]:
-                verdict = "MISMATCH(accuracy rounding only)"
-                counts["accuracy_rounding_only"] = counts.get("accuracy_rounding_only", 0) + 1
             if ok and figures["weak"]:
                 counts["weak"] += 1
             print(f"[{name}] {verdict} loss {figures['worst_loss']:.3e} params "
