@@ -136,8 +136,26 @@ CoordinatorState::Finished CoordinatorState::FinishMutation() {
         effects_.batch.jobs.push_back(record->ToStored());
       }
     }
+    // The jobs this batch changes: their events and key-value entries are shown from when it
+    // is written, and whoever waits on them is woken then (this mutation's notify).
+    std::set<std::string> touched(effects_.dirty_jobs.begin(), effects_.dirty_jobs.end());
+    auto touch = [&](int64_t number) {
+      if (auto it = job_order_.find(number); it != job_order_.end()) touched.insert(it->second);
+    };
+    const JobStore::Batch& batch = effects_.batch;
+    for (const auto& event : batch.events) touch(event.first);
+    for (const auto& write : batch.kv_writes) touch(write.first);
+    for (int64_t number : batch.kv_cleared) touch(number);
+    for (const auto& log : batch.rank_logs) touch(log.first);
+    for (const auto& trimmed : batch.keep_events_after) touch(trimmed.first);
     // Under the lock, so that batches are written in the order of the mutations.
     finished.ticket = writer_->Enqueue(std::move(effects_.batch));
+    for (const std::string& job_id : touched) {
+      if (JobRecord* record = FindJob(job_id)) {
+        record->set_store_ticket(finished.ticket);
+        effects_.wake_keys.insert(JobKey(job_id));
+      }
+    }
     // The workers whose assignments this changed: their polls hand it out only once written.
     for (const std::string& key : effects_.wake_keys) {
       if (!absl::StartsWith(key, kWorkerKeyPrefix)) continue;
@@ -416,7 +434,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
 }
 
 absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  Read read(this);
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   return record->job();
@@ -438,7 +456,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
        !absl::SimpleAtoi(request.page_token(), &after))) {
     return absl::InvalidArgumentError("page_token is malformed: pass next_page_token back as is");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  Read read(this);
   v1::ListJobsResponse response;
   for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
     const v1::Job& job = jobs_.at(it->second)->job();
@@ -482,13 +500,13 @@ absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_
 }
 
 std::vector<v1::Worker> CoordinatorState::ListWorkers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  Read read(this);
   return workers_.List();
 }
 
 absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
     const std::string& job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  Read read(this);
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   v1::WatchJobEvent event;
@@ -510,11 +528,12 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
   batch.finished = record->terminal() &&
                    (batch.events.empty() ||
                     batch.events.back().sequence() == record->events().last_sequence());
+  batch.ticket = record->store_ticket();
   return batch;
 }
 
 CoordinatorState::Overview CoordinatorState::GetOverview() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  Read read(this);
   Overview overview;
   const int64_t now = options_.now_ms();
   for (const auto& [id, record] : jobs_) {
@@ -556,7 +575,7 @@ absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
   int64_t number = 0, oldest_held = 0, last = 0;
   bool terminal = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    Read read(this);
     const JobRecord* record = FindJob(request.job_id());
     if (record == nullptr) {
       return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
@@ -1147,7 +1166,15 @@ absl::Status CoordinatorState::CheckRankCaller(const std::string& job_id, int at
   return record->CheckRankSecret(attempt, rank, secret);
 }
 
-absl::StatusOr<std::optional<std::string>> CoordinatorState::KeyValueGet(
+bool CoordinatorState::IsWritten(uint64_t ticket) const {
+  return writer_ == nullptr || writer_->IsWritten(ticket);
+}
+
+void CoordinatorState::WaitWritten(uint64_t ticket) const {
+  if (writer_ != nullptr) writer_->WaitWritten(ticket);
+}
+
+absl::StatusOr<CoordinatorState::KeyValueRead> CoordinatorState::KeyValueGet(
     const v1::KeyValueGetRequest& request) const {
   // As for a set: a waiting get keeps its request, so its key is bounded too.
   if (request.key().empty() || request.key().size() > kMaxKvKeyBytes) {
@@ -1168,7 +1195,7 @@ absl::StatusOr<std::optional<std::string>> CoordinatorState::KeyValueGet(
                                            " ended while waiting for key ",
                                            Quote(request.key())));
   }
-  return record->kv().Get(request.key());
+  return KeyValueRead{record->kv().Get(request.key()), record->store_ticket()};
 }
 
 absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(

@@ -137,9 +137,13 @@ class CoordinatorState {
   absl::StatusOr<v1::WatchJobEvent> WatchSnapshot(const std::string& job_id) const;
   // The job's events after `after_sequence` (possibly none: wait on JobKey and ask again) and
   // whether the watch is complete (the terminal state change was among them or earlier).
+  // The events are shown only once `ticket` is written (IsWritten; until then hold them: the
+  // write's caller wakes JobKey when it is done) — a watcher is never shown a change that a
+  // crash of the coordinator would undo.
   struct WatchBatch {
     std::vector<v1::WatchJobEvent> events;
     bool finished = false;
+    uint64_t ticket = 0;
   };
   absl::StatusOr<WatchBatch> JobEventsSince(const std::string& job_id,
                                             int64_t after_sequence) const;
@@ -202,10 +206,18 @@ class CoordinatorState {
   absl::Status CheckWorkerCaller(const std::string& worker_id, const std::string& secret) const;
   absl::Status CheckRankCaller(const std::string& job_id, int attempt, int rank,
                                const std::string& secret) const;
-  // The value, or nullopt while the key is not set (the caller waits on JobKey).
-  // ABORTED: the attempt is over. NOT_FOUND: unknown job.
-  absl::StatusOr<std::optional<std::string>> KeyValueGet(
-      const v1::KeyValueGetRequest& request) const;
+  // The value, or nullopt while the key is not set (the caller waits on JobKey). As a watch's
+  // events, the value is handed out only once `ticket` is written (a key is set once per
+  // attempt, so the caller may hold it meanwhile). ABORTED: the attempt is over. NOT_FOUND:
+  // unknown job.
+  struct KeyValueRead {
+    std::optional<std::string> value;
+    uint64_t ticket = 0;
+  };
+  absl::StatusOr<KeyValueRead> KeyValueGet(const v1::KeyValueGetRequest& request) const;
+  // Whether the store write of `ticket` is done (always, without a store); waiting for it.
+  bool IsWritten(uint64_t ticket) const;
+  void WaitWritten(uint64_t ticket) const;
 
   // NOT_FOUND: unknown job. The response says abort when the attempt is over.
   // INVALID_ARGUMENT: a checkpoint path outside the job's checkpoint_dir.
@@ -255,6 +267,27 @@ class CoordinatorState {
    private:
     CoordinatorState* state_;
     std::unique_lock<std::mutex> lock_;
+  };
+  // Every read that answers a client holds one: it holds the lock and, when it ends, waits
+  // (off the lock) until every change it could have seen is written, so that what a client is
+  // shown survives a crash as what it is told does. Long calls answered from the wait set's
+  // thread do not block: they hold what they read until its ticket is written (WatchBatch,
+  // KeyValueRead).
+  class Read {
+   public:
+    explicit Read(const CoordinatorState* state)
+        : state_(state),
+          lock_(state->mu_),
+          ticket_(state->writer_ != nullptr ? state->writer_->LastTicket() : 0) {}
+    ~Read() {
+      lock_.unlock();
+      if (ticket_ != 0) state_->writer_->WaitWritten(ticket_);
+    }
+
+   private:
+    const CoordinatorState* state_;
+    std::unique_lock<std::mutex> lock_;
+    uint64_t ticket_;
   };
   // What the current mutation changed (JobRecord reports here; see JobChanges).
   class Effects : public JobChanges {

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -91,7 +93,9 @@ class CoordinatorStateTest : public ::testing::Test {
     request.set_rank(rank);
     request.set_rank_secret(RankSecret(job_id, rank, attempt));
     request.set_key(key);
-    return state_->KeyValueGet(request);
+    auto read = state_->KeyValueGet(request);
+    if (!read.ok()) return read.status();
+    return read->value;
   }
 
   static v1::JobSpec Spec(int world_size, v1::DeviceKind device = v1::CPU) {
@@ -1571,6 +1575,119 @@ TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
   std::filesystem::remove_all(dir);
 }
 
+// A store whose commits wait while its gate is closed (a slow disk, held still).
+class GatedStore final : public JobStore {
+ public:
+  explicit GatedStore(JobStore* inner) : inner_(inner) {}
+  absl::StatusOr<Snapshot> Load() override { return inner_->Load(); }
+  absl::Status Commit(const Batch& batch) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+    --waiting_;
+    return inner_->Commit(batch);
+  }
+  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t number, int64_t after,
+                                                            int limit) override {
+    return inner_->LoadEvents(number, after, limit);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Until a commit waits at the closed gate.
+  void AwaitHeldCommit() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [this] { return waiting_ > 0; });
+  }
+
+ private:
+  JobStore* inner_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool open_ = true;
+  int waiting_ = 0;
+};
+
+// What a client is shown is written, as what it is told is: while a change is still being
+// written, a read of it (status, a listing) waits for the write, and a watch's events and a
+// key's value (read from the wait set's thread, which must not block) carry the write's ticket
+// to be handed out once it is done. Before, a status could show a job CANCELLED that a crash
+// in that moment would bring back RUNNING.
+TEST(CoordinatorStateStore, AChangeBeingWritten_IsShownOnlyOnceWritten) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/gated_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto sqlite = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  GatedStore store(sqlite->get());
+  CoordinatorOptions options;
+  options.store = &store;
+  CoordinatorState state(options);
+  ASSERT_TRUE(state.Restore().ok());
+  const std::string job = StartOneRankJob(&state);
+  ASSERT_EQ(state.GetJob(job)->state(), v1::RUNNING);
+  const auto blocked = std::chrono::milliseconds(300);
+
+  // A key being written: its value comes with an unwritten ticket.
+  store.Close();
+  v1::KeyValueSetRequest set;
+  set.set_job_id(job);
+  set.set_attempt(1);
+  set.set_rank(0);
+  set.set_rank_secret(state.RankSecretForTesting(job, 1, 0));
+  set.set_key("nccl_unique_id");
+  set.set_value("id");
+  auto setting = std::async(std::launch::async, [&] { return state.KeyValueSet(set); });
+  store.AwaitHeldCommit();
+  v1::KeyValueGetRequest get;
+  get.set_job_id(job);
+  get.set_attempt(1);
+  get.set_rank(0);
+  get.set_rank_secret(set.rank_secret());
+  get.set_key("nccl_unique_id");
+  auto read = state.KeyValueGet(get);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->value.has_value());
+  EXPECT_FALSE(state.IsWritten(read->ticket)) << "a value still being written is handed out";
+  auto status = std::async(std::launch::async, [&] { return state.GetJob(job); });
+  EXPECT_EQ(status.wait_for(blocked), std::future_status::timeout)
+      << "a read answered while a change it shows was being written";
+  EXPECT_EQ(setting.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  store.Open();
+  EXPECT_TRUE(setting.get().ok());
+  EXPECT_TRUE(status.get().ok());
+  EXPECT_TRUE(state.IsWritten(read->ticket));
+
+  // A cancel being written: its event comes with an unwritten ticket; a listing waits.
+  auto before = state.JobEventsSince(job, 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_TRUE(state.IsWritten(before->ticket));
+  const int64_t seen = before->events.empty() ? 0 : before->events.back().sequence();
+  store.Close();
+  auto cancelling = std::async(std::launch::async, [&] { return state.CancelJob(job); });
+  store.AwaitHeldCommit();
+  auto events = state.JobEventsSince(job, seen);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_TRUE(events->finished);
+  EXPECT_FALSE(state.IsWritten(events->ticket)) << "an event still being written is handed out";
+  auto listing = std::async(std::launch::async, [&] { return state.ListJobs({}); });
+  EXPECT_EQ(listing.wait_for(blocked), std::future_status::timeout);
+  store.Open();
+  ASSERT_TRUE(cancelling.get().ok());
+  auto listed = listing.get();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->jobs_size(), 1);
+  EXPECT_EQ(listed->jobs(0).state(), v1::CANCELLED);
+  EXPECT_TRUE(state.IsWritten(events->ticket));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mptrain
 
@@ -1785,8 +1902,8 @@ TEST(CoordinatorStateStore, KeyValueSet_WritesTheKeyAlone_AndTheKeysSurviveARest
   get.set_key("rank_127");
   auto value = restarted.KeyValueGet(get);
   ASSERT_TRUE(value.ok()) << value.status();
-  ASSERT_TRUE(value->has_value()) << "the key did not survive the restart";
-  EXPECT_EQ(**value, std::string(1000, 'a' + 127 % 26));
+  ASSERT_TRUE(value->value.has_value()) << "the key did not survive the restart";
+  EXPECT_EQ(*value->value, std::string(1000, 'a' + 127 % 26));
   std::filesystem::remove_all(dir);
 }
 
@@ -1830,8 +1947,8 @@ TEST(CoordinatorStateStore, KeyValueInAnOlderRecord_IsReadAndMovedToItsTable) {
     get.set_key("nccl_unique_id");
     auto value = state.KeyValueGet(get);
     ASSERT_TRUE(value.ok()) << value.status();
-    ASSERT_TRUE(value->has_value());
-    EXPECT_EQ(**value, "legacy-id");
+    ASSERT_TRUE(value->value.has_value());
+    EXPECT_EQ(*value->value, "legacy-id");
   }
   auto moved = (*sqlite)->Load();
   ASSERT_TRUE(moved.ok()) << moved.status();

@@ -263,15 +263,32 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     WaitSet* waits = nullptr;
     std::string job_id;
     std::deque<v1::WatchJobEvent> queue;  // front() is being written while `writing`
+    // Events read but not yet in the store: sent once `held_ticket` is written (its writer
+    // wakes the job's key then), with `held_complete` taking effect with them.
+    std::vector<v1::WatchJobEvent> held;
+    uint64_t held_ticket = 0;
+    bool held_complete = false;
     int64_t last_sequence = 0;
     bool complete = false;  // The terminal state change is queued or written.
     bool writing = false;
     bool finished = false;
     uint64_t wait_id = 0;
 
+    // Moves the held events to the queue once their write is done; false while it is not.
+    bool Release() {
+      if (held.empty() && !held_complete) return true;
+      if (!state->IsWritten(held_ticket)) return false;
+      for (v1::WatchJobEvent& event : held) queue.push_back(std::move(event));
+      held.clear();
+      complete = held_complete;
+      held_complete = false;
+      return true;
+    }
+
     // Writes the next event, ends the call, or waits for the job to change (mu held).
     void Pump() {
       if (finished || writing) return;
+      Release();
       if (!queue.empty()) {
         writing = true;
         reactor->StartWrite(&queue.front());
@@ -287,21 +304,25 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
                               [self](Reason reason) { self->OnWake(reason); });
         if (finished) return;  // The wait set is shutting down: the call just ended.
       }
-      Fetch();  // Anything that arrived before the wait was registered.
+      Fetch();  // Anything that arrived (or was written) before the wait was registered.
     }
 
     void Fetch() {
       if (finished) return;
-      auto batch = state->JobEventsSince(job_id, last_sequence);
-      if (!batch.ok()) {
-        End(ToGrpcStatus(batch.status()));
-        return;
+      if (held.empty() && !held_complete) {
+        auto batch = state->JobEventsSince(job_id, last_sequence);
+        if (!batch.ok()) {
+          End(ToGrpcStatus(batch.status()));
+          return;
+        }
+        for (v1::WatchJobEvent& event : batch->events) {
+          last_sequence = event.sequence();
+          held.push_back(std::move(event));
+        }
+        held_complete = batch->finished;
+        held_ticket = batch->ticket;
       }
-      for (v1::WatchJobEvent& event : batch->events) {
-        last_sequence = event.sequence();
-        queue.push_back(std::move(event));
-      }
-      complete = batch->finished;
+      if (!Release()) return;  // The job's key is woken once the write is done.
       if (!queue.empty() && !writing) {
         writing = true;
         reactor->StartWrite(&queue.front());
@@ -563,11 +584,20 @@ grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServer
         }
         return LongCall::Start(
             waits_, CoordinatorState::JobKey(frame->request.job_id()), wait_ms,
-            [this, frame](bool final) -> std::optional<grpc::Status> {
-              auto value = state_->KeyValueGet(frame->request);
-              if (!value.ok()) return ToGrpcStatus(value.status());
-              if (value->has_value()) {
-                frame->response.set_value(**value);
+            [this, frame, held = std::optional<uint64_t>()](
+                bool final) mutable -> std::optional<grpc::Status> {
+              auto read = state_->KeyValueGet(frame->request);
+              if (!read.ok()) return ToGrpcStatus(read.status());
+              // Handed out once written (the write's caller wakes the job's key then); a key
+              // is set once per attempt, so a value seen earlier is held meanwhile.
+              if (read->value.has_value() && !held.has_value()) {
+                frame->response.set_value(*read->value);
+                held = read->ticket;
+              }
+              if (held.has_value()) {
+                if (state_->IsWritten(*held)) return grpc::Status::OK;
+                if (!final) return std::nullopt;
+                state_->WaitWritten(*held);  // Its deadline came during the write: rare, brief.
                 return grpc::Status::OK;
               }
               if (!final) return std::nullopt;

@@ -108,6 +108,10 @@ class JobRecord {
   bool running() const { return job_.state() == v1::RUNNING; }
   int64_t number() const { return number_; }
   int attempt() const { return attempt_; }
+  // The store ticket of the last write that carries a change of this job (0: none since this
+  // coordinator started): its events and key-value entries are shown only once it is written.
+  uint64_t store_ticket() const { return store_ticket_; }
+  void set_store_ticket(uint64_t ticket) { store_ticket_ = ticket; }
   int64_t queued_since_ms() const { return queued_since_ms_; }
   int64_t rank_memory_bytes() const { return rank_memory_bytes_; }
   int world_size() const { return static_cast<int>(ranks_.size()); }
@@ -193,6 +197,7 @@ class JobRecord {
   int64_t queued_since_ms_ = 0;  // When it last entered the queue (submit or restart).
   int64_t rank_memory_bytes_ = 0;
   int attempt_ = 0;
+  uint64_t store_ticket_ = 0;
   std::vector<RankRecord> ranks_;
   JobKv kv_;  // Cleared on each new attempt and at the end.
   // Rank secrets of the current attempt and the one before (attempt -> rank -> secret), so

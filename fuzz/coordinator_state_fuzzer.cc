@@ -503,7 +503,7 @@ class Harness {
     auto [secret, right] =
         MaybeWrong(state_->RankSecretForTesting(target.job_id, target.attempt, target.rank));
     request.set_rank_secret(secret);
-    absl::StatusOr<std::optional<std::string>> value = state_->KeyValueGet(request);
+    auto value = state_->KeyValueGet(request);
     Note("KeyValueGet", value.status());
     if (!right) FUZZ_CHECK(!value.ok());
   }

@@ -57,7 +57,9 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64
   request.set_rank_secret(identity_.secret);
   request.set_key(key);
   // Waits in the coordinator up to timeout_ms in all; an unreachable coordinator (restarting)
-  // is tried again until then.
+  // is tried again until then, and so is one whose places for this rank's waiting calls are
+  // taken (RESOURCE_EXHAUSTED: calls of this rank it has not noticed ended yet, or a
+  // stranger's): a rendezvous must not fail on what clears in a moment.
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {
     const int64_t left_ms = std::max<int64_t>(
@@ -70,9 +72,9 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, int64
     SetDeadline(&context, std::chrono::milliseconds(left_ms));
     grpc::Status status = stub_->KeyValueGet(&context, request, &response);
     if (status.ok()) return response.value();
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || left_ms == 0) {
-      return FromGrpcStatus(status);
-    }
+    const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    if (!transient || left_ms == 0) return FromGrpcStatus(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(500, left_ms)));
   }
 }

@@ -69,6 +69,11 @@ uint64_t StoreWriter::LastTicket() const {
   return next_ticket_ - 1;
 }
 
+bool StoreWriter::IsWritten(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_ >= ticket;
+}
+
 uint64_t StoreWriter::failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failures_;

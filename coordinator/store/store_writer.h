@@ -49,6 +49,8 @@ class StoreWriter {
   // The ticket of the last batch enqueued (0: none): what an answer that reads the state must
   // wait for, so that it never shows a change that is not yet written.
   uint64_t LastTicket() const;
+  // Whether the batch of `ticket` (and every one before it) is written.
+  bool IsWritten(uint64_t ticket) const;
 
   // Commits that failed so far.
   uint64_t failures() const;
