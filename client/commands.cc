@@ -96,23 +96,98 @@ class ProgressLine {
 // seconds) before it gives up with the error.
 constexpr auto kWatchReconnectFor = std::chrono::seconds(60);
 
-// Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED). A
-// stream the coordinator dropped (UNAVAILABLE: it restarted, or the network failed) is opened
-// again for up to kWatchReconnectFor; the new snapshot's state is printed only if it changed,
-// and telemetry of an attempt's steps already printed is skipped (the steps in between are not
-// replayed).
-v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, int* exit_code) {
+// Streams WatchJob, printing each event; returns the terminal state seen (or UNSPECIFIED).
+// What happened before a stream's snapshot and after the last event printed is fetched from
+// the job's history (GetJobEvents) and printed first: with `from_start` (submit --wait: every
+// step of a job that may have run, or even ended, before the watch opened), and after a
+// reconnect (a stream the coordinator dropped — UNAVAILABLE: it restarted, or the network
+// failed — is opened again for up to kWatchReconnectFor). A snapshot's state is printed only
+// if it is not the state printed last, and an attempt's steps only once.
+v1::JobState FollowJob(const CommandContext& context, const std::string& job_id, bool from_start,
+                       int* exit_code) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
-  bool seen = false;        // A snapshot was printed.
-  int64_t last_step = 0;    // The last telemetry step printed, and its attempt.
+  bool seen = false;          // A snapshot came.
+  bool state_shown = false;   // `last` was printed.
+  int64_t last_sequence = 0;  // Of the last event handled.
+  int64_t last_step = 0;      // The last telemetry step printed, and its attempt.
   int32_t last_attempt = 0;
   std::string error;
   const bool progress_bar = context.format == OutputFormat::kTable && context.terminal;
   ProgressLine progress(context.out);
   auto reconnect_until = std::chrono::steady_clock::now() + kWatchReconnectFor;
   bool told_reconnecting = false;
+
+  // Prints one event (from the stream or the history) unless it repeats what was printed.
+  auto show = [&](const v1::WatchJobEvent& event) {
+    if (event.event_case() != v1::WatchJobEvent::kSnapshot) {
+      last_sequence = std::max(last_sequence, event.sequence());
+    }
+    const bool first_snapshot = event.event_case() == v1::WatchJobEvent::kSnapshot && !seen;
+    const bool repeated =
+        (event.event_case() == v1::WatchJobEvent::kSnapshot && state_shown &&
+         event.snapshot().state() == last &&
+         !(first_snapshot && context.format == OutputFormat::kJson)) ||
+        (event.event_case() == v1::WatchJobEvent::kStateChange && state_shown &&
+         event.state_change().state() == last) ||
+        (event.event_case() == v1::WatchJobEvent::kTelemetry &&
+         event.telemetry().attempt() == last_attempt && event.telemetry().step() <= last_step);
+    if (event.event_case() == v1::WatchJobEvent::kSnapshot) seen = true;
+    if (repeated) return;
+    if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
+    if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
+    switch (event.event_case()) {
+      case v1::WatchJobEvent::kSnapshot:
+      case v1::WatchJobEvent::kStateChange: {
+        const bool snapshot = event.event_case() == v1::WatchJobEvent::kSnapshot;
+        last = snapshot ? event.snapshot().state() : event.state_change().state();
+        error = snapshot ? event.snapshot().error() : event.state_change().error();
+        state_shown = true;
+        if (context.format == OutputFormat::kTable) {
+          *context.out << job_id << " " << ShortState(last)
+                       << (snapshot || error.empty() ? "" : ": " + error) << "\n";
+        }
+        break;
+      }
+      case v1::WatchJobEvent::kTelemetry:
+        last_step = event.telemetry().step();
+        last_attempt = event.telemetry().attempt();
+        if (progress_bar) {
+          progress.Update(event.telemetry());
+        } else if (context.format == OutputFormat::kTable) {
+          *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
+        }
+        break;
+      default:
+        break;
+    }
+    context.out->flush();
+  };
+  // The history after `after` up to the snapshot's sequence `until`, page by page.
+  auto replay = [&](int64_t after, int64_t until) {
+    v1::GetJobEventsRequest history;
+    history.set_job_id(job_id);
+    history.set_after_sequence(after);
+    while (history.after_sequence() < until) {
+      v1::GetJobEventsResponse response;
+      grpc::ClientContext rpc;
+      SetDeadline(context, &rpc);
+      grpc::Status status = context.stub->GetJobEvents(&rpc, history, &response);
+      if (!status.ok()) {  // The live events still come: say what is missing, go on.
+        *context.err << "trainctl: watch " << job_id << ": events " << after + 1 << " to "
+                     << until << " not shown: " << status.error_message() << "\n";
+        return;
+      }
+      if (response.events().empty()) return;
+      for (const v1::WatchJobEvent& event : response.events()) {
+        if (event.sequence() > until) return;
+        show(event);
+        history.set_after_sequence(event.sequence());
+      }
+    }
+  };
+
   while (true) {
     grpc::ClientContext rpc;  // No deadline: a watch lasts as long as the job.
     std::unique_ptr<grpc::ClientReaderInterface<v1::WatchJobEvent>> reader =
@@ -121,45 +196,14 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
     while (reader->Read(&event)) {
       reconnect_until = std::chrono::steady_clock::now() + kWatchReconnectFor;
       told_reconnecting = false;
-      const bool repeated =
-          (event.event_case() == v1::WatchJobEvent::kSnapshot && seen &&
-           event.snapshot().state() == last) ||
-          (event.event_case() == v1::WatchJobEvent::kTelemetry &&
-           event.telemetry().attempt() == last_attempt && event.telemetry().step() <= last_step);
-      if (repeated) continue;
-      if (progress_bar && event.event_case() != v1::WatchJobEvent::kTelemetry) progress.Finish();
-      if (context.format == OutputFormat::kJson) *context.out << ToJson(event, false) << "\n";
-      switch (event.event_case()) {
-        case v1::WatchJobEvent::kSnapshot:
-          seen = true;
-          last = event.snapshot().state();
-          error = event.snapshot().error();
-          progress.SetTotal(event.snapshot().spec().steps());
-          if (context.format == OutputFormat::kTable) {
-            *context.out << job_id << " " << ShortState(last) << "\n";
-          }
-          break;
-        case v1::WatchJobEvent::kStateChange:
-          last = event.state_change().state();
-          error = event.state_change().error();
-          if (context.format == OutputFormat::kTable) {
-            *context.out << job_id << " " << ShortState(last)
-                         << (error.empty() ? "" : ": " + error) << "\n";
-          }
-          break;
-        case v1::WatchJobEvent::kTelemetry:
-          last_step = event.telemetry().step();
-          last_attempt = event.telemetry().attempt();
-          if (progress_bar) {
-            progress.Update(event.telemetry());
-          } else if (context.format == OutputFormat::kTable) {
-            *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
-          }
-          break;
-        default:
-          break;
+      if (event.event_case() == v1::WatchJobEvent::kSnapshot) {
+        progress.SetTotal(event.snapshot().spec().steps());
+        if ((seen || from_start) && event.sequence() > last_sequence) {
+          replay(last_sequence, event.sequence());
+        }
+        last_sequence = std::max(last_sequence, event.sequence());
       }
-      context.out->flush();
+      show(event);
     }
     grpc::Status status = reader->Finish();
     const bool ended = last == v1::SUCCEEDED || last == v1::FAILED || last == v1::CANCELLED;
@@ -226,7 +270,7 @@ int SubmitCommand(const CommandContext& context, const std::string& spec_file, b
     return 0;
   }
   int exit_code = 1;
-  FollowJob(context, response.job_id(), &exit_code);
+  FollowJob(context, response.job_id(), /*from_start=*/true, &exit_code);
   // The job id stays the last line, as without --wait.
   if (context.format == OutputFormat::kTable) *context.out << response.job_id() << "\n";
   return exit_code;
@@ -247,7 +291,7 @@ int StatusCommand(const CommandContext& context, const std::string& job_id) {
 
 int WatchCommand(const CommandContext& context, const std::string& job_id) {
   int exit_code = 1;
-  FollowJob(context, job_id, &exit_code);
+  FollowJob(context, job_id, /*from_start=*/false, &exit_code);
   return exit_code;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
@@ -157,6 +159,156 @@ TEST_F(LogsCommandTest, Follow_OutputThatCameWithTheEnd_IsPrinted) {
   ASSERT_TRUE(run.has_value());
   EXPECT_EQ(run->exit_code, 0) << run->err;
   EXPECT_EQ(run->out, "last words\n");
+}
+
+// A coordinator with one job whose history is `history` (sequences 1..n): each WatchJob
+// stream is scripted (a snapshot at some sequence, the live events after it, and how the
+// stream ends); GetJobEvents pages the history two events at a time.
+class HistoryCoordinator final : public v1::Coordinator::Service {
+ public:
+  struct Stream {
+    int64_t snapshot_sequence = 0;
+    v1::JobState snapshot_state = v1::RUNNING;
+    std::vector<v1::WatchJobEvent> live;
+    grpc::Status end = grpc::Status::OK;
+  };
+  std::vector<v1::WatchJobEvent> history;
+  std::deque<Stream> streams;
+  std::mutex mu;
+  int history_calls = 0;
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
+                         v1::SubmitJobResponse* response) override {
+    response->set_job_id("job-0001");
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
+                        grpc::ServerWriter<v1::WatchJobEvent>* writer) override {
+    Stream stream;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (streams.empty()) return grpc::Status(grpc::StatusCode::INTERNAL, "no stream left");
+      stream = streams.front();
+      streams.pop_front();
+    }
+    v1::WatchJobEvent snapshot;
+    snapshot.set_sequence(stream.snapshot_sequence);
+    snapshot.mutable_snapshot()->set_job_id("job-0001");
+    snapshot.mutable_snapshot()->set_state(stream.snapshot_state);
+    snapshot.mutable_snapshot()->mutable_spec()->set_steps(3);
+    writer->Write(snapshot);
+    for (const v1::WatchJobEvent& event : stream.live) writer->Write(event);
+    return stream.end;
+  }
+  grpc::Status GetJobEvents(grpc::ServerContext*, const v1::GetJobEventsRequest* request,
+                            v1::GetJobEventsResponse* response) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++history_calls;
+    for (const v1::WatchJobEvent& event : history) {
+      if (event.sequence() > request->after_sequence() && response->events_size() < 2) {
+        *response->add_events() = event;
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  static v1::WatchJobEvent State(int64_t sequence, v1::JobState state) {
+    v1::WatchJobEvent event;
+    event.set_sequence(sequence);
+    event.mutable_state_change()->set_state(state);
+    return event;
+  }
+  static v1::WatchJobEvent Step(int64_t sequence, int64_t step) {
+    v1::WatchJobEvent event;
+    event.set_sequence(sequence);
+    event.mutable_telemetry()->set_step(step);
+    event.mutable_telemetry()->set_attempt(1);
+    event.mutable_telemetry()->set_loss(0.5);
+    return event;
+  }
+};
+
+class FollowTest : public ::testing::Test {
+ protected:
+  FollowTest() {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&coordinator_);
+    server_ = builder.BuildAndStart();
+    stub_ = v1::Coordinator::NewStub(server_->InProcessChannel({}));
+    // History: RUNNING, steps 1-3, SUCCEEDED.
+    coordinator_.history = {HistoryCoordinator::State(1, v1::RUNNING),
+                            HistoryCoordinator::Step(2, 1), HistoryCoordinator::Step(3, 2),
+                            HistoryCoordinator::Step(4, 3),
+                            HistoryCoordinator::State(5, v1::SUCCEEDED)};
+  }
+  ~FollowTest() override { server_->Shutdown(); }
+
+  CommandContext Context() {
+    CommandContext context;
+    context.stub = stub_.get();
+    context.out = &out_;
+    context.err = &err_;
+    return context;
+  }
+  int Lines(const std::string& fragment) {
+    int count = 0;
+    std::istringstream lines(out_.str());
+    for (std::string line; std::getline(lines, line);) {
+      count += line.find(fragment) != std::string::npos ? 1 : 0;
+    }
+    return count;
+  }
+
+  HistoryCoordinator coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::ostringstream out_, err_;
+};
+
+// A job that ran, even ended, before submit --wait opened its watch: every step is printed
+// (before, only the final state was: the snapshot said SUCCEEDED and the steps were gone).
+TEST_F(FollowTest, SubmitWait_AJobThatEndedBeforeTheWatch_PrintsEveryStepOnce) {
+  coordinator_.streams.push_back({5, v1::SUCCEEDED, {}, grpc::Status::OK});
+  const std::string spec = absl::StrCat(::testing::TempDir(), "/follow_spec.json");
+  std::ofstream(spec) << R"({"name": "t", "world_size": 1, "device": "cpu",
+    "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
+    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3})";
+  EXPECT_EQ(SubmitCommand(Context(), spec, /*wait=*/true, ""), 0) << err_.str();
+  EXPECT_EQ(Lines("step"), 3) << out_.str();
+  for (const char* step : {"step      1  ", "step      2  ", "step      3  "}) {
+    EXPECT_EQ(Lines(step), 1) << step << " in:\n" << out_.str();
+  }
+  EXPECT_EQ(Lines("job-0001 RUNNING"), 1) << out_.str();
+  EXPECT_EQ(Lines("job-0001 SUCCEEDED"), 1) << out_.str();
+  EXPECT_EQ(err_.str(), "");
+}
+
+// A stream dropped mid-job (the coordinator restarted): the steps made meanwhile are fetched
+// from the history and printed once, then the new stream's live events.
+TEST_F(FollowTest, Watch_Reconnected_PrintsTheStepsMadeWhileItWasAway) {
+  coordinator_.streams.push_back({1, v1::RUNNING, {HistoryCoordinator::Step(2, 1)},
+                                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed")});
+  coordinator_.streams.push_back({4, v1::RUNNING,
+                                  {HistoryCoordinator::State(5, v1::SUCCEEDED)},
+                                  grpc::Status::OK});
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 0) << err_.str();
+  for (const char* step : {"step      1  ", "step      2  ", "step      3  "}) {
+    EXPECT_EQ(Lines(step), 1) << step << " in:\n" << out_.str();
+  }
+  EXPECT_EQ(Lines("job-0001 RUNNING"), 1) << out_.str();
+  EXPECT_EQ(Lines("job-0001 SUCCEEDED"), 1) << out_.str();
+  EXPECT_NE(err_.str().find("reconnecting"), std::string::npos) << err_.str();
+}
+
+// A watch of a running job starts from now (the history is `trainctl export`'s).
+TEST_F(FollowTest, Watch_StartsFromTheSnapshot) {
+  coordinator_.streams.push_back({3, v1::RUNNING,
+                                  {HistoryCoordinator::Step(4, 3),
+                                   HistoryCoordinator::State(5, v1::SUCCEEDED)},
+                                  grpc::Status::OK});
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 0) << err_.str();
+  EXPECT_EQ(Lines("step"), 1) << out_.str();
+  EXPECT_EQ(coordinator_.history_calls, 0);
 }
 
 }  // namespace
