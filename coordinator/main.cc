@@ -175,6 +175,9 @@ int main(int argc, char** argv) {
   quota.Resize(kMaxServerMemoryBytes);
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same address would start
+  // and the kernel would split workers and clients between the two. The port is ours alone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients ping connections with open calls (common/rpc_limits.h): accept that rate.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              mptrain::kServerMinPingIntervalMs);

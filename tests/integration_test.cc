@@ -357,6 +357,15 @@ TEST(Integration, PlaintextLoopbackWithoutTokens_SeedJobSucceeds) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   CommandResult status = cluster.Trainctl("--output=json status " + LastLine(result.output));
   EXPECT_NE(status.output.find("\"owner\": \"anonymous\""), std::string::npos) << status.output;
+
+  // A second coordinator on the same address is refused (gRPC's default SO_REUSEPORT let it
+  // start, and the kernel split the workers and clients between the two).
+  CommandResult second = RunCommand(
+      "timeout 20 " + RunfilePath("coordinator/coordinator") + " --listen=" + cluster.address() +
+      " --ephemeral 2>&1");
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_NE(second.output.find("cannot listen on " + cluster.address()), std::string::npos)
+      << second.output;
 }
 
 TEST(Integration, InvalidSpec_IsRefusedNamingTheField) {
