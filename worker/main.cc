@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -147,6 +148,19 @@ absl::StatusOr<mptrain::PathPolicy> RootsFromFlags(int argc, char** argv) {
   return mptrain::PathPolicy::Create(data, output);
 }
 
+namespace {
+
+// A rank process ends here, without running static destructors: its detached threads (the
+// signal thread, the teardown limit) may still wake — a SIGTERM of its worker arriving as it
+// exits — and found spdlog and the stop token destroyed (rank processes ended by signal 11).
+[[noreturn]] void EndRankProcess(int exit_code) {
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv,
                       "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
@@ -169,11 +183,11 @@ int main(int argc, char** argv) {
           spdlog::warn("process title truncated: ps shows part of --run_rank={}", file);
         }
       };
-      return mptrain::RunStandbyRankProcess(
+      EndRankProcess(mptrain::RunStandbyRankProcess(
           rank, absl::GetFlag(FLAGS_device) == "cuda" ? mptrain::v1::CUDA : mptrain::v1::CPU,
-          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO);
+          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO));
     }
-    return mptrain::RunRankProcess(rank);
+    EndRankProcess(mptrain::RunRankProcess(rank));
   }
 
   // Signals are handled by sigwait in one thread: block them before threads start.
