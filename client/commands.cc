@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -48,13 +49,7 @@ class ProgressLine {
   explicit ProgressLine(std::ostream* out) : out_(out) {}
   void SetTotal(int64_t steps) { total_ = steps; }
   void Update(const v1::TelemetryRecord& record) {
-    const auto now = std::chrono::steady_clock::now();
-    if (first_step_ < 0) {
-      first_step_ = record.step();
-      first_time_ = now;
-    }
-    const double elapsed = std::chrono::duration<double>(now - first_time_).count();
-    const double rate = elapsed > 0 ? (record.step() - first_step_) / elapsed : 0;
+    const double rate = Rate(record);
     constexpr int kWidth = 24;
     const double fraction =
         total_ > 0 ? std::clamp(static_cast<double>(record.step()) / total_, 0.0, 1.0) : 0;
@@ -85,10 +80,30 @@ class ProgressLine {
     if (seconds < 5400) return absl::StrFormat("%.0f min", seconds / 60);
     return absl::StrFormat("%.1f h", seconds / 3600);
   }
+  // Steps per second over the last ~10 s of arrivals. Records come in batches (a rank sends
+  // every 0.5 s; a watch opens with the job's history at once): a batch counts as its last
+  // step at its arrival, so the rate spans whole batches. Until arrivals span 1.5 s, the
+  // rate is the step time's.
+  double Rate(const v1::TelemetryRecord& record) {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point now = Clock::now();
+    if (!arrivals_.empty() && now - arrivals_.back().first < std::chrono::milliseconds(50)) {
+      arrivals_.back().second = std::max(arrivals_.back().second, record.step());
+    } else {
+      arrivals_.emplace_back(now, record.step());
+    }
+    while (arrivals_.size() > 2 && now - arrivals_[1].first >= std::chrono::seconds(10)) {
+      arrivals_.pop_front();
+    }
+    const double span = std::chrono::duration<double>(now - arrivals_.front().first).count();
+    if (span >= 1.5) return (record.step() - arrivals_.front().second) / span;
+    return record.step_time_ms() > 0 ? 1000.0 / record.step_time_ms() : 0;
+  }
+
   std::ostream* out_;
   int64_t total_ = 0;
-  int64_t first_step_ = -1;
-  std::chrono::steady_clock::time_point first_time_;
+  // (arrival, the highest step that had arrived then), oldest first.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> arrivals_;
   bool drawn_ = false;
 };
 
@@ -357,6 +372,9 @@ namespace {
 std::string CsvField(const google::protobuf::Message& message,
                      const google::protobuf::FieldDescriptor* field) {
   const google::protobuf::Reflection* reflection = message.GetReflection();
+  // An optional field not set (an MSE job's accuracy, a step without evaluation) is an empty
+  // cell: a 0 would read as a value.
+  if (field->has_presence() && !reflection->HasField(message, field)) return "";
   using Type = google::protobuf::FieldDescriptor::CppType;
   switch (field->cpp_type()) {
     case Type::CPPTYPE_DOUBLE: return absl::StrFormat("%.17g", reflection->GetDouble(message, field));
@@ -390,10 +408,7 @@ int ExportCommand(const CommandContext& context, const std::string& job_id, Expo
     }
   }
   std::sort(fields.begin(), fields.end(), [](auto* a, auto* b) { return a->number() < b->number(); });
-  if (format == ExportFormat::kCsv) {
-    for (size_t i = 0; i < fields.size(); ++i) *context.out << (i ? "," : "") << fields[i]->name();
-    *context.out << "\n";
-  }
+  bool header_written = format != ExportFormat::kCsv;  // Once the job is known to exist.
   v1::GetJobEventsRequest request;
   request.set_job_id(job_id);
   request.set_max_events(10'000);
@@ -403,6 +418,11 @@ int ExportCommand(const CommandContext& context, const std::string& job_id, Expo
     SetDeadline(context, &rpc);
     grpc::Status status = context.stub->GetJobEvents(&rpc, request, &response);
     if (!status.ok()) return ReportRpcError(context, "export " + job_id, status);
+    if (!header_written) {
+      for (size_t i = 0; i < fields.size(); ++i) *context.out << (i ? "," : "") << fields[i]->name();
+      *context.out << "\n";
+      header_written = true;
+    }
     for (const v1::WatchJobEvent& event : response.events()) {
       request.set_after_sequence(event.sequence());
       if (!event.has_telemetry()) continue;

@@ -224,6 +224,7 @@ class HistoryCoordinator final : public v1::Coordinator::Service {
     event.mutable_telemetry()->set_step(step);
     event.mutable_telemetry()->set_attempt(1);
     event.mutable_telemetry()->set_loss(0.5);
+    event.mutable_telemetry()->set_step_time_ms(4);
     return event;
   }
 };
@@ -298,6 +299,21 @@ TEST_F(FollowTest, Watch_Reconnected_PrintsTheStepsMadeWhileItWasAway) {
   EXPECT_EQ(Lines("job-0001 RUNNING"), 1) << out_.str();
   EXPECT_EQ(Lines("job-0001 SUCCEEDED"), 1) << out_.str();
   EXPECT_NE(err_.str().find("reconnecting"), std::string::npos) << err_.str();
+}
+
+// On a terminal, one progress line: its rate is the steps' (4 ms a step: 250 steps/s) while
+// the records came in one burst, not steps over the microseconds between them (5.55e+04).
+TEST_F(FollowTest, ProgressLine_RecordsInABurst_RateIsTheStepTimes) {
+  CommandContext context = Context();
+  context.terminal = true;
+  coordinator_.streams.push_back({1, v1::RUNNING,
+                                  {HistoryCoordinator::Step(2, 1), HistoryCoordinator::Step(3, 2),
+                                   HistoryCoordinator::Step(4, 3),
+                                   HistoryCoordinator::State(5, v1::SUCCEEDED)},
+                                  grpc::Status::OK});
+  EXPECT_EQ(WatchCommand(context, "job-0001"), 0);
+  EXPECT_NE(out_.str().find("3/3 steps  250 steps/s  ETA 0 s"), std::string::npos) << out_.str();
+  EXPECT_EQ(out_.str().find("e+"), std::string::npos) << out_.str();
 }
 
 // A watch of a running job starts from now (the history is `trainctl export`'s).

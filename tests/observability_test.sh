@@ -123,8 +123,16 @@ for w, e, r in zip(watched, exported, rows):
             assert got == str(value).lower(), (key, value, got)
         else:
             assert float(got) == float(value), (key, value, got)
-print(f"3. export: {len(rows)} records, csv and jsonl equal to the watched stream")
+    # A field not set (no evaluation this step, no accuracy for MSE) is an empty cell, not 0.
+    for key in ("accuracy", "eval_loss", "eval_accuracy"):
+        assert key in w or r[key] == "", (key, r[key])
+unset = sum(1 for r in rows for key in ("accuracy", "eval_loss", "eval_accuracy") if r[key] == "")
+assert unset > 0, "no record without an optional field: the check above checked nothing"
+print(f"3. export: {len(rows)} records, csv and jsonl equal to the watched stream "
+      f"({unset} unset optional fields empty)")
 PY
+[ -z "$(ctl export job-9999 --format=csv 2>/dev/null)" ] ||
+  fail "3. export of an unknown job wrote to stdout"
 
 # 3b. Bodies of no stated length, encoded, or asked for in ranges are refused before any body
 # is read (coordinator/http_server_test.cc has the rest: heads, connections, slow clients).
