@@ -139,9 +139,11 @@ absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
 
 // The --data_root / --output_root directories (every occurrence), resolved; the current
 // directory when none is given, so the README's demo works from the repository root.
-absl::StatusOr<mptrain::PathPolicy> RootsFromFlags(int argc, char** argv) {
-  std::vector<std::string> data = mptrain::RepeatedFlagValues(argc, argv, "data_root");
-  std::vector<std::string> output = mptrain::RepeatedFlagValues(argc, argv, "output_root");
+absl::StatusOr<mptrain::PathPolicy> RootsFromFlags() {
+  std::vector<std::string> data =
+      mptrain::RepeatedFlagValues(mptrain::ParsedArguments(), "data_root");
+  std::vector<std::string> output =
+      mptrain::RepeatedFlagValues(mptrain::ParsedArguments(), "output_root");
   const std::string cwd = std::filesystem::current_path().string();
   if (data.empty()) data.push_back(cwd);
   if (output.empty()) output.push_back(cwd);
@@ -164,7 +166,7 @@ namespace {
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv,
                       "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
-  absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags(argc, argv);
+  absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags();
   absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
   if (!absl::GetFlag(FLAGS_run_rank).empty() || absl::GetFlag(FLAGS_standby_slot) >= 0) {
     mptrain::RankProcessOptions rank;

@@ -1,0 +1,51 @@
+#include "common/cli_flags.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace mptrain {
+namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A worker's roots given in a flag file count (absl kept only the file's last value of a
+// flag, and the roots were read from the command line alone: the worker fell back to its
+// current directory as both roots).
+TEST(CliFlags, RootsInAFlagFile_AllCount_NestedFilesToo) {
+  const std::string inner = WriteFile("inner.flags", "--output-root=/out\n");
+  const std::string outer = WriteFile(
+      "outer.flags", absl::StrCat("# the worker's roots\n--data_root=/a\n\n  -data_root=/b  \n",
+                                  "--flagfile=", inner, "\n"));
+  ExpandedArguments expanded = ExpandFlagFiles(
+      {"worker", "--device=cpu", "--flagfile", outer, "--data_root=/c,/d", "--", "--data_root=x"});
+  ASSERT_EQ(expanded.error, "");
+  EXPECT_EQ(RepeatedFlagValues(expanded.args, "data_root"),
+            (std::vector<std::string>{"/a", "/b", "/c", "/d"}));
+  EXPECT_EQ(RepeatedFlagValues(expanded.args, "output_root"), std::vector<std::string>{"/out"});
+  EXPECT_EQ(expanded.args.front(), "worker");
+  EXPECT_EQ(expanded.args.back(), "--data_root=x") << "arguments after -- are left alone";
+}
+
+TEST(CliFlags, BadFlagFiles_AreRefusedNamingTheFileAndLine) {
+  EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=/nonexistent/flags"}).error.find(
+                "--flagfile /nonexistent/flags: not a readable regular file"),
+            std::string::npos);
+  const std::string prose = WriteFile("prose.flags", "--slots=2\ndata_root /a\n");
+  EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + prose}).error.find("line 2: not a flag"),
+            std::string::npos);
+  const std::string looping = WriteFile("loop.flags", "");
+  std::ofstream(looping) << "--flagfile=" << looping << "\n";
+  EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + looping}).error.find("nested more than"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mptrain
