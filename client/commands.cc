@@ -40,6 +40,11 @@ int ReportRpcError(const CommandContext& context, const std::string& what,
   }
   *context.err << "trainctl: " << what << " failed: " << code << ": " << status.error_message()
                << "\n";
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      status.error_message().find("Socket closed") != std::string::npos &&
+      !context.closed_connection_hint.empty()) {
+    *context.err << "trainctl: " << context.closed_connection_hint << "\n";
+  }
   return 1;
 }
 

@@ -21,6 +21,10 @@ struct CommandContext {
   std::ostream* err = &std::cerr;
   // `out` is a terminal: watch draws one progress line instead of a line per step.
   bool terminal = false;
+  // Added to an error where the coordinator closed the connection at once (what a TLS
+  // server does to a plaintext client, or mutual TLS to a client without a certificate):
+  // which flag may be missing.
+  std::string closed_connection_hint;
 };
 
 int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,

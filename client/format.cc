@@ -185,7 +185,7 @@ std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
       record.step(), record.loss(), record.grad_norm(), record.loss_scale(),
       record.skipped() ? "yes" : "no", record.skipped_total(), record.step_time_ms(),
       record.samples_per_second());
-  if (record.lr() != 0) absl::StrAppendFormat(&line, "  lr %.6g", record.lr());
+  absl::StrAppendFormat(&line, "  lr %.6g", record.lr());  // 0 too: a warm-up's first step.
   if (record.has_accuracy()) absl::StrAppendFormat(&line, "  acc %.4f", record.accuracy());
   if (record.has_eval_loss()) absl::StrAppendFormat(&line, "  eval_loss %.6f", record.eval_loss());
   if (record.has_eval_accuracy()) {

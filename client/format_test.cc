@@ -21,7 +21,8 @@ TEST(FormatTelemetryLine, ShowsEveryTelemetryField) {
   record.set_samples_per_second(1000);
   const std::string line = FormatTelemetryLine(record);
   for (const char* part : {"step      3", "loss 0.500000", "grad_norm 1.25", "scale 65536",
-                           "skipped yes (2 total)", "1.500 ms", "1000 samples/s"}) {
+                           "skipped yes (2 total)", "1.500 ms", "1000 samples/s",
+                           "lr 0"}) {  // A warm-up's first step trains with lr 0: shown.
     EXPECT_NE(line.find(part), std::string::npos) << part << " not in: " << line;
   }
 }

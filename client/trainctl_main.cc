@@ -75,6 +75,15 @@ int main(int argc, char** argv) {
   context.format = output == "json" ? mptrain::OutputFormat::kJson : mptrain::OutputFormat::kTable;
   context.rpc_timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
   context.terminal = isatty(STDOUT_FILENO) == 1;
+  if (security->tls_ca.empty()) {
+    context.closed_connection_hint =
+        "(the coordinator closed the connection: if it serves TLS, pass --tls_ca, and "
+        "--tls_cert and --tls_key if it asks for a client certificate)";
+  } else if (security->tls_cert.empty()) {
+    context.closed_connection_hint =
+        "(the coordinator closed the connection: if it requires a client certificate (mutual "
+        "TLS), pass --tls_cert and --tls_key)";
+  }
 
   if (command == "submit") {
     if (args.size() != 3) return Usage("submit takes one FILE");

@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -35,7 +36,19 @@ constexpr int64_t kMaxGrowthInterval = 1'000'000'000;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-std::string Num(double value) { return absl::StrFormat("%g", value); }
+// The shortest text that reads back as `value`: "%g" rounded 2592001 to 2.592e+06, the limit
+// it broke.
+std::string Num(double value) {
+  char text[64];
+  const std::to_chars_result end = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, end.ptr);
+}
+// The same for a float's limits (FLT_MAX is 3.4028235e+38 as a float, not its double digits).
+std::string FloatNum(float value) {
+  char text[64];
+  const std::to_chars_result end = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, end.ptr);
+}
 
 bool IsValidName(const std::string& name) {
   if (name.size() > 128) return false;
@@ -199,14 +212,14 @@ absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
   constexpr double kFloatMin = std::numeric_limits<float>::min();
   const double init = scaler.init_scale();
   if (!std::isfinite(init) || init < kFloatMin || init > kFloatMax) {
-    return Invalid(absl::StrCat("loss_scaler.init_scale must be a number in [", Num(kFloatMin),
-                                ", ", Num(kFloatMax), "] (the scale is a float), got ",
+    return Invalid(absl::StrCat("loss_scaler.init_scale must be a number in [", FloatNum(kFloatMin),
+                                ", ", FloatNum(kFloatMax), "] (the scale is a float), got ",
                                 Num(init)));
   }
   const double growth = scaler.growth_factor();
   if (!std::isfinite(growth) || growth > kFloatMax || static_cast<float>(growth) <= 1.0f) {
     return Invalid(absl::StrCat("loss_scaler.growth_factor must be > 1 as a float and at most ",
-                                Num(kFloatMax), ", got ", Num(growth)));
+                                FloatNum(kFloatMax), ", got ", Num(growth)));
   }
   const double backoff = scaler.backoff_factor();
   if (!std::isfinite(backoff) || static_cast<float>(backoff) <= 0.0f ||

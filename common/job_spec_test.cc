@@ -283,7 +283,12 @@ TEST(ValidateJobSpec, Steps_MustBeInRange) {
 TEST(ValidateJobSpec, QueueTimeout_MustBeFiniteAndNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.set_queue_timeout_s(-1);
-  ExpectInvalid(spec, "queue_timeout_s must be in [0, 2.592e+06] (0 = no limit), got -1");
+  ExpectInvalid(spec, "queue_timeout_s must be in [0, 2592000] (0 = no limit), got -1");
+  // The value as given, not rounded to the limit it broke ("got 2.592e+06").
+  spec.set_queue_timeout_s(30 * 86400 + 1);
+  ExpectInvalid(spec, "queue_timeout_s must be in [0, 2592000] (0 = no limit), got 2592001");
+  spec.set_queue_timeout_s(30 * 86400 + 0.25);
+  ExpectInvalid(spec, "got 2592000.25");
   spec.set_queue_timeout_s(std::nan(""));
   ExpectInvalid(spec, "queue_timeout_s must be in");
 }
@@ -356,11 +361,11 @@ TEST(ValidateJobSpec, WeightDecay_MustBeNonNegative) {
 TEST(ValidateJobSpec, InitScale_MustBeAPositiveFiniteFloat) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_init_scale(0);
-  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.17549e-38, 3.40282e+38] "
+  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.1754944e-38, 3.4028235e+38] "
                       "(the scale is a float), got 0");
   // Finite as a double, infinite or zero as the float the ranks keep it in.
   spec.mutable_loss_scaler()->set_init_scale(1e39);
-  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.17549e-38, 3.40282e+38]");
+  ExpectInvalid(spec, "loss_scaler.init_scale must be a number in [1.1754944e-38, 3.4028235e+38]");
   spec.mutable_loss_scaler()->set_init_scale(1e-39);
   ExpectInvalid(spec, "got 1e-39");
   spec.mutable_loss_scaler()->set_init_scale(3e38);
@@ -371,7 +376,7 @@ TEST(ValidateJobSpec, GrowthFactor_MustExceedOneAsAFloat) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_loss_scaler()->set_growth_factor(1.0);
   ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1 as a float and at most "
-                      "3.40282e+38, got 1");
+                      "3.4028235e+38, got 1");
   spec.mutable_loss_scaler()->set_growth_factor(1.00000001);  // 1.0f: the scale would never grow.
   ExpectInvalid(spec, "loss_scaler.growth_factor must be > 1 as a float");
   spec.mutable_loss_scaler()->set_growth_factor(1e39);
@@ -524,13 +529,13 @@ TEST(ValidateJobSpec, ProgressTimeout_MustBeAtLeastAMillisecondAndBounded) {
   v1::JobSpec spec = ValidSpec();
   EXPECT_EQ(spec.progress_timeout_s(), 300) << "default";
   spec.set_progress_timeout_s(-1);
-  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06] seconds (default 300), "
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2592000] seconds (default 300), "
                       "got -1");
   // 0 ms, and an overflowing conversion to ms: each would switch stall detection off.
   spec.set_progress_timeout_s(0.0001);
-  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06]");
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2592000]");
   spec.set_progress_timeout_s(1e16);
-  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2.592e+06]");
+  ExpectInvalid(spec, "progress_timeout_s must be in [0.001, 2592000]");
   spec.set_progress_timeout_s(0.001);
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }

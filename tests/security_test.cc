@@ -245,9 +245,16 @@ TEST(Security, WrongCaMissingClientCertificateOrToken_AreRefused) {
   EXPECT_NE(wrong_ca.output.find("UNAVAILABLE"), std::string::npos) << wrong_ca.output;
   CommandResult plaintext = RunCommand(trainctl + "--token_file=" + pki + "/alice.token list");
   EXPECT_EQ(plaintext.exit_code, 1) << plaintext.output;
+  // "Socket closed" alone does not say what is missing: the error names the flags.
+  EXPECT_NE(plaintext.output.find("if it serves TLS, pass --tls_ca"), std::string::npos)
+      << plaintext.output;
   CommandResult no_client_cert = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem --token_file=" +
                                             pki + "/alice.token list");
   EXPECT_EQ(no_client_cert.exit_code, 1) << "mutual TLS: " << no_client_cert.output;
+  EXPECT_NE(no_client_cert.output.find("requires a client certificate (mutual TLS), pass "
+                                       "--tls_cert and --tls_key"),
+            std::string::npos)
+      << no_client_cert.output;
   CommandResult no_token = RunCommand(trainctl + "--tls_ca=" + pki + "/ca.pem" + client_cert +
                                       " list");
   EXPECT_EQ(no_token.exit_code, 1) << no_token.output;
