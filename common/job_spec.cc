@@ -314,6 +314,10 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->lr_schedule().kind() == v1::LR_SCHEDULE_KIND_UNSPECIFIED) {
     spec->mutable_lr_schedule()->set_kind(v1::CONSTANT);
   }
+  // torch.optim.lr_scheduler.StepLR's default (0 is no valid gamma, so unset means it).
+  if (spec->lr_schedule().kind() == v1::STEP && spec->lr_schedule().gamma() == 0) {
+    spec->mutable_lr_schedule()->set_gamma(0.1);
+  }
   if (spec->has_optimizer()) {
     v1::OptimizerSpec* optimizer = spec->mutable_optimizer();
     if (optimizer->kind() == v1::OPTIMIZER_KIND_UNSPECIFIED) optimizer->set_kind(v1::SGD);

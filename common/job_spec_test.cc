@@ -481,6 +481,11 @@ TEST(ValidateJobSpec, LrSchedule_FieldsAreBoundedAndBelongToTheirKind) {
   spec.mutable_lr_schedule()->set_step_size(2);
   spec.mutable_lr_schedule()->set_gamma(1.5);
   ExpectInvalid(spec, "lr_schedule.gamma must be in (0, 1], got 1.5");
+  // Unset, gamma is StepLR's 0.1 (it was refused as 0).
+  spec.mutable_lr_schedule()->clear_gamma();
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.lr_schedule().gamma(), 0.1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
 TEST(ValidateJobSpec, ShuffleAndEvalData_Rules) {
