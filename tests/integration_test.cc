@@ -403,5 +403,24 @@ TEST(Integration, UnreachableCoordinator_OneLineErrorAndNonZeroExit) {
   EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
 }
 
+// SIGTERM stops a daemon cleanly whichever of its threads it lands on: OpenBLAS starts its
+// pool before main, and a daemon that blocked the signal for a sigwait thread was killed
+// outright when it landed there (no deregistration, its work directory left in /tmp). Here
+// while it waits for a coordinator that is not there, with a pool of 4.
+TEST(Integration, WorkerDaemonSigtermWhileRegistering_ExitsCleanlyAndRemovesItsWorkDir) {
+  const std::string tmp = TestTempDir() + "/sigterm_tmp";
+  const std::string script =
+      "mkdir -p " + tmp + "; cd " + tmp + "; OPENBLAS_NUM_THREADS=4 TMPDIR=" + tmp + " " +
+      RunfilePath("worker/worker") +
+      " --coordinator=127.0.0.1:1 --device=cpu --name=leaving >worker.log 2>&1 & "
+      "pid=$!; sleep 1.5; kill -TERM $pid; wait $pid; echo \"exit $?\"; "
+      "echo \"left $(ls -d " + tmp + "/mptrain-worker-* 2>/dev/null | wc -l)\"; cat worker.log";
+  CommandResult result = RunCommand("bash -c '" + script + "'");
+  EXPECT_NE(result.output.find("exit 0"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("left 0"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("signal 15: stopping ranks and exiting"), std::string::npos)
+      << result.output;
+}
+
 }  // namespace
 }  // namespace mptrain::testing

@@ -6,6 +6,7 @@
 //
 // The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -152,6 +154,18 @@ absl::StatusOr<mptrain::PathPolicy> RootsFromFlags() {
 
 namespace {
 
+int g_stop_pipe[2] = {-1, -1};
+
+pid_t g_daemon_pid = 0;
+
+void OnStopSignal(int signal) {
+  if (getpid() != g_daemon_pid) return;  // A child between its fork and exec (RankLauncher).
+  const int saved_errno = errno;
+  const char byte = static_cast<char>(signal);
+  [[maybe_unused]] const ssize_t written = write(g_stop_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
 // A rank process ends here, without running static destructors: its detached threads (the
 // signal thread, the teardown limit) may still wake — a SIGTERM of its worker arriving as it
 // exits — and found spdlog and the stop token destroyed (rank processes ended by signal 11).
@@ -192,12 +206,21 @@ int main(int argc, char** argv) {
     EndRankProcess(mptrain::RunRankProcess(rank));
   }
 
-  // Signals are handled by sigwait in one thread: block them before threads start.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM and SIGINT stop the daemon through a pipe its handler writes to. (Blocking them
+  // for a sigwait thread did not cover threads that libraries start before main — OpenBLAS's
+  // pool — so a SIGTERM could land there and kill the daemon outright, leaving its work
+  // directory and no deregistration behind.)
+  g_daemon_pid = getpid();
+  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "worker: pipe: %s\n", std::strerror(errno));
+    return 2;
+  }
+  struct sigaction on_stop {};
+  on_stop.sa_handler = OnStopSignal;
+  on_stop.sa_flags = SA_RESTART;
+  sigemptyset(&on_stop.sa_mask);
+  sigaction(SIGTERM, &on_stop, nullptr);
+  sigaction(SIGINT, &on_stop, nullptr);
 
   mptrain::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -266,11 +289,21 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The directory this start made goes on every way out (its ranks are gone, and their
+  // assignment files with them): one per daemon start would pile up in /tmp.
+  const bool made_work_dir = absl::GetFlag(FLAGS_work_dir).empty();
+  absl::Cleanup remove_work_dir = [&] {
+    if (!made_work_dir) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(options.work_dir, ignored);
+  };
+
   std::atomic<bool> stop{false};
-  std::thread signal_waiter([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    spdlog::info("signal {}: stopping ranks and exiting", signal);
+  std::thread signal_waiter([&stop] {
+    char signal = 0;
+    while (read(g_stop_pipe[0], &signal, 1) < 0 && errno == EINTR) {
+    }
+    spdlog::info("signal {}: stopping ranks and exiting", static_cast<int>(signal));
     stop.store(true);
   });
   signal_waiter.detach();
@@ -282,12 +315,6 @@ int main(int argc, char** argv) {
   }
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&stop);
-  if (absl::GetFlag(FLAGS_work_dir).empty()) {
-    // The directory this start made (its ranks are gone, and their assignment files with
-    // them): one per daemon start would pile up in /tmp.
-    std::error_code ignored;
-    std::filesystem::remove_all(options.work_dir, ignored);
-  }
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     spdlog::error("{}", status.ToString());
     return 1;

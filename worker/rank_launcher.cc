@@ -28,15 +28,29 @@ absl::StatusOr<pid_t> RankLauncher::Launch(const std::vector<std::string>& argv,
   env.push_back(nullptr);
   const pid_t parent = getpid();
 
+  // The daemon catches SIGTERM and SIGINT (its handler tells it to stop): held back across the
+  // fork, so that one meant for the child before its exec is not taken by the daemon's
+  // handler, but kills the child once it is back to the default.
+  sigset_t stop_signals, previous;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
   pid_t pid = fork();
+  if (pid != 0) pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // The daemon died before prctl took effect.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(SIGTERM, &default_action, nullptr);
+    sigaction(SIGINT, &default_action, nullptr);
     sigset_t none;
     sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // The daemon blocks signals for sigwait.
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     if (output_fd >= 0) {
       dup2(output_fd, STDOUT_FILENO);
       dup2(output_fd, STDERR_FILENO);
