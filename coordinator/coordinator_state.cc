@@ -21,6 +21,7 @@
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/placement.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "spdlog/spdlog.h"
 
 namespace mptrain {
@@ -374,6 +375,22 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   if (!request.request_id().empty()) {
     auto it = job_by_request_id_.find(request.request_id());
     if (it != job_by_request_id_.end()) {
+      // The same request again, or a mistake: a retry sends the same spec as the same
+      // principal; a different spec under a used id would silently never run.
+      const JobRecord& earlier = *jobs_.at(it->second);
+      v1::JobSpec earlier_spec = earlier.spec();
+      ApplyJobSpecDefaults(&earlier_spec);  // As this build would (its defaults may be newer).
+      if (earlier.job().owner() != owner) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id ", Quote(request.request_id()),
+            " is another principal's: choose another"));
+      }
+      if (!google::protobuf::util::MessageDifferencer::Equals(earlier_spec, spec)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id ", Quote(request.request_id()), " was used for ",
+            earlier.id(), " with another spec: a repeated request must send the same spec "
+            "(choose a new request_id for a new job)"));
+      }
       v1::SubmitJobResponse response;
       response.set_job_id(it->second);
       response.set_state(jobs_.at(it->second)->state());

@@ -212,6 +212,21 @@ TEST_F(CoordinatorStateTest, SubmitJob_SameRequestId_ReturnsSameJob) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first->job_id(), second->job_id());
   EXPECT_EQ(state_->ListJobs({})->jobs_size(), 1);
+
+  // Another spec under the same id would silently never run: refused, naming the job.
+  v1::SubmitJobRequest changed = request;
+  changed.mutable_spec()->set_steps(request.spec().steps() + 1);
+  auto refused = state_->SubmitJob(changed);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << refused.status();
+  EXPECT_NE(refused.status().message().find("was used for " + first->job_id() +
+                                            " with another spec"),
+            std::string::npos)
+      << refused.status();
+  // Another principal's id is not theirs to look up.
+  auto stranger = state_->SubmitJob(request, "mallory");
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kAlreadyExists) << stranger.status();
+  EXPECT_EQ(stranger.status().message().find(first->job_id()), std::string::npos);
+  EXPECT_EQ(state_->ListJobs({})->jobs_size(), 1);
 }
 
 TEST_F(CoordinatorStateTest, RegisterWorker_PlacesPendingJob_AndPollDeliversRanks) {
