@@ -550,7 +550,9 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
 }
 
 CoordinatorState::Overview CoordinatorState::GetOverview() const {
-  Read read(this);
+  // Monitoring (/metrics, the workers page) sees memory as it is, without waiting for the
+  // store: it must still answer while a write hangs (mptrain_store_write_failures_total).
+  std::lock_guard<std::mutex> lock(mu_);
   Overview overview;
   const int64_t now = options_.now_ms();
   for (const auto& [id, record] : jobs_) {
