@@ -178,6 +178,11 @@ std::string CoordinatorState::WorkerKey(const std::string& worker_id) {
 
 std::string CoordinatorState::JobKey(const std::string& job_id) { return "job:" + job_id; }
 
+std::string CoordinatorState::RequestKey(const std::string& owner,
+                                         const std::string& request_id) {
+  return absl::StrCat(owner.size(), ":", owner, request_id);
+}
+
 JobLimits CoordinatorState::job_limits() const {
   return JobLimits{options_.max_kv_keys_per_job, options_.max_kv_bytes_per_job,
                    options_.max_events_per_job, options_.max_events_per_finished_job,
@@ -259,7 +264,7 @@ absl::Status CoordinatorState::Restore() {
     next_job_number_ = std::max(next_job_number_, record->number() + 1);
     const std::string job_id = record->id();
     if (!record->job().request_id().empty()) {
-      job_by_request_id_[record->job().request_id()] = job_id;
+      job_by_request_id_[RequestKey(record->job().owner(), record->job().request_id())] = job_id;
     }
     job_order_[record->number()] = job_id;
     JobRecord* raw = record.get();
@@ -373,27 +378,26 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   // A repeated request first: a retry after a coordinator restart must find its job even
   // before the workers whose roots admitted its paths have registered again.
   if (!request.request_id().empty()) {
-    auto it = job_by_request_id_.find(request.request_id());
+    auto it = job_by_request_id_.find(RequestKey(owner, request.request_id()));
     if (it != job_by_request_id_.end()) {
-      // The same request again, or a mistake: a retry sends the same spec as the same
-      // principal; a different spec under a used id would silently never run.
+      // The same request again, or a mistake: a retry sends the same spec; a different spec
+      // under a used id would silently never run. (Ids are the principal's own: another's
+      // cannot collide with them, nor learn its jobs through them.)
       const JobRecord& earlier = *jobs_.at(it->second);
       v1::JobSpec earlier_spec = earlier.spec();
       ApplyJobSpecDefaults(&earlier_spec);  // As this build would (its defaults may be newer).
-      if (earlier.job().owner() != owner) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "request_id ", Quote(request.request_id()),
-            " is another principal's: choose another"));
-      }
       if (!google::protobuf::util::MessageDifferencer::Equals(earlier_spec, spec)) {
         return absl::AlreadyExistsError(absl::StrCat(
             "request_id ", Quote(request.request_id()), " was used for ",
             earlier.id(), " with another spec: a repeated request must send the same spec "
             "(choose a new request_id for a new job)"));
       }
+      // Answered only once the job it made is written (the first submit may still wait
+      // for its write: a retry must not be told OK for a job a crash would lose).
+      effects_.wait_ticket = earlier.store_ticket();
       v1::SubmitJobResponse response;
       response.set_job_id(it->second);
-      response.set_state(jobs_.at(it->second)->state());
+      response.set_state(earlier.state());
       return response;
     }
   }
@@ -433,7 +437,9 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
                                             memory.total, options_.now_ms(), job_limits(),
                                             &effects_);
   const std::string job_id = record->id();
-  if (!request.request_id().empty()) job_by_request_id_[request.request_id()] = job_id;
+  if (!request.request_id().empty()) {
+    job_by_request_id_[RequestKey(owner, request.request_id())] = job_id;
+  }
   job_order_[number] = job_id;
   jobs_[job_id] = std::move(record);
   pending_.push_back(job_id);
@@ -450,15 +456,15 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   return response;
 }
 
-absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id) const {
-  Read read(this);
+absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id, View view) const {
+  Read read(this, view);
   const JobRecord* record = FindJob(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   return record->job();
 }
 
 absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
-    const v1::ListJobsRequest& request) const {
+    const v1::ListJobsRequest& request, View view) const {
   if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size must be in [0, ", kMaxListPageSize,
                                                    "] (0 = ", kDefaultListPageSize, "), got ",
@@ -473,7 +479,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
        !absl::SimpleAtoi(request.page_token(), &after))) {
     return absl::InvalidArgumentError("page_token is malformed: pass next_page_token back as is");
   }
-  Read read(this);
+  Read read(this, view);
   v1::ListJobsResponse response;
   for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
     const v1::Job& job = jobs_.at(it->second)->job();
@@ -508,6 +514,7 @@ absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_
                      " may not cancel it (cancelling another principal's job needs admin)"));
   }
   if (record->terminal()) {
+    effects_.wait_ticket = record->store_ticket();  // The end it names is written.
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " already ended as ", v1::JobState_Name(record->state())));
   }
@@ -579,7 +586,7 @@ CoordinatorState::Overview CoordinatorState::GetOverview() const {
 }
 
 absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
-    const v1::GetJobEventsRequest& request) const {
+    const v1::GetJobEventsRequest& request, View view) const {
   constexpr int kDefaultEvents = 1'000, kMaxEvents = 10'000;
   if (request.max_events() < 0 || request.max_events() > kMaxEvents) {
     return absl::InvalidArgumentError(absl::StrCat("max_events must be in [0, ", kMaxEvents,
@@ -594,7 +601,7 @@ absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
   int64_t number = 0, oldest_held = 0, last = 0;
   bool terminal = false;
   {
-    Read read(this);
+    Read read(this, view);
     const JobRecord* record = FindJob(request.job_id());
     if (record == nullptr) {
       return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
@@ -789,7 +796,7 @@ void CoordinatorState::EvictOldRecords(int64_t now) {
       effects_.batch.deleted.push_back(oldest->number());
       effects_.dirty_jobs.erase(oldest->id());
       if (!oldest->job().request_id().empty()) {
-        job_by_request_id_.erase(oldest->job().request_id());
+        job_by_request_id_.erase(RequestKey(oldest->job().owner(), oldest->job().request_id()));
       }
       job_order_.erase(oldest->number());
       jobs_.erase(finished_.front());
@@ -1162,7 +1169,9 @@ absl::Status CoordinatorState::KeyValueSet(const v1::KeyValueSetRequest& request
                         absl::StrCat("job ", request.job_id(), ": ", status.message()));
   }
   // Its waiters look again; the record itself is unchanged (the store writes the key alone).
+  // A repeated set of the same value writes nothing: it waits for the write of the first.
   effects_.Wake(JobKey(record->id()));
+  effects_.wait_ticket = record->store_ticket();
   return absl::OkStatus();
 }
 
@@ -1187,10 +1196,6 @@ absl::Status CoordinatorState::CheckRankCaller(const std::string& job_id, int at
 
 bool CoordinatorState::IsWritten(uint64_t ticket) const {
   return writer_ == nullptr || writer_->IsWritten(ticket);
-}
-
-void CoordinatorState::WaitWritten(uint64_t ticket) const {
-  if (writer_ != nullptr) writer_->WaitWritten(ticket);
 }
 
 absl::StatusOr<CoordinatorState::KeyValueRead> CoordinatorState::KeyValueGet(

@@ -121,10 +121,16 @@ class CoordinatorState {
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request,
                                                   const std::string& owner = "anonymous");
   // NOT_FOUND: unknown job id.
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  // What a read shows. kWritten, for clients: only changes already in the store (the read
+  // waits for the writes of what it saw), so that nothing a client is shown is undone by a
+  // crash. kLive, for monitoring (the dashboard's JSON, /metrics): memory as it is, at once,
+  // so that it still answers while a store write hangs.
+  enum class View { kWritten, kLive };
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, View view = View::kWritten) const;
   // A page of jobs, oldest first, specs trimmed to what a listing shows.
   // INVALID_ARGUMENT: page_size outside [0, 1000] or a malformed page_token.
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                View view = View::kWritten) const;
   // NOT_FOUND: unknown job id. FAILED_PRECONDITION: the job already ended.
   // PERMISSION_DENIED: `principal` does not own the job and is not an admin.
   absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id,
@@ -149,8 +155,8 @@ class CoordinatorState {
                                             int64_t after_sequence) const;
   // GetJobEvents: a page of the job's history after `after_sequence`, from memory or, for
   // what memory no longer holds, from the store. NOT_FOUND, INVALID_ARGUMENT (max_events).
-  absl::StatusOr<v1::GetJobEventsResponse> GetJobEvents(
-      const v1::GetJobEventsRequest& request) const;
+  absl::StatusOr<v1::GetJobEventsResponse> GetJobEvents(const v1::GetJobEventsRequest& request,
+                                                        View view = View::kWritten) const;
 
   // What /metrics and the dashboard show of the whole coordinator, taken under the lock once.
   struct Overview {
@@ -215,9 +221,8 @@ class CoordinatorState {
     uint64_t ticket = 0;
   };
   absl::StatusOr<KeyValueRead> KeyValueGet(const v1::KeyValueGetRequest& request) const;
-  // Whether the store write of `ticket` is done (always, without a store); waiting for it.
+  // Whether the store write of `ticket` is done (always, without a store).
   bool IsWritten(uint64_t ticket) const;
-  void WaitWritten(uint64_t ticket) const;
 
   // NOT_FOUND: unknown job. The response says abort when the attempt is over.
   // INVALID_ARGUMENT: a checkpoint path outside the job's checkpoint_dir.
@@ -275,10 +280,12 @@ class CoordinatorState {
   // KeyValueRead).
   class Read {
    public:
-    explicit Read(const CoordinatorState* state)
+    explicit Read(const CoordinatorState* state, View view = View::kWritten)
         : state_(state),
           lock_(state->mu_),
-          ticket_(state->writer_ != nullptr ? state->writer_->LastTicket() : 0) {}
+          ticket_(state->writer_ != nullptr && view == View::kWritten
+                      ? state->writer_->LastTicket()
+                      : 0) {}
     ~Read() {
       lock_.unlock();
       if (ticket_ != 0) state_->writer_->WaitWritten(ticket_);
@@ -361,7 +368,9 @@ class CoordinatorState {
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
   std::deque<std::string> pending_;           // PENDING jobs, oldest first.
   std::deque<std::string> finished_;          // Terminal jobs in the order they ended.
-  std::map<std::string, std::string> job_by_request_id_;
+  std::map<std::string, std::string> job_by_request_id_;  // RequestKey -> job id.
+  // A submit's request id is its principal's own.
+  static std::string RequestKey(const std::string& owner, const std::string& request_id);
   int64_t next_job_number_ = 1;
   int64_t started_ms_ = 0;
   // Counters for /metrics, since this coordinator started.

@@ -597,8 +597,13 @@ grpc::ServerUnaryReactor* WorkerControlService::KeyValueGet(grpc::CallbackServer
               if (held.has_value()) {
                 if (state_->IsWritten(*held)) return grpc::Status::OK;
                 if (!final) return std::nullopt;
-                state_->WaitWritten(*held);  // Its deadline came during the write: rare, brief.
-                return grpc::Status::OK;
+                // Its deadline came while the value was being written (this runs on the wait
+                // set's thread, which must not wait for the store).
+                return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
+                    "key ", TruncateForError(frame->request.key(), 128), " of job ",
+                    TruncateForError(frame->request.job_id(), 128),
+                    " was still being written at the end of its ", frame->request.timeout_ms(),
+                    " ms")));
               }
               if (!final) return std::nullopt;
               return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(

@@ -594,11 +594,11 @@ Reply HttpServer::Handler::Route(const Request& request) const {
       return Reply::Error(MHD_HTTP_BAD_REQUEST, "page_size must be a number");
     }
     list.set_page_size(page_size);
-    auto jobs = state_->ListJobs(list);
+    auto jobs = state_->ListJobs(list, CoordinatorState::View::kLive);
     return jobs.ok() ? Reply::Json(ToJson(*jobs)) : Reply::Error(jobs.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "")) {
-    auto job = state_->GetJob(*id);
+    auto job = state_->GetJob(*id, CoordinatorState::View::kLive);
     return job.ok() ? Reply::Json(ToJson(*job)) : Reply::Error(job.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "/events")) {
@@ -614,7 +614,7 @@ Reply HttpServer::Handler::Route(const Request& request) const {
     }
     page.set_after_sequence(after);
     page.set_max_events(limit);
-    auto events = state_->GetJobEvents(page);
+    auto events = state_->GetJobEvents(page, CoordinatorState::View::kLive);
     return events.ok() ? Reply::Json(ToJson(*events)) : Reply::Error(events.status());
   }
   if (path == "/api/workers") {
