@@ -73,6 +73,9 @@ class ProgressLine {
     *out_ << "\r\x1b[2K" << line << std::flush;
     drawn_ = true;
   }
+  // Forgets the arrivals so far (a replayed history arrives at once: it says nothing of the
+  // rate).
+  void Rebase() { arrivals_.clear(); }
   // Ends the line so that what follows starts on its own.
   void Finish() {
     if (drawn_) *out_ << "\n";
@@ -195,8 +198,9 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
       SetDeadline(context, &rpc);
       grpc::Status status = context.stub->GetJobEvents(&rpc, history, &response);
       if (!status.ok()) {  // The live events still come: say what is missing, go on.
-        *context.err << "trainctl: watch " << job_id << ": events " << after + 1 << " to "
-                     << until << " not shown: " << status.error_message() << "\n";
+        *context.err << "trainctl: watch " << job_id << ": events "
+                     << history.after_sequence() + 1 << " to " << until
+                     << " not shown: " << status.error_message() << "\n";
         return;
       }
       if (response.events().empty()) return;
@@ -218,10 +222,18 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
       told_reconnecting = false;
       if (event.event_case() == v1::WatchJobEvent::kSnapshot) {
         progress.SetTotal(event.snapshot().spec().steps());
-        if ((seen || from_start) && event.sequence() > last_sequence) {
+        const bool missed = (seen || from_start) && event.sequence() > last_sequence;
+        // JSON keeps the stream's order (the snapshot first, then the events: here the
+        // history up to it); a table shows the history, then the state if it changed.
+        const bool json = context.format == OutputFormat::kJson;
+        if (json) show(event);
+        if (missed) {
           replay(last_sequence, event.sequence());
+          progress.Rebase();  // The history came at once: no rate from it.
         }
         last_sequence = std::max(last_sequence, event.sequence());
+        if (!json) show(event);
+        continue;
       }
       show(event);
     }

@@ -284,6 +284,24 @@ TEST_F(FollowTest, SubmitWait_AJobThatEndedBeforeTheWatch_PrintsEveryStepOnce) {
   EXPECT_EQ(err_.str(), "");
 }
 
+// JSON keeps the stream's order: the snapshot first, then the history, one event a line.
+TEST_F(FollowTest, SubmitWaitJson_SnapshotFirst_ThenEveryEvent) {
+  coordinator_.streams.push_back({5, v1::SUCCEEDED, {}, grpc::Status::OK});
+  const std::string spec = absl::StrCat(::testing::TempDir(), "/follow_json_spec.json");
+  std::ofstream(spec) << R"({"name": "t", "world_size": 1, "device": "cpu",
+    "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
+    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3})";
+  CommandContext context = Context();
+  context.format = OutputFormat::kJson;
+  EXPECT_EQ(SubmitCommand(context, spec, /*wait=*/true, ""), 0) << err_.str();
+  std::istringstream lines(out_.str());
+  std::string first;
+  std::getline(lines, first);
+  EXPECT_NE(first.find("\"snapshot\""), std::string::npos) << out_.str();
+  EXPECT_EQ(Lines("\"telemetry\""), 3) << out_.str();
+  EXPECT_EQ(Lines("\"state_change\""), 2) << out_.str();
+}
+
 // A stream dropped mid-job (the coordinator restarted): the steps made meanwhile are fetched
 // from the history and printed once, then the new stream's live events.
 TEST_F(FollowTest, Watch_Reconnected_PrintsTheStepsMadeWhileItWasAway) {

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,17 +19,24 @@
 namespace mptrain {
 namespace {
 
-// Flag files are small; nesting is bounded (a file that names itself must not loop).
+// Flag files are small; nesting is bounded (a file that names itself must not loop), and so
+// is what they expand to (one that names itself twice would double at every level).
 constexpr int kMaxFlagFileDepth = 8;
 constexpr std::streamsize kMaxFlagFileBytes = 1 << 20;
+constexpr size_t kMaxExpandedArguments = 10'000;
 
 std::vector<std::string>& Parsed() {
   static std::vector<std::string> args;
   return args;
 }
 
-// `--name=value` / `--name value` as a flag name and its value; the name with '-' as '_'.
+// `--name=value` / `--name value` as a flag name and its value; the name with '-' as '_',
+// and absl's one-dash spelling (`-name=value`) with two.
 std::string NormalizedFlag(std::string arg) {
+  if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-' &&
+      std::isalpha(static_cast<unsigned char>(arg[1]))) {
+    arg.insert(0, "-");
+  }
   size_t end = arg.find('=');
   if (end == std::string::npos) end = arg.size();
   for (size_t j = 2; j < end; ++j) {
@@ -37,14 +45,31 @@ std::string NormalizedFlag(std::string arg) {
   return arg;
 }
 
-bool ExpandInto(const std::vector<std::string>& args, int depth, std::vector<std::string>* out,
-                std::string* error) {
+// `in_file`: args are a flag file's lines (each a whole flag: no `--`, no value on the next
+// line).
+bool ExpandInto(const std::vector<std::string>& args, int depth, bool in_file,
+                std::vector<std::string>* out, std::string* error) {
   bool after_terminator = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
+    if (out->size() >= kMaxExpandedArguments) {
+      *error = absl::StrCat("the flags expand to more than ", kMaxExpandedArguments,
+                            " arguments (a --flagfile naming itself?)");
+      return false;
+    }
+    if (arg == "--" && in_file) {
+      *error = "a --flagfile may not hold `--` (it would end the flags)";
+      return false;
+    }
     if (arg == "--") after_terminator = true;
-    if (!after_terminator && arg.rfind("--", 0) == 0) arg = NormalizedFlag(arg);
+    if (!after_terminator && arg.size() > 1 && arg[0] == '-' && arg != "--") {
+      arg = NormalizedFlag(arg);
+    }
     std::string files;
+    if (!after_terminator && arg == "--flagfile" && in_file) {
+      *error = "--flagfile in a flag file needs its file on the same line (--flagfile=FILE)";
+      return false;
+    }
     if (!after_terminator && arg == "--flagfile" && i + 1 < args.size()) {
       files = args[++i];
     } else if (!after_terminator && absl::StartsWith(arg, "--flagfile=")) {
@@ -80,11 +105,9 @@ bool ExpandInto(const std::vector<std::string>& args, int depth, std::vector<std
                                 ": not a flag (one --name=value a line): ", text);
           return false;
         }
-        // absl's flag files spell flags with one dash too.
-        lines.push_back(absl::StartsWith(text, "--") ? std::string(text)
-                                                    : absl::StrCat("-", text));
+        lines.emplace_back(text);  // One dash or two: NormalizedFlag makes it two.
       }
-      if (!ExpandInto(lines, depth + 1, out, error)) return false;
+      if (!ExpandInto(lines, depth + 1, /*in_file=*/true, out, error)) return false;
     }
   }
   return true;
@@ -97,7 +120,9 @@ ExpandedArguments ExpandFlagFiles(const std::vector<std::string>& args) {
   if (args.empty()) return expanded;
   expanded.args.push_back(args[0]);  // The program name is never a flag.
   std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (!ExpandInto(rest, 0, &expanded.args, &expanded.error)) expanded.args.clear();
+  if (!ExpandInto(rest, 0, /*in_file=*/false, &expanded.args, &expanded.error)) {
+    expanded.args.clear();
+  }
   return expanded;
 }
 

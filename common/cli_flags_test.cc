@@ -34,6 +34,18 @@ TEST(CliFlags, RootsInAFlagFile_AllCount_NestedFilesToo) {
   EXPECT_EQ(expanded.args.back(), "--data_root=x") << "arguments after -- are left alone";
 }
 
+// absl's one-dash spellings count too: `-flagfile=F` was left for absl to expand, and the
+// roots in F were lost again.
+TEST(CliFlags, OneDashSpellings_AreExpandedAndCounted) {
+  const std::string file = WriteFile("one_dash.flags", "-data_root=/a\n");
+  ExpandedArguments expanded =
+      ExpandFlagFiles({"worker", "-flagfile=" + file, "-data-root", "/b", "-output_root=/o"});
+  ASSERT_EQ(expanded.error, "");
+  EXPECT_EQ(RepeatedFlagValues(expanded.args, "data_root"),
+            (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(RepeatedFlagValues(expanded.args, "output_root"), std::vector<std::string>{"/o"});
+}
+
 TEST(CliFlags, BadFlagFiles_AreRefusedNamingTheFileAndLine) {
   EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=/nonexistent/flags"}).error.find(
                 "--flagfile /nonexistent/flags: not a readable regular file"),
@@ -45,6 +57,21 @@ TEST(CliFlags, BadFlagFiles_AreRefusedNamingTheFileAndLine) {
   std::ofstream(looping) << "--flagfile=" << looping << "\n";
   EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + looping}).error.find("nested more than"),
             std::string::npos);
+  // `--` in a file would turn every later flag of the command line into a positional one.
+  const std::string terminator = WriteFile("terminator.flags", "--slots=2\n--\n");
+  EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + terminator, "--coordinator=c:1"})
+                .error.find("may not hold `--`"),
+            std::string::npos);
+  const std::string bare = WriteFile("bare.flags", "--flagfile\n--slots=1\n");
+  EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + bare}).error.find("on the same line"),
+            std::string::npos);
+  // A file naming itself twice doubles at every level: bounded.
+  const std::string doubling = WriteFile("doubling.flags", "");
+  std::ofstream(doubling) << "--slots=1\n--flagfile=" << doubling << "," << doubling << "\n";
+  const std::string error = ExpandFlagFiles({"worker", "--flagfile=" + doubling}).error;
+  EXPECT_TRUE(error.find("more than 10000 arguments") != std::string::npos ||
+              error.find("nested more than") != std::string::npos)
+      << error;
 }
 
 }  // namespace

@@ -155,6 +155,7 @@ absl::StatusOr<mptrain::PathPolicy> RootsFromFlags() {
 namespace {
 
 int g_stop_pipe[2] = {-1, -1};
+std::atomic<bool> g_daemon_stop{false};  // Set by the signal thread; outlives RunDaemon.
 
 pid_t g_daemon_pid = 0;
 
@@ -166,52 +167,26 @@ void OnStopSignal(int signal) {
   errno = saved_errno;
 }
 
-// A rank process ends here, without running static destructors: its detached threads (the
-// signal thread, the teardown limit) may still wake — a SIGTERM of its worker arriving as it
-// exits — and found spdlog and the stop token destroyed (rank processes ended by signal 11).
-[[noreturn]] void EndRankProcess(int exit_code) {
+// A rank process, and the daemon, end here without running static destructors: their
+// detached threads (the signal threads, a rank's teardown limit) may still wake — a SIGTERM
+// arriving as they exit — and found spdlog and the stop token destroyed (rank processes ended
+// by signal 11).
+[[noreturn]] void EndProcess(int exit_code) {
   spdlog::default_logger()->flush();
   std::fflush(nullptr);
   std::_Exit(exit_code);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  mptrain::ParseFlags(argc, argv,
-                      "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
-  absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags();
-  absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
-  if (!absl::GetFlag(FLAGS_run_rank).empty() || absl::GetFlag(FLAGS_standby_slot) >= 0) {
-    mptrain::RankProcessOptions rank;
-    rank.assignment_file = absl::GetFlag(FLAGS_run_rank);
-    rank.coordinator = absl::GetFlag(FLAGS_coordinator);
-    rank.host = absl::GetFlag(FLAGS_host);
-    if (roots.ok()) {
-      rank.data_roots = roots->data_roots();
-      rank.output_roots = roots->output_roots();
-    }
-    rank.security = security.ok() ? *security : mptrain::ClientSecurity{};
-    if (absl::GetFlag(FLAGS_standby_slot) >= 0) {
-      const std::string slot = absl::StrCat("--standby_slot=", absl::GetFlag(FLAGS_standby_slot));
-      rank.on_assignment = [argc, argv, slot](const std::string& file) {
-        if (!mptrain::SetProcessTitle(argc, argv, {argv[0], "--run_rank=" + file, slot})) {
-          spdlog::warn("process title truncated: ps shows part of --run_rank={}", file);
-        }
-      };
-      EndRankProcess(mptrain::RunStandbyRankProcess(
-          rank, absl::GetFlag(FLAGS_device) == "cuda" ? mptrain::v1::CUDA : mptrain::v1::CPU,
-          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO));
-    }
-    EndRankProcess(mptrain::RunRankProcess(rank));
-  }
-
+// The daemon's life, once the flags are read; returns its exit code.
+int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
+              const absl::StatusOr<mptrain::ClientSecurity>& security) {
   // SIGTERM and SIGINT stop the daemon through a pipe its handler writes to. (Blocking them
   // for a sigwait thread did not cover threads that libraries start before main — OpenBLAS's
   // pool — so a SIGTERM could land there and kill the daemon outright, leaving its work
   // directory and no deregistration behind.)
   g_daemon_pid = getpid();
-  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0) {
+  // Non-blocking: a flood of signals must not block the handler once the pipe is full.
+  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0 || fcntl(g_stop_pipe[1], F_SETFL, O_NONBLOCK) != 0) {
     std::fprintf(stderr, "worker: pipe: %s\n", std::strerror(errno));
     return 2;
   }
@@ -298,13 +273,12 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(options.work_dir, ignored);
   };
 
-  std::atomic<bool> stop{false};
-  std::thread signal_waiter([&stop] {
+  std::thread signal_waiter([] {
     char signal = 0;
     while (read(g_stop_pipe[0], &signal, 1) < 0 && errno == EINTR) {
     }
     spdlog::info("signal {}: stopping ranks and exiting", static_cast<int>(signal));
-    stop.store(true);
+    g_daemon_stop.store(true);
   });
   signal_waiter.detach();
 
@@ -314,11 +288,47 @@ int main(int argc, char** argv) {
     return 2;
   }
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
-  absl::Status status = daemon.Run(&stop);
+  absl::Status status = daemon.Run(&g_daemon_stop);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     spdlog::error("{}", status.ToString());
     return 1;
   }
   spdlog::info("worker stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mptrain::ParseFlags(argc, argv,
+                      "worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N]");
+  absl::StatusOr<mptrain::PathPolicy> roots = RootsFromFlags();
+  absl::StatusOr<mptrain::ClientSecurity> security = mptrain::ClientSecurityFromFlags();
+  if (!absl::GetFlag(FLAGS_run_rank).empty() || absl::GetFlag(FLAGS_standby_slot) >= 0) {
+    mptrain::RankProcessOptions rank;
+    rank.assignment_file = absl::GetFlag(FLAGS_run_rank);
+    rank.coordinator = absl::GetFlag(FLAGS_coordinator);
+    rank.host = absl::GetFlag(FLAGS_host);
+    if (roots.ok()) {
+      rank.data_roots = roots->data_roots();
+      rank.output_roots = roots->output_roots();
+    }
+    rank.security = security.ok() ? *security : mptrain::ClientSecurity{};
+    if (absl::GetFlag(FLAGS_standby_slot) >= 0) {
+      const std::string slot = absl::StrCat("--standby_slot=", absl::GetFlag(FLAGS_standby_slot));
+      rank.on_assignment = [argc, argv, slot](const std::string& file) {
+        if (!mptrain::SetProcessTitle(argc, argv, {argv[0], "--run_rank=" + file, slot})) {
+          spdlog::warn("process title truncated: ps shows part of --run_rank={}", file);
+        }
+      };
+      EndProcess(mptrain::RunStandbyRankProcess(
+          rank, absl::GetFlag(FLAGS_device) == "cuda" ? mptrain::v1::CUDA : mptrain::v1::CPU,
+          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO));
+    }
+    EndProcess(mptrain::RunRankProcess(rank));
+  }
+
+  // The daemon ends like a rank process: its signal thread may still wake after the daemon
+  // returned, and must not find the logger (or the stop flag) destroyed.
+  EndProcess(RunDaemon(roots, security));
 }

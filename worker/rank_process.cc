@@ -107,10 +107,11 @@ void StartSignalThread() {
     spdlog::warn("signal {}: aborting", signal);
     g_stop.RequestStop(
         absl::StrCat("signal ", signal, " (", strsignal(signal), "): the worker stopped this rank"));
-    // Before the worker's SIGKILL (WorkerOptions::stop_grace_ms, 3 s), with the stack's
-    // 200 ms inside it: a stuck rank's stack is what its worker's log must show.
-    std::this_thread::sleep_for(std::chrono::milliseconds(2'500));
-    spdlog::error("did not stop within 2.5 s of signal {}: exiting", signal);
+    // Well before the worker's SIGKILL (WorkerOptions::stop_grace_ms, 3 s), with the stack's
+    // 200 ms inside it and room for a loaded host: a stuck rank's stack is what its worker's
+    // log must show.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    spdlog::error("did not stop within 2 s of signal {}: exiting", signal);
     if (const pid_t training = g_training_thread.load(); training != 0) {
       syscall(SYS_tgkill, getpid(), training, SIGUSR2);
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
