@@ -96,10 +96,11 @@ absl::StatusOr<std::string> LoadClientToken(const std::string& token_file) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
-    const std::string& address, const ClientSecurity& security) {
+    const std::string& address, const ClientSecurity& security, bool own_connection) {
   PollReconnectsPromptly();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   grpc::ChannelArguments arguments;
+  if (own_connection) arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // gRPC backs off reconnecting up to 120 s by default: a coordinator that restarts would see
   // its workers and ranks only minutes later. Retry at least once a second instead. (The
   // minimum backoff is left alone: gRPC also takes it as each attempt's connect timeout, and a

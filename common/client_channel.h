@@ -27,8 +27,11 @@ absl::StatusOr<std::string> LoadClientToken(const std::string& token_file);
 
 // INVALID_ARGUMENT / NOT_FOUND name the flag of a missing or malformed PEM file, or a
 // certificate given without its key.
+// `own_connection`: never share a connection with another channel to the same address
+// (gRPC pools them per process): a fresh one, as after a network blip, when the old
+// connection's retransmissions have backed off for seconds.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
-    const std::string& address, const ClientSecurity& security);
+    const std::string& address, const ClientSecurity& security, bool own_connection = false);
 
 // The TLS flags that reproduce `security` in a child process. The token is not among them: a
 // command line is readable by every local user, so it travels in the child's environment.

@@ -937,6 +937,9 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   auto worker =
       workers_.FindLive(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
+  // Any call the worker proves is its own shows it alive, not only a heartbeat: after a
+  // network blip, whichever of its calls gets through first counts.
+  (*worker)->info.set_last_heartbeat_unix_ms(options_.now_ms());
   // A worker runs at most a rank per slot (and one being stopped beside the next, at times):
   // a longer list would only make a stop list as long, under the lock.
   if (request.running_size() > 2 * (*worker)->info.slots()) {
@@ -972,16 +975,24 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
     start_bytes += bytes;
     *response.add_start() = std::move(assignment);
   }
+  const int64_t now = options_.now_ms();
+  std::map<std::string, int64_t> stops_sent;
   for (const v1::Assignment& assignment : request.running()) {
     if (RankIsFinishing(assignment)) continue;
-    if (!desired_keys.count(
-            AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt()))) {
-      v1::Assignment* stop = response.add_stop();
-      stop->set_job_id(assignment.job_id());
-      stop->set_rank(assignment.rank());
-      stop->set_attempt(assignment.attempt());
+    std::string key = AssignmentKey(assignment.job_id(), assignment.rank(), assignment.attempt());
+    if (desired_keys.count(key)) continue;
+    if (auto sent = (*worker)->stops_sent.find(key);
+        sent != (*worker)->stops_sent.end() && now - sent->second < kStopResendMs) {
+      stops_sent.insert(*sent);  // Told already: the poll waits for news instead.
+      continue;
     }
+    v1::Assignment* stop = response.add_stop();
+    stop->set_job_id(assignment.job_id());
+    stop->set_rank(assignment.rank());
+    stop->set_attempt(assignment.attempt());
+    stops_sent[std::move(key)] = now;
   }
+  (*worker)->stops_sent = std::move(stops_sent);
   if (response.start_size() > 0 || response.stop_size() > 0) {
     effects_.wait_ticket = (*worker)->assignments_ticket;  // Not before it is written.
   }
@@ -995,6 +1006,7 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
     return absl::PermissionDeniedError(
         absl::StrCat("the worker secret does not match worker ", Quote(request.worker_id())));
   }
+  if (worker->alive()) worker->info.set_last_heartbeat_unix_ms(options_.now_ms());
   // Only the worker that runs a rank speaks for its process.
   bool placed_here = false;
   for (const auto& [slot, busy] : worker->busy_slots) {

@@ -102,6 +102,10 @@ inline constexpr size_t kMaxKvValueBytes = 1 << 20;
 inline constexpr size_t kMaxKvKeyBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
+// A stop handed to a worker for a rank it still runs is repeated after this long (in case it
+// was lost), not at every poll.
+inline constexpr int64_t kStopResendMs = 5'000;
+
 class CoordinatorState {
  public:
   explicit CoordinatorState(CoordinatorOptions options);

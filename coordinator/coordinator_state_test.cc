@@ -300,6 +300,14 @@ TEST_F(CoordinatorStateTest, CancelledJob_SlotsDrainUntilTheWorkerNoLongerRunsTh
   v1::PollAssignmentsResponse stop = Poll(worker, running);
   EXPECT_EQ(stop.stop_size(), 1);
   EXPECT_EQ(StateOf(next), v1::PENDING);
+  // While the rank dies, the worker's polls are not answered the same stop again (a worker
+  // spun at ~2,700 polls a second): nothing new, so they wait; the stop is repeated after
+  // kStopResendMs in case it was lost.
+  EXPECT_EQ(Poll(worker, running).stop_size(), 0);
+  now_ms_ += kStopResendMs - 1;
+  EXPECT_EQ(Poll(worker, running).stop_size(), 0);
+  now_ms_ += 1;
+  EXPECT_EQ(Poll(worker, running).stop_size(), 1);
   v1::PollAssignmentsResponse after = Poll(worker, {});  // The worker's rank is gone.
   EXPECT_EQ(StateOf(next), v1::RUNNING);
   ASSERT_EQ(after.start_size(), 1);
@@ -382,6 +390,25 @@ TEST_F(CoordinatorStateTest, SilentWorker_IsLost_AndItsJobFailsNamingIt) {
   EXPECT_NE(status.error().find("no heartbeat"), std::string::npos);
   EXPECT_NE(status.error().find("rank"), std::string::npos);
   EXPECT_EQ(Heartbeat(quiet, 1).code(), absl::StatusCode::kNotFound);
+}
+
+// Any call a worker proves is its own counts as a sign of life: after a network blip its
+// poll may get through before its next heartbeat is due.
+TEST_F(CoordinatorStateTest, AWorkersPolls_KeepItAliveLikeHeartbeats) {
+  std::string job = Submit(1);
+  std::string polling = Register("polling", 1);
+  const v1::PollAssignmentsResponse started = Poll(polling);
+  std::vector<v1::Assignment> running(started.start().begin(), started.start().end());
+  ASSERT_EQ(running.size(), 1u);
+  for (int i = 0; i < 3; ++i) {
+    now_ms_ += 6'000;
+    Poll(polling, running);
+    state_->CheckLiveness();
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "a worker that polls every 6 s was declared lost";
+  now_ms_ += 11'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(StateOf(job), v1::FAILED);
 }
 
 TEST_F(CoordinatorStateTest, NameOfLiveWorker_CannotBeTakenOver_UntilItIsLost) {

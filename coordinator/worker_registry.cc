@@ -58,8 +58,10 @@ int64_t WorkerRecord::SlotMemory(int slot) const {
 }
 
 int64_t WorkerRegistry::heartbeat_interval_ms() const {
-  // A third of the timeout: two heartbeats can be lost before the worker is declared lost.
-  return std::max<int64_t>(100, options_.heartbeat_timeout_ms / 3);
+  // A fifth of the timeout: a network blip of more than half of it (a lost heartbeat, and
+  // one after the link is back on a fresh connection) passes before the worker is declared
+  // lost.
+  return std::max<int64_t>(100, options_.heartbeat_timeout_ms / 5);
 }
 
 v1::RegisterWorkerResponse WorkerRegistry::Answer(const std::string& worker_id,

@@ -58,6 +58,11 @@ struct WorkerRecord {
   // The store ticket of the last change to what this worker should run: a poll hands that
   // change out only once it is written (0: nothing pending).
   uint64_t assignments_ticket = 0;
+  // Stops handed to this incarnation (assignment key -> when), for ranks it still reports
+  // running: a poll repeats a stop only after kStopResendMs, so a worker whose rank takes a
+  // while to die waits in its poll instead of being answered the same stop at once, thousands
+  // of times a second. Bounded by what its poll lists.
+  std::map<std::string, int64_t> stops_sent;
 
   bool alive() const { return info.state() == v1::ALIVE; }
   int free_slots() const { return info.slots() - static_cast<int>(busy_slots.size()); }

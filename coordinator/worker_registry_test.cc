@@ -34,7 +34,7 @@ TEST(WorkerRegistry, Register_AnswersSecretAndTimeouts) {
   EXPECT_EQ(response->worker_id(), "w#1");
   EXPECT_FALSE(response->worker_secret().empty());
   EXPECT_EQ(response->heartbeat_timeout_ms(), 1'000);
-  EXPECT_EQ(response->heartbeat_interval_ms(), 333);
+  EXPECT_EQ(response->heartbeat_interval_ms(), 200);
 }
 
 // What a registration stores is bounded field by field, not only in number of workers.

@@ -96,6 +96,26 @@ submit() {  # FILE
 for i in 1 2 3; do start_worker $i; done
 wait_alive 3
 
+# ---- 0. A blip of a host's link, well inside the heartbeat timeout: the job goes on ----
+# (Heartbeats every fifth of the timeout, each no longer than the interval, the next on a fresh
+# connection after one failed: the old connection's retransmissions back off for about as
+# long as the blip. Before, blips of half the timeout failed jobs.)
+spec blip 100000 >"$WORK/blip.json"
+job=$(submit "$WORK/blip.json")
+wait_step "$job" 20
+victim=$(rank_host "$job" 1)
+link_down "$victim"
+sleep 1.6
+link_up "$victim"
+sleep $((HEARTBEAT_S + 2))
+state=$(job_field "$job" "job['state']")
+echo "0. link of h$victim down for 1.6 s: the job is $state"
+[ "$state" = RUNNING ] || fail "0. a 1.6 s blip failed the job: $(job_field "$job" "job.get('error')")"
+grep -q "w$victim#[0-9]* ([0-9.]*) lost" "$WORK/coordinator.log" &&
+  fail "0. the coordinator declared w$victim lost after a 1.6 s blip"
+ctl cancel "$job" >/dev/null
+for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
+
 # ---- 1. A host's link pulled mid-job ----
 spec link 100000 >"$WORK/link.json"
 job=$(submit "$WORK/link.json")

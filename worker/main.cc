@@ -287,6 +287,12 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
     spdlog::error("{}", std::string(channel.status().message()));
     return 2;
   }
+  options.fresh_stub = [address = options.coordinator, security = options.security]()
+      -> std::shared_ptr<mptrain::v1::WorkerControl::StubInterface> {
+    auto fresh = mptrain::MakeCoordinatorChannel(address, security, /*own_connection=*/true);
+    if (!fresh.ok()) return nullptr;
+    return mptrain::v1::WorkerControl::NewStub(*fresh);
+  };
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&g_daemon_stop);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {

@@ -240,10 +240,15 @@ absl::Status ReportRankResult(v1::WorkerControl::StubInterface* stub, const Rank
     request.set_parameter_checksum(*checksum);
   } else {
     request.set_error(checksum.status().ToString());
-    // Collectives report lost or missing peers as UNAVAILABLE / DEADLINE_EXCEEDED.
+    // Consequences, held back by the coordinator until a root cause is named: collectives
+    // report lost or missing peers as UNAVAILABLE / DEADLINE_EXCEEDED, and a rank stopped
+    // from outside (its worker's SIGTERM: a self-fence after losing the coordinator, the daemon
+    // stopping) is ABORTED — the cause is whatever made them stop it (before, a fenced rank's
+    // "the worker stopped this rank" arrived first and was taken for the cause).
     request.set_collective_failure(
         checksum.status().code() == absl::StatusCode::kUnavailable ||
-        checksum.status().code() == absl::StatusCode::kDeadlineExceeded);
+        checksum.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        checksum.status().code() == absl::StatusCode::kAborted);
   }
   grpc::Status status;
   const auto give_up = std::chrono::steady_clock::now() + kResultRetryFor;

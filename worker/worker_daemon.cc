@@ -164,7 +164,9 @@ void WorkerDaemon::Deregister(const std::string& reason) {
 }
 
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
+  std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
   while (!stop->load()) {
+    const auto started = std::chrono::steady_clock::now();
     int64_t interval_ms;
     v1::HeartbeatRequest request;
     {
@@ -181,8 +183,13 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
     if (!must_register_.load()) {
       v1::HeartbeatResponse response;
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-      grpc::Status status = stub_->Heartbeat(&context, request, &response);
+      // No longer than the interval: one stuck on a dead connection must not hold back the
+      // next (the coordinator's timeout is three intervals).
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::min<std::chrono::milliseconds>(
+                               kRpcDeadline, std::chrono::milliseconds(std::max<int64_t>(
+                                                 500, interval_ms))));
+      grpc::Status status = stub->Heartbeat(&context, request, &response);
       if (status.ok()) Contact();
       if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
           status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
@@ -191,9 +198,16 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
         must_register_.store(true);
       } else if (!status.ok()) {
         spdlog::warn("heartbeat failed: {}", status.error_message());
+        if (options_.fresh_stub) {  // The next on a new connection.
+          if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
+        }
       }
     }
-    SleepUnless(stop, interval_ms);
+    // On a fixed cadence: the next one an interval after this one started, not after its answer.
+    const int64_t spent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - started)
+                                 .count();
+    SleepUnless(stop, std::max<int64_t>(0, interval_ms - spent_ms));
   }
   // Stopping: the main loop may be inside a long-poll; end it now.
   std::lock_guard<std::mutex> lock(mu_);

@@ -4,6 +4,7 @@
 // runs one rank process per assigned slot and reports how each one ended.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,11 @@ struct WorkerOptions {
   // A warm rank process per slot (worker/standby_ranks.h): a job's rank then starts without
   // setting up its process and device. Each still runs one rank and exits.
   bool warm_ranks = true;
+  // A stub on a connection of its own, made anew for each heartbeat after a failed one (null:
+  // heartbeats keep the daemon's stub). After a network blip the shared connection's
+  // retransmissions have backed off for about as long as the blip lasted; a fresh connection
+  // gets through as soon as the link is back, before the coordinator's timeout runs out.
+  std::function<std::shared_ptr<v1::WorkerControl::StubInterface>()> fresh_stub;
 };
 
 class WorkerDaemon {
