@@ -300,6 +300,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
   if (spec->grad_comm_dtype() == v1::PRECISION_UNSPECIFIED) spec->set_grad_comm_dtype(v1::FP32);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
+  if (spec->accumulation_steps() == 0) spec->set_accumulation_steps(1);  // No accumulation.
   if (spec->progress_timeout_s() == 0) spec->set_progress_timeout_s(kDefaultProgressTimeoutS);
   if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(kDefaultKeptCheckpoints);
   if (spec->collective_timeout_s() == 0) {

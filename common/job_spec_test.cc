@@ -270,6 +270,9 @@ TEST(ValidateJobSpec, AccumulationSteps_MustBeInRange) {
   ExpectInvalid(spec, "accumulation_steps must be in [1, 65536], got 0");
   spec.set_accumulation_steps(65537);
   ExpectInvalid(spec, "accumulation_steps must be in [1, 65536], got 65537");
+  spec.clear_accumulation_steps();  // Unset: no accumulation (it was refused as 0).
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.accumulation_steps(), 1);
 }
 
 TEST(ValidateJobSpec, Steps_MustBeInRange) {

@@ -30,9 +30,17 @@ namespace {
 // WorkerKey(id): the wait key of a worker's polls.
 constexpr absl::string_view kWorkerKeyPrefix = "worker:";
 
+// Unix milliseconds that never jump: the wall clock read once, then advanced by the
+// monotonic clock. Every timeout (heartbeats, progress, the queue, adoption) is measured on
+// it, so a step of the wall clock (NTP, `date -s`, a resumed VM) neither declares every worker
+// lost (a 30 s forward step did) nor delays noticing a dead one (a 60 s backward step made a
+// 10 s timeout take 70 s). Shown times drift from the wall clock only by such steps, until
+// the coordinator restarts.
 int64_t SystemNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  using namespace std::chrono;
+  static const auto anchor = std::make_pair(system_clock::now(), steady_clock::now());
+  return duration_cast<milliseconds>(anchor.first.time_since_epoch() +
+                                     (steady_clock::now() - anchor.second))
       .count();
 }
 
