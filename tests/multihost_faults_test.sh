@@ -11,7 +11,9 @@
 #      rank 0 where the checkpoint is and ends SUCCEEDED, bit-identical (parameter checksum) to
 #      an uninterrupted run;
 #   4. the same with rank 0's host killed: a clear failure ("cannot resume");
-#   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical.
+#   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical;
+#   6. a host renumbered while its worker runs: the worker registers again under the new
+#      address, and a job over every worker succeeds.
 set -uo pipefail
 RUNFILES=${TEST_SRCDIR:-$(dirname "$0")/..}/${TEST_WORKSPACE:-mptrain}
 BIN_COORDINATOR=$RUNFILES/coordinator/coordinator
@@ -198,6 +200,29 @@ wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
 echo "5. rank 0's host h$killed killed, shared checkpoint_dir: $(job_field "$job" "job['state']")"
 [ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "5. not SUCCEEDED: $(job_field "$job" "job.get('error')")"
 [ "$(checksum "$job")" = "$reference" ] || fail "5. checksum $(checksum "$job") != uninterrupted $reference"
+
+# ---- 6. A host renumbered while its worker runs ----
+# The worker notices, leaves and registers again under its new address (it kept advertising the
+# old one, and every rank placed on it failed to bind).
+start_worker "$killed" 2>/dev/null; wait_alive 3
+# (The old one first: deleting a primary address takes the secondaries of its subnet along.)
+ip -n ${P}3 addr del $NET.13/24 dev eth0
+ip -n ${P}3 addr add $NET.63/24 dev eth0
+host_of_w3() {
+  ctl --output=json workers 2>/dev/null | python3 -c "
+import json, sys
+workers = json.load(sys.stdin).get('workers', [])
+print(' '.join(w['host'] for w in workers if w.get('name') == 'w3' and w.get('state') == 'ALIVE'))"
+}
+for _ in $(seq 100); do [ "$(host_of_w3)" = "$NET.63" ] && break; sleep 0.2; done
+echo "6. h3 renumbered $NET.13 -> $NET.63: w3 advertises $(host_of_w3)"
+[ "$(host_of_w3)" = "$NET.63" ] || fail "6. w3 still advertises $(host_of_w3) after its host was renumbered"
+spec renumbered 40 >"$WORK/renumbered.json"
+sed -i 's/"world_size": 2/"world_size": 3/' "$WORK/renumbered.json"
+job=$(submit "$WORK/renumbered.json")
+wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
+[ "$(job_field "$job" "job['state']")" = SUCCEEDED ] ||
+  fail "6. a job over every worker after the renumbering: $(job_field "$job" "job.get('error')")"
 
 if [ $failures -ne 0 ]; then
   for f in "$WORK"/*.log; do echo "--- $f"; tail -30 "$f"; done

@@ -293,6 +293,22 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
     if (!fresh.ok()) return nullptr;
     return mptrain::v1::WorkerControl::NewStub(*fresh);
   };
+  if (absl::GetFlag(FLAGS_host).empty()) {
+    // Chosen again before each registration (the machine may have been renumbered).
+    options.readdress = [base = options](std::string* host,
+                                         std::vector<std::string>* rank_env) -> absl::Status {
+      absl::StatusOr<std::string> chosen = mptrain::ChooseAdvertisedHost("", base.coordinator);
+      if (!chosen.ok()) return chosen.status();
+      mptrain::WorkerOptions pinned = base;
+      pinned.host = *chosen;
+      if (*chosen != base.host) {  // (The unchanged address needs no new environment.)
+        if (absl::Status status = PinCollectives(&pinned); !status.ok()) return status;
+      }
+      *host = pinned.host;
+      *rank_env = pinned.rank_env;
+      return absl::OkStatus();
+    };
+  }
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&g_daemon_stop);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {

@@ -159,6 +159,11 @@ bool StandbyRanks::Forget(pid_t pid, int exit_code, int term_signal) {
   return true;
 }
 
+void StandbyRanks::Renew() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [slot, standby] : standbys_) RankLauncher::Signal(standby.pid, SIGKILL);
+}
+
 void StandbyRanks::KillAll() {
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = true;

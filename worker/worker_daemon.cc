@@ -98,9 +98,38 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options,
 
 WorkerDaemon::~WorkerDaemon() { StopAll(); }
 
+std::string WorkerDaemon::CurrentHost() const {
+  std::lock_guard<std::mutex> lock(address_mu_);
+  return options_.host;
+}
+
+void WorkerDaemon::Readdress() {
+  if (!options_.readdress) return;
+  std::string host;
+  std::vector<std::string> rank_env;
+  if (absl::Status status = options_.readdress(&host, &rank_env); !status.ok()) {
+    spdlog::warn("cannot choose the advertised address again ({}); keeping {}",
+                 status.ToString(), options_.host);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(address_mu_);
+    if (host == options_.host) return;
+    spdlog::warn("this machine's address changed: advertising {} instead of {}", host,
+                 options_.host);
+    options_.host = host;
+    options_.rank_env = std::move(rank_env);
+  }
+  if (standbys_ != nullptr) standbys_->Renew();  // Started with the old address: replaced.
+}
+
 absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
+  Readdress();
   v1::RegisterWorkerRequest request;
-  request.set_host(options_.host);
+  {
+    std::lock_guard<std::mutex> lock(address_mu_);
+    request.set_host(options_.host);
+  }
   request.set_device(options_.device);
   request.set_slots(options_.slots);
   *request.mutable_devices() = {options_.devices.begin(), options_.devices.end()};
@@ -165,8 +194,23 @@ void WorkerDaemon::Deregister(const std::string& reason) {
 
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
+  auto address_checked = std::chrono::steady_clock::now();
   while (!stop->load()) {
     const auto started = std::chrono::steady_clock::now();
+    // Every few seconds: has this machine been renumbered (DHCP, a moved VM)?
+    if (options_.readdress && started - address_checked >= std::chrono::seconds(5) &&
+        !must_register_.load()) {
+      address_checked = started;
+      std::string host;
+      std::vector<std::string> rank_env;
+      if (options_.readdress(&host, &rank_env).ok() && host != CurrentHost()) {
+        spdlog::warn("this machine's address changed ({} -> {}): leaving, then registering again",
+                     CurrentHost(), host);
+        address_changed_.store(true);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (poll_context_ != nullptr) poll_context_->TryCancel();
+      }
+    }
     int64_t interval_ms;
     v1::HeartbeatRequest request;
     {
@@ -386,6 +430,7 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
 }
 
 std::vector<std::string> WorkerDaemon::RankArgv() const {
+  std::lock_guard<std::mutex> lock(address_mu_);
   std::vector<std::string> argv = {options_.rank_executable,
                                    "--coordinator=" + options_.coordinator,
                                    "--host=" + options_.host};
@@ -400,7 +445,10 @@ std::vector<std::string> WorkerDaemon::RankEnv() const {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> env = {
       absl::StrCat("OPENBLAS_NUM_THREADS=", std::max(1, cores / std::max(1, options_.slots)))};
-  env.insert(env.end(), options_.rank_env.begin(), options_.rank_env.end());
+  {
+    std::lock_guard<std::mutex> lock(address_mu_);
+    env.insert(env.end(), options_.rank_env.begin(), options_.rank_env.end());
+  }
   // NCCL connects every peer while the communicator forms (which a rank may give up on), not
   // inside a later collective (which it could not): backends/cuda/nccl_collective.h. Set here,
   // before the rank process has threads, rather than by setenv there; a user's value is kept.
@@ -628,6 +676,10 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   std::thread fence([&] { FenceLoop(stop); });
   std::thread logs([&] { LogLoop(stop); });
   while (!stop->load()) {
+    if (address_changed_.exchange(false)) {
+      Deregister("this machine's address changed");
+      must_register_.store(true);
+    }
     if (must_register_.load()) {
       // The ranks keep running: a restarted coordinator re-adopts the ones it still wants
       // (the next poll lists them, with their secrets as proof), and the poll's stop list ends

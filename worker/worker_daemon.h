@@ -54,6 +54,11 @@ struct WorkerOptions {
   // retransmissions have backed off for about as long as the blip lasted; a fresh connection
   // gets through as soon as the link is back, before the coordinator's timeout runs out.
   std::function<std::shared_ptr<v1::WorkerControl::StubInterface>()> fresh_stub;
+  // Chooses the advertised host (and the ranks' environment that follows from it) again,
+  // before each registration; null when --host fixed it. A machine renumbered while the daemon
+  // ran (DHCP, a moved VM) re-registered under its old address, and every rank placed on it
+  // failed to bind.
+  std::function<absl::Status(std::string* host, std::vector<std::string>* rank_env)> readdress;
 };
 
 class WorkerDaemon {
@@ -81,6 +86,14 @@ class WorkerDaemon {
   // says which rank it is) and its extra environment.
   std::vector<std::string> RankArgv() const;
   std::vector<std::string> RankEnv() const;
+  // Before a registration: the address again (WorkerOptions::readdress); warm ranks started
+  // with the old one are replaced.
+  void Readdress();
+  // The advertised host as it is now (address_mu_).
+  std::string CurrentHost() const;
+  // options_.host and options_.rank_env change on a re-address; the standby launcher reads
+  // them from its own thread.
+  mutable std::mutex address_mu_;
   // Starts a warm rank process for `slot` (StandbyRanks::Launch).
   absl::StatusOr<pid_t> LaunchStandby(int slot, int input_fd, int output_fd) const;
   void RequestStop(const std::string& key);
@@ -125,6 +138,9 @@ class WorkerDaemon {
   std::string worker_secret_;
   int64_t heartbeat_interval_ms_ = 1'000;
   std::atomic<bool> must_register_{true};
+  // The heartbeat loop saw this machine's address change: the main loop leaves and registers
+  // again under the new one (its old registration's ranks cannot bind there any more).
+  std::atomic<bool> address_changed_{false};
   std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process
   std::vector<Exit> unreported_exits_;           // Bounded (kMaxUnreportedExits).
   SelfFence fence_;
