@@ -180,6 +180,54 @@ CoordinatorState::Finished CoordinatorState::FinishMutation() {
   return finished;
 }
 
+namespace {
+thread_local CoordinatorState::Deferred* t_deferred = nullptr;  // The innermost DeferWrites.
+}  // namespace
+
+CoordinatorState::DeferWrites::DeferWrites() : outer_(t_deferred) { t_deferred = &deferred_; }
+
+CoordinatorState::DeferWrites::~DeferWrites() {
+  t_deferred = outer_;
+  if (deferred_.state != nullptr) deferred_.state->AfterWrite(Take(), nullptr);
+}
+
+CoordinatorState::Deferred CoordinatorState::DeferWrites::Take() {
+  Deferred taken = std::move(deferred_);
+  deferred_ = Deferred();
+  return taken;
+}
+
+CoordinatorState::Deferred CoordinatorState::TakeDeferred() {
+  if (t_deferred == nullptr) return Deferred();
+  Deferred taken = std::move(*t_deferred);
+  *t_deferred = Deferred();
+  return taken;
+}
+
+bool CoordinatorState::Defer(const CoordinatorState* state, uint64_t ticket,
+                             std::vector<std::string>* keys) {
+  if (t_deferred == nullptr) return false;
+  if (ticket == 0 && (keys == nullptr || keys->empty())) return true;
+  t_deferred->state = state;
+  t_deferred->ticket = std::max(t_deferred->ticket, ticket);
+  if (keys != nullptr) {
+    for (std::string& key : *keys) t_deferred->keys.push_back(std::move(key));
+  }
+  return true;
+}
+
+void CoordinatorState::AfterWrite(Deferred deferred, std::function<void()> then) const {
+  auto run = [this, keys = std::move(deferred.keys), then = std::move(then)] {
+    if (options_.notify && !keys.empty()) options_.notify(keys);
+    if (then) then();
+  };
+  if (deferred.ticket == 0 || writer_ == nullptr) {
+    run();
+  } else {
+    writer_->WhenWritten(deferred.ticket, std::move(run));
+  }
+}
+
 std::string CoordinatorState::WorkerKey(const std::string& worker_id) {
   return std::string(kWorkerKeyPrefix) + worker_id;
 }

@@ -246,6 +246,37 @@ class CoordinatorState {
   // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
   std::string RankSecretForTesting(const std::string& job_id, int attempt, int rank) const;
 
+  // ---- Answering after the write, without waiting for it ----
+  // A call's answer must not go out before what it changed (or showed) is written, and its
+  // waiters are woken only then. By default the calling thread waits for that. Inside a
+  // DeferWrites scope it does not: the call records what to wait for here, and the caller
+  // answers through AfterWrite — the gRPC layer, whose callback threads are few and must not
+  // wait for a disk (a slow commit stalled every RPC, heartbeats included, and workers were
+  // declared lost).
+  struct Deferred {
+    const CoordinatorState* state = nullptr;  // Null: nothing to wait for, nobody to wake.
+    uint64_t ticket = 0;                      // The write to wait for (0: none).
+    std::vector<std::string> keys;            // The waits to wake once it is written.
+  };
+  class DeferWrites {
+   public:
+    DeferWrites();
+    ~DeferWrites();  // Anything not taken is woken after its write, answering nobody.
+    DeferWrites(const DeferWrites&) = delete;
+    DeferWrites& operator=(const DeferWrites&) = delete;
+    // What the calls made in this scope so far wait for; empties it.
+    Deferred Take();
+
+   private:
+    Deferred deferred_;
+    Deferred* outer_;
+  };
+  // Take() of the innermost DeferWrites of this thread (an empty Deferred outside any).
+  static Deferred TakeDeferred();
+  // Wakes `deferred`'s keys and runs `then` once its write is done: at once when it is (or
+  // when there is nothing to wait for), else on the store writer's thread.
+  void AfterWrite(Deferred deferred, std::function<void()> then) const;
+
   // ---- Housekeeping ----
 
   // Marks workers silent past the heartbeat timeout as LOST and fails their jobs. The server
@@ -263,6 +294,7 @@ class CoordinatorState {
     ~Mutation() {
       Finished finished = state_->FinishMutation();
       lock_.unlock();
+      if (Defer(state_, finished.ticket, &finished.keys)) return;
       // The caller's answer waits for the write (off the lock): what a client is told
       // survives a crash; and the waiters are woken only then (a woken poll must not hand a
       // worker an assignment a restart would not know). A call that changed nothing answers at
@@ -277,6 +309,10 @@ class CoordinatorState {
     CoordinatorState* state_;
     std::unique_lock<std::mutex> lock_;
   };
+  // Inside a DeferWrites scope of this thread: records the wait (and takes `keys`, if any)
+  // there and returns true; else leaves everything as it is and returns false.
+  static bool Defer(const CoordinatorState* state, uint64_t ticket,
+                    std::vector<std::string>* keys);
   // Every read that answers a client holds one: it holds the lock and, when it ends, waits
   // (off the lock) until every change it could have seen is written, so that what a client is
   // shown survives a crash as what it is told does. Long calls answered from the wait set's
@@ -292,6 +328,7 @@ class CoordinatorState {
                       : 0) {}
     ~Read() {
       lock_.unlock();
+      if (Defer(state_, ticket_, nullptr)) return;
       if (ticket_ != 0) state_->writer_->WaitWritten(ticket_);
     }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
@@ -1657,6 +1658,65 @@ class GatedStore final : public JobStore {
   bool open_ = true;
   int waiting_ = 0;
 };
+
+// Inside a DeferWrites scope (the gRPC layer's callback threads) a call does not wait for its
+// write: it returns at once, and its answer and wake-ups go out from AfterWrite once the write
+// is done. (A waiting callback thread stalled every RPC while a commit was slow.)
+TEST(CoordinatorStateStore, DeferredWrites_ReturnAtOnce_AnswerAndWakeOnceWritten) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/deferred_store_", getpid());
+  std::filesystem::remove_all(dir);
+  auto sqlite = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  GatedStore store(sqlite->get());
+  std::mutex mu;
+  std::vector<std::string> woken;
+  CoordinatorOptions options;
+  options.store = &store;
+  options.notify = [&](const std::vector<std::string>& keys) {
+    std::lock_guard<std::mutex> lock(mu);
+    woken.insert(woken.end(), keys.begin(), keys.end());
+  };
+  CoordinatorState state(options);
+  ASSERT_TRUE(state.Restore().ok());
+  const std::string job = StartOneRankJob(&state);
+  auto was_woken = [&](const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::find(woken.begin(), woken.end(), key) != woken.end();
+  };
+
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    woken.clear();  // The submit's and the placement's.
+  }
+  store.Close();
+  CoordinatorState::Deferred deferred;
+  {
+    CoordinatorState::DeferWrites defer;
+    auto cancelled = std::async(std::launch::async, [&] {
+      CoordinatorState::DeferWrites inner;  // (The scope is per thread.)
+      auto result = state.CancelJob(job);
+      return std::make_pair(result.ok(), inner.Take());
+    });
+    ASSERT_EQ(cancelled.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+        << "a deferred call waited for its write";
+    auto [ok, taken] = cancelled.get();
+    EXPECT_TRUE(ok);
+    deferred = std::move(taken);
+  }
+  ASSERT_NE(deferred.state, nullptr);
+  EXPECT_FALSE(state.IsWritten(deferred.ticket));
+  EXPECT_FALSE(was_woken(CoordinatorState::JobKey(job))) << "woken before the write";
+  std::atomic<bool> answered{false};
+  state.AfterWrite(std::move(deferred), [&] { answered = true; });
+  EXPECT_FALSE(answered.load());
+  store.Open();
+  for (int i = 0; i < 500 && !answered.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(answered.load()) << "the answer never went out";
+  EXPECT_TRUE(was_woken(CoordinatorState::JobKey(job)));
+  std::filesystem::remove_all(dir);
+}
 
 // What a client is shown is written, as what it is told is: while a change is still being
 // written, a read of it (status, a listing) waits for the write, and a watch's events and a

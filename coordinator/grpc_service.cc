@@ -59,7 +59,23 @@ grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
   // nothing here: dropped. A job spec's are refused instead (ValidateJobSpec): a setting the
   // user asked for must not be ignored silently.
   if constexpr (!std::is_same_v<Req, v1::SubmitJobRequest>) frame->request.DiscardUnknownFields();
+  // This is one of gRPC's few callback threads: the state's calls record what they would wait
+  // for (a store write) and the answer goes out once it is done (AnswerNow, LongCall).
+  CoordinatorState::DeferWrites defer;
   return handle(frame);
+}
+
+// Finishes `reactor` with `status` once what the calls made so far on this thread changed or
+// showed is written (CoordinatorState::DeferWrites), and wakes their waiters then.
+void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status) {
+  CoordinatorState::Deferred deferred = CoordinatorState::TakeDeferred();
+  if (deferred.state == nullptr) {
+    reactor->Finish(status);
+    return;
+  }
+  const CoordinatorState* state = deferred.state;
+  state->AfterWrite(std::move(deferred),
+                    [reactor, status = std::move(status)] { reactor->Finish(status); });
 }
 
 // Answers at once with `result` (its value into `out` when OK).
@@ -69,7 +85,8 @@ grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
                                     T* out) {
   if (result.ok()) *out = *result;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(frame.Seal(result.ok() ? grpc::Status::OK : ToGrpcStatus(result.status())));
+  FinishAfterWrite(reactor,
+                   frame.Seal(result.ok() ? grpc::Status::OK : ToGrpcStatus(result.status())));
   return reactor;
 }
 
@@ -77,7 +94,7 @@ template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
                                     Frame<Req, Resp>& frame, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(frame.Seal(ToGrpcStatus(status)));
+  FinishAfterWrite(reactor, frame.Seal(ToGrpcStatus(status)));
   return reactor;
 }
 
@@ -146,10 +163,21 @@ class LongCall final : public grpc::ServerUnaryReactor {
           wait_id = waits->Wait(key, deadline, [self](Reason reason) { self->OnWake(reason); });
           if (finished) break;  // The wait set is shutting down.
         }
-        std::optional<grpc::Status> answer = attempt(final);
+        // What the attempt changed or showed is written before it is answered (and its
+        // waiters woken), without this thread waiting for the store.
+        std::optional<grpc::Status> answer;
+        CoordinatorState::Deferred deferred;
+        {
+          CoordinatorState::DeferWrites defer;
+          answer = attempt(final);
+          deferred = defer.Take();
+        }
         if (answer.has_value() || final) {
-          Answer(answer.value_or(grpc::Status::OK));
+          Answer(answer.value_or(grpc::Status::OK), std::move(deferred));
           break;
+        }
+        if (const CoordinatorState* state = deferred.state) {
+          state->AfterWrite(std::move(deferred), nullptr);
         }
         if (!rerun) break;
         final = rerun_final;
@@ -182,7 +210,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
       }
     }
 
-    void Answer(const grpc::Status& status) {
+    void Answer(const grpc::Status& status, CoordinatorState::Deferred deferred = {}) {
       std::lock_guard<std::recursive_mutex> lock(mu);
       if (finished) return;
       finished = true;
@@ -191,7 +219,15 @@ class LongCall final : public grpc::ServerUnaryReactor {
         wait_id = 0;
         waits->Cancel(id);  // Its callback sees `finished` and does nothing.
       }
-      reactor->Finish(status.ok() ? seal(status) : status);
+      grpc::Status sealed = status.ok() ? seal(status) : status;
+      const CoordinatorState* state = deferred.state;
+      if (state == nullptr) {
+        reactor->Finish(sealed);
+        return;
+      }
+      LongCall* call = reactor;  // Alive until its Finish (OnDone deletes it).
+      state->AfterWrite(std::move(deferred),
+                        [call, sealed = std::move(sealed)] { call->Finish(sealed); });
     }
   };
 
@@ -223,7 +259,13 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     }
     call->quota_ = quota;
     call->principal_ = principal;
-    auto snapshot = state->WatchSnapshot(job_id);
+    absl::StatusOr<v1::WatchJobEvent> snapshot;
+    CoordinatorState::Deferred deferred;
+    {
+      CoordinatorState::DeferWrites defer;  // A callback thread: it must not wait for a write.
+      snapshot = state->WatchSnapshot(job_id);
+      deferred = defer.Take();
+    }
     std::lock_guard<std::recursive_mutex> lock(core.mu);
     if (!snapshot.ok()) {
       core.finished = true;
@@ -234,8 +276,14 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     const v1::JobState job_state = snapshot->snapshot().state();
     core.complete = job_state == v1::SUCCEEDED || job_state == v1::FAILED ||
                     job_state == v1::CANCELLED;
-    core.queue.push_back(std::move(*snapshot));
-    core.Pump();
+    // Sent once what it shows is written (at once, usually).
+    std::shared_ptr<Core> shared = call->core_;
+    state->AfterWrite(std::move(deferred), [shared, event = std::move(*snapshot)]() mutable {
+      std::lock_guard<std::recursive_mutex> lock(shared->mu);
+      if (shared->finished) return;
+      shared->queue.push_back(std::move(event));
+      shared->Pump();
+    });
     return call;
   }
 

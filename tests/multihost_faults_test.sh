@@ -212,7 +212,8 @@ host_of_w3() {
   ctl --output=json workers 2>/dev/null | python3 -c "
 import json, sys
 workers = json.load(sys.stdin).get('workers', [])
-print(' '.join(w['host'] for w in workers if w.get('name') == 'w3' and w.get('state') == 'ALIVE'))"
+print(' '.join(w['host'] for w in workers
+               if w['worker_id'].startswith('w3#') and w.get('state') == 'ALIVE'))"
 }
 for _ in $(seq 100); do [ "$(host_of_w3)" = "$NET.63" ] && break; sleep 0.2; done
 echo "6. h3 renumbered $NET.13 -> $NET.63: w3 advertises $(host_of_w3)"

@@ -294,19 +294,17 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
     return mptrain::v1::WorkerControl::NewStub(*fresh);
   };
   if (absl::GetFlag(FLAGS_host).empty()) {
-    // Chosen again before each registration (the machine may have been renumbered).
-    options.readdress = [base = options](std::string* host,
-                                         std::vector<std::string>* rank_env) -> absl::Status {
-      absl::StatusOr<std::string> chosen = mptrain::ChooseAdvertisedHost("", base.coordinator);
-      if (!chosen.ok()) return chosen.status();
+    // Chosen again every few seconds and before each registration: the machine may be
+    // renumbered while the daemon runs.
+    options.choose_host = [coordinator = options.coordinator] {
+      return mptrain::ChooseAdvertisedHost("", coordinator);
+    };
+    options.rank_env_for = [base = options](const std::string& host)
+        -> absl::StatusOr<std::vector<std::string>> {
       mptrain::WorkerOptions pinned = base;
-      pinned.host = *chosen;
-      if (*chosen != base.host) {  // (The unchanged address needs no new environment.)
-        if (absl::Status status = PinCollectives(&pinned); !status.ok()) return status;
-      }
-      *host = pinned.host;
-      *rank_env = pinned.rank_env;
-      return absl::OkStatus();
+      pinned.host = host;
+      if (absl::Status status = PinCollectives(&pinned); !status.ok()) return status;
+      return pinned.rank_env;
     };
   }
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));

@@ -104,22 +104,23 @@ std::string WorkerDaemon::CurrentHost() const {
 }
 
 void WorkerDaemon::Readdress() {
-  if (!options_.readdress) return;
-  std::string host;
-  std::vector<std::string> rank_env;
-  if (absl::Status status = options_.readdress(&host, &rank_env); !status.ok()) {
-    spdlog::warn("cannot choose the advertised address again ({}); keeping {}",
-                 status.ToString(), options_.host);
+  if (!options_.choose_host || !options_.rank_env_for) return;
+  absl::StatusOr<std::string> host = options_.choose_host();
+  if (!host.ok() || *host == CurrentHost()) return;  // Unreachable now: keep the last one.
+  absl::StatusOr<std::vector<std::string>> rank_env = options_.rank_env_for(*host);
+  if (!rank_env.ok()) {
+    spdlog::warn("cannot advertise {} ({}); keeping {}", *host, rank_env.status().ToString(),
+                 CurrentHost());
     return;
   }
   {
     std::lock_guard<std::mutex> lock(address_mu_);
-    if (host == options_.host) return;
-    spdlog::warn("this machine's address changed: advertising {} instead of {}", host,
+    spdlog::warn("this machine's address changed: advertising {} instead of {}", *host,
                  options_.host);
-    options_.host = host;
-    options_.rank_env = std::move(rank_env);
+    options_.host = *host;
+    options_.rank_env = std::move(*rank_env);
   }
+  registration_nonce_ = RandomSecret();  // Not a retry of the registration under the old one.
   if (standbys_ != nullptr) standbys_->Renew();  // Started with the old address: replaced.
 }
 
@@ -198,14 +199,13 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   while (!stop->load()) {
     const auto started = std::chrono::steady_clock::now();
     // Every few seconds: has this machine been renumbered (DHCP, a moved VM)?
-    if (options_.readdress && started - address_checked >= std::chrono::seconds(5) &&
+    if (options_.choose_host && started - address_checked >= std::chrono::seconds(5) &&
         !must_register_.load()) {
       address_checked = started;
-      std::string host;
-      std::vector<std::string> rank_env;
-      if (options_.readdress(&host, &rank_env).ok() && host != CurrentHost()) {
+      absl::StatusOr<std::string> host = options_.choose_host();
+      if (host.ok() && *host != CurrentHost()) {
         spdlog::warn("this machine's address changed ({} -> {}): leaving, then registering again",
-                     CurrentHost(), host);
+                     CurrentHost(), *host);
         address_changed_.store(true);
         std::lock_guard<std::mutex> lock(mu_);
         if (poll_context_ != nullptr) poll_context_->TryCancel();
@@ -235,11 +235,24 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
                                                  500, interval_ms))));
       grpc::Status status = stub->Heartbeat(&context, request, &response);
       if (status.ok()) Contact();
-      if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
-          status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      bool still_current;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        still_current = request.worker_id() == worker_id_;
+      }
+      if ((status.error_code() == grpc::StatusCode::NOT_FOUND ||
+           status.error_code() == grpc::StatusCode::PERMISSION_DENIED) &&
+          !still_current) {
+        // A late answer for the registration before the current one (the worker registered
+        // again meanwhile): nothing to do. (It made the loop stop heartbeating until the next
+        // poll ended, and the coordinator declared a healthy worker lost.)
+      } else if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                 status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         spdlog::warn("coordinator no longer knows this worker ({}); registering again",
                      status.error_message());
         must_register_.store(true);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (poll_context_ != nullptr) poll_context_->TryCancel();  // Register now, not after it.
       } else if (!status.ok()) {
         spdlog::warn("heartbeat failed: {}", status.error_message());
         if (options_.fresh_stub) {  // The next on a new connection.

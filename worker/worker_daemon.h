@@ -54,11 +54,13 @@ struct WorkerOptions {
   // retransmissions have backed off for about as long as the blip lasted; a fresh connection
   // gets through as soon as the link is back, before the coordinator's timeout runs out.
   std::function<std::shared_ptr<v1::WorkerControl::StubInterface>()> fresh_stub;
-  // Chooses the advertised host (and the ranks' environment that follows from it) again,
-  // before each registration; null when --host fixed it. A machine renumbered while the daemon
+  // Chooses the advertised host again, every few seconds and before each registration; null
+  // when --host fixed it. A machine renumbered while the daemon
   // ran (DHCP, a moved VM) re-registered under its old address, and every rank placed on it
   // failed to bind.
-  std::function<absl::Status(std::string* host, std::vector<std::string>* rank_env)> readdress;
+  std::function<absl::StatusOr<std::string>()> choose_host;
+  // The ranks' environment for an advertised host (with choose_host).
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host)> rank_env_for;
 };
 
 class WorkerDaemon {
@@ -86,7 +88,7 @@ class WorkerDaemon {
   // says which rank it is) and its extra environment.
   std::vector<std::string> RankArgv() const;
   std::vector<std::string> RankEnv() const;
-  // Before a registration: the address again (WorkerOptions::readdress); warm ranks started
+  // Before a registration: the address again (WorkerOptions::choose_host); warm ranks started
   // with the old one are replaced.
   void Readdress();
   // The advertised host as it is now (address_mu_).
@@ -132,7 +134,9 @@ class WorkerDaemon {
   WorkerOptions options_;
   std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
   const uint64_t incarnation_;
-  const std::string registration_nonce_;  // Private: makes a retried registration idempotent.
+  // Private: makes a retried registration idempotent. A new one for a registration under a
+  // new address (the coordinator answers a retry with the first answer: the old address).
+  std::string registration_nonce_;
   std::mutex mu_;
   std::string worker_id_;
   std::string worker_secret_;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "spdlog/spdlog.h"
 
@@ -74,6 +75,17 @@ bool StoreWriter::IsWritten(uint64_t ticket) const {
   return written_ >= ticket;
 }
 
+void StoreWriter::WhenWritten(uint64_t ticket, std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (written_ < ticket) {
+      callbacks_.emplace(ticket, std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
 uint64_t StoreWriter::failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failures_;
@@ -101,6 +113,16 @@ void StoreWriter::Run() {
     queued_bytes_ -= bytes;
     ++written_;
     written_cv_.notify_all();
+    if (!callbacks_.empty() && callbacks_.begin()->first <= written_) {
+      std::vector<std::function<void()>> due;
+      while (!callbacks_.empty() && callbacks_.begin()->first <= written_) {
+        due.push_back(std::move(callbacks_.begin()->second));
+        callbacks_.erase(callbacks_.begin());
+      }
+      lock.unlock();
+      for (std::function<void()>& callback : due) callback();
+      lock.lock();
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -51,6 +52,9 @@ class StoreWriter {
   uint64_t LastTicket() const;
   // Whether the batch of `ticket` (and every one before it) is written.
   bool IsWritten(uint64_t ticket) const;
+  // Runs `callback` once the batch of `ticket` is written: at once on this thread when it is,
+  // else on the writer's thread right after (keep it short: it delays the next commit).
+  void WhenWritten(uint64_t ticket, std::function<void()> callback);
 
   // Commits that failed so far.
   uint64_t failures() const;
@@ -72,6 +76,7 @@ class StoreWriter {
   size_t queued_bytes_ = 0;  // Of the queue and of the batch being written.
   uint64_t next_ticket_ = 1;  // The ticket of the next batch enqueued.
   uint64_t written_ = 0;      // Every ticket up to this one is written.
+  std::multimap<uint64_t, std::function<void()>> callbacks_;  // WhenWritten, by ticket.
   uint64_t failures_ = 0;
   bool stopping_ = false;
   std::thread thread_;
