@@ -1097,8 +1097,18 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
               ? absl::StrCat("was killed by signal ", request.term_signal(), " (",
                              strsignal(request.term_signal()), ")")
               : absl::StrCat("exited with code ", request.exit_code());
-      FailJob(record, absl::StrCat(record->DescribeRank(request.rank()), " ", how,
+      // Stopped by its worker on its own (a self-fence): that is the cause.
+      const std::string why =
+          request.stop_reason().empty()
+              ? std::string()
+              : absl::StrCat(" (", TruncateForError(request.stop_reason(), 1024), ")");
+      FailJob(record, absl::StrCat(record->DescribeRank(request.rank()), " ", how, why,
                                    " before reporting a result"));
+      effects_.schedule = true;
+    } else if (!request.stop_reason().empty()) {
+      // It reported its stop (ABORTED, a consequence held back for a cause): this is the cause.
+      FailJob(record, absl::StrCat(record->DescribeRank(request.rank()), " was stopped (",
+                                   TruncateForError(request.stop_reason(), 1024), ")"));
       effects_.schedule = true;
     }
   }

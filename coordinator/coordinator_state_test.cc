@@ -553,6 +553,58 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
   EXPECT_NE(status.error().find("then rank 0"), std::string::npos) << status.error();
 }
 
+// A worker that self-fenced (no answers from the coordinator: with a one-way loss it is never
+// declared lost) says so with the exits of the ranks it stopped, and the job names it — before,
+// a fenced rank looked like a crash ("exited with code 143") or its "stopped" report, a
+// consequence, was all the job had.
+TEST_F(CoordinatorStateTest, SelfFencedRanks_TheJobNamesTheFence) {
+  const std::string fence = "its worker self-fenced: no answer from the coordinator for 10.1 s";
+  auto exit_with_reason = [&](const std::string& worker, const std::string& job, int rank) {
+    v1::ReportRankExitRequest exit;
+    exit.set_worker_id(worker);
+    exit.set_job_id(job);
+    exit.set_rank(rank);
+    exit.set_attempt(1);
+    exit.set_exit_code(143);
+    exit.set_worker_secret(worker_secrets_[worker]);
+    exit.set_stop_reason(fence);
+    ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  };
+  // The rank could not report (its connection is gone too): its exit carries the reason.
+  std::string job = Submit(2);
+  std::string worker = Register("w", 2);
+  exit_with_reason(worker, job, 1);
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_NE(status.error().find("rank 1 on worker " + worker), std::string::npos)
+      << status.error();
+  EXPECT_NE(status.error().find("exited with code 143 (" + fence + ") before reporting a result"),
+            std::string::npos)
+      << status.error();
+  // The rank reported its stop (ABORTED, held back as a consequence): the exit names the cause.
+  std::string second = Submit(2);
+  ASSERT_EQ(StateOf(second), v1::PENDING);
+  ReportExit(worker, job, 0, 1, 9);  // The first job's other rank is gone: its slots are free.
+  Poll(worker, {});
+  ASSERT_EQ(StateOf(second), v1::RUNNING);
+  v1::ReportRankResultRequest stopped;
+  stopped.set_job_id(second);
+  stopped.set_rank(0);
+  stopped.set_attempt(1);
+  stopped.set_error("ABORTED: collective allreduce on rank 0 aborted: signal 15 (Terminated)");
+  stopped.set_collective_failure(true);
+  stopped.set_rank_secret(RankSecret(second, 0));
+  ASSERT_TRUE(state_->ReportRankResult(stopped).ok());
+  EXPECT_EQ(StateOf(second), v1::RUNNING) << "a consequence waits for its cause";
+  exit_with_reason(worker, second, 0);
+  status = *state_->GetJob(second);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_EQ(status.error().find("rank 0 on worker " + worker + " (127.0.0.1) was stopped (" +
+                                fence + ")"),
+            0u)
+      << status.error();
+}
+
 TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) {
   std::string job = Submit(2);
   std::string worker = Register("w", 2);

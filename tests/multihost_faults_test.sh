@@ -13,7 +13,10 @@
 #   4. the same with rank 0's host killed: a clear failure ("cannot resume");
 #   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical;
 #   6. a host renumbered while its worker runs: the worker registers again under the new
-#      address, and a job over every worker succeeds.
+#      address, and a job over every worker succeeds;
+#   7. one-way loss (the coordinator's packets to a job's host dropped) past the timeout: the
+#      worker self-fences its rank, and the job's error says so once the loss ends (within
+#      the timeout after the fence: a peer's failure is held back that long for a cause).
 set -uo pipefail
 RUNFILES=${TEST_SRCDIR:-$(dirname "$0")/..}/${TEST_WORKSPACE:-mptrain}
 BIN_COORDINATOR=$RUNFILES/coordinator/coordinator
@@ -224,6 +227,25 @@ job=$(submit "$WORK/renumbered.json")
 wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
 [ "$(job_field "$job" "job['state']")" = SUCCEEDED ] ||
   fail "6. a job over every worker after the renumbering: $(job_field "$job" "job.get('error')")"
+
+# ---- 7. One-way loss: the coordinator's packets to a job's host are dropped ----
+# The worker's calls still arrive (the coordinator never declares it lost), but no answer
+# comes back: it self-fences its rank after the timeout. The job's error says so (it blamed a
+# crash, or the peer).
+spec oneway 100000 >"$WORK/oneway.json"
+job=$(submit "$WORK/oneway.json")
+wait_step "$job" 20
+victim=$(rank_host "$job" 1)
+ip -n ${P}0 neigh replace $NET.1$victim lladdr 02:00:00:00:00:77 dev eth0 nud permanent
+# Past the fence (the timeout), then the loss ends: the fence is reported with the rank's exit
+# while its peer's failure is held back waiting for a cause (as long as the timeout).
+sleep $((HEARTBEAT_S + 2))
+ip -n ${P}0 neigh del $NET.1$victim dev eth0
+took=$(wait_state "$job" FAILED 20)
+error=$(job_field "$job" "job.get('error')")
+echo "7. one-way loss to h$victim: FAILED after ${took} s: $error"
+echo "$error" | grep -q "self-fenced" || fail "7. the error does not name the self-fence: $error"
+for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
 
 if [ $failures -ne 0 ]; then
   for f in "$WORK"/*.log; do echo "--- $f"; tail -30 "$f"; done

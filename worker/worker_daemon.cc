@@ -16,6 +16,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/secrets.h"
 #include "spdlog/spdlog.h"
@@ -193,8 +194,63 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
 }
 
+void WorkerDaemon::SendHeartbeat(v1::WorkerControl::StubInterface* stub,
+                                 v1::HeartbeatRequest request) {
+  // Sent without waiting for the answer: a slow one (a loaded machine) still counts when it
+  // comes, within the timeout, and a stuck one does not hold back the next, an interval later.
+  struct Call {
+    grpc::ClientContext context;
+    v1::HeartbeatRequest request;
+    v1::HeartbeatResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->request = std::move(request);
+  const int64_t timeout_ms = fence_.enabled() ? fence_.fence_after_ms() : 10'000;
+  call->context.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::milliseconds(timeout_ms));
+  {
+    std::lock_guard<std::mutex> lock(heartbeats_mu_);
+    heartbeats_in_flight_.insert(&call->context);
+  }
+  stub->async()->Heartbeat(
+      &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
+        OnHeartbeatAnswer(call->request, status);
+        std::lock_guard<std::mutex> lock(heartbeats_mu_);
+        heartbeats_in_flight_.erase(&call->context);
+        heartbeats_done_.notify_all();
+      });
+}
+
+void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request,
+                                     const grpc::Status& status) {
+  if (status.ok()) {
+    Contact();
+    return;
+  }
+  bool still_current;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    still_current = request.worker_id() == worker_id_;
+  }
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    // A late answer for the registration before the current one (the worker registered again
+    // meanwhile) changes nothing. (It made the loop stop heartbeating until the next poll
+    // ended, and the coordinator declared a healthy worker lost.)
+    if (!still_current) return;
+    spdlog::warn("coordinator no longer knows this worker ({}); registering again",
+                 status.error_message());
+    must_register_.store(true);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (poll_context_ != nullptr) poll_context_->TryCancel();  // Register now, not after it.
+    return;
+  }
+  spdlog::warn("heartbeat failed: {}", status.error_message());
+}
+
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
+  auto last_fresh = std::chrono::steady_clock::now();
   auto address_checked = std::chrono::steady_clock::now();
   while (!stop->load()) {
     const auto started = std::chrono::steady_clock::now();
@@ -225,46 +281,29 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
     }
     request.set_incarnation(incarnation_);
     if (!must_register_.load()) {
-      v1::HeartbeatResponse response;
-      grpc::ClientContext context;
-      // No longer than the interval: one stuck on a dead connection must not hold back the
-      // next (the coordinator's timeout is three intervals).
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::min<std::chrono::milliseconds>(
-                               kRpcDeadline, std::chrono::milliseconds(std::max<int64_t>(
-                                                 500, interval_ms))));
-      grpc::Status status = stub->Heartbeat(&context, request, &response);
-      if (status.ok()) Contact();
-      bool still_current;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        still_current = request.worker_id() == worker_id_;
+      // No answer for two intervals: the connection may be one whose retransmissions have
+      // backed off for about as long as a network blip lasted; the next heartbeats go on a
+      // fresh one (a new one at most once an interval), which gets through as soon as the
+      // link is back.
+      if (options_.fresh_stub && fence_.SilentMs(NowMs()) > 2 * interval_ms &&
+          started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
+        last_fresh = started;
+        if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
       }
-      if ((status.error_code() == grpc::StatusCode::NOT_FOUND ||
-           status.error_code() == grpc::StatusCode::PERMISSION_DENIED) &&
-          !still_current) {
-        // A late answer for the registration before the current one (the worker registered
-        // again meanwhile): nothing to do. (It made the loop stop heartbeating until the next
-        // poll ended, and the coordinator declared a healthy worker lost.)
-      } else if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
-                 status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-        spdlog::warn("coordinator no longer knows this worker ({}); registering again",
-                     status.error_message());
-        must_register_.store(true);
-        std::lock_guard<std::mutex> lock(mu_);
-        if (poll_context_ != nullptr) poll_context_->TryCancel();  // Register now, not after it.
-      } else if (!status.ok()) {
-        spdlog::warn("heartbeat failed: {}", status.error_message());
-        if (options_.fresh_stub) {  // The next on a new connection.
-          if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
-        }
-      }
+      SendHeartbeat(stub.get(), std::move(request));
     }
     // On a fixed cadence: the next one an interval after this one started, not after its answer.
     const int64_t spent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::steady_clock::now() - started)
                                  .count();
     SleepUnless(stop, std::max<int64_t>(0, interval_ms - spent_ms));
+  }
+  // Heartbeats still in flight answer into this object: ended and waited for. (Their stubs
+  // may be fresh ones only this loop held: the calls keep their channels alive meanwhile.)
+  {
+    std::unique_lock<std::mutex> lock(heartbeats_mu_);
+    for (grpc::ClientContext* context : heartbeats_in_flight_) context->TryCancel();
+    heartbeats_done_.wait(lock, [this] { return heartbeats_in_flight_.empty(); });
   }
   // Stopping: the main loop may be inside a long-poll; end it now.
   std::lock_guard<std::mutex> lock(mu_);
@@ -341,10 +380,17 @@ void WorkerDaemon::FenceLoop(const std::atomic<bool>* stop) {
     if (fence_.ShouldFence(NowMs())) {
       std::lock_guard<std::mutex> lock(mu_);
       int stopping = 0;
+      // Told to the coordinator with the exit once it answers again: the job's cause (with a
+      // one-way loss the coordinator never declares this worker lost, and the fenced rank's
+      // exit looked like a crash).
+      const std::string reason = absl::StrFormat(
+          "its worker self-fenced: no answer from the coordinator for %.1f s",
+          fence_.SilentMs(NowMs()) / 1000.0);
       for (auto& [key, rank] : running_) {
         if (rank.stop_sent_ms > 0) continue;
         RankLauncher::Signal(rank.pid, SIGTERM);
         rank.stop_sent_ms = NowMs();
+        rank.stop_reason = reason;
         ++stopping;
       }
       spdlog::log(
@@ -384,7 +430,7 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
                 "rank {} of {} (pid {}) exited with code {}", assignment.rank(),
                 assignment.job_id(), rank.pid, exit_code);
   }
-  Exit exit{assignment, exit_code, term_signal};
+  Exit exit{assignment, exit_code, term_signal, rank.stop_reason};
   if (!SendExit(exit)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (unreported_exits_.size() < kMaxUnreportedExits) unreported_exits_.push_back(exit);
@@ -426,6 +472,7 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_exit_code(exit_code);
   request.set_term_signal(term_signal);
   request.set_rank_secret(assignment.rank_secret());
+  request.set_stop_reason(exit.stop_reason);
   v1::ReportRankExitResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);

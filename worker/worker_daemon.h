@@ -4,6 +4,8 @@
 // runs one rank process per assigned slot and reports how each one ended.
 
 #include <atomic>
+#include <condition_variable>
+#include <set>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,6 +80,7 @@ class WorkerDaemon {
     pid_t pid = 0;
     int64_t stop_sent_ms = 0;  // When SIGTERM was sent (0: not asked to stop).
     std::shared_ptr<RankLogTap> log;  // Its output, for the daemon's log and the coordinator.
+    std::string stop_reason;  // Why, when the worker stopped it on its own (a self-fence).
   };
 
   absl::Status Register(const std::atomic<bool>* stop);
@@ -114,10 +117,14 @@ class WorkerDaemon {
   // once it reaches the fence timeout (never blocked by an RPC).
   void FenceLoop(const std::atomic<bool>* stop);
   void Contact();  // A successful heartbeat, poll or registration.
+  // One heartbeat, answered on gRPC's thread (OnHeartbeatAnswer); tracked until then.
+  void SendHeartbeat(v1::WorkerControl::StubInterface* stub, v1::HeartbeatRequest request);
+  void OnHeartbeatAnswer(const v1::HeartbeatRequest& request, const grpc::Status& status);
   struct Exit {
     v1::Assignment assignment;
     int exit_code = 0;
     int term_signal = 0;
+    std::string stop_reason;  // RunningRank::stop_reason.
     // Answers PERMISSION_DENIED so far (this registration unknown to the coordinator: it
     // registers again and retries); kMaxDeniedExitReports of them and it is dropped.
     mutable int denied = 0;
@@ -148,6 +155,9 @@ class WorkerDaemon {
   std::map<std::string, RunningRank> running_;  // "job/rank/attempt" -> process
   std::vector<Exit> unreported_exits_;           // Bounded (kMaxUnreportedExits).
   SelfFence fence_;
+  std::mutex heartbeats_mu_;
+  std::condition_variable heartbeats_done_;
+  std::set<grpc::ClientContext*> heartbeats_in_flight_;
   // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
   grpc::ClientContext* poll_context_ = nullptr;
   std::unique_ptr<StandbyRanks> standbys_;  // Null without warm_ranks.
