@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <random>
 #include <thread>
@@ -250,6 +251,7 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request,
 
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
+  std::deque<std::shared_ptr<v1::WorkerControl::StubInterface>> replaced;
   auto last_fresh = std::chrono::steady_clock::now();
   auto address_checked = std::chrono::steady_clock::now();
   while (!stop->load()) {
@@ -288,7 +290,13 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       if (options_.fresh_stub && fence_.SilentMs(NowMs()) > 2 * interval_ms &&
           started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
         last_fresh = started;
-        if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
+        if (auto fresh = options_.fresh_stub()) {
+          // The replaced ones stay alive while calls on them may be in flight (each ends
+          // within the timeout, 1.6 of which the last eight replacements span).
+          replaced.push_back(std::move(stub));
+          if (replaced.size() > 8) replaced.pop_front();
+          stub = std::move(fresh);
+        }
       }
       SendHeartbeat(stub.get(), std::move(request));
     }
@@ -298,8 +306,8 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
                                  .count();
     SleepUnless(stop, std::max<int64_t>(0, interval_ms - spent_ms));
   }
-  // Heartbeats still in flight answer into this object: ended and waited for. (Their stubs
-  // may be fresh ones only this loop held: the calls keep their channels alive meanwhile.)
+  // Heartbeats still in flight answer into this object: ended and waited for (their stubs,
+  // `stub` and `replaced`, live until then).
   {
     std::unique_lock<std::mutex> lock(heartbeats_mu_);
     for (grpc::ClientContext* context : heartbeats_in_flight_) context->TryCancel();
