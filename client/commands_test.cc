@@ -251,6 +251,14 @@ class FollowTest : public ::testing::Test {
     context.err = &err_;
     return context;
   }
+  // A 3-step job spec (the coordinator here answers any submit with job-0001).
+  static std::string SpecFile() {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/follow_spec.json");
+    std::ofstream(path) << R"({"name": "t", "world_size": 1, "device": "cpu",
+      "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
+      "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3})";
+    return path;
+  }
   int Lines(const std::string& fragment) {
     int count = 0;
     std::istringstream lines(out_.str());
@@ -270,10 +278,7 @@ class FollowTest : public ::testing::Test {
 // (before, only the final state was: the snapshot said SUCCEEDED and the steps were gone).
 TEST_F(FollowTest, SubmitWait_AJobThatEndedBeforeTheWatch_PrintsEveryStepOnce) {
   coordinator_.streams.push_back({5, v1::SUCCEEDED, {}, grpc::Status::OK});
-  const std::string spec = absl::StrCat(::testing::TempDir(), "/follow_spec.json");
-  std::ofstream(spec) << R"({"name": "t", "world_size": 1, "device": "cpu",
-    "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
-    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3})";
+  const std::string spec = SpecFile();
   EXPECT_EQ(SubmitCommand(Context(), spec, /*wait=*/true, ""), 0) << err_.str();
   EXPECT_EQ(Lines("step"), 3) << out_.str();
   for (const char* step : {"step      1  ", "step      2  ", "step      3  "}) {
@@ -287,10 +292,7 @@ TEST_F(FollowTest, SubmitWait_AJobThatEndedBeforeTheWatch_PrintsEveryStepOnce) {
 // JSON keeps the stream's order: the snapshot first, then the history, one event a line.
 TEST_F(FollowTest, SubmitWaitJson_SnapshotFirst_ThenEveryEvent) {
   coordinator_.streams.push_back({5, v1::SUCCEEDED, {}, grpc::Status::OK});
-  const std::string spec = absl::StrCat(::testing::TempDir(), "/follow_json_spec.json");
-  std::ofstream(spec) << R"({"name": "t", "world_size": 1, "device": "cpu",
-    "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
-    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3})";
+  const std::string spec = SpecFile();
   CommandContext context = Context();
   context.format = OutputFormat::kJson;
   EXPECT_EQ(SubmitCommand(context, spec, /*wait=*/true, ""), 0) << err_.str();
