@@ -98,6 +98,23 @@ std::string PeerDirectory::Describe(int rank, int64_t lookup_timeout_ms) {
   return absl::StrCat("rank ", rank, " on ", location.host_name, " (", location.address, ")");
 }
 
+std::string PeerDirectory::RanksNamedIn(const std::string& text, int max_ranks,
+                                        int64_t lookup_timeout_ms) {
+  std::vector<std::string> named;
+  for (int rank = 0; rank < world_size_ && rank < max_ranks; ++rank) {
+    if (rank == rank_ || !Lookup(rank, lookup_timeout_ms)) continue;
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      address = known_[rank].address;
+    }
+    if (!address.empty() && text.find("[" + address + "]") != std::string::npos) {
+      named.push_back(Describe(rank, 0));
+    }
+  }
+  return absl::StrJoin(named, "; ");
+}
+
 std::vector<int> RingNeighbours(int rank, int world_size) {
   std::vector<int> neighbours;
   if (world_size <= 1) return neighbours;

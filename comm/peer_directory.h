@@ -45,6 +45,10 @@ class PeerDirectory {
   // "rank 1 on h2 (10.0.0.3)", or "rank 1" when its location is not known and cannot be read
   // within lookup_timeout_ms. Thread-safe.
   std::string Describe(int rank, int64_t lookup_timeout_ms = 1'000);
+  // The ranks (other than this one) whose address appears in `text` as "[ADDRESS]" — how gloo
+  // names a peer it could not reach — described as Describe does, "; "-separated; "" when none
+  // is known. Looks up at most max_ranks ranks, each within lookup_timeout_ms.
+  std::string RanksNamedIn(const std::string& text, int max_ranks, int64_t lookup_timeout_ms);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

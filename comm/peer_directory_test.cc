@@ -51,6 +51,25 @@ TEST(PeerDirectory, Describe_NamesAPublishedPeer_AndFallsBackToTheRankNumber) {
   EXPECT_EQ(rank0.Describe(7, 100), "rank 7");  // Not a rank of this job: no lookup.
 }
 
+// gloo names a peer it could not reach by address alone: the ranks behind it are named.
+TEST(PeerDirectory, RanksNamedIn_NamesTheRanksBehindAnAddress) {
+  InMemoryKeyValueStore store;
+  PeerDirectory rank0(&store, 0, 4);
+  PeerDirectory rank1(&store, 1, 4);
+  PeerDirectory rank2(&store, 2, 4);
+  ASSERT_TRUE(rank0.Publish({"h1", "10.0.0.2"}).ok());
+  ASSERT_TRUE(rank1.Publish({"h2", "10.0.0.3"}).ok());
+  ASSERT_TRUE(rank2.Publish({"h2", "10.0.0.3"}).ok());  // Two ranks on one worker.
+  const std::string error = "[./gloo/transport/tcp/pair.cc:799] connect [10.0.0.3]:59792: "
+                            "Connection timed out";
+  EXPECT_EQ(rank0.RanksNamedIn(error, 64, 100),
+            "rank 1 on h2 (10.0.0.3); rank 2 on h2 (10.0.0.3)");
+  EXPECT_EQ(rank0.RanksNamedIn("connect [10.0.0.30]:1: refused", 64, 100), "")
+      << "a longer address with the same start is another address";
+  EXPECT_EQ(rank1.RanksNamedIn(error, 64, 100), "rank 2 on h2 (10.0.0.3)") << "never itself";
+  EXPECT_EQ(rank0.RanksNamedIn(error, 2, 100), "rank 1 on h2 (10.0.0.3)") << "bounded";
+}
+
 TEST(PeerDirectory, Prefetch_KeepsLocationsForLaterWithoutTheStore) {
   InMemoryKeyValueStore store;
   PeerDirectory rank0(&store, 0, 2);

@@ -245,6 +245,10 @@ absl::StatusOr<PortRange> ChoosePorts(const GlooCollectiveOptions& options) {
 // Every rank has published its location before the rendezvous completes: reading the
 // neighbours' takes one round trip each.
 constexpr int64_t kPrefetchTimeoutMs = 5'000;
+// A failed rendezvous names the ranks behind the addresses gloo reports: among the first this
+// many ranks, each looked up this briefly (a rank that never started has no location).
+constexpr int kMaxPeersNamedOnFailure = 64;
+constexpr int64_t kPeerLookupMs = 500;
 
 // gloo's broadcast (broadcast.cc) in virtual ranks v = (rank - root) mod n: v receives from v
 // without its highest set bit, and sends to v | 2^i for every i above it (all i for v = 0).
@@ -317,8 +321,14 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
       context->setTimeout(std::chrono::milliseconds(options.collective_timeout_ms));
       collective->context_ = context;
     } catch (const std::exception& error) {
-      return absl::UnavailableError(absl::StrCat("gloo rendezvous of rank ", rank, " of ",
-                                                 world_size, " failed: ", error.what()));
+      // gloo names an unreachable peer by its address alone ("connect [10.0.0.5]:59792:
+      // Connection timed out"): say whose it is (its locations were published before joining).
+      const std::string what = error.what();
+      const std::string whose =
+          collective->peers_->RanksNamedIn(what, kMaxPeersNamedOnFailure, kPeerLookupMs);
+      return absl::UnavailableError(
+          absl::StrCat("gloo rendezvous of rank ", rank, " of ", world_size, " failed: ", what,
+                       whose.empty() ? "" : absl::StrCat(" (that address is ", whose, ")")));
     }
     // The peers this rank may wait for: its ring neighbours (allreduce) and rank 0 (broadcast).
     std::vector<int> waited = RingNeighbours(rank, world_size);
