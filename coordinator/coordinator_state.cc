@@ -1105,8 +1105,10 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
       FailJob(record, absl::StrCat(record->DescribeRank(request.rank()), " ", how, why,
                                    " before reporting a result"));
       effects_.schedule = true;
-    } else if (!request.stop_reason().empty()) {
+    } else if (!request.stop_reason().empty() &&
+               record->rank(request.rank()).checksum.empty()) {
       // It reported its stop (ABORTED, a consequence held back for a cause): this is the cause.
+      // (A rank that reported success is done, whatever stopped its process.)
       FailJob(record, absl::StrCat(record->DescribeRank(request.rank()), " was stopped (",
                                    TruncateForError(request.stop_reason(), 1024), ")"));
       effects_.schedule = true;

@@ -279,10 +279,16 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     // Sent once what it shows is written (at once, usually).
     std::shared_ptr<Core> shared = call->core_;
     state->AfterWrite(std::move(deferred), [shared, event = std::move(*snapshot)]() mutable {
+      // Possibly on the store writer's thread, which must never take the state's lock (a
+      // mutation may hold it, waiting for room in the writer's queue): the write is started
+      // here; Pump, which reads the state, runs from OnWriteDone on gRPC's thread.
       std::lock_guard<std::recursive_mutex> lock(shared->mu);
       if (shared->finished) return;
       shared->queue.push_back(std::move(event));
-      shared->Pump();
+      if (!shared->writing) {
+        shared->writing = true;
+        shared->reactor->StartWrite(&shared->queue.front());
+      }
     });
     return call;
   }

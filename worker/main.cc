@@ -299,6 +299,9 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
     options.choose_host = [coordinator = options.coordinator] {
       return mptrain::ChooseAdvertisedHost("", coordinator);
     };
+    options.is_local_address = [](const std::string& host) {
+      return mptrain::InterfaceForAddress(host).ok();
+    };
     options.rank_env_for = [base = options](const std::string& host)
         -> absl::StatusOr<std::vector<std::string>> {
       mptrain::WorkerOptions pinned = base;

@@ -160,8 +160,17 @@ bool StandbyRanks::Forget(pid_t pid, int exit_code, int term_signal) {
 }
 
 void StandbyRanks::Renew() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [slot, standby] : standbys_) RankLauncher::Signal(standby.pid, SIGKILL);
+  std::map<int, Standby> renewed;  // Their logs are destroyed outside the lock.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Out of the map first: no job is handed to one being killed, and their deaths are not
+    // counted against their slots (the reaper's Forget does not find them).
+    renewed.swap(standbys_);
+    for (auto& [slot, standby] : renewed) {
+      RankLauncher::Signal(standby.pid, SIGKILL);
+      close(standby.control_fd);
+    }
+  }
 }
 
 void StandbyRanks::KillAll() {

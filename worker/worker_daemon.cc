@@ -123,7 +123,21 @@ void WorkerDaemon::Readdress() {
     options_.rank_env = std::move(*rank_env);
   }
   registration_nonce_ = RandomSecret();  // Not a retry of the registration under the old one.
-  if (standbys_ != nullptr) standbys_->Renew();  // Started with the old address: replaced.
+  if (standbys_ != nullptr) {  // Started with the old address: replaced.
+    standbys_->Renew();
+    std::vector<int> idle;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int slot = 0; slot < options_.slots; ++slot) {
+        bool busy = false;
+        for (const auto& [key, running] : running_) {
+          busy = busy || running.assignment.device_index() == slot;
+        }
+        if (!busy) idle.push_back(slot);
+      }
+    }
+    for (int slot : idle) standbys_->Ensure(slot);
+  }
 }
 
 absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
@@ -200,12 +214,14 @@ void WorkerDaemon::SendHeartbeat(v1::WorkerControl::StubInterface* stub,
   // Sent without waiting for the answer: a slow one (a loaded machine) still counts when it
   // comes, within the timeout, and a stuck one does not hold back the next, an interval later.
   struct Call {
+    int64_t sent_ms = 0;
     grpc::ClientContext context;
     v1::HeartbeatRequest request;
     v1::HeartbeatResponse response;
   };
   auto call = std::make_shared<Call>();
   call->request = std::move(request);
+  call->sent_ms = NowMs();
   const int64_t timeout_ms = fence_.enabled() ? fence_.fence_after_ms() : 10'000;
   call->context.set_deadline(std::chrono::system_clock::now() +
                              std::chrono::milliseconds(timeout_ms));
@@ -215,17 +231,19 @@ void WorkerDaemon::SendHeartbeat(v1::WorkerControl::StubInterface* stub,
   }
   stub->async()->Heartbeat(
       &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
-        OnHeartbeatAnswer(call->request, status);
+        OnHeartbeatAnswer(call->request, call->sent_ms, status);
         std::lock_guard<std::mutex> lock(heartbeats_mu_);
         heartbeats_in_flight_.erase(&call->context);
         heartbeats_done_.notify_all();
       });
 }
 
-void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request,
+void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_t sent_ms,
                                      const grpc::Status& status) {
   if (status.ok()) {
-    Contact();
+    // As of when it was sent: a late answer must not push the fence past the moment the
+    // coordinator may have declared this worker lost.
+    Contact(sent_ms);
     return;
   }
   bool still_current;
@@ -253,22 +271,8 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
   std::deque<std::shared_ptr<v1::WorkerControl::StubInterface>> replaced;
   auto last_fresh = std::chrono::steady_clock::now();
-  auto address_checked = std::chrono::steady_clock::now();
   while (!stop->load()) {
     const auto started = std::chrono::steady_clock::now();
-    // Every few seconds: has this machine been renumbered (DHCP, a moved VM)?
-    if (options_.choose_host && started - address_checked >= std::chrono::seconds(5) &&
-        !must_register_.load()) {
-      address_checked = started;
-      absl::StatusOr<std::string> host = options_.choose_host();
-      if (host.ok() && *host != CurrentHost()) {
-        spdlog::warn("this machine's address changed ({} -> {}): leaving, then registering again",
-                     CurrentHost(), *host);
-        address_changed_.store(true);
-        std::lock_guard<std::mutex> lock(mu_);
-        if (poll_context_ != nullptr) poll_context_->TryCancel();
-      }
-    }
     int64_t interval_ms;
     v1::HeartbeatRequest request;
     {
@@ -374,8 +378,8 @@ void WorkerDaemon::EscalateStopsLocked() {
   }
 }
 
-void WorkerDaemon::Contact() {
-  const int64_t silent_ms = fence_.OnContact(NowMs());
+void WorkerDaemon::Contact(int64_t as_of_ms) {
+  const int64_t silent_ms = fence_.OnContact(as_of_ms >= 0 ? as_of_ms : NowMs());
   if (silent_ms > 0) {
     spdlog::info("the coordinator answers again after {:.1f} s of silence (ranks were fenced); "
                  "it is told of their exits and its answers say what runs here",
@@ -617,8 +621,32 @@ bool WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   return true;
 }
 
+void WorkerDaemon::CheckAddress() {
+  if (!options_.choose_host || !options_.is_local_address || must_register_.load()) return;
+  const std::string current = CurrentHost();
+  // Only once the advertised address is no longer this machine's: another route towards the
+  // coordinator (a VPN, IPv6 appearing) leaves it valid, and leaving would fail every job here.
+  if (options_.is_local_address(current)) return;
+  absl::StatusOr<std::string> host = options_.choose_host();
+  if (!host.ok() || *host == current) return;
+  if (options_.rank_env_for && !options_.rank_env_for(*host).ok()) return;  // Not usable either.
+  spdlog::warn("this machine's address changed ({} is not its own any more, {} is): leaving, "
+               "then registering again",
+               current, *host);
+  address_changed_.store(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (poll_context_ != nullptr) poll_context_->TryCancel();
+}
+
 void WorkerDaemon::LogLoop(const std::atomic<bool>* stop) {
+  auto address_checked = std::chrono::steady_clock::now();
   while (!stop->load()) {
+    // Every few seconds, here rather than on the heartbeat thread (a lookup of the
+    // coordinator's name may take seconds): has this machine been renumbered?
+    if (std::chrono::steady_clock::now() - address_checked >= std::chrono::seconds(5)) {
+      address_checked = std::chrono::steady_clock::now();
+      CheckAddress();
+    }
     std::vector<std::pair<v1::Assignment, std::shared_ptr<RankLogTap>>> taps;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -63,6 +63,8 @@ struct WorkerOptions {
   std::function<absl::StatusOr<std::string>()> choose_host;
   // The ranks' environment for an advertised host (with choose_host).
   std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host)> rank_env_for;
+  // Whether an address is still one of this machine's (with choose_host).
+  std::function<bool(const std::string& host)> is_local_address;
 };
 
 class WorkerDaemon {
@@ -116,10 +118,15 @@ class WorkerDaemon {
   // Self-fencing: watches the time since the coordinator last answered and stops every rank
   // once it reaches the fence timeout (never blocked by an RPC).
   void FenceLoop(const std::atomic<bool>* stop);
-  void Contact();  // A successful heartbeat, poll or registration.
+  // A successful heartbeat, poll or registration, as of `as_of_ms` (default: now).
+  void Contact(int64_t as_of_ms = -1);
+  // Without --host: leaves and registers again once the advertised address is no longer this
+  // machine's (renumbered), from the log loop every few seconds.
+  void CheckAddress();
   // One heartbeat, answered on gRPC's thread (OnHeartbeatAnswer); tracked until then.
   void SendHeartbeat(v1::WorkerControl::StubInterface* stub, v1::HeartbeatRequest request);
-  void OnHeartbeatAnswer(const v1::HeartbeatRequest& request, const grpc::Status& status);
+  void OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_t sent_ms,
+                         const grpc::Status& status);
   struct Exit {
     v1::Assignment assignment;
     int exit_code = 0;

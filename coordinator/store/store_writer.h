@@ -53,7 +53,8 @@ class StoreWriter {
   // Whether the batch of `ticket` (and every one before it) is written.
   bool IsWritten(uint64_t ticket) const;
   // Runs `callback` once the batch of `ticket` is written: at once on this thread when it is,
-  // else on the writer's thread right after (keep it short: it delays the next commit).
+  // else on the writer's thread right after (keep it short: it delays the next commit; and it
+  // must not take a lock a caller of Enqueue may hold — Enqueue waits for this thread).
   void WhenWritten(uint64_t ticket, std::function<void()> callback);
 
   // Commits that failed so far.
