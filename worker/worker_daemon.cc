@@ -271,7 +271,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
   std::deque<std::shared_ptr<v1::WorkerControl::StubInterface>> replaced;
   auto last_fresh = std::chrono::steady_clock::now();
-  while (!stop->load()) {
+  while (!stop->load() && !quit_.load()) {
     const auto started = std::chrono::steady_clock::now();
     int64_t interval_ms;
     v1::HeartbeatRequest request;
@@ -323,7 +323,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
 }
 
 void WorkerDaemon::ReaperLoop(const std::atomic<bool>* stop) {
-  while (!stop->load()) {
+  while (!stop->load() && !quit_.load()) {
     ReapOnce();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -388,7 +388,7 @@ void WorkerDaemon::Contact(int64_t as_of_ms) {
 }
 
 void WorkerDaemon::FenceLoop(const std::atomic<bool>* stop) {
-  while (!stop->load()) {
+  while (!stop->load() && !quit_.load()) {
     if (fence_.ShouldFence(NowMs())) {
       std::lock_guard<std::mutex> lock(mu_);
       int stopping = 0;
@@ -640,7 +640,7 @@ void WorkerDaemon::CheckAddress() {
 
 void WorkerDaemon::LogLoop(const std::atomic<bool>* stop) {
   auto address_checked = std::chrono::steady_clock::now();
-  while (!stop->load()) {
+  while (!stop->load() && !quit_.load()) {
     // Every few seconds, here rather than on the heartbeat thread (a lookup of the
     // coordinator's name may take seconds): has this machine been renumbered?
     if (std::chrono::steady_clock::now() - address_checked >= std::chrono::seconds(5)) {
@@ -767,6 +767,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   if (standbys_ != nullptr) {
     for (int slot = 0; slot < options_.slots; ++slot) standbys_->Ensure(slot);
   }
+  absl::Status failure;
   std::thread heartbeat([&] { HeartbeatLoop(stop); });
   std::thread reaper([&] { ReaperLoop(stop); });
   std::thread fence([&] { FenceLoop(stop); });
@@ -780,7 +781,13 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
       // The ranks keep running: a restarted coordinator re-adopts the ones it still wants
       // (the next poll lists them, with their secrets as proof), and the poll's stop list ends
       // the others. Only a full fence timeout without the coordinator stops them (FenceLoop).
-      if (!Register(stop).ok()) break;
+      if (absl::Status registered = Register(stop); !registered.ok()) {
+        // Stopped, or refused for good (a bad flag, a token the coordinator no longer takes):
+        // the other loops end too (they waited for `stop` alone, and the daemon hung here).
+        if (registered.code() != absl::StatusCode::kCancelled) failure = registered;
+        quit_.store(true);
+        break;
+      }
     }
     // Exits the coordinator could not be told of while it was away, before the poll that lists
     // what runs here.
@@ -801,9 +808,10 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   spdlog::info("stopping: {} rank(s) running", running_.size());
   // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
   // places nothing new here while the ranks stop.
-  Deregister("the daemon was asked to stop");
+  Deregister(failure.ok() ? "the daemon was asked to stop"
+                          : "the daemon could not register again: " + failure.ToString());
   StopAll();
-  return absl::OkStatus();
+  return failure;
 }
 
 }  // namespace mptrain

@@ -156,6 +156,8 @@ class WorkerDaemon {
   std::string worker_secret_;
   int64_t heartbeat_interval_ms_ = 1'000;
   std::atomic<bool> must_register_{true};
+  // Run ended on its own (a registration refused for good): the other loops end too.
+  std::atomic<bool> quit_{false};
   // The heartbeat loop saw this machine's address change: the main loop leaves and registers
   // again under the new one (its old registration's ranks cannot bind there any more).
   std::atomic<bool> address_changed_{false};
