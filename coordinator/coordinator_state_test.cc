@@ -613,6 +613,25 @@ TEST_F(CoordinatorStateTest, SelfFencedRanks_TheJobNamesTheFence) {
   EXPECT_EQ(StateOf(third), v1::RUNNING) << state_->GetJob(third)->error();
 }
 
+// A stop reason is the worker's word, echoed into the job's error: bounded however long.
+TEST_F(CoordinatorStateTest, HostileStopReason_IsCutShortInTheError) {
+  std::string job = Submit(1);
+  std::string worker = Register("w", 1);
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_rank(0);
+  exit.set_attempt(1);
+  exit.set_exit_code(143);
+  exit.set_worker_secret(worker_secrets_[worker]);
+  exit.set_stop_reason(std::string(100'000, 'x'));
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_LT(status.error().size(), 2'000u);
+  EXPECT_NE(status.error().find("more bytes"), std::string::npos) << status.error();
+}
+
 TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) {
   std::string job = Submit(2);
   std::string worker = Register("w", 2);

@@ -65,17 +65,23 @@ grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
   return handle(frame);
 }
 
-// Finishes `reactor` with `status` once what the calls made so far on this thread changed or
-// showed is written (CoordinatorState::DeferWrites), and wakes their waiters then.
-void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status) {
-  CoordinatorState::Deferred deferred = CoordinatorState::TakeDeferred();
-  if (deferred.state == nullptr) {
+// Finishes `reactor` (alive until its Finish) with `status` once what `deferred` waits for is
+// written, and wakes its waiters then; at once when there is nothing to wait for.
+void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status,
+                      CoordinatorState::Deferred deferred) {
+  const CoordinatorState* state = deferred.state;
+  if (state == nullptr) {
     reactor->Finish(status);
     return;
   }
-  const CoordinatorState* state = deferred.state;
   state->AfterWrite(std::move(deferred),
                     [reactor, status = std::move(status)] { reactor->Finish(status); });
+}
+
+// The same for what the calls made so far on this thread changed or showed
+// (CoordinatorState::DeferWrites).
+void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status) {
+  FinishAfterWrite(reactor, std::move(status), CoordinatorState::TakeDeferred());
 }
 
 // Answers at once with `result` (its value into `out` when OK).
@@ -219,15 +225,7 @@ class LongCall final : public grpc::ServerUnaryReactor {
         wait_id = 0;
         waits->Cancel(id);  // Its callback sees `finished` and does nothing.
       }
-      grpc::Status sealed = status.ok() ? seal(status) : status;
-      const CoordinatorState* state = deferred.state;
-      if (state == nullptr) {
-        reactor->Finish(sealed);
-        return;
-      }
-      LongCall* call = reactor;  // Alive until its Finish (OnDone deletes it).
-      state->AfterWrite(std::move(deferred),
-                        [call, sealed = std::move(sealed)] { call->Finish(sealed); });
+      FinishAfterWrite(reactor, status.ok() ? seal(status) : status, std::move(deferred));
     }
   };
 

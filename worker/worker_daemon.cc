@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <optional>
 #include <random>
 #include <thread>
@@ -269,7 +268,6 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_
 
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
-  std::deque<std::shared_ptr<v1::WorkerControl::StubInterface>> replaced;
   auto last_fresh = std::chrono::steady_clock::now();
   while (!stop->load() && !quit_.load()) {
     const auto started = std::chrono::steady_clock::now();
@@ -294,13 +292,8 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       if (options_.fresh_stub && fence_.SilentMs(NowMs()) > 2 * interval_ms &&
           started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
         last_fresh = started;
-        if (auto fresh = options_.fresh_stub()) {
-          // The replaced ones stay alive while calls on them may be in flight (each ends
-          // within the timeout, 1.6 of which the last eight replacements span).
-          replaced.push_back(std::move(stub));
-          if (replaced.size() > 8) replaced.pop_front();
-          stub = std::move(fresh);
-        }
+        // (A call in flight on the replaced stub keeps its channel: its context holds it.)
+        if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
       }
       SendHeartbeat(stub.get(), std::move(request));
     }
@@ -310,8 +303,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
                                  .count();
     SleepUnless(stop, std::max<int64_t>(0, interval_ms - spent_ms));
   }
-  // Heartbeats still in flight answer into this object: ended and waited for (their stubs,
-  // `stub` and `replaced`, live until then).
+  // Heartbeats still in flight answer into this object: ended and waited for.
   {
     std::unique_lock<std::mutex> lock(heartbeats_mu_);
     for (grpc::ClientContext* context : heartbeats_in_flight_) context->TryCancel();
