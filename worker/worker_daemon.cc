@@ -84,7 +84,7 @@ void SleepUnless(const std::atomic<bool>* stop, int64_t ms) {
 WorkerDaemon::WorkerDaemon(WorkerOptions options,
                            std::shared_ptr<v1::WorkerControl::StubInterface> stub)
     : options_(std::move(options)),
-      stub_(std::move(stub)),
+      link_(std::move(stub), options_.fresh_stub),
       incarnation_(RandomIncarnation()),
       registration_nonce_(RandomSecret()),
       fence_(options_.fence_after_ms, NowMs()) {
@@ -160,7 +160,9 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
     v1::RegisterWorkerResponse response;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+    CoordinatorLink::Call call(&link_, &context);
+    grpc::Status status = call->RegisterWorker(&context, request, &response);
+    if (call.superseded()) continue;  // A newer connection works: at once, on it.
     if (status.ok()) {
       fence_.UseCoordinatorTimeout(response.heartbeat_timeout_ms());
       Contact();
@@ -204,11 +206,12 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   v1::DeregisterWorkerResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-  grpc::Status status = stub_->DeregisterWorker(&context, request, &response);
+  CoordinatorLink::Call call(&link_, &context);
+  grpc::Status status = call->DeregisterWorker(&context, request, &response);
   if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
 }
 
-void WorkerDaemon::SendHeartbeat(v1::WorkerControl::StubInterface* stub,
+void WorkerDaemon::SendHeartbeat(const CoordinatorLink::Endpoint& endpoint,
                                  v1::HeartbeatRequest request) {
   // Sent without waiting for the answer: a slow one (a loaded machine) still counts when it
   // comes, within the timeout, and a stuck one does not hold back the next, an interval later.
@@ -228,8 +231,11 @@ void WorkerDaemon::SendHeartbeat(v1::WorkerControl::StubInterface* stub,
     std::lock_guard<std::mutex> lock(heartbeats_mu_);
     heartbeats_in_flight_.insert(&call->context);
   }
-  stub->async()->Heartbeat(
-      &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
+  endpoint.stub->async()->Heartbeat(
+      &call->context, &call->request, &call->response,
+      [this, call, endpoint](grpc::Status status) {
+        // This connection works: if it is a newer one, every call uses it from now on.
+        if (status.ok()) link_.Answered(endpoint);
         OnHeartbeatAnswer(call->request, call->sent_ms, status);
         std::lock_guard<std::mutex> lock(heartbeats_mu_);
         heartbeats_in_flight_.erase(&call->context);
@@ -267,7 +273,7 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_
 }
 
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
-  std::shared_ptr<v1::WorkerControl::StubInterface> stub = stub_;
+  CoordinatorLink::Endpoint endpoint = link_.Current();
   auto last_fresh = std::chrono::steady_clock::now();
   while (!stop->load() && !quit_.load()) {
     const auto started = std::chrono::steady_clock::now();
@@ -287,15 +293,17 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
     if (!must_register_.load()) {
       // No answer for two intervals: the connection may be one whose retransmissions have
       // backed off for about as long as a network blip lasted; the next heartbeats go on a
-      // fresh one (a new one at most once an interval), which gets through as soon as the
-      // link is back.
-      if (options_.fresh_stub && fence_.SilentMs(NowMs()) > 2 * interval_ms &&
-          started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
+      // candidate connection (a new one at most once an interval), which gets through as soon
+      // as the link is back and then replaces it for every call (coordinator_link.h).
+      const bool silent = fence_.SilentMs(NowMs()) > 2 * interval_ms;
+      if (silent && started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
         last_fresh = started;
         // (A call in flight on the replaced stub keeps its channel: its context holds it.)
-        if (auto fresh = options_.fresh_stub()) stub = std::move(fresh);
+        endpoint = link_.Candidate();
+      } else if (!silent) {
+        endpoint = link_.Current();
       }
-      SendHeartbeat(stub.get(), std::move(request));
+      SendHeartbeat(endpoint, std::move(request));
     }
     // On a fixed cadence: the next one an interval after this one started, not after its answer.
     const int64_t spent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -438,6 +446,12 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
   if (!SendExit(exit)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (unreported_exits_.size() < kMaxUnreportedExits) unreported_exits_.push_back(exit);
+    // The main loop reports it before its next poll: end the one in flight (it may wait 20 s
+    // for assignments while the coordinator waits for this exit to name a job's failure).
+    if (poll_context_ != nullptr) {
+      poll_woken_.store(true);
+      poll_context_->TryCancel();
+    }
   }
 }
 
@@ -477,10 +491,15 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_term_signal(term_signal);
   request.set_rank_secret(assignment.rank_secret());
   request.set_stop_reason(exit.stop_reason);
-  v1::ReportRankExitResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-  grpc::Status status = stub_->ReportRankExit(&context, request, &response);
+  grpc::Status status;
+  for (int tries = 0; tries < 3; ++tries) {
+    v1::ReportRankExitResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    CoordinatorLink::Call call(&link_, &context);
+    status = call->ReportRankExit(&context, request, &response);
+    if (!call.superseded()) break;  // Else a newer connection works: again, on it.
+  }
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
   if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
       ++exit.denied < kMaxDeniedExitReports) {
@@ -670,7 +689,8 @@ void WorkerDaemon::ShipLog(const v1::Assignment& assignment, RankLogTap* log) {
     v1::ReportRankLogResponse response;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    grpc::Status status = stub_->ReportRankLog(&context, request, &response);
+    CoordinatorLink::Call call(&link_, &context);
+    grpc::Status status = call->ReportRankLog(&context, request, &response);
     if (!status.ok()) {
       spdlog::debug("could not send rank {}'s output: {}", assignment.rank(),
                     status.error_message());
@@ -737,11 +757,18 @@ absl::Status WorkerDaemon::PollOnce() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     poll_context_ = &context;
+    poll_woken_.store(false);
   }
-  grpc::Status status = stub_->PollAssignments(&context, request, &response);
+  CoordinatorLink::Call call(&link_, &context);
+  grpc::Status status = call->PollAssignments(&context, request, &response);
   {
     std::lock_guard<std::mutex> lock(mu_);
     poll_context_ = nullptr;
+  }
+  // Ended on purpose: a newer connection works, or an exit waits to be reported. Again, now.
+  if (call.superseded() || (status.error_code() == grpc::StatusCode::CANCELLED &&
+                            poll_woken_.exchange(false))) {
+    return absl::OkStatus();
   }
   if (!status.ok()) return FromGrpcStatus(status);
   Contact();

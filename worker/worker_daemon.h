@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "common/client_channel.h"
 #include "proto/mptrain.grpc.pb.h"
+#include "worker/coordinator_link.h"
 #include "worker/rank_log.h"
 #include "worker/self_fence.h"
 #include "worker/standby_ranks.h"
@@ -51,10 +52,11 @@ struct WorkerOptions {
   // A warm rank process per slot (worker/standby_ranks.h): a job's rank then starts without
   // setting up its process and device. Each still runs one rank and exits.
   bool warm_ranks = true;
-  // A stub on a connection of its own, made anew for each heartbeat after a failed one (null:
-  // heartbeats keep the daemon's stub). After a network blip the shared connection's
-  // retransmissions have backed off for about as long as the blip lasted; a fresh connection
-  // gets through as soon as the link is back, before the coordinator's timeout runs out.
+  // A stub on a connection of its own (null: the daemon's stub is used for ever). While the
+  // coordinator is silent, heartbeats try such connections; the first answered one replaces
+  // the daemon's for every call (worker/coordinator_link.h). After a network blip the old
+  // connection's retransmissions have backed off for about as long as the blip lasted; a fresh
+  // one gets through as soon as the link is back, before the coordinator's timeout runs out.
   std::function<std::shared_ptr<v1::WorkerControl::StubInterface>()> fresh_stub;
   // Chooses the advertised host again, every few seconds and before each registration; null
   // when --host fixed it. A machine renumbered while the daemon
@@ -124,7 +126,7 @@ class WorkerDaemon {
   // machine's (renumbered), from the log loop every few seconds.
   void CheckAddress();
   // One heartbeat, answered on gRPC's thread (OnHeartbeatAnswer); tracked until then.
-  void SendHeartbeat(v1::WorkerControl::StubInterface* stub, v1::HeartbeatRequest request);
+  void SendHeartbeat(const CoordinatorLink::Endpoint& endpoint, v1::HeartbeatRequest request);
   void OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_t sent_ms,
                          const grpc::Status& status);
   struct Exit {
@@ -146,7 +148,7 @@ class WorkerDaemon {
   void Deregister(const std::string& reason);
 
   WorkerOptions options_;
-  std::shared_ptr<v1::WorkerControl::StubInterface> stub_;
+  CoordinatorLink link_;  // Every call to the coordinator goes on it.
   const uint64_t incarnation_;
   // Private: makes a retried registration idempotent. A new one for a registration under a
   // new address (the coordinator answers a retry with the first answer: the old address).
@@ -169,6 +171,7 @@ class WorkerDaemon {
   std::set<grpc::ClientContext*> heartbeats_in_flight_;
   // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
   grpc::ClientContext* poll_context_ = nullptr;
+  std::atomic<bool> poll_woken_{false};  // It was cancelled for queued exits: poll again.
   std::unique_ptr<StandbyRanks> standbys_;  // Null without warm_ranks.
 };
 

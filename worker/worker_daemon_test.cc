@@ -72,5 +72,103 @@ TEST(WorkerDaemon, RegistrationRefusedForGood_RunEndsWithTheError) {
   server->Shutdown();
 }
 
+
+// One coordinator behind two connections: the first answers the registration, then holds
+// every call (its answers lost, as in a one-way outage); the other answers.
+struct SharedCoordinator {
+  std::atomic<bool> registered{false};
+  std::atomic<int> held_polls{0};
+  std::atomic<int> answered_polls{0};
+  std::atomic<int> answered_heartbeats{0};
+};
+
+class OneConnection final : public v1::WorkerControl::Service {
+ public:
+  OneConnection(SharedCoordinator* shared, bool holds) : shared_(shared), holds_(holds) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    shared_->registered.store(true);
+    response->set_worker_id("w#1");
+    response->set_worker_secret("secret");
+    response->set_heartbeat_interval_ms(100);
+    response->set_heartbeat_timeout_ms(3'000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    if (holds_) return Hold(context);
+    shared_->answered_heartbeats.fetch_add(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
+                               v1::PollAssignmentsResponse*) override {
+    if (holds_) {
+      shared_->held_polls.fetch_add(1);
+      return Hold(context);
+    }
+    shared_->answered_polls.fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  static grpc::Status Hold(grpc::ServerContext* context) {
+    while (!context->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "held");
+  }
+  SharedCoordinator* shared_;
+  bool holds_;
+};
+
+// The connection in use stops answering: heartbeats try fresh ones, and the first answered
+// one carries every call from then on — the poll held on the old one is cancelled and sent
+// again at once on the new one. (Calls stayed on the old connection, whose retransmissions
+// had backed off: a self-fenced rank's exit reached the coordinator too late to name the cause
+// of its job's failure.)
+TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
+  SharedCoordinator shared;
+  OneConnection held(&shared, /*holds=*/true);
+  OneConnection answering(&shared, /*holds=*/false);
+  grpc::ServerBuilder held_builder;
+  held_builder.RegisterService(&held);
+  std::unique_ptr<grpc::Server> held_server = held_builder.BuildAndStart();
+  grpc::ServerBuilder answering_builder;
+  answering_builder.RegisterService(&answering);
+  std::unique_ptr<grpc::Server> answering_server = answering_builder.BuildAndStart();
+
+  WorkerOptions options;
+  options.coordinator = "in-process";
+  options.name = "w";
+  options.work_dir = ::testing::TempDir();
+  options.rank_executable = "/bin/false";
+  options.warm_ranks = false;
+  options.fresh_stub = [&]() -> std::shared_ptr<v1::WorkerControl::StubInterface> {
+    return v1::WorkerControl::NewStub(answering_server->InProcessChannel({}));
+  };
+  auto daemon = std::make_shared<WorkerDaemon>(
+      options, v1::WorkerControl::NewStub(held_server->InProcessChannel({})));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
+  bool moved = false;
+  for (int i = 0; i < 500 && !moved; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    moved = shared.answered_polls.load() > 0;
+  }
+  stop->store(true);
+  // (Before the servers go: an in-process channel must not outlive its server.)
+  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  held_server->Shutdown(std::chrono::system_clock::now());
+  answering_server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_TRUE(shared.registered.load());
+  EXPECT_GE(shared.held_polls.load(), 1) << "the first poll went on the first connection";
+  EXPECT_GE(shared.answered_heartbeats.load(), 1);
+  EXPECT_TRUE(moved) << "no poll reached the answering connection within 5 s (held polls: "
+                     << shared.held_polls.load() << ")";
+}
+
 }  // namespace
 }  // namespace mptrain

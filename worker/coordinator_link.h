@@ -1,0 +1,78 @@
+#pragma once
+
+// The worker daemon's connection to the coordinator, shared by every call it makes.
+//
+// After a network outage the connection in use may have backed off its TCP retransmissions
+// for about as long as the outage lasted: its calls (a rank's exit report, the long poll) then
+// get through seconds after the link is back, too late for the coordinator, which names the
+// cause of a job's failure only within a bounded wait. So, while the coordinator is silent, the
+// heartbeat loop tries candidate connections of their own (Candidate); the first newer one
+// answered replaces the connection in use (Answered), and the calls still waiting on an older
+// one are cancelled: their callers see Call::superseded() and retry at once on the new one.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/mptrain.grpc.pb.h"
+
+namespace mptrain {
+
+class CoordinatorLink {
+ public:
+  using Stub = v1::WorkerControl::StubInterface;
+
+  // A stub and its age: a higher generation was made later.
+  struct Endpoint {
+    std::shared_ptr<Stub> stub;
+    uint64_t generation = 0;
+  };
+
+  // `fresh` makes a stub on a connection of its own (may be null: no candidates, the first
+  // stub is used for ever; a call to it may return null on failure).
+  CoordinatorLink(std::shared_ptr<Stub> stub, std::function<std::shared_ptr<Stub>()> fresh);
+
+  // The connection in use.
+  Endpoint Current() const;
+
+  // A new candidate connection, or the one in use when none can be made.
+  Endpoint Candidate();
+
+  // A call on `endpoint` was answered: the connection works. A newer one than the one in use
+  // replaces it; calls waiting on older ones are cancelled. Callable from any thread.
+  void Answered(const Endpoint& endpoint);
+
+  // One blocking call on the connection in use, for its duration: the link can cancel it.
+  class Call {
+   public:
+    Call(CoordinatorLink* link, grpc::ClientContext* context);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+    Stub* operator->() const { return endpoint_.stub.get(); }
+    const Endpoint& endpoint() const { return endpoint_; }
+    // Cancelled because a newer connection replaced this call's: retry it.
+    bool superseded() const;
+
+   private:
+    friend class CoordinatorLink;
+    CoordinatorLink* link_;
+    grpc::ClientContext* context_;
+    Endpoint endpoint_;
+    bool superseded_ = false;  // Guarded by link_->mu_.
+  };
+
+ private:
+  std::function<std::shared_ptr<Stub>()> fresh_;
+  mutable std::mutex mu_;
+  Endpoint current_;
+  uint64_t next_generation_ = 1;
+  std::set<Call*> calls_;
+};
+
+}  // namespace mptrain
