@@ -6,6 +6,7 @@
 #   hosts_up                 build the bridge and hosts 0..N_HOSTS-1
 #   on_host I CMD...         run CMD on host I (own network, hostname)
 #   on_host_with_disk I CMD  the same, with the host's private disk at $WORK/disk
+#   hosts_ipv6_only          give every host an IPv6 address ($NET6.1i) instead of its IPv4 one
 #   link_down I / link_up I  pull / plug host I's cable (at the bridge)
 #   partition I J            hosts I and J silently drop each other's packets (both still reach
 #                            everybody else): each gets a neighbour entry with a MAC nobody has
@@ -20,6 +21,7 @@ fi
 ID=$(( $$ % 200 + 20 ))
 P=mph$ID
 NET=10.77.$ID
+NET6=fd77:$ID:  # + ":1I": an address of host I once hosts_ipv6_only ran
 WORK=${TEST_TMPDIR:-/tmp}/multihost.$$
 mkdir -p "$WORK/disk"
 
@@ -52,6 +54,14 @@ hosts_up() {
     ip -n "$ns" link set ${P}h$i name eth0
     ip -n "$ns" addr add $NET.1$i/24 dev eth0
     ip -n "$ns" link set eth0 up
+  done
+}
+
+hosts_ipv6_only() {
+  local i
+  for i in $(seq 0 $((N_HOSTS - 1))); do
+    ip -n ${P}$i addr del $NET.1$i/24 dev eth0
+    ip -n ${P}$i addr add $NET6:1$i/64 dev eth0 nodad  # (no duplicate detection: usable at once)
   done
 }
 
