@@ -25,15 +25,19 @@ class HoldingCoordinator final : public v1::WorkerControl::Service {
   std::atomic<int> polls{0};
 };
 
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 std::shared_ptr<CoordinatorLink::Stub> StubOf(grpc::Server* server) {
   return v1::WorkerControl::NewStub(server->InProcessChannel({}));
 }
 
 TEST(CoordinatorLink, WithoutCandidates_TheFirstStubStays) {
   HoldingCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   auto stub = StubOf(server.get());
   CoordinatorLink link(stub, nullptr);
   CoordinatorLink::Endpoint candidate = link.Candidate();
@@ -48,9 +52,7 @@ TEST(CoordinatorLink, WithoutCandidates_TheFirstStubStays) {
 // next calls use the newer one; an older one answering later changes nothing.
 TEST(CoordinatorLink, ANewerConnectionAnswered_CancelsCallsOnOlderOnes) {
   HoldingCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   auto first = StubOf(server.get());
   CoordinatorLink link(first, [&] { return StubOf(server.get()); });
 

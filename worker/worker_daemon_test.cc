@@ -45,19 +45,30 @@ class ForgettingCoordinator final : public v1::WorkerControl::Service {
   std::atomic<int> registrations{0};
 };
 
-// A registration refused for good ends the daemon with that error. (Its other loops waited
-// for the stop flag alone, and the daemon hung for ever in Run.)
-TEST(WorkerDaemon, RegistrationRefusedForGood_RunEndsWithTheError) {
-  ForgettingCoordinator coordinator;
+// An in-process server for `service`.
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service) {
   grpc::ServerBuilder builder;
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// A daemon that starts no rank processes.
+WorkerOptions TestOptions() {
   WorkerOptions options;
   options.coordinator = "in-process";
   options.name = "w";
   options.work_dir = ::testing::TempDir();
   options.rank_executable = "/bin/false";
   options.warm_ranks = false;
+  return options;
+}
+
+// A registration refused for good ends the daemon with that error. (Its other loops waited
+// for the stop flag alone, and the daemon hung for ever in Run.)
+TEST(WorkerDaemon, RegistrationRefusedForGood_RunEndsWithTheError) {
+  ForgettingCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
   options.fence_after_ms = 0;
   auto daemon = std::make_shared<WorkerDaemon>(
       options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
@@ -133,19 +144,10 @@ TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
   SharedCoordinator shared;
   OneConnection held(&shared, /*holds=*/true);
   OneConnection answering(&shared, /*holds=*/false);
-  grpc::ServerBuilder held_builder;
-  held_builder.RegisterService(&held);
-  std::unique_ptr<grpc::Server> held_server = held_builder.BuildAndStart();
-  grpc::ServerBuilder answering_builder;
-  answering_builder.RegisterService(&answering);
-  std::unique_ptr<grpc::Server> answering_server = answering_builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> held_server = Serve(&held);
+  std::unique_ptr<grpc::Server> answering_server = Serve(&answering);
 
-  WorkerOptions options;
-  options.coordinator = "in-process";
-  options.name = "w";
-  options.work_dir = ::testing::TempDir();
-  options.rank_executable = "/bin/false";
-  options.warm_ranks = false;
+  WorkerOptions options = TestOptions();
   options.fresh_stub = [&]() -> std::shared_ptr<v1::WorkerControl::StubInterface> {
     return v1::WorkerControl::NewStub(answering_server->InProcessChannel({}));
   };
