@@ -6,7 +6,7 @@ namespace mptrain {
 
 CoordinatorLink::CoordinatorLink(std::shared_ptr<Stub> stub,
                                  std::function<std::shared_ptr<Stub>()> fresh)
-    : fresh_(std::move(fresh)), current_{std::move(stub), 0} {}
+    : fresh_(std::move(fresh)), current_{std::move(stub), 0, 0} {}
 
 CoordinatorLink::Endpoint CoordinatorLink::Current() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -17,25 +17,47 @@ CoordinatorLink::Endpoint CoordinatorLink::Candidate() {
   std::shared_ptr<Stub> stub = fresh_ ? fresh_() : nullptr;  // Outside the lock: may resolve.
   std::lock_guard<std::mutex> lock(mu_);
   if (stub == nullptr) return current_;
-  return Endpoint{std::move(stub), next_generation_++};
+  return Endpoint{std::move(stub), next_generation_++, current_answers_};
+}
+
+bool CoordinatorLink::IsAnswer(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+      return false;
+    default:
+      return true;
+  }
 }
 
 void CoordinatorLink::Answered(const Endpoint& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
-  // An older one answering late (its retransmissions reached the coordinator after all) does
-  // not take the place of the newer one that answered first.
-  if (endpoint.stub == nullptr || endpoint.generation <= current_.generation) return;
+  if (endpoint.stub == nullptr) return;
+  if (endpoint.generation == current_.generation) {
+    ++current_answers_;
+    return;
+  }
+  // An older one answering late does not take the place of a newer one; nor does a candidate
+  // made before the connection in use last answered (it works: a late answer on it was a
+  // slow coordinator, or another candidate already replaced it).
+  if (endpoint.generation < current_.generation || endpoint.answers_seen < current_answers_) {
+    return;
+  }
   current_ = endpoint;
+  ++current_answers_;  // This answer (a count over every connection in use: never reset).
   for (Call* call : calls_) {
     if (call->endpoint_.generation < current_.generation) {
       call->superseded_ = true;
-      call->context_->TryCancel();
+      call->context_.TryCancel();
     }
   }
 }
 
-CoordinatorLink::Call::Call(CoordinatorLink* link, grpc::ClientContext* context)
-    : link_(link), context_(context) {
+CoordinatorLink::Call::Call(CoordinatorLink* link, std::chrono::system_clock::time_point deadline)
+    : link_(link) {
+  context_.set_deadline(deadline);
   std::lock_guard<std::mutex> lock(link_->mu_);
   endpoint_ = link_->current_;
   link_->calls_.insert(this);
@@ -46,7 +68,8 @@ CoordinatorLink::Call::~Call() {
   link_->calls_.erase(this);
 }
 
-bool CoordinatorLink::Call::superseded() const {
+bool CoordinatorLink::Call::Superseded(const grpc::Status& status) const {
+  if (status.ok()) return false;  // Answered after all: nothing to send again.
   std::lock_guard<std::mutex> lock(link_->mu_);
   return superseded_;
 }

@@ -10,6 +10,7 @@
 // answered replaces the connection in use (Answered), and the calls still waiting on an older
 // one are cancelled: their callers see Call::superseded() and retry at once on the new one.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,7 @@ class CoordinatorLink {
   struct Endpoint {
     std::shared_ptr<Stub> stub;
     uint64_t generation = 0;
+    uint64_t answers_seen = 0;  // Answers on the connection in use when this one was made.
   };
 
   // `fresh` makes a stub on a connection of its own (may be null: no candidates, the first
@@ -42,27 +44,35 @@ class CoordinatorLink {
   // A new candidate connection, or the one in use when none can be made.
   Endpoint Candidate();
 
-  // A call on `endpoint` was answered: the connection works. A newer one than the one in use
-  // replaces it; calls waiting on older ones are cancelled. Callable from any thread.
+  // The coordinator answered a call on `endpoint` (any answer it produced, an error included:
+  // the connection works). A candidate replaces the connection in use if it is newer and the
+  // one in use has not answered since the candidate was made (a slow coordinator answering
+  // late on it is no reason to move); calls waiting on older ones are then cancelled.
+  // Callable from any thread.
   void Answered(const Endpoint& endpoint);
 
-  // One blocking call on the connection in use, for its duration: the link can cancel it.
+  // Whether a status is the coordinator's answer, not the transport's or a deadline's.
+  static bool IsAnswer(const grpc::Status& status);
+
+  // One blocking call on the connection in use, with its context; the link can cancel it.
   class Call {
    public:
-    Call(CoordinatorLink* link, grpc::ClientContext* context);
+    Call(CoordinatorLink* link, std::chrono::system_clock::time_point deadline);
     ~Call();
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
 
     Stub* operator->() const { return endpoint_.stub.get(); }
+    grpc::ClientContext* context() { return &context_; }
     const Endpoint& endpoint() const { return endpoint_; }
-    // Cancelled because a newer connection replaced this call's: retry it.
-    bool superseded() const;
+    // Unanswered, and cancelled because a newer connection replaced this call's: send it
+    // again (each time needs a newer connection answered: at most once an interval).
+    bool Superseded(const grpc::Status& status) const;
 
    private:
     friend class CoordinatorLink;
     CoordinatorLink* link_;
-    grpc::ClientContext* context_;
+    grpc::ClientContext context_;
     Endpoint endpoint_;
     bool superseded_ = false;  // Guarded by link_->mu_.
   };
@@ -71,6 +81,9 @@ class CoordinatorLink {
   std::function<std::shared_ptr<Stub>()> fresh_;
   mutable std::mutex mu_;
   Endpoint current_;
+  // Answers on the connection in use, whichever it was at the time: a candidate made when
+  // this was N is not needed once it is more.
+  uint64_t current_answers_ = 0;
   uint64_t next_generation_ = 1;
   std::set<Call*> calls_;
 };

@@ -48,48 +48,85 @@ TEST(CoordinatorLink, WithoutCandidates_TheFirstStubStays) {
   server->Shutdown(std::chrono::system_clock::now());
 }
 
+// Polls the link's connection in use on another thread until the poll ends: its status and
+// whether it was superseded.
+std::future<std::pair<grpc::StatusCode, bool>> PollAsync(CoordinatorLink* link) {
+  return std::async(std::launch::async, [link] {
+    CoordinatorLink::Call call(link, std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PollAssignmentsRequest request;
+    v1::PollAssignmentsResponse response;
+    grpc::Status status = call->PollAssignments(call.context(), request, &response);
+    return std::make_pair(status.error_code(), call.Superseded(status));
+  });
+}
+
+void WaitForPolls(const HoldingCoordinator& coordinator, int count) {
+  for (int i = 0; i < 500 && coordinator.polls.load() < count; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(coordinator.polls.load(), count);
+}
+
 // A newer connection answered: a call waiting on the older one is cancelled and says so; the
-// next calls use the newer one; an older one answering later changes nothing.
-TEST(CoordinatorLink, ANewerConnectionAnswered_CancelsCallsOnOlderOnes) {
+// next calls use the newer one. Candidates made before it answered (an outage's earlier
+// tries, answered later) change nothing: the call sent again on it is not cancelled again.
+TEST(CoordinatorLink, ANewerConnectionAnswered_CancelsCallsOnOlderOnesOnce) {
   HoldingCoordinator coordinator;
   std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   auto first = StubOf(server.get());
   CoordinatorLink link(first, [&] { return StubOf(server.get()); });
 
-  auto waiting = std::async(std::launch::async, [&] {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    CoordinatorLink::Call call(&link, &context);
-    v1::PollAssignmentsRequest request;
-    v1::PollAssignmentsResponse response;
-    grpc::Status status = call->PollAssignments(&context, request, &response);
-    return std::make_pair(status.error_code(), call.superseded());
-  });
-  for (int i = 0; i < 500 && coordinator.polls.load() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(coordinator.polls.load(), 1);
-
-  CoordinatorLink::Endpoint older = link.Candidate();
-  CoordinatorLink::Endpoint newer = link.Candidate();
-  EXPECT_LT(older.generation, newer.generation);
-  link.Answered(newer);
+  auto waiting = PollAsync(&link);
+  WaitForPolls(coordinator, 1);
+  CoordinatorLink::Endpoint one = link.Candidate();
+  CoordinatorLink::Endpoint two = link.Candidate();
+  CoordinatorLink::Endpoint three = link.Candidate();
+  EXPECT_LT(one.generation, two.generation);
+  link.Answered(two);
   ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "the call on the replaced connection was not cancelled";
   auto [code, superseded] = waiting.get();
   EXPECT_EQ(code, grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(superseded);
-  EXPECT_EQ(link.Current().stub, newer.stub);
+  EXPECT_EQ(link.Current().stub, two.stub);
 
-  link.Answered(older);  // Late: stays with the newer.
-  EXPECT_EQ(link.Current().stub, newer.stub);
-  {
-    grpc::ClientContext context;
-    CoordinatorLink::Call call(&link, &context);
-    EXPECT_EQ(call.endpoint().stub, newer.stub);
-    EXPECT_FALSE(call.superseded());
-  }
+  auto again = PollAsync(&link);  // Sent again, on `two`.
+  WaitForPolls(coordinator, 2);
+  link.Answered(one);    // Older: stays with `two`.
+  link.Answered(three);  // Newer, but made before `two` answered.
+  EXPECT_EQ(link.Current().stub, two.stub);
+  EXPECT_EQ(again.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the call sent again on the new connection was cancelled again";
   server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_FALSE(again.get().second);
+}
+
+// The connection in use answers (late: a slow coordinator) after a candidate was made: the
+// candidate's answer is no reason to move.
+TEST(CoordinatorLink, TheConnectionInUseAnsweredSinceTheCandidate_Stays) {
+  HoldingCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  auto first = StubOf(server.get());
+  CoordinatorLink link(first, [&] { return StubOf(server.get()); });
+  CoordinatorLink::Endpoint candidate = link.Candidate();
+  link.Answered(link.Current());
+  link.Answered(candidate);
+  EXPECT_EQ(link.Current().stub, first);
+  // A candidate made after that answer does replace it.
+  CoordinatorLink::Endpoint later = link.Candidate();
+  link.Answered(later);
+  EXPECT_EQ(link.Current().stub, later.stub);
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST(CoordinatorLink, RefusalsAreAnswers_TransportFailuresAreNot) {
+  EXPECT_TRUE(CoordinatorLink::IsAnswer(grpc::Status::OK));
+  EXPECT_TRUE(CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::NOT_FOUND, "")));
+  EXPECT_TRUE(CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "")));
+  EXPECT_FALSE(CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "")));
+  EXPECT_FALSE(
+      CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "")));
+  EXPECT_FALSE(CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::CANCELLED, "")));
 }
 
 }  // namespace

@@ -158,11 +158,9 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   int64_t backoff_ms = 200;
   while (!stop->load()) {
     v1::RegisterWorkerResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    CoordinatorLink::Call call(&link_, &context);
-    grpc::Status status = call->RegisterWorker(&context, request, &response);
-    if (call.superseded()) continue;  // A newer connection works: at once, on it.
+    CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
+    grpc::Status status = call->RegisterWorker(call.context(), request, &response);
+    if (call.Superseded(status)) continue;  // A newer connection works: at once, on it.
     if (status.ok()) {
       fence_.UseCoordinatorTimeout(response.heartbeat_timeout_ms());
       Contact();
@@ -203,11 +201,13 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   }
   request.set_incarnation(incarnation_);
   request.set_reason(reason);
-  v1::DeregisterWorkerResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-  CoordinatorLink::Call call(&link_, &context);
-  grpc::Status status = call->DeregisterWorker(&context, request, &response);
+  grpc::Status status;
+  for (;;) {
+    v1::DeregisterWorkerResponse response;
+    CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + std::chrono::seconds(3));
+    status = call->DeregisterWorker(call.context(), request, &response);
+    if (!call.Superseded(status)) break;
+  }
   if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
 }
 
@@ -234,8 +234,9 @@ void WorkerDaemon::SendHeartbeat(const CoordinatorLink::Endpoint& endpoint,
   endpoint.stub->async()->Heartbeat(
       &call->context, &call->request, &call->response,
       [this, call, endpoint](grpc::Status status) {
-        // This connection works: if it is a newer one, every call uses it from now on.
-        if (status.ok()) link_.Answered(endpoint);
+        // This connection works (even a refusal is an answer): if it is a newer one, every
+        // call uses it from now on.
+        if (CoordinatorLink::IsAnswer(status)) link_.Answered(endpoint);
         OnHeartbeatAnswer(call->request, call->sent_ms, status);
         std::lock_guard<std::mutex> lock(heartbeats_mu_);
         heartbeats_in_flight_.erase(&call->context);
@@ -448,10 +449,8 @@ void WorkerDaemon::ReportExit(const RunningRank& rank, int exit_code, int term_s
     if (unreported_exits_.size() < kMaxUnreportedExits) unreported_exits_.push_back(exit);
     // The main loop reports it before its next poll: end the one in flight (it may wait 20 s
     // for assignments while the coordinator waits for this exit to name a job's failure).
-    if (poll_context_ != nullptr) {
-      poll_woken_.store(true);
-      poll_context_->TryCancel();
-    }
+    exits_waiting_ = true;
+    if (poll_context_ != nullptr) poll_context_->TryCancel();
   }
 }
 
@@ -460,6 +459,7 @@ void WorkerDaemon::ReportPendingExits() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending.swap(unreported_exits_);
+    exits_waiting_ = false;  // (Those put back below, unreachable, wait for the next round.)
   }
   for (size_t i = 0; i < pending.size(); ++i) {
     if (!SendExit(pending[i])) {
@@ -492,13 +492,11 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_rank_secret(assignment.rank_secret());
   request.set_stop_reason(exit.stop_reason);
   grpc::Status status;
-  for (int tries = 0; tries < 3; ++tries) {
+  for (;;) {
     v1::ReportRankExitResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    CoordinatorLink::Call call(&link_, &context);
-    status = call->ReportRankExit(&context, request, &response);
-    if (!call.superseded()) break;  // Else a newer connection works: again, on it.
+    CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
+    status = call->ReportRankExit(call.context(), request, &response);
+    if (!call.Superseded(status)) break;  // Else a newer connection works: again, on it.
   }
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
   if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
@@ -686,11 +684,15 @@ void WorkerDaemon::ShipLog(const v1::Assignment& assignment, RankLogTap* log) {
     request.set_attempt(assignment.attempt());
     request.set_offset(chunk.offset);
     request.set_data(std::move(chunk.data));
-    v1::ReportRankLogResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    CoordinatorLink::Call call(&link_, &context);
-    grpc::Status status = call->ReportRankLog(&context, request, &response);
+    // The chunk is taken from the tap: sent again on a newer connection rather than lost (the
+    // last lines of a rank, shipped just before its exit, are the ones its user needs).
+    grpc::Status status;
+    for (;;) {
+      v1::ReportRankLogResponse response;
+      CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
+      status = call->ReportRankLog(call.context(), request, &response);
+      if (!call.Superseded(status)) break;
+    }
     if (!status.ok()) {
       spdlog::debug("could not send rank {}'s output: {}", assignment.rank(),
                     status.error_message());
@@ -751,23 +753,23 @@ absl::Status WorkerDaemon::PollOnce() {
     request.set_worker_secret(worker_secret_);
   }
   v1::PollAssignmentsResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kRpcDeadline +
-                       std::chrono::milliseconds(kPollWaitMs));
+  CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline +
+                                         std::chrono::milliseconds(kPollWaitMs));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    poll_context_ = &context;
-    poll_woken_.store(false);
+    if (exits_waiting_) return absl::OkStatus();  // Queued since the loop reported: first.
+    poll_context_ = call.context();
   }
-  CoordinatorLink::Call call(&link_, &context);
-  grpc::Status status = call->PollAssignments(&context, request, &response);
+  grpc::Status status = call->PollAssignments(call.context(), request, &response);
+  bool exits_waiting;
   {
     std::lock_guard<std::mutex> lock(mu_);
     poll_context_ = nullptr;
+    exits_waiting = exits_waiting_;
   }
   // Ended on purpose: a newer connection works, or an exit waits to be reported. Again, now.
-  if (call.superseded() || (status.error_code() == grpc::StatusCode::CANCELLED &&
-                            poll_woken_.exchange(false))) {
+  if (call.Superseded(status) ||
+      (status.error_code() == grpc::StatusCode::CANCELLED && exits_waiting)) {
     return absl::OkStatus();
   }
   if (!status.ok()) return FromGrpcStatus(status);

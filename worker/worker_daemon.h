@@ -171,7 +171,9 @@ class WorkerDaemon {
   std::set<grpc::ClientContext*> heartbeats_in_flight_;
   // The long-poll in flight (a stop cancels it: it may otherwise wait 20 s).
   grpc::ClientContext* poll_context_ = nullptr;
-  std::atomic<bool> poll_woken_{false};  // It was cancelled for queued exits: poll again.
+  // Exits queued (unreported) since the main loop last reported them: it does so before
+  // polling again (a queued exit ends the poll in flight).
+  bool exits_waiting_ = false;
   std::unique_ptr<StandbyRanks> standbys_;  // Null without warm_ranks.
 };
 

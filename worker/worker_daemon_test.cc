@@ -6,6 +6,8 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -170,6 +172,93 @@ TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
   EXPECT_GE(shared.answered_heartbeats.load(), 1);
   EXPECT_TRUE(moved) << "no poll reached the answering connection within 5 s (held polls: "
                      << shared.held_polls.load() << ")";
+}
+
+// Hands out one rank (which exits at once: /bin/false), answers its first exit report
+// UNAVAILABLE (as if the coordinator could not be reached) and holds every later poll for
+// 15 s unless cancelled.
+class OneRankCoordinator final : public v1::WorkerControl::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_worker_id("w#1");
+    response->set_worker_secret("secret");
+    response->set_heartbeat_interval_ms(100);
+    response->set_heartbeat_timeout_ms(60'000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
+                               v1::PollAssignmentsResponse* response) override {
+    if (polls.fetch_add(1) == 0) {
+      v1::Assignment* start = response->add_start();
+      start->set_job_id("job-0001");
+      start->set_rank(0);
+      start->set_attempt(1);
+      start->set_world_size(1);
+      start->set_device_index(0);
+      start->set_rank_secret("rank-secret");
+      return grpc::Status::OK;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!context->IsCancelled() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest*,
+                              v1::ReportRankExitResponse*) override {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    exit_reports.push_back(now);
+    if (exit_reports.size() == 1) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankLog(grpc::ServerContext*, const v1::ReportRankLogRequest*,
+                             v1::ReportRankLogResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    return grpc::Status::OK;
+  }
+  std::atomic<int> polls{0};
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> exit_reports;
+};
+
+// An exit the coordinator could not be told of is reported again at once, not after the long
+// poll in flight ends (up to 20 s, while the coordinator waits for this very exit to name the
+// cause of a job's failure).
+TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
+  OneRankCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  options.fence_after_ms = 0;
+  auto daemon = std::make_shared<WorkerDaemon>(
+      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
+  size_t reports = 0;
+  for (int i = 0; i < 1000 && reports < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    reports = coordinator.exit_reports.size();
+  }
+  stop->store(true);
+  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  server->Shutdown(std::chrono::system_clock::now());
+  std::lock_guard<std::mutex> lock(coordinator.mu);
+  ASSERT_EQ(coordinator.exit_reports.size(), 2u) << "the exit was not reported again within 10 s";
+  const double gap_s = std::chrono::duration<double>(coordinator.exit_reports[1] -
+                                                     coordinator.exit_reports[0])
+                           .count();
+  EXPECT_LT(gap_s, 5.0) << "reported again only " << gap_s << " s later";
 }
 
 }  // namespace
