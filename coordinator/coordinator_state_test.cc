@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_event_log.h"
+#include "coordinator/store/gated_job_store.h"
 #include "coordinator/store/sqlite_job_store.h"
 #include "gtest/gtest.h"
 
@@ -1698,46 +1699,6 @@ TEST(CoordinatorStateStore, WhatAnsweredCallsChanged_IsInTheStoreAndRestores) {
   std::filesystem::remove_all(dir);
 }
 
-// A store whose commits wait while its gate is closed (a slow disk, held still).
-class GatedStore final : public JobStore {
- public:
-  explicit GatedStore(JobStore* inner) : inner_(inner) {}
-  absl::StatusOr<Snapshot> Load() override { return inner_->Load(); }
-  absl::Status Commit(const Batch& batch) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++waiting_;
-    changed_.notify_all();
-    changed_.wait(lock, [this] { return open_; });
-    --waiting_;
-    return inner_->Commit(batch);
-  }
-  absl::StatusOr<std::vector<v1::WatchJobEvent>> LoadEvents(int64_t number, int64_t after,
-                                                            int limit) override {
-    return inner_->LoadEvents(number, after, limit);
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = false;
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  // Until a commit waits at the closed gate.
-  void AwaitHeldCommit() {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [this] { return waiting_ > 0; });
-  }
-
- private:
-  JobStore* inner_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool open_ = true;
-  int waiting_ = 0;
-};
-
 // Inside a DeferWrites scope (the gRPC layer's callback threads) a call does not wait for its
 // write: it returns at once, and its answer and wake-ups go out from AfterWrite once the write
 // is done. (A waiting callback thread stalled every RPC while a commit was slow.)
@@ -1746,7 +1707,7 @@ TEST(CoordinatorStateStore, DeferredWrites_ReturnAtOnce_AnswerAndWakeOnceWritten
   std::filesystem::remove_all(dir);
   auto sqlite = SqliteJobStore::Open(dir);
   ASSERT_TRUE(sqlite.ok()) << sqlite.status();
-  GatedStore store(sqlite->get());
+  GatedJobStore store(sqlite->get());
   std::mutex mu;
   std::vector<std::string> woken;
   CoordinatorOptions options;
@@ -1809,7 +1770,7 @@ TEST(CoordinatorStateStore, AChangeBeingWritten_IsShownOnlyOnceWritten) {
   std::filesystem::remove_all(dir);
   auto sqlite = SqliteJobStore::Open(dir);
   ASSERT_TRUE(sqlite.ok()) << sqlite.status();
-  GatedStore store(sqlite->get());
+  GatedJobStore store(sqlite->get());
   CoordinatorOptions options;
   options.store = &store;
   CoordinatorState state(options);
