@@ -817,7 +817,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
     if (status.code() == absl::StatusCode::kNotFound ||
         status.code() == absl::StatusCode::kPermissionDenied) {
       must_register_.store(true);
-    } else if (!status.ok()) {
+    } else if (!status.ok() && !must_register_.load()) {  // (Else ended to register now.)
       spdlog::warn("polling for assignments failed: {}", status.ToString());
       SleepUnless(stop, 500);
     }

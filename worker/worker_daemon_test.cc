@@ -10,6 +10,7 @@
 #include <vector>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -259,6 +260,61 @@ TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
                                                      coordinator.exit_reports[0])
                            .count();
   EXPECT_LT(gap_s, 5.0) << "reported again only " << gap_s << " s later";
+}
+
+// Forgets the worker's first registration: its first heartbeat is answered NOT_FOUND late
+// (1.5 s), its second at once; every later registration is known.
+class LateForgettingCoordinator final : public v1::WorkerControl::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    const int n = registrations.fetch_add(1) + 1;
+    response->set_worker_id(absl::StrCat("w#", n));
+    response->set_worker_secret("secret");
+    response->set_heartbeat_interval_ms(100);
+    response->set_heartbeat_timeout_ms(60'000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->worker_id() != "w#1") return grpc::Status::OK;
+    if (first_heartbeats.fetch_add(1) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker w#1; register again");
+  }
+  grpc::Status PollAssignments(grpc::ServerContext*, const v1::PollAssignmentsRequest*,
+                               v1::PollAssignmentsResponse*) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    return grpc::Status::OK;
+  }
+  std::atomic<int> registrations{0};
+  std::atomic<int> first_heartbeats{0};
+};
+
+// A late answer for a registration the worker has already replaced changes nothing: it does
+// not register again. (It did, and stopped heartbeating meanwhile: the coordinator declared
+// a healthy worker lost.)
+TEST(WorkerDaemon, ALateNotFoundForAReplacedRegistration_IsIgnored) {
+  LateForgettingCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  options.fence_after_ms = 0;
+  auto daemon = std::make_shared<WorkerDaemon>(
+      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2'500));  // The late answer came.
+  stop->store(true);
+  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_GE(coordinator.first_heartbeats.load(), 2) << "the test did not run as intended";
+  EXPECT_EQ(coordinator.registrations.load(), 2)
+      << "registered again after a late answer for its first, replaced registration";
 }
 
 }  // namespace
