@@ -67,11 +67,11 @@ class StandbyRanks {
   // against its slot unless it was being stopped).
   bool Forget(pid_t pid, int exit_code, int term_signal);
 
-  // SIGKILL to every standby (the daemon is stopping); they are reaped by the caller.
   // Kills every standby without stopping (their deaths do not count against their slots);
   // the caller then Ensures the idle slots, which start new ones with what the launch gives
   // now (a changed advertised address).
   void Renew();
+  // SIGKILL to every standby (the daemon is stopping); they are reaped by the caller.
   void KillAll();
 
   int Count() const;

@@ -152,5 +152,32 @@ TEST_F(StandbyRanksTest, ALaunchThatFails_CountsAsADeath) {
   EXPECT_EQ(standbys.Count(), 0);
 }
 
+// Renewed (the advertised address changed): the waiting standbys are killed, no job is handed
+// to them meanwhile, their deaths do not count against their slots, and Ensure starts new ones.
+TEST_F(StandbyRanksTest, Renew_KillsTheWaitingOnes_WithoutCountingTheirDeaths) {
+  StandbyRanks standbys(ShellStandby(kReadsItsJob, &launched_), NowMs);
+  standbys.Ensure(0);
+  standbys.Ensure(1);
+  ASSERT_EQ(launched_.size(), 2u);
+  for (int round = 0; round < StandbyRanks::kMaxStandbyDeaths + 1; ++round) {
+    const std::vector<pid_t> old(launched_.end() - 2, launched_.end());
+    standbys.Renew();
+    EXPECT_EQ(standbys.Count(), 0);
+    EXPECT_FALSE(standbys.Hand(0, "/work/job.pb").has_value()) << "handed to a renewed one";
+    for (pid_t pid : old) {
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+      EXPECT_FALSE(standbys.Forget(pid, 0, SIGKILL)) << "a renewed standby is no longer known";
+    }
+    standbys.Ensure(0);
+    standbys.Ensure(1);
+    ASSERT_EQ(launched_.size(), 2u * (round + 2)) << "renewals counted as deaths";
+  }
+  std::optional<StandbyRanks::Handed> handed = standbys.Hand(0, "/work/job-2-rank-0.pb");
+  ASSERT_TRUE(handed.has_value());
+  EXPECT_EQ(WaitExit(handed->pid), 0);
+}
+
 }  // namespace
 }  // namespace mptrain
