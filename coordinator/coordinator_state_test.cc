@@ -1789,7 +1789,10 @@ TEST(CoordinatorStateStore, AChangeBeingWritten_IsShownOnlyOnceWritten) {
   set.set_key("nccl_unique_id");
   set.set_value("id");
   auto setting = std::async(std::launch::async, [&] { return state.KeyValueSet(set); });
-  store.AwaitHeldCommit();
+  if (!store.AwaitHeldCommit()) {
+    store.Open();  // So that what waits for it ends.
+    FAIL() << "no write reached the store";
+  }
   v1::KeyValueGetRequest get;
   get.set_job_id(job);
   get.set_attempt(1);
@@ -1816,7 +1819,10 @@ TEST(CoordinatorStateStore, AChangeBeingWritten_IsShownOnlyOnceWritten) {
   const int64_t seen = before->events.empty() ? 0 : before->events.back().sequence();
   store.Close();
   auto cancelling = std::async(std::launch::async, [&] { return state.CancelJob(job); });
-  store.AwaitHeldCommit();
+  if (!store.AwaitHeldCommit()) {
+    store.Open();  // So that what waits for it ends.
+    FAIL() << "no write reached the store";
+  }
   auto events = state.JobEventsSince(job, seen);
   ASSERT_TRUE(events.ok()) << events.status();
   EXPECT_TRUE(events->finished);
@@ -1842,7 +1848,10 @@ TEST(CoordinatorStateStore, AChangeBeingWritten_IsShownOnlyOnceWritten) {
   *submit.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
   submit.set_request_id("retried");
   auto first = std::async(std::launch::async, [&] { return state.SubmitJob(submit); });
-  store.AwaitHeldCommit();
+  if (!store.AwaitHeldCommit()) {
+    store.Open();  // So that what waits for it ends.
+    FAIL() << "no write reached the store";
+  }
   auto retry = std::async(std::launch::async, [&] { return state.SubmitJob(submit); });
   EXPECT_EQ(retry.wait_for(blocked), std::future_status::timeout)
       << "a retried submit answered before its job was written";

@@ -68,8 +68,11 @@ CoordinatorLink::Call::~Call() {
   link_->calls_.erase(this);
 }
 
-bool CoordinatorLink::Call::Superseded(const grpc::Status& status) const {
-  if (status.ok()) return false;  // Answered after all: nothing to send again.
+bool CoordinatorLink::Call::SendAgain(const grpc::Status& status) {
+  if (IsAnswer(status)) {
+    link_->Answered(endpoint_);
+    return false;  // Answered (even if superseded meanwhile): nothing to send again.
+  }
   std::lock_guard<std::mutex> lock(link_->mu_);
   return superseded_;
 }

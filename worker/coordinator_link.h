@@ -8,7 +8,7 @@
 // cause of a job's failure only within a bounded wait. So, while the coordinator is silent, the
 // heartbeat loop tries candidate connections of their own (Candidate); the first newer one
 // answered replaces the connection in use (Answered), and the calls still waiting on an older
-// one are cancelled: their callers see Call::superseded() and retry at once on the new one.
+// one are cancelled: their callers see Call::SendAgain() and send them at once on the new one.
 
 #include <chrono>
 #include <cstdint>
@@ -65,9 +65,10 @@ class CoordinatorLink {
     Stub* operator->() const { return endpoint_.stub.get(); }
     grpc::ClientContext* context() { return &context_; }
     const Endpoint& endpoint() const { return endpoint_; }
-    // Unanswered, and cancelled because a newer connection replaced this call's: send it
-    // again (each time needs a newer connection answered: at most once an interval).
-    bool Superseded(const grpc::Status& status) const;
+    // Called once the call ended with `status`: a coordinator's answer counts for this
+    // call's connection (it works: a candidate made before is not needed). True when it was
+    // not answered because a newer connection replaced its own: send it again, on that one.
+    bool SendAgain(const grpc::Status& status);
 
    private:
     friend class CoordinatorLink;

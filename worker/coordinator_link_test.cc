@@ -56,7 +56,7 @@ std::future<std::pair<grpc::StatusCode, bool>> PollAsync(CoordinatorLink* link) 
     v1::PollAssignmentsRequest request;
     v1::PollAssignmentsResponse response;
     grpc::Status status = call->PollAssignments(call.context(), request, &response);
-    return std::make_pair(status.error_code(), call.Superseded(status));
+    return std::make_pair(status.error_code(), call.SendAgain(status));
   });
 }
 
@@ -127,6 +127,27 @@ TEST(CoordinatorLink, RefusalsAreAnswers_TransportFailuresAreNot) {
   EXPECT_FALSE(
       CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "")));
   EXPECT_FALSE(CoordinatorLink::IsAnswer(grpc::Status(grpc::StatusCode::CANCELLED, "")));
+}
+
+// Any call's answer counts for its connection, not only a heartbeat's: a candidate made before
+// it is not needed. A call that ended unanswered and was not superseded is not sent again.
+TEST(CoordinatorLink, AnyCallsAnswerCounts_ACallUnansweredButNotSupersededIsNotSentAgain) {
+  HoldingCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  auto first = StubOf(server.get());
+  CoordinatorLink link(first, [&] { return StubOf(server.get()); });
+  CoordinatorLink::Endpoint candidate = link.Candidate();
+  {
+    CoordinatorLink::Call call(&link, std::chrono::system_clock::now());
+    EXPECT_FALSE(call.SendAgain(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown job")));
+  }
+  link.Answered(candidate);
+  EXPECT_EQ(link.Current().stub, first) << "replaced although the connection in use answered";
+  {
+    CoordinatorLink::Call call(&link, std::chrono::system_clock::now());
+    EXPECT_FALSE(call.SendAgain(grpc::Status(grpc::StatusCode::UNAVAILABLE, "down")));
+  }
+  server->Shutdown(std::chrono::system_clock::now());
 }
 
 }  // namespace

@@ -30,6 +30,10 @@ namespace {
 // exactly the polls a change concerns), so the wait only bounds how often an idle worker asks.
 constexpr int64_t kPollWaitMs = 20'000;
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
+// A call superseded this many times in a row (a newer connection answered each time) is given
+// up on as unanswered: each resend waits for a new connection at most once an interval, but a
+// link that keeps being replaced must not hold a caller (the reaper) for ever.
+constexpr int kMaxSendTries = 5;
 constexpr size_t kMaxUnreportedExits = 10'000;
 constexpr int64_t kFenceCheckMs = 100;
 
@@ -160,7 +164,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
     v1::RegisterWorkerResponse response;
     CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
     grpc::Status status = call->RegisterWorker(call.context(), request, &response);
-    if (call.Superseded(status)) continue;  // A newer connection works: at once, on it.
+    if (call.SendAgain(status)) continue;  // A newer connection works: at once, on it.
     if (status.ok()) {
       fence_.UseCoordinatorTimeout(response.heartbeat_timeout_ms());
       Contact();
@@ -202,11 +206,11 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   request.set_incarnation(incarnation_);
   request.set_reason(reason);
   grpc::Status status;
-  for (;;) {
+  for (int tries = 0; tries < kMaxSendTries; ++tries) {
     v1::DeregisterWorkerResponse response;
     CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + std::chrono::seconds(3));
     status = call->DeregisterWorker(call.context(), request, &response);
-    if (!call.Superseded(status)) break;
+    if (!call.SendAgain(status)) break;
   }
   if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
 }
@@ -252,21 +256,17 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_
     Contact(sent_ms);
     return;
   }
-  bool still_current;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    still_current = request.worker_id() == worker_id_;
-  }
   if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
       status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    std::lock_guard<std::mutex> lock(mu_);
     // A late answer for the registration before the current one (the worker registered again
     // meanwhile) changes nothing. (It made the loop stop heartbeating until the next poll
-    // ended, and the coordinator declared a healthy worker lost.)
-    if (!still_current) return;
+    // ended, and the coordinator declared a healthy worker lost.) Decided under the lock that
+    // Register's answer is recorded under, so that none lands in between.
+    if (request.worker_id() != worker_id_) return;
     spdlog::warn("coordinator no longer knows this worker ({}); registering again",
                  status.error_message());
     must_register_.store(true);
-    std::lock_guard<std::mutex> lock(mu_);
     if (poll_context_ != nullptr) poll_context_->TryCancel();  // Register now, not after it.
     return;
   }
@@ -276,6 +276,8 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_
 void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   CoordinatorLink::Endpoint endpoint = link_.Current();
   auto last_fresh = std::chrono::steady_clock::now();
+  uint64_t in_use = endpoint.generation;  // The connection in use, as last seen here.
+  auto replaced = std::chrono::steady_clock::time_point{};
   while (!stop->load() && !quit_.load()) {
     const auto started = std::chrono::steady_clock::now();
     int64_t interval_ms;
@@ -297,11 +299,20 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       // candidate connection (a new one at most once an interval), which gets through as soon
       // as the link is back and then replaces it for every call (coordinator_link.h).
       const bool silent = fence_.SilentMs(NowMs()) > 2 * interval_ms;
-      if (silent && started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
+      // A connection that has just replaced the one in use answered: the fence, counting an
+      // answer as of its sending, may still look silent for a while; no new candidate then
+      // (it would replace this one again and cancel the calls just moved to it).
+      if (const uint64_t current = link_.Current().generation; current != in_use) {
+        in_use = current;
+        replaced = started;
+      }
+      const bool just_replaced = started - replaced < std::chrono::milliseconds(2 * interval_ms);
+      if (silent && !just_replaced &&
+          started - last_fresh >= std::chrono::milliseconds(interval_ms)) {
         last_fresh = started;
         // (A call in flight on the replaced stub keeps its channel: its context holds it.)
         endpoint = link_.Candidate();
-      } else if (!silent) {
+      } else if (!silent || just_replaced) {
         endpoint = link_.Current();
       }
       SendHeartbeat(endpoint, std::move(request));
@@ -492,11 +503,11 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_rank_secret(assignment.rank_secret());
   request.set_stop_reason(exit.stop_reason);
   grpc::Status status;
-  for (;;) {
+  for (int tries = 0; tries < kMaxSendTries; ++tries) {
     v1::ReportRankExitResponse response;
     CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
     status = call->ReportRankExit(call.context(), request, &response);
-    if (!call.Superseded(status)) break;  // Else a newer connection works: again, on it.
+    if (!call.SendAgain(status)) break;  // Else a newer connection works: again, on it.
   }
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
   if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
@@ -506,8 +517,8 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
     must_register_.store(true);
     return false;
   }
-  return status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+  // Not answered (unreachable, or still superseded after every try): kept and reported again.
+  return CoordinatorLink::IsAnswer(status);
 }
 
 std::vector<std::string> WorkerDaemon::RankArgv() const {
@@ -687,11 +698,11 @@ void WorkerDaemon::ShipLog(const v1::Assignment& assignment, RankLogTap* log) {
     // The chunk is taken from the tap: sent again on a newer connection rather than lost (the
     // last lines of a rank, shipped just before its exit, are the ones its user needs).
     grpc::Status status;
-    for (;;) {
+    for (int tries = 0; tries < kMaxSendTries; ++tries) {
       v1::ReportRankLogResponse response;
       CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
       status = call->ReportRankLog(call.context(), request, &response);
-      if (!call.Superseded(status)) break;
+      if (!call.SendAgain(status)) break;
     }
     if (!status.ok()) {
       spdlog::debug("could not send rank {}'s output: {}", assignment.rank(),
@@ -768,7 +779,7 @@ absl::Status WorkerDaemon::PollOnce() {
     exits_waiting = exits_waiting_;
   }
   // Ended on purpose: a newer connection works, or an exit waits to be reported. Again, now.
-  if (call.Superseded(status) ||
+  if (call.SendAgain(status) ||
       (status.error_code() == grpc::StatusCode::CANCELLED && exits_waiting)) {
     return absl::OkStatus();
   }

@@ -1,14 +1,18 @@
 #include "worker/worker_daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -280,6 +284,7 @@ class LateForgettingCoordinator final : public v1::WorkerControl::Service {
     if (request->worker_id() != "w#1") return grpc::Status::OK;
     if (first_heartbeats.fetch_add(1) == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+      late_answer_sent.store(true);
     }
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker w#1; register again");
   }
@@ -294,6 +299,7 @@ class LateForgettingCoordinator final : public v1::WorkerControl::Service {
   }
   std::atomic<int> registrations{0};
   std::atomic<int> first_heartbeats{0};
+  std::atomic<bool> late_answer_sent{false};
 };
 
 // A late answer for a registration the worker has already replaced changes nothing: it does
@@ -308,13 +314,120 @@ TEST(WorkerDaemon, ALateNotFoundForAReplacedRegistration_IsIgnored) {
       options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
   auto stop = std::make_shared<std::atomic<bool>>(false);
   auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(2'500));  // The late answer came.
+  for (int i = 0; i < 1000 && !coordinator.late_answer_sent.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Its effect, if any.
   stop->store(true);
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_TRUE(coordinator.late_answer_sent.load()) << "the test did not run as intended";
   EXPECT_GE(coordinator.first_heartbeats.load(), 2) << "the test did not run as intended";
   EXPECT_EQ(coordinator.registrations.load(), 2)
       << "registered again after a late answer for its first, replaced registration";
+}
+
+// Hands out two ranks on two slots: rank 0 exits at once, rank 1 half a second later (the rank
+// executable is a script that looks at its assignment file's name). Answers UNAVAILABLE to
+// each rank's first exit report, and holds the second report of rank 0 (the main loop's, from
+// its queue) for 1.5 s: rank 1's report fails meanwhile, while the main loop is not polling.
+class TwoRankCoordinator final : public v1::WorkerControl::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_worker_id("w#1");
+    response->set_worker_secret("secret");
+    response->set_heartbeat_interval_ms(100);
+    response->set_heartbeat_timeout_ms(60'000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
+                               v1::PollAssignmentsResponse* response) override {
+    if (polls.fetch_add(1) == 0) {
+      for (int rank = 0; rank < 2; ++rank) {
+        v1::Assignment* start = response->add_start();
+        start->set_job_id("job-0001");
+        start->set_rank(rank);
+        start->set_attempt(1);
+        start->set_world_size(2);
+        start->set_device_index(rank);
+        start->set_rank_secret("rank-secret");
+      }
+      return grpc::Status::OK;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!context->IsCancelled() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest* request,
+                              v1::ReportRankExitResponse*) override {
+    int report;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reports[request->rank()].push_back(std::chrono::steady_clock::now());
+      report = static_cast<int>(reports[request->rank()].size());
+    }
+    if (report == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
+    if (request->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankLog(grpc::ServerContext*, const v1::ReportRankLogRequest*,
+                             v1::ReportRankLogResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    return grpc::Status::OK;
+  }
+  std::atomic<int> polls{0};
+  std::mutex mu;
+  std::map<int, std::vector<std::chrono::steady_clock::time_point>> reports;  // rank -> times
+};
+
+// An exit queued while the main loop is reporting earlier ones (not polling: nothing to end)
+// is reported before the loop polls again. (It waited for the whole next poll, 15 s here.)
+TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
+  const std::string script = ::testing::TempDir() + "/rank_exits.sh";
+  {
+    std::ofstream out(script);
+    out << "#!/bin/sh\ncase \"$*\" in *-rank1-*) sleep 0.5;; esac\nexit 1\n";
+  }
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  TwoRankCoordinator coordinator;
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  options.slots = 2;
+  options.fence_after_ms = 0;
+  options.rank_executable = script;
+  auto daemon = std::make_shared<WorkerDaemon>(
+      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
+  auto reported = [&](int rank) {
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    return coordinator.reports[rank].size();
+  };
+  for (int i = 0; i < 1000 && reported(1) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop->store(true);
+  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  server->Shutdown(std::chrono::system_clock::now());
+  std::lock_guard<std::mutex> lock(coordinator.mu);
+  ASSERT_EQ(coordinator.reports[0].size(), 2u);
+  ASSERT_GE(coordinator.reports[1].size(), 1u);
+  // Rank 1's first report failed while rank 0's second was held (the case this is about).
+  EXPECT_LT(coordinator.reports[1][0], coordinator.reports[0][1] + std::chrono::milliseconds(1'500));
+  ASSERT_EQ(coordinator.reports[1].size(), 2u) << "rank 1's exit was not reported again in 10 s";
+  const double gap_s =
+      std::chrono::duration<double>(coordinator.reports[1][1] - coordinator.reports[1][0]).count();
+  EXPECT_LT(gap_s, 5.0) << "reported again only " << gap_s << " s later";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 // For tests: a JobStore whose commits wait while its gate is closed (a slow disk, held still).
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -35,10 +36,11 @@ class GatedJobStore final : public JobStore {
     open_ = true;
     changed_.notify_all();
   }
-  // Until a commit waits at the closed gate.
-  void AwaitHeldCommit() {
+  // Until a commit waits at the closed gate; false when none came within `timeout` (a test then
+  // fails instead of hanging).
+  [[nodiscard]] bool AwaitHeldCommit(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [this] { return waiting_ > 0; });
+    return changed_.wait_for(lock, timeout, [this] { return waiting_ > 0; });
   }
 
  private:
