@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_event_log.h"
 #include "coordinator/store/gated_job_store.h"
+#include "coordinator/test_job_spec.h"
 #include "coordinator/store/sqlite_job_store.h"
 #include "gtest/gtest.h"
 
@@ -106,18 +107,7 @@ class CoordinatorStateTest : public ::testing::Test {
 
  public:
   static v1::JobSpec SmallSpec(int world_size, v1::DeviceKind device = v1::CPU) {
-    v1::JobSpec spec;
-    spec.set_name("t");
-    spec.set_world_size(world_size);
-    spec.set_device(device);
-    spec.mutable_model()->set_input_dim(4);
-    spec.mutable_model()->set_output_dim(2);
-    spec.mutable_data()->mutable_synthetic()->set_seed(0);
-    spec.set_micro_batch_size(2);
-    spec.set_accumulation_steps(1);
-    spec.set_steps(1);
-    spec.mutable_optimizer()->set_lr(0.1);
-    return spec;
+    return SmallJobSpec(world_size, device);
   }
 
  protected:

@@ -15,25 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/store/gated_job_store.h"
 #include "coordinator/store/sqlite_job_store.h"
+#include "coordinator/test_job_spec.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
 namespace {
-
-v1::JobSpec SmallSpec() {
-  v1::JobSpec spec;
-  spec.set_name("t");
-  spec.set_world_size(1);
-  spec.set_device(v1::CPU);
-  spec.mutable_model()->set_input_dim(4);
-  spec.mutable_model()->set_output_dim(2);
-  spec.mutable_data()->mutable_synthetic()->set_seed(0);
-  spec.set_micro_batch_size(2);
-  spec.set_accumulation_steps(1);
-  spec.set_steps(1);
-  spec.mutable_optimizer()->set_lr(0.1);
-  return spec;
-}
 
 // While the disk holds a commit, no gRPC thread waits for it: many writing calls in flight
 // (each answered only once its change is written) leave a worker's heartbeats answered at
@@ -85,7 +71,7 @@ TEST(GrpcService, ASlowDisk_HoldsNoThread_WritesAnswerOnceWritten) {
   for (int i = 0; i < kSubmits; ++i) {
     auto submit = std::make_unique<Submit>();
     submit->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    *submit->request.mutable_spec() = SmallSpec();
+    *submit->request.mutable_spec() = SmallJobSpec(1);
     submit->request.set_request_id(absl::StrCat("r", i));
     jobs->async()->SubmitJob(&submit->context, &submit->request, &submit->response,
                              [&](grpc::Status status) {

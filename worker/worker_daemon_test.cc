@@ -20,29 +20,36 @@
 namespace mptrain {
 namespace {
 
-// A coordinator that registers the worker once, then forgets it (its heartbeats answer
-// NOT_FOUND, as after a restart without its store) and refuses every registration after that
-// for good (UNAUTHENTICATED: a token it no longer takes).
-class ForgettingCoordinator final : public v1::WorkerControl::Service {
+// A coordinator for one worker: registers it as w#N (N counting registrations; heartbeats every
+// 100 ms, `heartbeat_timeout_ms`), answers heartbeats, exits, log chunks and deregistration OK,
+// and answers polls after 50 ms with nothing. The fakes below change what their test is about.
+class FakeCoordinator : public v1::WorkerControl::Service {
  public:
+  explicit FakeCoordinator(int64_t heartbeat_timeout_ms = 60'000)
+      : heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
-    if (registrations.fetch_add(1) > 0) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this token is not taken any more");
-    }
-    response->set_worker_id("w#1");
+    response->set_worker_id(absl::StrCat("w#", registrations.fetch_add(1) + 1));
     response->set_worker_secret("secret");
     response->set_heartbeat_interval_ms(100);
-    response->set_heartbeat_timeout_ms(500);
+    response->set_heartbeat_timeout_ms(heartbeat_timeout_ms_);
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker w#1; register again");
+    return grpc::Status::OK;
   }
   grpc::Status PollAssignments(grpc::ServerContext*, const v1::PollAssignmentsRequest*,
                                v1::PollAssignmentsResponse*) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest*,
+                              v1::ReportRankExitResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportRankLog(grpc::ServerContext*, const v1::ReportRankLogRequest*,
+                             v1::ReportRankLogResponse*) override {
     return grpc::Status::OK;
   }
   grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
@@ -50,6 +57,52 @@ class ForgettingCoordinator final : public v1::WorkerControl::Service {
     return grpc::Status::OK;
   }
   std::atomic<int> registrations{0};
+
+ protected:
+  // Holds a call until the client cancels it or `limit` passes (an answer that does not come).
+  static void Hold(grpc::ServerContext* context,
+                   std::chrono::milliseconds limit = std::chrono::hours(1)) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!context->IsCancelled() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  // Starts for ranks 0..count-1 of one job, rank r on slot r.
+  static void AddStarts(int count, v1::PollAssignmentsResponse* response) {
+    for (int rank = 0; rank < count; ++rank) {
+      v1::Assignment* start = response->add_start();
+      start->set_job_id("job-0001");
+      start->set_rank(rank);
+      start->set_attempt(1);
+      start->set_world_size(count);
+      start->set_device_index(rank);
+      start->set_rank_secret("rank-secret");
+    }
+  }
+
+ private:
+  const int64_t heartbeat_timeout_ms_;
+};
+
+// A coordinator that registers the worker once, then forgets it (its heartbeats answer
+// NOT_FOUND, as after a restart without its store) and refuses every registration after that
+// for good (UNAUTHENTICATED: a token it no longer takes).
+class ForgettingCoordinator final : public FakeCoordinator {
+ public:
+  ForgettingCoordinator() : FakeCoordinator(500) {}
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    if (registrations.load() > 0) {
+      registrations.fetch_add(1);
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this token is not taken any more");
+    }
+    return FakeCoordinator::RegisterWorker(context, request, response);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker w#1; register again");
+  }
 };
 
 // An in-process server for `service`.
@@ -100,44 +153,38 @@ struct SharedCoordinator {
   std::atomic<int> answered_heartbeats{0};
 };
 
-class OneConnection final : public v1::WorkerControl::Service {
+class OneConnection final : public FakeCoordinator {
  public:
-  OneConnection(SharedCoordinator* shared, bool holds) : shared_(shared), holds_(holds) {}
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+  OneConnection(SharedCoordinator* shared, bool holds)
+      : FakeCoordinator(3'000), shared_(shared), holds_(holds) {}
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
     shared_->registered.store(true);
-    response->set_worker_id("w#1");
-    response->set_worker_secret("secret");
-    response->set_heartbeat_interval_ms(100);
-    response->set_heartbeat_timeout_ms(3'000);
-    return grpc::Status::OK;
+    return FakeCoordinator::RegisterWorker(context, request, response);
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
-    if (holds_) return Hold(context);
+    if (holds_) {
+      Hold(context);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "held");
+    }
     shared_->answered_heartbeats.fetch_add(1);
     return grpc::Status::OK;
   }
-  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
-                               v1::PollAssignmentsResponse*) override {
+  grpc::Status PollAssignments(grpc::ServerContext* context,
+                               const v1::PollAssignmentsRequest* request,
+                               v1::PollAssignmentsResponse* response) override {
     if (holds_) {
       shared_->held_polls.fetch_add(1);
-      return Hold(context);
+      Hold(context);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "held");
     }
     shared_->answered_polls.fetch_add(1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return grpc::Status::OK;
-  }
-  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
-                                v1::DeregisterWorkerResponse*) override {
-    return grpc::Status::OK;
+    return FakeCoordinator::PollAssignments(context, request, response);
   }
 
  private:
-  static grpc::Status Hold(grpc::ServerContext* context) {
-    while (!context->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return grpc::Status(grpc::StatusCode::CANCELLED, "held");
-  }
   SharedCoordinator* shared_;
   bool holds_;
 };
@@ -182,36 +229,15 @@ TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
 // Hands out one rank (which exits at once: /bin/false), answers its first exit report
 // UNAVAILABLE (as if the coordinator could not be reached) and holds every later poll for
 // 15 s unless cancelled.
-class OneRankCoordinator final : public v1::WorkerControl::Service {
+class OneRankCoordinator final : public FakeCoordinator {
  public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
-                              v1::RegisterWorkerResponse* response) override {
-    response->set_worker_id("w#1");
-    response->set_worker_secret("secret");
-    response->set_heartbeat_interval_ms(100);
-    response->set_heartbeat_timeout_ms(60'000);
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
-                         v1::HeartbeatResponse*) override {
-    return grpc::Status::OK;
-  }
   grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
                                v1::PollAssignmentsResponse* response) override {
     if (polls.fetch_add(1) == 0) {
-      v1::Assignment* start = response->add_start();
-      start->set_job_id("job-0001");
-      start->set_rank(0);
-      start->set_attempt(1);
-      start->set_world_size(1);
-      start->set_device_index(0);
-      start->set_rank_secret("rank-secret");
+      AddStarts(1, response);
       return grpc::Status::OK;
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (!context->IsCancelled() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    Hold(context, std::chrono::seconds(15));
     return grpc::Status::OK;
   }
   grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest*,
@@ -222,14 +248,6 @@ class OneRankCoordinator final : public v1::WorkerControl::Service {
     if (exit_reports.size() == 1) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
     }
-    return grpc::Status::OK;
-  }
-  grpc::Status ReportRankLog(grpc::ServerContext*, const v1::ReportRankLogRequest*,
-                             v1::ReportRankLogResponse*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
-                                v1::DeregisterWorkerResponse*) override {
     return grpc::Status::OK;
   }
   std::atomic<int> polls{0};
@@ -268,17 +286,8 @@ TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
 
 // Forgets the worker's first registration: its first heartbeat is answered NOT_FOUND late
 // (1.5 s), its second at once; every later registration is known.
-class LateForgettingCoordinator final : public v1::WorkerControl::Service {
+class LateForgettingCoordinator final : public FakeCoordinator {
  public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
-                              v1::RegisterWorkerResponse* response) override {
-    const int n = registrations.fetch_add(1) + 1;
-    response->set_worker_id(absl::StrCat("w#", n));
-    response->set_worker_secret("secret");
-    response->set_heartbeat_interval_ms(100);
-    response->set_heartbeat_timeout_ms(60'000);
-    return grpc::Status::OK;
-  }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
     if (request->worker_id() != "w#1") return grpc::Status::OK;
@@ -288,16 +297,6 @@ class LateForgettingCoordinator final : public v1::WorkerControl::Service {
     }
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker w#1; register again");
   }
-  grpc::Status PollAssignments(grpc::ServerContext*, const v1::PollAssignmentsRequest*,
-                               v1::PollAssignmentsResponse*) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return grpc::Status::OK;
-  }
-  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
-                                v1::DeregisterWorkerResponse*) override {
-    return grpc::Status::OK;
-  }
-  std::atomic<int> registrations{0};
   std::atomic<int> first_heartbeats{0};
   std::atomic<bool> late_answer_sent{false};
 };
@@ -331,38 +330,15 @@ TEST(WorkerDaemon, ALateNotFoundForAReplacedRegistration_IsIgnored) {
 // executable is a script that looks at its assignment file's name). Answers UNAVAILABLE to
 // each rank's first exit report, and holds the second report of rank 0 (the main loop's, from
 // its queue) for 1.5 s: rank 1's report fails meanwhile, while the main loop is not polling.
-class TwoRankCoordinator final : public v1::WorkerControl::Service {
+class TwoRankCoordinator final : public FakeCoordinator {
  public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
-                              v1::RegisterWorkerResponse* response) override {
-    response->set_worker_id("w#1");
-    response->set_worker_secret("secret");
-    response->set_heartbeat_interval_ms(100);
-    response->set_heartbeat_timeout_ms(60'000);
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
-                         v1::HeartbeatResponse*) override {
-    return grpc::Status::OK;
-  }
   grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
                                v1::PollAssignmentsResponse* response) override {
     if (polls.fetch_add(1) == 0) {
-      for (int rank = 0; rank < 2; ++rank) {
-        v1::Assignment* start = response->add_start();
-        start->set_job_id("job-0001");
-        start->set_rank(rank);
-        start->set_attempt(1);
-        start->set_world_size(2);
-        start->set_device_index(rank);
-        start->set_rank_secret("rank-secret");
-      }
+      AddStarts(2, response);
       return grpc::Status::OK;
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (!context->IsCancelled() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    Hold(context, std::chrono::seconds(15));
     return grpc::Status::OK;
   }
   grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest* request,
@@ -375,14 +351,6 @@ class TwoRankCoordinator final : public v1::WorkerControl::Service {
     }
     if (report == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
     if (request->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
-    return grpc::Status::OK;
-  }
-  grpc::Status ReportRankLog(grpc::ServerContext*, const v1::ReportRankLogRequest*,
-                             v1::ReportRankLogResponse*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
-                                v1::DeregisterWorkerResponse*) override {
     return grpc::Status::OK;
   }
   std::atomic<int> polls{0};
