@@ -226,40 +226,55 @@ TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
                      << shared.held_polls.load() << ")";
 }
 
-// Hands out one rank (which exits at once: /bin/false), answers its first exit report
-// UNAVAILABLE (as if the coordinator could not be reached) and holds every later poll for
-// 15 s unless cancelled.
-class OneRankCoordinator final : public FakeCoordinator {
+// Hands out `ranks` ranks of one job at its first poll (rank r on slot r), holds every later
+// poll for 15 s unless cancelled, and answers each rank's first exit report UNAVAILABLE (as if
+// the coordinator could not be reached); rank 0's second report is answered only after
+// `rank0_retry_ms`.
+class ExitsUnreachableOnce final : public FakeCoordinator {
  public:
+  ExitsUnreachableOnce(int ranks, int rank0_retry_ms)
+      : ranks_(ranks), rank0_retry_ms_(rank0_retry_ms) {}
   grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
                                v1::PollAssignmentsResponse* response) override {
     if (polls.fetch_add(1) == 0) {
-      AddStarts(1, response);
+      AddStarts(ranks_, response);
       return grpc::Status::OK;
     }
     Hold(context, std::chrono::seconds(15));
     return grpc::Status::OK;
   }
-  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest*,
+  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest* request,
                               v1::ReportRankExitResponse*) override {
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mu);
-    exit_reports.push_back(now);
-    if (exit_reports.size() == 1) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
+    int report;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reports[request->rank()].push_back(std::chrono::steady_clock::now());
+      report = static_cast<int>(reports[request->rank()].size());
+    }
+    if (report == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
+    if (request->rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(rank0_retry_ms_));
     }
     return grpc::Status::OK;
   }
+  size_t Reported(int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    return reports[rank].size();
+  }
   std::atomic<int> polls{0};
   std::mutex mu;
-  std::vector<std::chrono::steady_clock::time_point> exit_reports;
+  std::map<int, std::vector<std::chrono::steady_clock::time_point>> reports;  // rank -> times
+
+ private:
+  const int ranks_;
+  const int rank0_retry_ms_;
 };
 
 // An exit the coordinator could not be told of is reported again at once, not after the long
 // poll in flight ends (up to 20 s, while the coordinator waits for this very exit to name the
 // cause of a job's failure).
 TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
-  OneRankCoordinator coordinator;
+  ExitsUnreachableOnce coordinator(/*ranks=*/1, /*rank0_retry_ms=*/0);
   std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   WorkerOptions options = TestOptions();
   options.fence_after_ms = 0;
@@ -267,20 +282,16 @@ TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
       options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
   auto stop = std::make_shared<std::atomic<bool>>(false);
   auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  size_t reports = 0;
-  for (int i = 0; i < 1000 && reports < 2; ++i) {
+  for (int i = 0; i < 1000 && coordinator.Reported(0) < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::lock_guard<std::mutex> lock(coordinator.mu);
-    reports = coordinator.exit_reports.size();
   }
   stop->store(true);
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   server->Shutdown(std::chrono::system_clock::now());
   std::lock_guard<std::mutex> lock(coordinator.mu);
-  ASSERT_EQ(coordinator.exit_reports.size(), 2u) << "the exit was not reported again within 10 s";
-  const double gap_s = std::chrono::duration<double>(coordinator.exit_reports[1] -
-                                                     coordinator.exit_reports[0])
-                           .count();
+  const auto& reports = coordinator.reports[0];
+  ASSERT_EQ(reports.size(), 2u) << "the exit was not reported again within 10 s";
+  const double gap_s = std::chrono::duration<double>(reports[1] - reports[0]).count();
   EXPECT_LT(gap_s, 5.0) << "reported again only " << gap_s << " s later";
 }
 
@@ -326,38 +337,6 @@ TEST(WorkerDaemon, ALateNotFoundForAReplacedRegistration_IsIgnored) {
       << "registered again after a late answer for its first, replaced registration";
 }
 
-// Hands out two ranks on two slots: rank 0 exits at once, rank 1 half a second later (the rank
-// executable is a script that looks at its assignment file's name). Answers UNAVAILABLE to
-// each rank's first exit report, and holds the second report of rank 0 (the main loop's, from
-// its queue) for 1.5 s: rank 1's report fails meanwhile, while the main loop is not polling.
-class TwoRankCoordinator final : public FakeCoordinator {
- public:
-  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
-                               v1::PollAssignmentsResponse* response) override {
-    if (polls.fetch_add(1) == 0) {
-      AddStarts(2, response);
-      return grpc::Status::OK;
-    }
-    Hold(context, std::chrono::seconds(15));
-    return grpc::Status::OK;
-  }
-  grpc::Status ReportRankExit(grpc::ServerContext*, const v1::ReportRankExitRequest* request,
-                              v1::ReportRankExitResponse*) override {
-    int report;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      reports[request->rank()].push_back(std::chrono::steady_clock::now());
-      report = static_cast<int>(reports[request->rank()].size());
-    }
-    if (report == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now");
-    if (request->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
-    return grpc::Status::OK;
-  }
-  std::atomic<int> polls{0};
-  std::mutex mu;
-  std::map<int, std::vector<std::chrono::steady_clock::time_point>> reports;  // rank -> times
-};
-
 // An exit queued while the main loop is reporting earlier ones (not polling: nothing to end)
 // is reported before the loop polls again. (It waited for the whole next poll, 15 s here.)
 TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
@@ -367,7 +346,10 @@ TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
     out << "#!/bin/sh\ncase \"$*\" in *-rank1-*) sleep 0.5;; esac\nexit 1\n";
   }
   ASSERT_EQ(chmod(script.c_str(), 0755), 0);
-  TwoRankCoordinator coordinator;
+  // Rank 0 exits at once, rank 1 half a second later (the rank executable looks at its
+  // assignment file's name); rank 0's report from the queue is held 1.5 s, so that rank 1's
+  // report fails while the main loop is not polling.
+  ExitsUnreachableOnce coordinator(/*ranks=*/2, /*rank0_retry_ms=*/1'500);
   std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   WorkerOptions options = TestOptions();
   options.slots = 2;
@@ -377,11 +359,7 @@ TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
       options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
   auto stop = std::make_shared<std::atomic<bool>>(false);
   auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  auto reported = [&](int rank) {
-    std::lock_guard<std::mutex> lock(coordinator.mu);
-    return coordinator.reports[rank].size();
-  };
-  for (int i = 0; i < 1000 && reported(1) < 2; ++i) {
+  for (int i = 0; i < 1000 && coordinator.Reported(1) < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   stop->store(true);
