@@ -6,10 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +125,24 @@ WorkerOptions TestOptions() {
   return options;
 }
 
+// Runs a daemon on `stub` until `done()` holds or `limit` passes, then stops it and waits for
+// its Run to end (before the caller's servers go: an in-process channel must not outlive its
+// server). False when Run did not end within 30 s.
+bool RunDaemonUntil(const WorkerOptions& options,
+                    std::shared_ptr<v1::WorkerControl::StubInterface> stub,
+                    const std::function<bool()>& done,
+                    std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  auto daemon = std::make_shared<WorkerDaemon>(options, std::move(stub));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop->store(true);
+  return run.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+}
+
 // A registration refused for good ends the daemon with that error. (Its other loops waited
 // for the stop flag alone, and the daemon hung for ever in Run.)
 TEST(WorkerDaemon, RegistrationRefusedForGood_RunEndsWithTheError) {
@@ -205,18 +225,11 @@ TEST(WorkerDaemon, ConnectionStopsAnswering_CallsMoveToAFreshOneThatDoes) {
   options.fresh_stub = [&]() -> std::shared_ptr<v1::WorkerControl::StubInterface> {
     return v1::WorkerControl::NewStub(answering_server->InProcessChannel({}));
   };
-  auto daemon = std::make_shared<WorkerDaemon>(
-      options, v1::WorkerControl::NewStub(held_server->InProcessChannel({})));
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  bool moved = false;
-  for (int i = 0; i < 500 && !moved; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    moved = shared.answered_polls.load() > 0;
-  }
-  stop->store(true);
-  // (Before the servers go: an in-process channel must not outlive its server.)
-  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(RunDaemonUntil(options,
+                             v1::WorkerControl::NewStub(held_server->InProcessChannel({})),
+                             [&] { return shared.answered_polls.load() > 0; },
+                             std::chrono::seconds(5)));
+  const bool moved = shared.answered_polls.load() > 0;
   held_server->Shutdown(std::chrono::system_clock::now());
   answering_server->Shutdown(std::chrono::system_clock::now());
   EXPECT_TRUE(shared.registered.load());
@@ -278,15 +291,8 @@ TEST(WorkerDaemon, AnExitNotReported_IsReportedAgainWithoutWaitingForThePoll) {
   std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   WorkerOptions options = TestOptions();
   options.fence_after_ms = 0;
-  auto daemon = std::make_shared<WorkerDaemon>(
-      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  for (int i = 0; i < 1000 && coordinator.Reported(0) < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  stop->store(true);
-  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] { return coordinator.Reported(0) >= 2; }));
   server->Shutdown(std::chrono::system_clock::now());
   std::lock_guard<std::mutex> lock(coordinator.mu);
   const auto& reports = coordinator.reports[0];
@@ -320,16 +326,14 @@ TEST(WorkerDaemon, ALateNotFoundForAReplacedRegistration_IsIgnored) {
   std::unique_ptr<grpc::Server> server = Serve(&coordinator);
   WorkerOptions options = TestOptions();
   options.fence_after_ms = 0;
-  auto daemon = std::make_shared<WorkerDaemon>(
-      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  for (int i = 0; i < 1000 && !coordinator.late_answer_sent.load(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Its effect, if any.
-  stop->store(true);
-  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  // Until half a second after the late answer (its effect, if any).
+  std::optional<std::chrono::steady_clock::time_point> answered;
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] {
+                               const auto now = std::chrono::steady_clock::now();
+                               if (!answered && coordinator.late_answer_sent.load()) answered = now;
+                               return answered && now - *answered > std::chrono::milliseconds(500);
+                             }));
   server->Shutdown(std::chrono::system_clock::now());
   EXPECT_TRUE(coordinator.late_answer_sent.load()) << "the test did not run as intended";
   EXPECT_GE(coordinator.first_heartbeats.load(), 2) << "the test did not run as intended";
@@ -355,15 +359,8 @@ TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
   options.slots = 2;
   options.fence_after_ms = 0;
   options.rank_executable = script;
-  auto daemon = std::make_shared<WorkerDaemon>(
-      options, v1::WorkerControl::NewStub(server->InProcessChannel({})));
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  auto run = std::async(std::launch::async, [daemon, stop] { return daemon->Run(stop.get()); });
-  for (int i = 0; i < 1000 && coordinator.Reported(1) < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  stop->store(true);
-  ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] { return coordinator.Reported(1) >= 2; }));
   server->Shutdown(std::chrono::system_clock::now());
   std::lock_guard<std::mutex> lock(coordinator.mu);
   ASSERT_EQ(coordinator.reports[0].size(), 2u);
