@@ -55,6 +55,18 @@ void CoordinatorLink::Answered(const Endpoint& endpoint) {
   }
 }
 
+grpc::Status CoordinatorLink::Send(
+    std::chrono::milliseconds timeout,
+    const std::function<grpc::Status(Stub*, grpc::ClientContext*)>& invoke) {
+  grpc::Status status;
+  for (int sends = 0; sends < kMaxSends; ++sends) {
+    Call call(this, std::chrono::system_clock::now() + timeout);
+    status = invoke(call.operator->(), call.context());
+    if (!call.SendAgain(status)) break;
+  }
+  return status;
+}
+
 CoordinatorLink::Call::Call(CoordinatorLink* link, std::chrono::system_clock::time_point deadline)
     : link_(link) {
   context_.set_deadline(deadline);

@@ -54,6 +54,16 @@ class CoordinatorLink {
   // Whether a status is the coordinator's answer, not the transport's or a deadline's.
   static bool IsAnswer(const grpc::Status& status);
 
+  // A call superseded this many times in a row (a newer connection answered each time) is given
+  // up on as unanswered: each resend waits for a new connection at most once an interval, but a
+  // link that keeps being replaced must not hold its caller (the reaper) for ever.
+  static constexpr int kMaxSends = 5;
+
+  // One blocking unary call, `invoke(stub, context)`, within `timeout`, sent again on the newer
+  // connection while one replaces its own before it is answered (kMaxSends in all).
+  grpc::Status Send(std::chrono::milliseconds timeout,
+                    const std::function<grpc::Status(Stub*, grpc::ClientContext*)>& invoke);
+
   // One blocking call on the connection in use, with its context; the link can cancel it.
   class Call {
    public:

@@ -30,10 +30,6 @@ namespace {
 // exactly the polls a change concerns), so the wait only bounds how often an idle worker asks.
 constexpr int64_t kPollWaitMs = 20'000;
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
-// A call superseded this many times in a row (a newer connection answered each time) is given
-// up on as unanswered: each resend waits for a new connection at most once an interval, but a
-// link that keeps being replaced must not hold a caller (the reaper) for ever.
-constexpr int kMaxSendTries = 5;
 constexpr size_t kMaxUnreportedExits = 10'000;
 constexpr int64_t kFenceCheckMs = 100;
 
@@ -205,13 +201,11 @@ void WorkerDaemon::Deregister(const std::string& reason) {
   }
   request.set_incarnation(incarnation_);
   request.set_reason(reason);
-  grpc::Status status;
-  for (int tries = 0; tries < kMaxSendTries; ++tries) {
-    v1::DeregisterWorkerResponse response;
-    CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + std::chrono::seconds(3));
-    status = call->DeregisterWorker(call.context(), request, &response);
-    if (!call.SendAgain(status)) break;
-  }
+  v1::DeregisterWorkerResponse response;
+  const grpc::Status status = link_.Send(
+      std::chrono::seconds(3), [&](CoordinatorLink::Stub* stub, grpc::ClientContext* context) {
+        return stub->DeregisterWorker(context, request, &response);
+      });
   if (!status.ok()) spdlog::warn("could not deregister: {}", status.error_message());
 }
 
@@ -502,13 +496,11 @@ bool WorkerDaemon::SendExit(const Exit& exit) {
   request.set_term_signal(term_signal);
   request.set_rank_secret(assignment.rank_secret());
   request.set_stop_reason(exit.stop_reason);
-  grpc::Status status;
-  for (int tries = 0; tries < kMaxSendTries; ++tries) {
-    v1::ReportRankExitResponse response;
-    CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
-    status = call->ReportRankExit(call.context(), request, &response);
-    if (!call.SendAgain(status)) break;  // Else a newer connection works: again, on it.
-  }
+  v1::ReportRankExitResponse response;
+  const grpc::Status status =
+      link_.Send(kRpcDeadline, [&](CoordinatorLink::Stub* stub, grpc::ClientContext* context) {
+        return stub->ReportRankExit(context, request, &response);
+      });
   if (!status.ok()) spdlog::warn("could not report the exit: {}", status.error_message());
   if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
       ++exit.denied < kMaxDeniedExitReports) {
@@ -697,13 +689,11 @@ void WorkerDaemon::ShipLog(const v1::Assignment& assignment, RankLogTap* log) {
     request.set_data(std::move(chunk.data));
     // The chunk is taken from the tap: sent again on a newer connection rather than lost (the
     // last lines of a rank, shipped just before its exit, are the ones its user needs).
-    grpc::Status status;
-    for (int tries = 0; tries < kMaxSendTries; ++tries) {
-      v1::ReportRankLogResponse response;
-      CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
-      status = call->ReportRankLog(call.context(), request, &response);
-      if (!call.SendAgain(status)) break;
-    }
+    v1::ReportRankLogResponse response;
+    const grpc::Status status =
+        link_.Send(kRpcDeadline, [&](CoordinatorLink::Stub* stub, grpc::ClientContext* context) {
+          return stub->ReportRankLog(context, request, &response);
+        });
     if (!status.ok()) {
       spdlog::debug("could not send rank {}'s output: {}", assignment.rank(),
                     status.error_message());
