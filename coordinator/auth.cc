@@ -19,7 +19,8 @@ constexpr size_t kMaxTokenLength = 256;
 constexpr absl::string_view kBearer = "Bearer ";
 
 bool IsPrincipalName(absl::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
+  // A principal's name is also a directory of every output root (common/tenant_paths.h).
+  if (name.empty() || name.size() > 64 || name == "." || name == "..") return false;
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' &&
         c != '@' && c != '-') {
@@ -74,7 +75,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
                               TruncateForError(fields[0], 32), "\""));
     }
     if (!IsPrincipalName(fields[1])) {
-      return bad("principal must be 1 to 64 characters of [A-Za-z0-9._@-]");
+      return bad("principal must be 1 to 64 characters of [A-Za-z0-9._@-], not '.' or '..'");
     }
     entry.principal.name = std::string(fields[1]);
     // The token itself is never echoed: the file is a secret.

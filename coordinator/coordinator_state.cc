@@ -16,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/path_rules.h"
+#include "common/tenant_paths.h"
 #include "common/resource_estimate.h"
 #include "common/rpc_limits.h"
 #include "common/secrets.h"
@@ -415,7 +416,7 @@ const JobRecord* CoordinatorState::FindJob(const std::string& job_id) const {
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
-    const v1::SubmitJobRequest& request, const std::string& owner) {
+    const v1::SubmitJobRequest& request, const std::string& owner, bool owner_is_admin) {
   if (const size_t bytes = request.spec().ByteSizeLong(); bytes > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec is ", bytes, " bytes; the limit is ", kMaxSpecBytes));
@@ -457,7 +458,9 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
       return response;
     }
   }
-  if (absl::Status status = CheckSpecPaths(spec); !status.ok()) return status;
+  if (absl::Status status = CheckSpecPaths(spec, Tenancy{owner, owner_is_admin}); !status.ok()) {
+    return status;
+  }
   EvictOldRecords(options_.now_ms());
   if (pending_.size() >= options_.max_pending_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -489,9 +492,9 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
         " per rank (model, micro_batch_size and accumulation_steps set the need)"));
   }
   const int64_t number = next_job_number_++;
-  auto record = std::make_unique<JobRecord>(number, spec, owner, request.request_id(),
-                                            memory.total, options_.now_ms(), job_limits(),
-                                            &effects_);
+  auto record = std::make_unique<JobRecord>(number, spec, Tenancy{owner, owner_is_admin},
+                                            request.request_id(), memory.total,
+                                            options_.now_ms(), job_limits(), &effects_);
   const std::string job_id = record->id();
   if (!request.request_id().empty()) {
     job_by_request_id_[RequestKey(owner, request.request_id())] = job_id;
@@ -974,6 +977,8 @@ std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     assignment.set_resume_checkpoint(record->job().latest_checkpoint_path());
     assignment.set_rank_secret(record->RankSecret(record->attempt(), busy.rank));
     assignment.set_job_uid(record->job().uid());
+    assignment.set_owner(record->job().owner());
+    assignment.set_owner_is_admin(record->job().owner_is_admin());
     desired.push_back(std::move(assignment));
   }
   return desired;
@@ -1197,7 +1202,8 @@ std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, in
   return record == nullptr ? "" : record->RankSecret(attempt, rank);
 }
 
-absl::Status CoordinatorState::CheckSpecPaths(const v1::JobSpec& spec) const {
+absl::Status CoordinatorState::CheckSpecPaths(const v1::JobSpec& spec,
+                                              const Tenancy& owner) const {
   const std::vector<const WorkerRecord*> workers = workers_.Live(spec.device());
   for (const SpecPath& path : SpecPaths(spec)) {
     if (absl::Status status = CheckPathSyntax(path.field, path.path); !status.ok()) {
@@ -1206,9 +1212,24 @@ absl::Status CoordinatorState::CheckSpecPaths(const v1::JobSpec& spec) const {
     // With no worker of this kind yet, the workers check when the job is placed.
     if (workers.empty()) continue;
     bool accepted = false;
+    bool others_part = false;  // Only outside the owner's part of some worker's output roots.
     for (const WorkerRecord* worker : workers) {
-      const auto& roots = path.write ? worker->info.output_roots() : worker->info.data_roots();
-      accepted |= IsUnderAnyRoot(path.path, {roots.begin(), roots.end()});
+      if (path.write) {
+        const std::vector<std::string> output(worker->info.output_roots().begin(),
+                                              worker->info.output_roots().end());
+        const bool own = MayWrite(path.path, output, owner);
+        accepted |= own;
+        others_part |= !own && IsUnderAnyRoot(path.path, output);
+      } else {
+        // Reads in another principal's part are refused by the worker, which sees the parts.
+        const auto& data = worker->info.data_roots();
+        accepted |= IsUnderAnyRoot(path.path, {data.begin(), data.end()});
+      }
+    }
+    if (!accepted && others_part) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          path.field, " lies outside ", owner.principal, "'s part of the workers' output roots (",
+          DescribeTenancyRule(owner), ")"));
     }
     if (!accepted) {
       return absl::PermissionDeniedError(absl::StrCat(

@@ -120,10 +120,14 @@ class CoordinatorState {
 
   // INVALID_ARGUMENT: the spec breaks a rule or a size limit (message names the field).
   // PERMISSION_DENIED: a path field lies outside the roots of every live worker of the job's
-  // device kind. A repeated non-empty request_id returns the job created by the first call.
-  // `owner` is the caller's principal.
+  // device kind, or (for an owner who is not an admin) a written path outside the owner's part
+  // of those output roots, or a read one in another principal's part (common/tenant_paths.h).
+  // A repeated non-empty request_id returns the job created by the first call.
+  // `owner` is the caller's principal; `owner_is_admin` whether it is an admin (authentication
+  // off: the admin "anonymous").
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request,
-                                                  const std::string& owner = "anonymous");
+                                                  const std::string& owner = "anonymous",
+                                                  bool owner_is_admin = true);
   // NOT_FOUND: unknown job id.
   // What a read shows. kWritten, for clients: only changes already in the store (the read
   // waits for the writes of what it saw), so that nothing a client is shown is undone by a
@@ -373,8 +377,9 @@ class CoordinatorState {
   std::function<bool(const BusySlot&)> IsCurrent() const {
     return [this](const BusySlot& slot) { return SlotIsCurrent(slot); };
   }
-  // Path fields of `spec` against the roots of live workers of its device kind.
-  absl::Status CheckSpecPaths(const v1::JobSpec& spec) const;
+  // Path fields of `spec` against the roots of live workers of its device kind, as `owner` may
+  // use them.
+  absl::Status CheckSpecPaths(const v1::JobSpec& spec, const Tenancy& owner) const;
   // Re-binds the ranks a re-registered worker reports running to jobs awaiting adoption.
   void AdoptRunningRanks(WorkerRecord* worker, const v1::PollAssignmentsRequest& request);
 

@@ -23,7 +23,7 @@ struct RunningJob {
     spec.set_world_size(2);
     spec.set_max_restarts(max_restarts);
     spec.set_progress_timeout_s(progress_timeout_s);
-    record = std::make_unique<JobRecord>(1, spec, "alice", "", 0, /*now=*/0, JobLimits(),
+    record = std::make_unique<JobRecord>(1, spec, Tenancy{"alice", false}, "", 0, /*now=*/0, JobLimits(),
                                          &changes);
     record->StartAttempt({{0, "a#1", "a", "ha", 0}, {1, "b#1", "hb", "hb", 0}}, /*now=*/0);
   }

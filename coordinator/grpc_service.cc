@@ -453,8 +453,9 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return Dispatch<v1::SubmitJobRequest, v1::SubmitJobResponse>(
       context, request, response, [&](std::shared_ptr<SubmitFrame> frame) {
+        const CallerIdentity caller = auth_->Identify(*context);
         return AnswerNow(context, *frame,
-                         state_->SubmitJob(frame->request, auth_->Identify(*context).principal),
+                         state_->SubmitJob(frame->request, caller.principal, caller.admin),
                          &frame->response);
       });
 }

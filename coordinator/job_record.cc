@@ -16,7 +16,7 @@ bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
-JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
+JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const Tenancy& owner,
                      const std::string& request_id, int64_t rank_memory_bytes, int64_t now,
                      const JobLimits& limits, JobChanges* changes)
     : changes_(changes),
@@ -33,7 +33,8 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
   job_.set_state(v1::PENDING);
   job_.set_submitted_unix_ms(now);
   job_.set_request_id(request_id);
-  job_.set_owner(owner);
+  job_.set_owner(owner.principal);
+  job_.set_owner_is_admin(owner.admin);
   job_.set_estimated_rank_memory_bytes(rank_memory_bytes);
   ranks_.resize(world_size);
   for (int rank = 0; rank < world_size; ++rank) job_.add_progress()->set_rank(rank);

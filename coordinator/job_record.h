@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/tenant_paths.h"
 #include "coordinator/job_event_log.h"
 #include "coordinator/job_kv.h"
 #include "coordinator/placement.h"
@@ -88,7 +89,7 @@ bool IsTerminal(v1::JobState state);
 class JobRecord {
  public:
   // A new PENDING job; `spec` has its defaults applied and is valid.
-  JobRecord(int64_t number, v1::JobSpec spec, const std::string& owner,
+  JobRecord(int64_t number, v1::JobSpec spec, const Tenancy& owner,
             const std::string& request_id, int64_t rank_memory_bytes, int64_t now,
             const JobLimits& limits, JobChanges* changes);
   // A job as the store kept it; RUNNING ranks count as reporting at `now`. `kv`: the key-value

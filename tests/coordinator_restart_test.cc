@@ -43,7 +43,7 @@ absl::StatusOr<v1::Job> Get(LocalCluster& cluster, const std::string& job_id) {
 }
 
 TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterruptedRun) {
-  const std::string dir = TestTempDir() + "/restart";
+  const std::string dir = OutputPartOf("alice") + "/restart";  // alice's part.
   RunCommand("rm -rf " + dir + " && mkdir -p " + dir);  // Outputs are never replaced.
   const int kSteps = 12000;
   LocalCluster::Options options;
@@ -171,7 +171,7 @@ TEST(CoordinatorRestart, PendingJob_IsPlacedAfterTheRestart) {
 TEST(CoordinatorRestart, RankKilledDuringTheOutage_JobFailsAtOnceNamingTheSignal) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string dir = TestTempDir();
+  const std::string dir = OutputPartOf("alice");
   RunCommand("rm -rf " + dir + "/outage* && mkdir -p " + dir + "/outage");
   std::string spec_json = absl::StrCat(R"({
     "name": "outage", "world_size": 2, "device": "cpu",
@@ -203,7 +203,7 @@ TEST(CoordinatorRestart, RankKilledDuringTheOutage_JobFailsAtOnceNamingTheSignal
 TEST(CoordinatorRestart, SubmitWait_ReconnectsAcrossTheRestart_AndEndsWithTheJob) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string dir = TestTempDir();
+  const std::string dir = OutputPartOf("alice");
   RunCommand("rm -rf " + dir + "/followed* && mkdir -p " + dir + "/followed");
   const std::string spec = Spec("followed", dir, 4000);
   CommandResult waited;

@@ -283,7 +283,7 @@ class RestartFromCheckpoint : public ::testing::TestWithParam<const char*> {};
 TEST_P(RestartFromCheckpoint, EndsBitIdenticalToAnUninterruptedRun) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string dir = TestTempDir();
+  const std::string dir = OutputPartOf("alice");  // Where alice's jobs may write.
   auto spec = [&](const std::string& name) {
     return WriteSpec(name, absl::StrCat(R"({
       "name": ")", name, R"(", "world_size": 2, "device": "cpu",
@@ -338,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Faults, RecordedCheckpointDeleted_RestartResumesFromAnOlderOne_BitIdentical) {
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
-  const std::string dir = TestTempDir();
+  const std::string dir = OutputPartOf("alice");  // Where alice's jobs may write.
   auto spec = [&](const std::string& name) {
     return WriteSpec(name, absl::StrCat(R"({
       "name": ")", name, R"(", "world_size": 2, "device": "cpu",

@@ -86,7 +86,8 @@ TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference)
   for (float& v : features.values) v = normal(generator);
   for (float& v : targets.values) v = normal(generator);
   const std::string dir = TestTempDir();
-  std::remove((dir + "/out.safetensors").c_str());  // Outputs are never replaced.
+  const std::string output = OutputPartOf("alice") + "/out.safetensors";  // alice submits.
+  std::remove(output.c_str());  // Outputs are never replaced.
   ASSERT_TRUE(WriteNpyMatrix(dir + "/features.npy", features).ok());
   ASSERT_TRUE(WriteNpyMatrix(dir + "/targets.npy", targets).ok());
   ParameterLayout layout = MakeParameterLayout({in, hidden, out});
@@ -101,14 +102,14 @@ TEST(Integration, NpyDataAndCheckpointInit_TwoRanks_OneFp32StepMatchesReference)
     "micro_batch_size": 2, "accumulation_steps": 3, "steps": 1, "precision": "fp32",
     "optimizer": {"lr": 0.5, "momentum": 0.9, "weight_decay": 0.1},
     "init_checkpoint": ")", dir, R"(/init.safetensors",
-    "output_checkpoint": ")", dir, R"(/out.safetensors"
+    "output_checkpoint": ")", output, R"("
   })"));
 
   LocalCluster cluster({});
   ASSERT_TRUE(cluster.Start().ok());
   CommandResult result = cluster.Trainctl("submit " + spec + " --wait");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  auto written = ReadSafetensors(dir + "/out.safetensors");
+  auto written = ReadSafetensors(output);
   ASSERT_TRUE(written.ok()) << written.status();
   auto trained = TensorsToParameters(layout, *written, "out");
   ASSERT_TRUE(trained.ok()) << trained.status();
@@ -412,7 +413,8 @@ TEST(Integration, WorkerDaemonSigtermWhileRegistering_ExitsCleanlyAndRemovesItsW
   const std::string script =
       "mkdir -p " + tmp + "; cd " + tmp + "; OPENBLAS_NUM_THREADS=4 TMPDIR=" + tmp + " " +
       RunfilePath("worker/worker") +
-      " --coordinator=127.0.0.1:1 --device=cpu --name=leaving >worker.log 2>&1 & "
+      " --coordinator=127.0.0.1:1 --device=cpu --name=leaving --data_root=" + tmp +
+      " --output_root=" + tmp + " >worker.log 2>&1 & "
       "pid=$!; sleep 1.5; kill -TERM $pid; wait $pid; echo \"exit $?\"; "
       "echo \"left $(ls -d " + tmp + "/mptrain-worker-* 2>/dev/null | wc -l)\"; cat worker.log";
   CommandResult result = RunCommand("bash -c '" + script + "'");

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +31,12 @@ std::string RunfilePath(const std::string& relative) {
 std::string TestTempDir() {
   const char* dir = getenv("TEST_TMPDIR");
   return dir ? dir : "/tmp";
+}
+
+std::string OutputPartOf(const std::string& principal) {
+  const std::string part = TestTempDir() + "/" + principal;
+  ::mkdir(part.c_str(), 0755);
+  return part;
 }
 
 CommandResult RunCommand(const std::string& command_line) {

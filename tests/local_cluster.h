@@ -21,6 +21,10 @@ std::string RunfilePath(const std::string& relative);
 // A writable scratch directory for this test.
 std::string TestTempDir();
 
+// `principal`'s part of the default worker roots (TestTempDir()): where the jobs of a user
+// (alice is the cluster's trainctl) may write, common/tenant_paths.h. Created when missing.
+std::string OutputPartOf(const std::string& principal);
+
 struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together

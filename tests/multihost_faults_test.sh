@@ -43,7 +43,8 @@ on_host 0 "$BIN_COORDINATOR" --listen=$COORDINATOR --state_dir="$WORK/state" \
 start_worker() {  # I
   mkdir -p "$WORK/w$1"
   on_host_with_disk $1 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=1 \
-    --name=w$1 --work_dir="$WORK/w$1" --data_root="$WORK" --output_root="$WORK" "${TLS[@]}" \
+    --name=w$1 --work_dir="$WORK/w$1" --data_root="$WORK" \
+    --output_root="$WORK/disk" --output_root="$WORK/shared" "${TLS[@]}" \
     --token_file="$WORK/pki/worker.token" >>"$WORK/worker$1.log" 2>&1 &
 }
 ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator=$COORDINATOR "${TLS[@]}" \
@@ -182,7 +183,7 @@ restart_case() {  # NAME RANK DIR SHARED
   echo "$job $host"
 }
 
-read -r job killed < <(restart_case restart-rank1 1 "$WORK/disk/ckpt-r1" false)
+read -r job killed < <(restart_case restart-rank1 1 "$WORK/disk/alice/ckpt-r1" false)
 holder=$(rank_host "$job" 0)
 wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
 echo "3. rank 1's host h$killed killed: $(job_field "$job" "job['state']"), restarts $(job_field "$job" "job.get('restarts', 0)"), failures $(job_field "$job" "job.get('failures')")"
@@ -191,7 +192,7 @@ echo "3. rank 1's host h$killed killed: $(job_field "$job" "job['state']"), rest
 [ "$(checksum "$job")" = "$reference" ] || fail "3. checksum $(checksum "$job") != uninterrupted $reference"
 start_worker "$killed"; wait_alive 3
 
-read -r job killed < <(restart_case restart-rank0 0 "$WORK/disk/ckpt-r0" false)
+read -r job killed < <(restart_case restart-rank0 0 "$WORK/disk/alice/ckpt-r0" false)
 wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
 error=$(job_field "$job" "job.get('error')")
 echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$job" "job['state']"): $error"
@@ -199,7 +200,7 @@ echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$jo
   fail "4. expected a clear failure (cannot resume)"
 start_worker "$killed"; wait_alive 3
 
-read -r job killed < <(restart_case restart-shared 0 "$WORK/shared/ckpt" true)
+read -r job killed < <(restart_case restart-shared 0 "$WORK/shared/alice/ckpt" true)
 wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
 echo "5. rank 0's host h$killed killed, shared checkpoint_dir: $(job_field "$job" "job['state']")"
 [ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "5. not SUCCEEDED: $(job_field "$job" "job.get('error')")"

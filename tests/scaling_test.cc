@@ -121,7 +121,7 @@ struct JobRun {
 JobRun RunJob(LocalCluster& cluster, int world_size, const std::string& tag) {
   const DataSet& data = Data();
   const std::string dir = TestTempDir();
-  const std::string output = dir + "/scaling_" + tag + ".safetensors";
+  const std::string output = OutputPartOf("alice") + "/scaling_" + tag + ".safetensors";
   std::remove(output.c_str());
   const int batch = kRows / world_size / kAccumulation;
   const std::string spec = WriteSpec(

@@ -392,12 +392,14 @@ class PathEscape : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = TestTempDir() + "/roots";
+    own_ = root_ + "/alice";  // The cluster's trainctl is alice: her part of the output root.
     outside_ = TestTempDir() + "/outside";
-    RunCommand("rm -rf " + root_ + " " + outside_ + " && mkdir -p " + root_ + " " + outside_);
+    RunCommand("rm -rf " + root_ + " " + outside_ + " && mkdir -p " + own_ + " " + outside_);
     std::ofstream(outside_ + "/secret.txt") << "top secret";
-    std::ofstream(root_ + "/existing.safetensors") << "keep me";
+    std::ofstream(own_ + "/existing.safetensors") << "keep me";
     ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/link").c_str()), 0);
-    ASSERT_EQ(symlink((outside_ + "/secret.txt").c_str(), (root_ + "/final.safetensors").c_str()),
+    ASSERT_EQ(symlink(outside_.c_str(), (own_ + "/link").c_str()), 0);
+    ASSERT_EQ(symlink((outside_ + "/secret.txt").c_str(), (own_ + "/final.safetensors").c_str()),
               0);
     LocalCluster::Options options;
     options.roots = root_;
@@ -426,13 +428,13 @@ class PathEscape : public ::testing::Test {
     EXPECT_EQ(ended->error().find("top secret"), std::string::npos) << ended->error();
   }
 
-  std::string root_, outside_;
+  std::string root_, own_, outside_;
   std::unique_ptr<LocalCluster> cluster_;
 };
 
 TEST_F(PathEscape, LexicalEscapes_RefusedAtSubmit_SameAnswerWhetherTheFileExists) {
   CommandResult dotdot = cluster_->Trainctl(
-      "submit " + Spec("dotdot", R"(, "output_checkpoint": ")" + root_ + R"(/../outside/x")"));
+      "submit " + Spec("dotdot", R"(, "output_checkpoint": ")" + own_ + R"(/../../outside/x")"));
   EXPECT_EQ(dotdot.exit_code, 1);
   EXPECT_NE(dotdot.output.find("INVALID_ARGUMENT: output_checkpoint"), std::string::npos)
       << dotdot.output;
@@ -459,27 +461,32 @@ TEST_F(PathEscape, LexicalEscapes_RefusedAtSubmit_SameAnswerWhetherTheFileExists
 TEST_F(PathEscape, SymlinksAndExistingOutputs_FailTheJobAndNothingIsWritten) {
   ExpectJobFails("middle", R"(, "init_checkpoint": ")" + root_ + R"(/link/secret.txt")",
                  "init_checkpoint", "symbolic link");
-  ExpectJobFails("final", R"(, "output_checkpoint": ")" + root_ + R"(/final.safetensors")",
+  ExpectJobFails("final", R"(, "output_checkpoint": ")" + own_ + R"(/final.safetensors")",
                  "output_checkpoint", "symbolic link");
-  ExpectJobFails("existing", R"(, "output_checkpoint": ")" + root_ +
+  ExpectJobFails("existing", R"(, "output_checkpoint": ")" + own_ +
                                  R"(/existing.safetensors")",
                  "output_checkpoint", "overwrite_output");
-  ExpectJobFails("ckptdir", R"(, "checkpoint_every": 1, "checkpoint_dir": ")" + root_ +
+  // A file no job of alice's wrote (unstamped) is not hers to replace, whatever the spec says.
+  ExpectJobFails("unstamped", R"(, "overwrite_output": true, "output_checkpoint": ")" + own_ +
+                                  R"(/existing.safetensors")",
+                 "output_checkpoint", "was not written by a job of alice");
+  ExpectJobFails("ckptdir", R"(, "checkpoint_every": 1, "checkpoint_dir": ")" + own_ +
                                 R"(/link/ckpt")",
                  "checkpoint_dir", "symbolic link");
   EXPECT_EQ(ReadFile(outside_ + "/secret.txt"), "top secret");
-  EXPECT_EQ(ReadFile(root_ + "/existing.safetensors"), "keep me");
+  EXPECT_EQ(ReadFile(own_ + "/existing.safetensors"), "keep me");
   struct stat info {};
   EXPECT_NE(stat((outside_ + "/ckpt").c_str(), &info), 0) << "nothing created outside";
 
-  // The workers are fine, and an explicit overwrite is honoured.
-  const std::string job_id = cluster_->Submit(Spec(
-      "overwrite", R"(, "overwrite_output": true, "output_checkpoint": ")" + root_ +
-                       R"(/existing.safetensors")"));
-  auto ended = cluster_->WaitForEnd(job_id, 60);
-  ASSERT_TRUE(ended.ok()) << ended.status();
-  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->error();
-  EXPECT_NE(ReadFile(root_ + "/existing.safetensors"), "keep me");
+  // The workers are fine, and an explicit overwrite of alice's own output is honoured.
+  for (const char* name : {"first", "overwrite"}) {
+    const std::string job_id = cluster_->Submit(Spec(
+        name, R"(, "overwrite_output": true, "output_checkpoint": ")" + own_ +
+                  R"(/mine.safetensors")"));
+    auto ended = cluster_->WaitForEnd(job_id, 60);
+    ASSERT_TRUE(ended.ok()) << ended.status();
+    EXPECT_EQ(ended->state(), v1::SUCCEEDED) << name << ": " << ended->error();
+  }
 }
 
 }  // namespace

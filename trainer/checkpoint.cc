@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -255,7 +256,47 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
       {"steps_done", absl::StrCat(state.steps_done)},
   };
   if (!checkpoint.job_id.empty()) metadata["mptrain_job"] = checkpoint.job_id;
+  if (!checkpoint.owner.empty()) metadata["mptrain_owner"] = checkpoint.owner;
   return WriteSafetensors(path, tensors, metadata, options);
+}
+
+FileOwnership CheckpointOwnership(const std::string& path, const CheckpointStamp& stamp) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? FileOwnership::kAbsent : FileOwnership::kSomeoneElse;
+  }
+  if (!S_ISREG(st.st_mode)) return FileOwnership::kSomeoneElse;
+  std::map<std::string, std::string> metadata;
+  SafetensorsReadOptions header;
+  header.header_only = true;
+  if (!ReadSafetensors(path, &metadata, header).ok()) return FileOwnership::kUnreadable;
+  const auto job = metadata.find("mptrain_job");
+  if (!stamp.job.empty() && job != metadata.end() && job->second == stamp.job) {
+    return FileOwnership::kThisJob;
+  }
+  // A run with no stamp (the trainer used as a library, its tests) cannot tell its files from
+  // others' but by their lack of one: it owns the unstamped ones. A service job always has one.
+  if (stamp.job.empty() && job == metadata.end()) return FileOwnership::kThisJob;
+  const auto owner = metadata.find("mptrain_owner");
+  if (!stamp.owner.empty() && owner != metadata.end() && owner->second == stamp.owner) {
+    return FileOwnership::kSameOwner;
+  }
+  return FileOwnership::kSomeoneElse;
+}
+
+bool MayReplace(FileOwnership ownership, bool overwrite_output, bool resuming) {
+  switch (ownership) {
+    case FileOwnership::kAbsent:
+    case FileOwnership::kThisJob:
+      return true;
+    case FileOwnership::kSameOwner:
+      return overwrite_output;
+    case FileOwnership::kUnreadable:
+      return resuming;
+    case FileOwnership::kSomeoneElse:
+      return false;
+  }
+  return false;
 }
 
 bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id) {
@@ -303,6 +344,13 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
   ASSIGN_OR_RETURN(checkpoint.step_state.skipped_total, fields.Integer("skipped_total", 0, kMax));
   ASSIGN_OR_RETURN(checkpoint.step_state.steps_done, fields.Integer("steps_done", 0, kMax));
   ASSIGN_OR_RETURN(checkpoint.step_state.scale, fields.PositiveFloat("scale"));
+  // Only compared with what the reader expects, never echoed (they are the file's bytes).
+  if (auto job = metadata.find("mptrain_job"); job != metadata.end()) {
+    checkpoint.job_id = job->second;
+  }
+  if (auto owner = metadata.find("mptrain_owner"); owner != metadata.end()) {
+    checkpoint.owner = owner->second;
+  }
   return checkpoint;
 }
 

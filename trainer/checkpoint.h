@@ -39,7 +39,35 @@ struct TrainingCheckpoint {
   // The job that wrote it (stamped as "mptrain_job"; empty: no stamp). Job ids never repeat, so
   // a later attempt of the same job may replace its own files, never another job's.
   std::string job_id;
+  // The principal that job belongs to ("mptrain_owner"; empty: no stamp): overwrite_output
+  // replaces only files of the same owner.
+  std::string owner;
 };
+
+// What a job's files are stamped with: "mptrain_job" (its id and uid, never reused) and
+// "mptrain_owner" (who submitted it). Empty fields: not stamped.
+struct CheckpointStamp {
+  std::string job;
+  std::string owner;
+};
+
+// Whose file is at a path a job is about to write.
+enum class FileOwnership {
+  kAbsent,       // No file there.
+  kThisJob,      // Stamped with the job's own stamp: an earlier attempt wrote it.
+  kSameOwner,    // Stamped by another job of the same owner.
+  kSomeoneElse,  // Another owner's, an unstamped file, or not a regular file.
+  kUnreadable,   // A regular file whose header cannot be read (damaged, or not safetensors).
+};
+// Reads at most the header (a checkpoint may be gigabytes), never following a final link
+// (lstat first; a link is kSomeoneElse). A `stamp` without a job (a library caller) owns the
+// unstamped files as kThisJob.
+FileOwnership CheckpointOwnership(const std::string& path, const CheckpointStamp& stamp);
+
+// Whether a job may replace a file of `ownership`: its own always; its owner's other jobs'
+// only with overwrite_output; a damaged file only when `resuming` (its own run dir after a
+// crash mid-write); another owner's or an unstamped file never, whatever the spec says.
+bool MayReplace(FileOwnership ownership, bool overwrite_output, bool resuming);
 
 // Whether `path` is a safetensors file stamped as written by job `job_id` (false for "", a
 // missing or unreadable file, or another job's).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 
 #include "gtest/gtest.h"
@@ -108,6 +109,49 @@ TEST(Checkpoint, JobStamp_TellsTheJobsOwnFilesFromOthers) {
   ASSERT_TRUE(WriteTrainingCheckpoint(unstamped, SmallLayout(), SmallCheckpoint(), replace).ok());
   EXPECT_FALSE(CheckpointWrittenByJob(unstamped, "job-0042"));
   EXPECT_TRUE(ReadTrainingCheckpoint(path, SmallLayout()).ok()) << "the stamp reads back fine";
+}
+
+// Whose file is at a path decides whether a job may replace it: its own always, its owner's
+// other jobs' only with overwrite_output, another owner's or an unstamped file never (a
+// tenant's overwrite_output once replaced another tenant's checkpoint and poisoned its restart).
+TEST(Checkpoint, Ownership_OnlyTheJobAndWithOverwriteItsOwnerMayReplaceAFile) {
+  SafetensorsWriteOptions replace;
+  replace.replace_existing = true;
+  const std::string bobs = TempPath("bobs.safetensors");
+  TrainingCheckpoint written = SmallCheckpoint();
+  written.job_id = "job-0019/uid-bob";
+  written.owner = "bob";
+  ASSERT_TRUE(WriteTrainingCheckpoint(bobs, SmallLayout(), written, replace).ok());
+  auto read = ReadTrainingCheckpoint(bobs, SmallLayout());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->job_id, "job-0019/uid-bob");
+  EXPECT_EQ(read->owner, "bob");
+
+  EXPECT_EQ(CheckpointOwnership(bobs, {"job-0019/uid-bob", "bob"}), FileOwnership::kThisJob);
+  EXPECT_EQ(CheckpointOwnership(bobs, {"job-0020/uid-x", "bob"}), FileOwnership::kSameOwner);
+  EXPECT_EQ(CheckpointOwnership(bobs, {"job-0021/uid-y", "alice"}), FileOwnership::kSomeoneElse);
+  EXPECT_EQ(CheckpointOwnership(TempPath("nobody.safetensors"), {"job-1/u", "alice"}),
+            FileOwnership::kAbsent);
+  const std::string unstamped = TempPath("unstamped_owner.safetensors");
+  ASSERT_TRUE(WriteTrainingCheckpoint(unstamped, SmallLayout(), SmallCheckpoint(), replace).ok());
+  EXPECT_EQ(CheckpointOwnership(unstamped, {"job-1/u", "alice"}), FileOwnership::kSomeoneElse);
+  EXPECT_EQ(CheckpointOwnership(unstamped, {"", ""}), FileOwnership::kThisJob)
+      << "a run with no stamp (a library caller) owns unstamped files";
+  const std::string garbage = TempPath("garbage_owner.safetensors");
+  std::ofstream(garbage) << "not a checkpoint";
+  EXPECT_EQ(CheckpointOwnership(garbage, {"job-1/u", "alice"}), FileOwnership::kUnreadable);
+  const std::string link = TempPath("link_owner.safetensors");
+  ASSERT_EQ(::symlink(bobs.c_str(), link.c_str()), 0);
+  EXPECT_EQ(CheckpointOwnership(link, {"job-0019/uid-bob", "bob"}), FileOwnership::kSomeoneElse)
+      << "a link is never followed";
+
+  EXPECT_TRUE(MayReplace(FileOwnership::kAbsent, false, false));
+  EXPECT_TRUE(MayReplace(FileOwnership::kThisJob, false, false));
+  EXPECT_FALSE(MayReplace(FileOwnership::kSameOwner, false, true));
+  EXPECT_TRUE(MayReplace(FileOwnership::kSameOwner, true, false));
+  EXPECT_FALSE(MayReplace(FileOwnership::kSomeoneElse, true, true)) << "whatever the spec says";
+  EXPECT_FALSE(MayReplace(FileOwnership::kUnreadable, true, false));
+  EXPECT_TRUE(MayReplace(FileOwnership::kUnreadable, false, true));
 }
 
 // A job keeps its newest checkpoints and the ones a restart may need; nothing that is not its

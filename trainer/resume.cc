@@ -118,7 +118,7 @@ std::vector<std::string> FindResumeCandidates(const std::string& recorded,
 absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
                                             const ParameterLayout& layout, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
-                                            Tensor buffers) {
+                                            Tensor buffers, const std::string& expected_stamp) {
   Collective* collective = backend->collective();
   std::vector<float> header;
   absl::Status read = absl::OkStatus();
@@ -131,6 +131,12 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& cand
         absl::InvalidArgumentError("no checkpoint to resume from");
     for (const std::string& candidate : candidates) {
       checkpoint = ReadTrainingCheckpoint(candidate, layout, names);
+      if (checkpoint.ok() && !expected_stamp.empty() && checkpoint->job_id != expected_stamp) {
+        // Whose it is stays unsaid: the stamp is the file's bytes.
+        checkpoint = absl::PermissionDeniedError(absl::StrCat(
+            candidate, " is not a checkpoint of this job (stamped by another job, or by none): "
+            "ignored"));
+      }
       if (checkpoint.ok()) {
         path = candidate;
         break;

@@ -41,7 +41,9 @@ struct ResumeSlot {
 // norms' running statistics, [1, layout.buffers_total]; empty without batch norms) too,
 // broadcast last.
 // Rank 0 reads the first of `candidates` that it can (the checkpoint to resume from, then older
-// ones of the same job: FindResumeCandidates); the others ignore them.
+// ones of the same job: FindResumeCandidates); the others ignore them. With `expected_stamp`
+// non-empty, a candidate not stamped with it (another job's file put in its place, or an
+// unstamped one) counts as unreadable: a job resumes only from its own checkpoints.
 // Rank 0: the error of ReadTrainingCheckpoint for the first candidate when none could be read,
 // naming how many others were tried (the others then fail too, at once). Other ranks:
 // UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own error is
@@ -49,7 +51,8 @@ struct ResumeSlot {
 absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
                                             const ParameterLayout& layout, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
-                                            Tensor buffers = {});
+                                            Tensor buffers = {},
+                                            const std::string& expected_stamp = "");
 
 // What rank 0 tries, in order: `recorded` (the checkpoint the coordinator last heard of), then
 // the older checkpoints of the job stamped `stamp` in its directory, newest first — a recorded

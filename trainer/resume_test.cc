@@ -41,9 +41,9 @@ struct TwoRanks {
   std::vector<std::string> warnings[2];
 };
 
-// `stamp`: the job's checkpoint stamp (RunTraining's job_stamp).
+// `stamp`: the job's checkpoint stamp (CheckpointStamp::job), `owner` its owner's.
 TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2],
-                     const std::string& stamp = "") {
+                     const std::string& stamp = "", const std::string& owner = "alice") {
   TwoRanks out;
   InMemoryKeyValueStore store;
   std::thread ranks[2];
@@ -68,7 +68,8 @@ TwoRanks RunTwoRanks(const v1::JobSpec& spec, const std::string resume[2],
         out.results[rank] = config.status();
         return;
       }
-      out.results[rank] = RunTraining(*config, rank, &backend, &observer, resume[rank], stamp);
+      out.results[rank] =
+          RunTraining(*config, rank, &backend, &observer, resume[rank], CheckpointStamp{stamp, owner});
       out.warnings[rank] = observer.warnings;
       out.seconds[rank] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -188,6 +189,17 @@ TEST(LoadResumeState, RecordedCheckpointDamaged_ResumesFromTheJobsNewestOlderOne
                         (dir + "/step-00000006.safetensors").c_str()),
             0);
   const std::string resume[2] = {recorded, "/nonexistent/step-00000008.safetensors"};
+  // On its way the resumed run meets the other job's file at its own step 6: never replaced
+  // unasked, even for the same owner (and never for another owner: checkpoint_test).
+  TwoRanks refused = RunTwoRanks(spec, resume, "job-0001/uid-a");
+  ASSERT_FALSE(refused.results[0].ok());
+  EXPECT_EQ(refused.results[0].status().code(), absl::StatusCode::kAlreadyExists)
+      << refused.results[0].status();
+  EXPECT_NE(std::string(refused.results[0].status().message()).find("step-00000006"),
+            std::string::npos)
+      << refused.results[0].status();
+  // With overwrite_output its owner's file may go.
+  spec.set_overwrite_output(true);
   TwoRanks resumed = RunTwoRanks(spec, resume, "job-0001/uid-a");
   ASSERT_TRUE(resumed.results[0].ok()) << resumed.results[0].status();
   ASSERT_TRUE(resumed.results[1].ok()) << resumed.results[1].status();
@@ -219,6 +231,60 @@ TEST(LoadResumeState, RecordedCheckpointDamaged_ResumesFromTheJobsNewestOlderOne
   EXPECT_NE(std::string(failed.results[0].status().message()).find(lonely), std::string::npos)
       << failed.results[0].status();
   ASSERT_FALSE(failed.results[1].ok());
+}
+
+// The attack: another tenant's job (same step, a perfectly valid checkpoint) put its
+// file where this job's recorded checkpoint was. The restart must not go on from its
+// parameters: the file is skipped (the warning says so without echoing its stamp) and the job's
+// own older checkpoint is taken; nor is the file replaced when the run reaches that step again
+// (it is someone else's): the run fails there naming it. Removed, the run ends bit-identical
+// to an uninterrupted one.
+TEST(LoadResumeState, RecordedCheckpointIsAnotherJobsFile_IsIgnoredAndTheJobsOwnOlderOneTaken) {
+  const std::string dir = TempPath("resume_foreign");
+  const std::string other_dir = TempPath("resume_foreign_other");
+  ::mkdir(dir.c_str(), 0755);
+  ::mkdir(other_dir.c_str(), 0755);
+  v1::JobSpec spec = ResumableSpec(dir);
+  spec.set_checkpoint_every(2);
+  spec.set_keep_checkpoints(-1);
+  const std::string fresh[2] = {"", ""};
+  TwoRanks whole = RunTwoRanks(spec, fresh, "job-0019/uid-bob", "bob");
+  ASSERT_TRUE(whole.results[0].ok()) << whole.results[0].status();
+  v1::JobSpec other = spec;
+  other.set_checkpoint_dir(other_dir);
+  other.set_seed(spec.seed() + 1);  // Other parameters: taking them would show.
+  TwoRanks alices = RunTwoRanks(other, fresh, "job-0020/uid-alice", "alice");
+  ASSERT_TRUE(alices.results[0].ok()) << alices.results[0].status();
+
+  const std::string recorded = dir + "/step-00000008.safetensors";
+  ASSERT_EQ(std::rename((other_dir + "/step-00000008.safetensors").c_str(), recorded.c_str()), 0);
+  const std::string resume[2] = {recorded, "/nonexistent/step-00000008.safetensors"};
+  TwoRanks resumed = RunTwoRanks(spec, resume, "job-0019/uid-bob", "bob");
+  ASSERT_FALSE(resumed.results[0].ok());
+  EXPECT_EQ(resumed.results[0].status().code(), absl::StatusCode::kAlreadyExists)
+      << resumed.results[0].status();
+  EXPECT_NE(std::string(resumed.results[0].status().message()).find(recorded), std::string::npos)
+      << resumed.results[0].status();
+  EXPECT_EQ(CheckpointOwnership(recorded, {"job-0020/uid-alice", "alice"}),
+            FileOwnership::kThisJob)
+      << "alice's file is still hers";
+  ASSERT_EQ(resumed.warnings[0].size(), 1u);
+  const std::string& warning = resumed.warnings[0][0];
+  EXPECT_NE(warning.find("resumed from " + dir + "/step-00000006.safetensors"), std::string::npos)
+      << warning;
+  EXPECT_NE(warning.find(recorded + " is not a checkpoint of this job"), std::string::npos)
+      << warning;
+  EXPECT_EQ(warning.find("alice"), std::string::npos) << "the file's stamp is not echoed";
+  EXPECT_EQ(warning.find("job-0020"), std::string::npos) << "the file's stamp is not echoed";
+
+  ASSERT_EQ(std::remove(recorded.c_str()), 0);
+  const std::string from_six[2] = {dir + "/step-00000006.safetensors", "/nonexistent/x"};
+  TwoRanks again = RunTwoRanks(spec, from_six, "job-0019/uid-bob", "bob");
+  ASSERT_TRUE(again.results[0].ok()) << again.results[0].status();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(again.results[rank].ok()) << again.results[rank].status();
+    EXPECT_EQ(again.results[rank]->parameters, whole.results[rank]->parameters) << rank;
+  }
 }
 
 TEST(ResumeHeader, RoundTripsEveryFieldExactly) {

@@ -45,7 +45,7 @@ StepConfig MakeStepConfig(const TrainingConfig& config) {
 absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
                                            Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint,
-                                           const std::string& job_stamp) {
+                                           const CheckpointStamp& stamp) {
   Collective* collective = backend->collective();
   const int world_size = collective->world_size();
   if (config.world_size != world_size) {
@@ -109,11 +109,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     for (const OptimizerSlot& slot : optimizer->slots()) slots.push_back({slot.name, slot.values});
     // Rank 0 falls back to the job's older checkpoints when the recorded one cannot be read.
     const std::vector<std::string> candidates =
-        rank == 0 ? FindResumeCandidates(resume_checkpoint, job_stamp)
+        rank == 0 ? FindResumeCandidates(resume_checkpoint, stamp.job)
                   : std::vector<std::string>{resume_checkpoint};
     ASSIGN_OR_RETURN(ResumeState resumed,
                      LoadResumeState(candidates, rank, mlp->layout(), backend, mlp->params(),
-                                     slots, mlp->buffers()));
+                                     slots, mlp->buffers(), stamp.job));
     if (!resumed.unreadable.empty()) {
       observer->OnWarning(absl::StrCat(
           "resumed from ", resumed.path, " (step ", resumed.step, "): the newer checkpoints of "
@@ -155,20 +155,23 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       checkpoint.num_batches_tracked = mlp->num_batches_tracked();
     }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
-    checkpoint.job_id = job_stamp;
+    checkpoint.job_id = stamp.job;
+    checkpoint.owner = stamp.owner;
     const std::string path = CheckpointPath(config.checkpoint_dir, step);
     // A later attempt may write again a step file an earlier attempt of this job wrote (it
     // resumed from an older checkpoint, or from the beginning when the coordinator never heard
-    // of that file); a run never replaces another job's file, unless the spec says so.
+    // of that file); with overwrite_output a job replaces its owner's other files; another
+    // owner's file, or one stamped by nobody, never.
     SafetensorsWriteOptions write;
-    write.replace_existing = config.overwrite_output || !resume_checkpoint.empty() ||
-                             CheckpointWrittenByJob(path, job_stamp);
+    write.replace_existing =
+        MayReplace(CheckpointOwnership(path, stamp), config.overwrite_output,
+                   /*resuming=*/!resume_checkpoint.empty());
     write.no_symlinks = config.output_paths_resolved;
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
     observer->OnCheckpoint(step, path);
     // A long job would fill the disk: its older checkpoints go once this one is written.
     if (!retention) {
-      retention.emplace(config.checkpoint_dir, job_stamp, config.keep_checkpoints,
+      retention.emplace(config.checkpoint_dir, stamp.job, config.keep_checkpoints,
                         write.no_symlinks);
     }
     absl::StatusOr<int> pruned = retention->Written(step, observer->AcknowledgedCheckpointStep());
@@ -340,11 +343,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   result.final_loss_scale = last.state.scale;
   if (rank == 0 && !config.output_checkpoint.empty()) {
     SafetensorsWriteOptions write;
-    write.replace_existing = config.overwrite_output;  // Checked before training, enforced here.
+    // Checked before training (worker/rank_process.cc), and again now that hours may have
+    // passed: only this job's own file, or its owner's with overwrite_output, is replaced.
+    write.replace_existing = MayReplace(CheckpointOwnership(config.output_checkpoint, stamp),
+                                        config.overwrite_output, /*resuming=*/false);
     write.no_symlinks = config.output_paths_resolved;
     std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                     {"steps", std::to_string(config.steps)}};
-    if (!job_stamp.empty()) metadata["mptrain_job"] = job_stamp;
+    if (!stamp.job.empty()) metadata["mptrain_job"] = stamp.job;
+    if (!stamp.owner.empty()) metadata["mptrain_owner"] = stamp.owner;
     TensorMap tensors = ParametersToTensors(mlp->layout(), result.parameters);
     for (auto& [name, tensor] :
          BuffersToTensors(mlp->layout(), result.buffers, mlp->num_batches_tracked())) {

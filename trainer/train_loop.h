@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
+#include "trainer/checkpoint.h"
 #include "trainer/training_config.h"
 
 namespace mptrain {
@@ -73,14 +74,17 @@ struct TrainingResult {
 // state through the collective and never open the path. Rank 0 writes a checkpoint every
 // config.checkpoint_every steps and config.output_checkpoint at the end. Errors carry their
 // cause (data files, checkpoint, backend, collective, stop request).
-// `job_stamp`, when given, is stamped in the metadata of the checkpoints and the output checkpoint
-// ("mptrain_job"; worker/rank_process.cc: the job's id and uid): a later attempt of the same
-// job may then replace them, and the job's older checkpoints go (keep_checkpoints).
+// `stamp`, when given, is stamped in the metadata of the checkpoints and the output checkpoint
+// ("mptrain_job": the job's id and uid; "mptrain_owner": its owner; worker/rank_process.cc): a
+// later attempt of the same job may then replace them, the job's older checkpoints go
+// (keep_checkpoints), a resume takes only a checkpoint stamped with the job's own stamp (any
+// other is skipped with a warning), and overwrite_output replaces only files stamped with the
+// same owner (trainer/checkpoint.h: MayReplace).
 // INVALID_ARGUMENT when config.world_size is not the collective's.
 absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int rank,
                                            Backend* backend, TrainingObserver* observer,
                                            const std::string& resume_checkpoint = "",
-                                           const std::string& job_stamp = "");
+                                           const CheckpointStamp& stamp = {});
 
 // The optimizer/scaler configuration of the step kernels.
 StepConfig MakeStepConfig(const TrainingConfig& config);

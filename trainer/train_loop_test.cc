@@ -590,7 +590,7 @@ TEST(RunTraining, KeepCheckpoints_OlderOnesOfTheJobGo_NeverTheAcknowledged) {
     CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
     Acknowledging observer;
     observer.acknowledged = acknowledged;
-    auto result = RunTraining(spec, 0, &backend, &observer, "", "job-0042/uid");
+    auto result = RunTraining(spec, 0, &backend, &observer, "", CheckpointStamp{"job-0042/uid", "alice"});
     EXPECT_TRUE(result.ok()) << result.status();
     std::vector<int64_t> left;
     for (int64_t step = 1; step <= 7; ++step) {
@@ -606,7 +606,7 @@ TEST(RunTraining, KeepCheckpoints_OlderOnesOfTheJobGo_NeverTheAcknowledged) {
   CpuBackend again(std::make_unique<testing::SingleRankCollective>());
   RecordingObserver resumed_observer;
   EXPECT_TRUE(RunTraining(spec, 0, &again, &resumed_observer,
-                          CheckpointPath(spec.checkpoint_dir, 6), "job-0042/uid")
+                          CheckpointPath(spec.checkpoint_dir, 6), CheckpointStamp{"job-0042/uid", "alice"})
                   .ok());
 }
 

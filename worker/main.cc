@@ -58,16 +58,16 @@ ABSL_FLAG(bool, warm_ranks, true,
           "Keep a warm rank process per slot (device context and libraries set up ahead), so "
           "that a job's ranks skip that at start; each still runs one job, then exits");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
-          "Directory ranks may read data and init checkpoints from (repeatable; default: the "
-          "current directory)");
+          "Directory ranks may read data and init checkpoints from (repeatable; required; never "
+          "a system directory such as /, /etc or /usr)");
 ABSL_FLAG(double, fence_after_s, 10,
           "Self-fencing: stop this worker's ranks after this many seconds without an answer "
           "from the coordinator (its heartbeat timeout replaces this when it sends one); 0 = "
           "never. Keep it at least the coordinator's --heartbeat-timeout so that a quick "
           "coordinator restart does not stop ranks");
 ABSL_FLAG(std::vector<std::string>, output_root, {},
-          "Directory ranks may write checkpoints into (repeatable; default: the current "
-          "directory)");
+          "Directory ranks may write checkpoints into (repeatable; required; each user's jobs "
+          "write only under <root>/<user>/, admins' anywhere below it)");
 
 namespace {
 
@@ -139,16 +139,21 @@ absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
 
 }  // namespace
 
-// The --data_root / --output_root directories (every occurrence), resolved; the current
-// directory when none is given, so the README's demo works from the repository root.
+// The --data_root / --output_root directories (every occurrence), resolved. Both are required:
+// no implicit root (a daemon started in / by a unit without WorkingDirectory would otherwise let
+// every job read and write the whole machine as this worker's user).
 absl::StatusOr<mptrain::PathPolicy> RootsFromFlags() {
   std::vector<std::string> data =
       mptrain::RepeatedFlagValues(mptrain::ParsedArguments(), "data_root");
   std::vector<std::string> output =
       mptrain::RepeatedFlagValues(mptrain::ParsedArguments(), "output_root");
-  const std::string cwd = std::filesystem::current_path().string();
-  if (data.empty()) data.push_back(cwd);
-  if (output.empty()) output.push_back(cwd);
+  if (data.empty() || output.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_root and --output_root are required: the directories this worker's ranks may "
+        "read (data, init checkpoints) and write (checkpoints, outputs) under, e.g. "
+        "--data_root=/srv/mptrain/data --output_root=/srv/mptrain/outputs (no default: the "
+        "daemon's current directory could be /)");
+  }
   return mptrain::PathPolicy::Create(data, output);
 }
 

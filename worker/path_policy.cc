@@ -1,6 +1,7 @@
 #include "worker/path_policy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -50,6 +51,31 @@ const char* FileTypeName(mode_t mode) {
   return "of an unknown type";
 }
 
+// Directories no root may be: the whole file system, the system's own trees (a job writing there
+// as root would own the machine; reading there would leak its secrets) and the homes of every
+// user. Checked on the resolved path, so a symbolic link to one is refused too.
+absl::Status CheckNotSystemDirectory(std::string_view flag, const std::string& given,
+                                     const std::string& resolved) {
+  // At or under these.
+  static constexpr const char* kSystemTrees[] = {"/etc", "/proc", "/sys",  "/dev",
+                                                 "/boot", "/usr", "/bin",  "/sbin",
+                                                 "/lib",  "/lib32", "/lib64", "/libx32",
+                                                 "/run",  "/var/run"};
+  // Exactly these (a dedicated directory below one is fine: /var/lib/mptrain, /home/ml/data).
+  static constexpr const char* kSystemDirectories[] = {"/",    "/root", "/home", "/var",
+                                                       "/tmp", "/srv",  "/opt",  "/mnt",
+                                                       "/media", "/var/lib", "/var/tmp"};
+  bool refused = false;
+  for (const char* tree : kSystemTrees) refused |= IsUnderRoot(resolved, tree);
+  for (const char* directory : kSystemDirectories) refused |= resolved == directory;
+  if (!refused) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      AsAbsl(flag), " ", QuotePathForMessage(given),
+      given == resolved ? "" : absl::StrCat(" (", QuotePathForMessage(resolved), ")"),
+      " is a system directory; a root must be a directory of its own, e.g. /srv/mptrain/data "
+      "(ranks run as this worker's user and would read or write everything below it)"));
+}
+
 // Resolves the roots named by one flag; see PathPolicy::Create.
 absl::StatusOr<std::vector<PathPolicy::Root>> ResolveRoots(std::string_view flag,
                                                            const std::vector<std::string>& roots) {
@@ -75,6 +101,7 @@ absl::StatusOr<std::vector<PathPolicy::Root>> ResolveRoots(std::string_view flag
       return absl::InvalidArgumentError(
           absl::StrCat(AsAbsl(flag), " ", QuotePathForMessage(root), " is not a directory"));
     }
+    RETURN_IF_ERROR(CheckNotSystemDirectory(flag, root, *resolved));
     out.push_back({NormalizePath(root), *std::move(resolved)});
   }
   return out;
@@ -99,7 +126,14 @@ bool LexicallyUnder(const std::string& path, const std::vector<PathPolicy::Root>
 }
 
 absl::Status OutsideRoots(std::string_view field, const std::string& path,
-                          std::string_view scope_name, const std::vector<PathPolicy::Root>& roots) {
+                          std::string_view scope_name, const std::vector<PathPolicy::Root>& roots,
+                          const std::optional<Tenancy>& tenancy = std::nullopt) {
+  if (tenancy.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        AsAbsl(field), " ", QuotePathForMessage(path), " is outside ", tenancy->principal,
+        "'s part of the worker's ", AsAbsl(scope_name), " roots ",
+        DescribeRoots(Resolved(roots)), " (", DescribeTenancyRule(*tenancy), ")"));
+  }
   return absl::PermissionDeniedError(absl::StrCat(AsAbsl(field), " ", QuotePathForMessage(path),
                                                   " is outside the worker's ", AsAbsl(scope_name),
                                                   " roots ", DescribeRoots(Resolved(roots))));
@@ -212,6 +246,73 @@ PathPolicy::PathPolicy(std::vector<Root> data, std::vector<Root> output)
       data_roots_(Resolved(data_)),
       output_roots_(Resolved(output_)) {}
 
+absl::StatusOr<PathPolicy> PathPolicy::ForTenancy(const Tenancy& tenancy) const {
+  if (!tenancy.confined()) return *this;
+  RETURN_IF_ERROR(CheckPrincipalPathName("the job's owner", tenancy.principal));
+  std::vector<Root> parts;
+  std::vector<Root> whole;
+  for (const Root& root : output_) {
+    const std::string part = JoinPath(root.resolved, tenancy.principal);
+    // A root this worker cannot write in (read-only, another user's) leaves the part missing:
+    // writes there then fail naming the directory, and a job that writes nothing still runs.
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST && errno != EACCES &&
+        errno != EPERM && errno != EROFS) {
+      const int mkdir_error = errno;
+      return absl::FailedPreconditionError(
+          absl::StrCat(tenancy.principal, "'s part ", QuotePathForMessage(part),
+                       " of the output root cannot be created: ", strerror(mkdir_error)));
+    }
+    struct stat st;
+    if (::lstat(part.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      // A link could lead into another principal's part (or anywhere): never followed.
+      return absl::FailedPreconditionError(
+          absl::StrCat(tenancy.principal, "'s part ", QuotePathForMessage(part),
+                       " of the output root exists and is not a directory (it is ",
+                       FileTypeName(st.st_mode), "); the worker's operator must remove it"));
+    }
+    // The marker tells the part from a directory of data when a data root overlaps an output
+    // root: reads of other principals stay out of it (CheckNotAnotherPrincipals).
+    if (::lstat(part.c_str(), &st) == 0) {
+      const std::string marker = JoinPath(part, kPrincipalPartMarker);
+      const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                            0644);
+      if (fd >= 0) {
+        const std::string text = tenancy.principal + "\n";
+        [[maybe_unused]] const ssize_t written = ::write(fd, text.data(), text.size());
+        ::close(fd);
+      }
+    }
+    parts.push_back({PrincipalPart(root.given, tenancy.principal), part});
+    whole.push_back(root);
+  }
+  PathPolicy confined(data_, std::move(parts));
+  confined.tenancy_ = tenancy;
+  confined.whole_output_roots_ = std::move(whole);
+  return confined;
+}
+
+absl::Status PathPolicy::CheckNotAnotherPrincipals(std::string_view field,
+                                                   const std::string& path) const {
+  if (!tenancy_.has_value()) return absl::OkStatus();
+  bool foreign = false;
+  for (const Root& root : whole_output_roots_) {
+    for (const std::string* form : {&root.given, &root.resolved}) {
+      const std::string part = PartDirectoryOf(path, *form);
+      if (part.empty() || part == tenancy_->principal) continue;
+      // Whether that directory is someone's part: its marker, seen without following links.
+      const std::string marker =
+          JoinPath(JoinPath(root.resolved, part), kPrincipalPartMarker);
+      struct stat st;
+      foreign |= ::lstat(marker.c_str(), &st) == 0;
+    }
+  }
+  if (!foreign) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      AsAbsl(field), " ", QuotePathForMessage(path),
+      " lies in the output roots outside ", tenancy_->principal, "'s part (",
+      DescribeTenancyRule(*tenancy_), ")"));
+}
+
 absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& data_roots,
                                               const std::vector<std::string>& output_roots) {
   ASSIGN_OR_RETURN(std::vector<Root> data, ResolveRoots("--data_root", data_roots));
@@ -254,7 +355,11 @@ absl::StatusOr<std::string> PathPolicy::CheckFile(std::string_view field, const 
 
   // b. Lexical, before any filesystem call: the answer for a path outside the roots must not say
   // whether it exists.
-  if (!LexicallyUnder(normalized, roots)) return OutsideRoots(field, path, scope_name, roots);
+  if (!LexicallyUnder(normalized, roots)) {
+    return OutsideRoots(field, path, scope_name, roots,
+                        for_write ? tenancy_ : std::optional<Tenancy>());
+  }
+  if (!for_write) RETURN_IF_ERROR(CheckNotAnotherPrincipals(field, normalized));
   // A root itself is a directory; saying so here avoids resolving its parent, which lies outside.
   for (const Root& root : roots) {
     if (normalized == root.given || normalized == root.resolved) {
@@ -274,6 +379,8 @@ absl::StatusOr<std::string> PathPolicy::CheckFile(std::string_view field, const 
   // d. The file itself, with lstat only: never follow a final symbolic link (it could be swapped
   // later, or point anywhere), and never open a FIFO or device just to learn what it is.
   const std::string resolved = JoinPath(resolved_parent, name);
+  // Through a link in the middle, a read could still land in another principal's part.
+  if (!for_write) RETURN_IF_ERROR(CheckNotAnotherPrincipals(field, resolved));
   struct stat st;
   if (::lstat(resolved.c_str(), &st) != 0) {
     const int lstat_error = errno;
@@ -323,7 +430,7 @@ absl::StatusOr<std::string> PathPolicy::CheckOutputDirectory(std::string_view fi
       }
     }
   }
-  if (start == nullptr) return OutsideRoots(field, path, "output", output_);
+  if (start == nullptr) return OutsideRoots(field, path, "output", output_, tenancy_);
 
   // The root itself must still be there: mkdir -p never creates anything above or at a root.
   struct stat root_stat;

@@ -20,12 +20,14 @@
 // threat here is the spec's author, who cannot; callers should still open the returned path with
 // O_NOFOLLOW (and O_NONBLOCK for reads, then fstat) to close the last-component case.
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/tenant_paths.h"
 
 namespace mptrain {
 
@@ -40,9 +42,23 @@ class PathPolicy {
  public:
   // Each root is resolved with realpath once, here; roots may themselves be symbolic links (/tmp is
   // one on some systems). INVALID_ARGUMENT naming the flag ("--data_root" / "--output_root") when a
-  // list is empty, or a root is not an absolute path, does not exist or is not a directory.
+  // list is empty, or a root is not an absolute path, does not exist or is not a directory, or
+  // resolves to a system directory: /, or at or under /etc, /proc, /sys, /dev, /boot, /usr, /bin,
+  // /sbin, /lib*, /run; or exactly /root, /home, /var, /var/lib, /var/tmp, /tmp, /srv, /opt,
+  // /mnt, /media (a directory of its own below those is fine).
   static absl::StatusOr<PathPolicy> Create(const std::vector<std::string>& data_roots,
                                            const std::vector<std::string>& output_roots);
+
+  // The same roots seen by a job of `tenancy` (common/tenant_paths.h): a confined job writes
+  // only in its principal's part of each output root, `<root>/<principal>`, created here (mode
+  // 0755, holding the marker kPrincipalPartMarker) when missing, and reads nothing in another
+  // principal's part (a directory of an output root holding that marker; other directories
+  // and files of a root that is also a data root stay readable). An admin's job: this policy
+  // unchanged.
+  // INVALID_ARGUMENT: the principal cannot name a directory. FAILED_PRECONDITION: a part exists
+  // and is not a directory (a symbolic link included: it could lead into another's part), or
+  // cannot be created (naming the root and errno).
+  absl::StatusOr<PathPolicy> ForTenancy(const Tenancy& tenancy) const;
 
   // The roots after realpath, in the order given.
   const std::vector<std::string>& data_roots() const { return data_roots_; }
@@ -92,6 +108,10 @@ class PathPolicy {
  private:
   PathPolicy(std::vector<Root> data, std::vector<Root> output);
 
+  // PERMISSION_DENIED when `path` (lexical or resolved) lies in another principal's part of the
+  // output roots for this policy's tenancy.
+  absl::Status CheckNotAnotherPrincipals(std::string_view field, const std::string& path) const;
+
   // The data roots, the output roots, or both (for ReadScope::kDataOrOutput).
   std::vector<Root> RootsFor(bool data, bool output) const;
 
@@ -103,6 +123,10 @@ class PathPolicy {
   std::vector<Root> output_;
   std::vector<std::string> data_roots_;    // data_[i].resolved
   std::vector<std::string> output_roots_;  // output_[i].resolved
+  // Set by ForTenancy for a confined job: the whole output roots, whose other principals' parts
+  // (directories holding kPrincipalPartMarker) its reads must stay out of.
+  std::optional<Tenancy> tenancy_;
+  std::vector<Root> whole_output_roots_;
 };
 
 }  // namespace mptrain

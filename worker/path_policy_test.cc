@@ -45,6 +45,11 @@ void WriteFile(const std::string& path, const std::string& contents) {
   ASSERT_TRUE(out.good()) << path;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 void MakeDir(const std::string& path) { ASSERT_EQ(::mkdir(path.c_str(), 0755), 0) << path; }
 
 void MakeSymlink(const std::string& target, const std::string& link) {
@@ -149,6 +154,102 @@ TEST_F(PathPolicyTest, Create_RootThroughSymlink_ResolvesAndAcceptsBothSpellings
   auto through_target = policy->CheckRead("features_path", RealPathOf(data_) + "/x.bin");
   ASSERT_TRUE(through_target.ok()) << through_target.status();
   EXPECT_EQ(*through_target, want);
+}
+
+// A worker started in / (a unit without WorkingDirectory, a container) once got the whole
+// file system as its roots: system directories are refused, through a link too.
+TEST_F(PathPolicyTest, Create_SystemDirectories_AreRefusedAsRoots) {
+  for (const char* system : {"/", "/etc", "/usr", "/usr/lib", "/proc", "/sys", "/dev", "/boot",
+                             "/root", "/home", "/var", "/tmp"}) {
+    struct stat st;
+    if (::stat(system, &st) != 0) continue;  // A minimal container may lack one.
+    auto as_data = PathPolicy::Create({system}, {out_});
+    ExpectCode(as_data.status(), absl::StatusCode::kInvalidArgument, "is a system directory");
+    EXPECT_TRUE(Contains(as_data.status().message(), "--data_root")) << as_data.status();
+    auto as_output = PathPolicy::Create({data_}, {system});
+    ExpectCode(as_output.status(), absl::StatusCode::kInvalidArgument, "is a system directory");
+  }
+  MakeSymlink("/etc", base_ + "/etc_link");
+  ExpectCode(PathPolicy::Create({base_ + "/etc_link"}, {out_}).status(),
+             absl::StatusCode::kInvalidArgument, "is a system directory");
+  EXPECT_TRUE(PathPolicy::Create({data_}, {out_}).ok()) << "a directory of its own is fine";
+}
+
+// --- ForTenancy: each principal's part of the output roots ---
+
+TEST_F(PathPolicyTest, ForTenancy_AUserWritesOnlyInItsPart_WhichIsCreated) {
+  auto alice = Policy().ForTenancy({"alice", false});
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_TRUE(IsDirectory(out_ + "/alice")) << "created on first use";
+  EXPECT_EQ(alice->output_roots(), std::vector<std::string>{RealPathOf(out_) + "/alice"});
+  auto own = alice->CheckWrite("output_checkpoint", out_ + "/alice/final.safetensors", false);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ExpectCode(alice->CheckWrite("output_checkpoint", out_ + "/final.safetensors", true).status(),
+             absl::StatusCode::kPermissionDenied, "outside alice's part");
+  MakeDir(out_ + "/bob");
+  ExpectCode(alice->CheckWrite("output_checkpoint", out_ + "/bob/final.safetensors", true).status(),
+             absl::StatusCode::kPermissionDenied, "<output root>/<principal>/");
+  ExpectCode(alice->CheckOutputDirectory("checkpoint_dir", out_ + "/bob/run").status(),
+             absl::StatusCode::kPermissionDenied, "outside alice's part");
+  EXPECT_FALSE(IsDirectory(out_ + "/bob/run")) << "nothing created in bob's part";
+  auto run = alice->CheckOutputDirectory("checkpoint_dir", out_ + "/alice/run/a");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(*run, RealPathOf(out_) + "/alice/run/a");
+  // An admin's job: the whole roots, no part made.
+  auto admin = Policy().ForTenancy({"ops", true});
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_TRUE(admin->CheckWrite("output_checkpoint", out_ + "/bob/x", false).ok());
+  EXPECT_FALSE(IsDirectory(out_ + "/ops"));
+}
+
+TEST_F(PathPolicyTest, ForTenancy_ReadsInAnotherPrincipalsPartAreRefused_EvenThroughADataRoot) {
+  MakeDir(out_ + "/bob");
+  WriteFile(out_ + "/bob/step-00000200.safetensors", "bob's");
+  MakeDir(out_ + "/alice");
+  WriteFile(out_ + "/alice/init.safetensors", "alice's");
+  // The data root is the output root's parent: everything below is lexically readable data.
+  auto policy = PathPolicy::Create({base_}, {out_});
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  auto alice = policy->ForTenancy({"alice", false});
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  // bob's directory is an ordinary directory until bob's job makes it his part.
+  EXPECT_TRUE(alice->CheckRead("init_checkpoint", out_ + "/bob/step-00000200.safetensors").ok());
+  ASSERT_TRUE(policy->ForTenancy({"bob", false}).ok());
+  EXPECT_TRUE(Contains(ReadFile(out_ + "/bob/.mptrain-principal"), "bob"));
+  ExpectCode(alice->CheckRead("init_checkpoint", out_ + "/bob/step-00000200.safetensors").status(),
+             absl::StatusCode::kPermissionDenied, "outside alice's part");
+  ExpectCode(alice->CheckRead("resume checkpoint", out_ + "/bob/step-00000200.safetensors",
+                              ReadScope::kDataOrOutput)
+                 .status(),
+             absl::StatusCode::kPermissionDenied, "outside alice's part");
+  EXPECT_TRUE(alice->CheckRead("init_checkpoint", out_ + "/alice/init.safetensors").ok());
+  EXPECT_TRUE(alice->CheckRead("init_checkpoint", out_ + "/ckpt.bin").ok())
+      << "a file directly in the root is nobody's part";
+  MakeDir(out_ + "/imagenet");
+  WriteFile(out_ + "/imagenet/x.npy", "data");
+  EXPECT_TRUE(alice->CheckRead("features_path", out_ + "/imagenet/x.npy").ok())
+      << "a directory of data, not a part";
+  EXPECT_TRUE(alice->CheckRead("features_path", data_ + "/x.bin").ok());
+  // Through a link in alice's own part into bob's: the resolved path decides.
+  MakeSymlink(out_ + "/bob", out_ + "/alice/to_bob");
+  ExpectCode(alice->CheckRead("init_checkpoint", out_ + "/alice/to_bob/step-00000200.safetensors")
+                 .status(),
+             absl::StatusCode::kPermissionDenied, "alice's part");
+  // bob himself reads his own.
+  auto bob = policy->ForTenancy({"bob", false});
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  EXPECT_TRUE(bob->CheckRead("init_checkpoint", out_ + "/bob/step-00000200.safetensors").ok());
+}
+
+TEST_F(PathPolicyTest, ForTenancy_APartThatIsALinkOrAnOddName_IsRefused) {
+  MakeDir(out_ + "/bob");
+  MakeSymlink(out_ + "/bob", out_ + "/mallory");
+  ExpectCode(Policy().ForTenancy({"mallory", false}).status(),
+             absl::StatusCode::kFailedPrecondition, "is not a directory (it is a symbolic link)");
+  for (const char* odd : {"", ".", "..", "a/b"}) {
+    ExpectCode(Policy().ForTenancy({odd, false}).status(), absl::StatusCode::kInvalidArgument,
+               "not '.' or '..'");
+  }
 }
 
 // --- CheckRead ---

@@ -19,7 +19,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/stop_token.h"
+#include "common/path_rules.h"
 #include "common/status_macros.h"
+#include "common/tenant_paths.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/mptrain.grpc.pb.h"
@@ -126,15 +128,28 @@ void StartSignalThread() {
 // What this job's files are stamped with ("mptrain_job"): its id and its uid, never reused
 // (a coordinator without its store counts job ids from job-0001 again). From a coordinator
 // before uids: the id alone.
-std::string JobStamp(const v1::Assignment& assignment) {
-  return assignment.job_uid().empty() ? assignment.job_id()
-                                      : absl::StrCat(assignment.job_id(), "/", assignment.job_uid());
+// Who owns them ("mptrain_owner"): the job's owner.
+CheckpointStamp JobStamp(const v1::Assignment& assignment) {
+  CheckpointStamp stamp;
+  stamp.job = assignment.job_uid().empty()
+                  ? assignment.job_id()
+                  : absl::StrCat(assignment.job_id(), "/", assignment.job_uid());
+  stamp.owner = assignment.owner();
+  return stamp;
 }
 
 absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignment& assignment,
                           v1::JobSpec* spec, std::string* resume_checkpoint) {
   const int rank = assignment.rank();
-  absl::StatusOr<PathPolicy> policy = PathPolicy::Create(options.data_roots, options.output_roots);
+  absl::StatusOr<PathPolicy> roots = PathPolicy::Create(options.data_roots, options.output_roots);
+  if (!roots.ok()) return roots.status();
+  // Each principal's job writes only in its own part of the output roots (an admin's anywhere
+  // under them): common/tenant_paths.h. An assignment without an owner (a coordinator older
+  // than this worker) is confined like a user's, and then fails: the safe side.
+  Tenancy tenancy;
+  tenancy.principal = assignment.owner();
+  tenancy.admin = assignment.owner_is_admin();
+  absl::StatusOr<PathPolicy> policy = roots->ForTenancy(tenancy);
   if (!policy.ok()) return policy.status();
   auto confine = [](absl::StatusOr<std::string> resolved, std::string* path) {
     if (!resolved.ok()) return resolved.status();
@@ -176,19 +191,25 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
   }
   if (rank != 0) return absl::OkStatus();
   if (!spec->output_checkpoint().empty()) {
-    absl::StatusOr<std::string> output = policy->CheckWrite(
-        "output_checkpoint", spec->output_checkpoint(), spec->overwrite_output());
-    if (output.status().code() == absl::StatusCode::kAlreadyExists && assignment.attempt() > 1) {
-      absl::StatusOr<std::string> again =
-          policy->CheckWrite("output_checkpoint", spec->output_checkpoint(), true);
-      // This job's own output, written by an earlier attempt: a restarted job may replace it,
-      // nobody else's file.
-      if (again.ok() && CheckpointWrittenByJob(*again, JobStamp(assignment))) {
-        output = again;
-        spec->set_overwrite_output(true);  // Replacing what an earlier attempt wrote.
+    ASSIGN_OR_RETURN(const std::string output,
+                     policy->CheckWrite("output_checkpoint", spec->output_checkpoint(),
+                                        /*overwrite=*/true));
+    // Whose file is there decides, not the spec alone: this job's own (an earlier attempt's)
+    // may be replaced, its owner's other outputs only with overwrite_output, anyone else's
+    // never (the trainer checks again before it writes).
+    const FileOwnership ownership = CheckpointOwnership(output, JobStamp(assignment));
+    if (!MayReplace(ownership, spec->overwrite_output(), /*resuming=*/false)) {
+      const std::string quoted = QuotePathForMessage(spec->output_checkpoint());
+      if (!spec->overwrite_output()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "output_checkpoint ", quoted, " already exists; set overwrite_output: true to "
+            "replace it"));
       }
+      return absl::PermissionDeniedError(absl::StrCat(
+          "output_checkpoint ", quoted, " exists and was not written by a job of ",
+          assignment.owner(), ": overwrite_output replaces only its owner's checkpoints"));
     }
-    RETURN_IF_ERROR(confine(output, spec->mutable_output_checkpoint()));
+    spec->set_output_checkpoint(output);
   }
   if (!spec->checkpoint_dir().empty()) {
     RETURN_IF_ERROR(confine(policy->CheckOutputDirectory("checkpoint_dir", spec->checkpoint_dir()),

@@ -40,15 +40,20 @@ start_coordinator() {
 }
 
 # start_worker NAME [GPU index or ""] [extra worker flags...]
+# Every worker reads under $CLUSTER_DIR/data and writes under $CLUSTER_DIR/outputs (a worker
+# has no implicit roots); extra --data_root/--output_root flags add to them.
 start_worker() {
   local name=$1 gpu=$2
   shift 2
+  mkdir -p "$CLUSTER_DIR/data" "$CLUSTER_DIR/outputs"
+  local roots=(--data_root="$CLUSTER_DIR/data" --output_root="$CLUSTER_DIR/outputs")
   if [ -n "$gpu" ]; then
     CUDA_VISIBLE_DEVICES=$gpu "$WORKER" --coordinator="$ADDRESS" --name="$name" \
-      --work_dir="$CLUSTER_DIR/$name" "${WORKER_FLAGS[@]}" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
+      --work_dir="$CLUSTER_DIR/$name" "${roots[@]}" "${WORKER_FLAGS[@]}" "$@" \
+      >"$CLUSTER_DIR/$name.log" 2>&1 &
   else
     "$WORKER" --coordinator="$ADDRESS" --name="$name" --work_dir="$CLUSTER_DIR/$name" \
-      "${WORKER_FLAGS[@]}" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
+      "${roots[@]}" "${WORKER_FLAGS[@]}" "$@" >"$CLUSTER_DIR/$name.log" 2>&1 &
   fi
   CLUSTER_PIDS+=($!)
 }
