@@ -80,13 +80,20 @@ def summarize(testlogs):
     return [(target, tests, skipped) for target, (tests, skipped) in sorted(merged.items())]
 
 
+def label(target):
+    """bazel-testlogs/<package>/<name> as a label: //package:name."""
+    package, _, name = target.rpartition("/")
+    return f"//{package}:{name}"
+
+
 def print_summary(rows, out=sys.stdout):
     total = sum(len(skipped) for _, _, skipped in rows)
     print(f"skipped tests per target ({len(rows)} targets, {total} skipped):", file=out)
     width = max([len(target) for target, _, _ in rows] + [6])
     for target, tests, skipped in rows:
         count = "-" if tests is None else str(tests)
-        print(f"  //{target:<{width}} tests {count:>4}  skipped {len(skipped):>3}", file=out)
+        print(f"  {label(target):<{width + 2}} tests {count:>4}  skipped {len(skipped):>3}",
+              file=out)
         for line in skipped[:5]:
             print(f"      {line[:150]}", file=out)
         if len(skipped) > 5:

@@ -67,7 +67,8 @@ class TestSkipsTest(unittest.TestCase):
         out = io.StringIO()
         test_skips.print_summary(rows, out)
         self.assertIn("3 targets, 3 skipped", out.getvalue())
-        self.assertIn("//backends/cuda/cuda_backend_test tests    3  skipped   2", out.getvalue())
+        self.assertIn("//backends/cuda:cuda_backend_test tests    3  skipped   2", out.getvalue())
+        self.assertIn("//tests:multihost_test", out.getvalue())
 
     def test_summary_MergesShardsAndReportsUnreadableXml(self):
         self.write("t/sharded_test/shard_1_of_2/test.xml", gtest_xml([("S", "A", "why")]))
