@@ -175,8 +175,10 @@ TEST_F(BadInput, HostileDataFiles_FailTheJobNamingTheFile) {
                                          {dir_ + "/zero.npy", "not a regular file"},
                                          {dir_ + "/negative.npy", "-3"},
                                          {dir_ + "/huge.npy", "99999999999999999999"},
-                                         {dir_ + "/wraps.npy", ""},
-                                         {dir_ + "/truncated.npy", ""},
+                                         {dir_ + "/wraps.npy", "more elements than fit in 64 bits"},
+                                         {dir_ + "/truncated.npy",
+                                          "truncated: shape (8, 4) needs 128 bytes of data, the "
+                                          "file has 20"},
                                          {dir_ + "/fortran.npy", "ortran"},
                                          {dir_ + "/float64.npy", "<f8"}}) {
     ExpectFailsNaming(absl::StrCat("hostile", index++), NpyData(c.file), {c.file, c.reason});
