@@ -160,7 +160,7 @@ pki=$CLUSTER_DIR/pki
 code() { curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
            --key "$pki/client.key" "$@"; }
 [ "$(code "$SECURE/metrics")" = 401 ] || fail "4. /metrics without a token is not 401"
-[ "$(code -H "Authorization: Bearer $(cat "$pki/worker.token")" "$SECURE/metrics")" = 403 ] ||
+[ "$(code -H "Authorization: Bearer $(cat "$pki/w0.token")" "$SECURE/metrics")" = 403 ] ||
   fail "4. a worker's token may read /metrics"
 [ "$(code -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" = 200 ] ||
   fail "4. a user's token may not read /metrics"
