@@ -179,7 +179,6 @@ CallerIdentity Authenticator::Identify(absl::string_view authorization) const {
   caller.principal = principal->name;
   caller.admin = principal->role == Role::kAdmin;
   caller.reads_all_jobs = caller.admin || principal->role == Role::kViewer;
-  caller.worker = principal->role == Role::kWorker;
   return caller;
 }
 
@@ -214,11 +213,14 @@ absl::Status Authenticator::CheckWorkerCaller(const grpc::ServerContextBase& con
                                               absl::string_view name) const {
   std::optional<std::string> token_principal;
   if (enabled()) token_principal = Identify(context).principal;
-  // gRPC puts the subject CN of a client certificate it verified (mutual TLS) here.
+  // gRPC puts a client certificate it verified (mutual TLS) and its subject CN here. A
+  // certificate without a CN names no worker (""), rather than leaving the name unchecked.
   std::optional<std::string> certificate_name;
-  if (std::shared_ptr<const grpc::AuthContext> auth = context.auth_context()) {
+  if (std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+      auth != nullptr && !auth->FindPropertyValues("x509_pem_cert").empty()) {
     std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
-    if (!names.empty()) certificate_name = std::string(names.front().data(), names.front().size());
+    certificate_name =
+        names.empty() ? std::string() : std::string(names.front().data(), names.front().size());
   }
   return CheckWorkerName(name, token_principal, certificate_name);
 }

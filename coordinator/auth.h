@@ -76,7 +76,6 @@ struct CallerIdentity {
   std::string principal;
   bool admin = false;
   bool reads_all_jobs = false;  // admin or viewer
-  bool worker = false;          // Its principal is the name of the one worker it may be.
 };
 
 // Whether a worker whose credentials are these may register under `name` (the name it asks

@@ -153,7 +153,6 @@ TEST(Authenticator, Identify_ReadsAllJobsOnlyForAdminsViewersAndWithoutTokens) {
   EXPECT_TRUE(viewer.reads_all_jobs);
   EXPECT_TRUE(auth.Identify("Bearer admin-token-0123456789").reads_all_jobs);
   EXPECT_FALSE(auth.Identify("Bearer worker-token-012345678").reads_all_jobs);
-  EXPECT_TRUE(auth.Identify("Bearer worker-token-012345678").worker);
   const CallerIdentity stranger = auth.Identify("Bearer nope-nope-nope-nope");
   EXPECT_EQ(stranger.principal, "");
   EXPECT_FALSE(stranger.reads_all_jobs);
