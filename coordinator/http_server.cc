@@ -571,6 +571,9 @@ MHD_Result HttpServer::Handler::Send(MHD_Connection* connection, const Reply& re
 Reply HttpServer::Handler::Route(const Request& request) const {
   const bool get = request.method == "GET" || request.method == "HEAD";
   const std::string& path = request.path;  // Admitted by Gate.
+  // Whose jobs the answer shows: a user's own, a viewer's or admin's all (as the gRPC reads).
+  const CallerIdentity caller = authenticator_->Identify(Authorization(request));
+  const JobReader reader{caller.principal, caller.reads_all_jobs};
   if (path == "/login" && request.method == "POST") return Login(request);
   if (!get) {
     Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and POST /login)");
@@ -583,7 +586,8 @@ Reply HttpServer::Handler::Route(const Request& request) const {
   if (path == "/login") return Asset("/login.html");
   if (IsAssetPath(path)) return Asset(path);
   if (path == "/metrics") {
-    return {MHD_HTTP_OK, RenderMetrics(state_->GetOverview(), *rpcs_),
+    // Per-job series of the jobs the scraper may read; the counts are of all jobs.
+    return {MHD_HTTP_OK, RenderMetrics(state_->GetOverview(reader), *rpcs_),
             "text/plain; version=0.0.4; charset=utf-8"};
   }
   if (path == "/api/jobs") {
@@ -594,11 +598,11 @@ Reply HttpServer::Handler::Route(const Request& request) const {
       return Reply::Error(MHD_HTTP_BAD_REQUEST, "page_size must be a number");
     }
     list.set_page_size(page_size);
-    auto jobs = state_->ListJobs(list, CoordinatorState::View::kLive);
+    auto jobs = state_->ListJobs(list, CoordinatorState::View::kLive, reader);
     return jobs.ok() ? Reply::Json(ToJson(*jobs)) : Reply::Error(jobs.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "")) {
-    auto job = state_->GetJob(*id, CoordinatorState::View::kLive);
+    auto job = state_->GetJob(*id, CoordinatorState::View::kLive, reader);
     return job.ok() ? Reply::Json(ToJson(*job)) : Reply::Error(job.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "/events")) {
@@ -614,7 +618,7 @@ Reply HttpServer::Handler::Route(const Request& request) const {
     }
     page.set_after_sequence(after);
     page.set_max_events(limit);
-    auto events = state_->GetJobEvents(page, CoordinatorState::View::kLive);
+    auto events = state_->GetJobEvents(page, CoordinatorState::View::kLive, reader);
     return events.ok() ? Reply::Json(ToJson(*events)) : Reply::Error(events.status());
   }
   if (path == "/api/workers") {

@@ -5,9 +5,11 @@
 // pages that read it (/, /job?id=ID, /workers), with their scripts and the vendored uPlot
 // served from the binary: no page needs the internet.
 //
-// Security follows the gRPC port: with a token table, every request needs a user or admin
-// token, as `Authorization: Bearer TOKEN` (Prometheus, curl) or the cookie set by the login
-// form (browsers); with --tls_cert, HTTPS with the same certificate (and, with
+// Security follows the gRPC port: with a token table, every request needs a user, viewer or
+// admin token, and shows a user its own jobs only (the JSON, the pages that read it, and the
+// per-job series of /metrics; another's job is NOT_FOUND), a viewer or admin every job. The
+// token comes as `Authorization: Bearer TOKEN` (Prometheus, curl) or the cookie set by the
+// login form (browsers); with --tls_cert, HTTPS with the same certificate (and, with
 // --tls_client_ca, the same client certificates). Off loopback, TLS and tokens are required
 // unless --insecure. Nothing here changes state: every route but the login form is GET.
 //

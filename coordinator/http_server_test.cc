@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/test_job_spec.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -27,6 +28,8 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUserToken[] = "user-token-0123456789abcdef";
 constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
 constexpr char kCommaToken[] = "comma,token-0123456789abcdef";
+constexpr char kBobToken[] = "bob-token-0123456789abcdef";
+constexpr char kViewerToken[] = "viewer-token-0123456789abcdef";
 
 // One client connection; every call gives up after `timeout_ms`.
 class Client {
@@ -98,7 +101,8 @@ class HttpServerTest : public ::testing::Test {
     if (with_tokens) {
       auto parsed = TokenTable::Parse(absl::StrCat("user alice ", kUserToken, "\nworker w1 ",
                                                    kWorkerToken, "\nuser carol ", kCommaToken,
-                                                   "\n"),
+                                                   "\nuser bob ", kBobToken, "\nviewer grafana ",
+                                                   kViewerToken, "\n"),
                                       "test tokens");
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       tokens = *std::move(parsed);
@@ -301,6 +305,56 @@ TEST_F(HttpServerTest, Gate_AnswersBeforeTheBody) {
   const std::string answer = client.ReadUntilClosed(3000);
   EXPECT_EQ(StatusOf(answer), 401) << answer;
   EXPECT_FALSE(absl::StrContains(answer, "100 Continue")) << answer;
+}
+
+// Each user's token shows its own jobs only, another's answered 404 as an unknown job's (the
+// JSON the dashboard reads, and /metrics' per-job series); a viewer's shows every job.
+TEST_F(HttpServerTest, JobReads_OwnJobsOnly_ViewerSeesAll) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w1");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  worker.set_incarnation(1);
+  ASSERT_TRUE(state_.RegisterWorker(worker).ok());
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = SmallJobSpec(1);
+  submit.mutable_spec()->set_name("alices-model");
+  const std::string alices = state_.SubmitJob(submit, "alice")->job_id();  // runs
+  submit.mutable_spec()->set_name("bobs-model");
+  const std::string bobs = state_.SubmitJob(submit, "bob")->job_id();  // queued
+  ASSERT_EQ(state_.GetJob(alices)->state(), v1::RUNNING);
+  Start(true);
+  auto as = [](const char* token) { return absl::StrCat("Authorization: Bearer ", token, "\r\n"); };
+
+  const std::string bob_list = Get("/api/jobs", as(kBobToken));
+  EXPECT_EQ(StatusOf(bob_list), 200) << bob_list;
+  EXPECT_TRUE(absl::StrContains(bob_list, bobs)) << bob_list;
+  EXPECT_FALSE(absl::StrContains(bob_list, alices)) << bob_list;
+  EXPECT_FALSE(absl::StrContains(bob_list, "alices-model")) << bob_list;
+  const std::string unknown = Get("/api/jobs/job-9999", as(kBobToken));
+  for (const std::string& path :
+       {absl::StrCat("/api/jobs/", alices), absl::StrCat("/api/jobs/", alices, "/events")}) {
+    const std::string answer = Get(path, as(kBobToken));
+    EXPECT_EQ(StatusOf(answer), 404) << path << ": " << answer;
+    EXPECT_TRUE(absl::StrContains(answer, absl::StrCat("\"unknown job ", alices, "\"")))
+        << answer;
+    EXPECT_FALSE(absl::StrContains(answer, "alice")) << "the owner leaked: " << answer;
+    EXPECT_EQ(StatusOf(Get(path, as(kUserToken))), 200) << path;
+    EXPECT_EQ(StatusOf(Get(path, as(kViewerToken))), 200) << path;
+  }
+  EXPECT_EQ(StatusOf(unknown), 404);
+  const std::string bob_metrics = Get("/metrics", as(kBobToken));
+  EXPECT_EQ(StatusOf(bob_metrics), 200);
+  EXPECT_FALSE(absl::StrContains(bob_metrics, alices)) << bob_metrics;
+  EXPECT_FALSE(absl::StrContains(bob_metrics, "alices-model")) << bob_metrics;
+  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job=\"", alices)));
+
+  const std::string viewer_list = Get("/api/jobs", as(kViewerToken));
+  EXPECT_TRUE(absl::StrContains(viewer_list, alices)) << viewer_list;
+  EXPECT_TRUE(absl::StrContains(viewer_list, bobs)) << viewer_list;
+  EXPECT_TRUE(
+      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job=\"", alices)));
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ TEST_F(BadInput, CorruptProtobufBytes_InvalidArgumentNamingTheMessage) {
   EXPECT_EQ(submit.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << submit.error_message();
   EXPECT_NE(submit.error_message().find("mptrain.v1.SubmitJobRequest"), std::string::npos)
       << submit.error_message();
-  grpc::Status poll = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("worker")),
+  grpc::Status poll = CallWithBytes(cluster_->Channel(cluster_->SecurityFor(LocalCluster::kSpareWorker)),
                                     "/mptrain.v1.WorkerControl/PollAssignments", garbage);
   EXPECT_EQ(poll.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << poll.error_message();
   EXPECT_NE(poll.error_message().find("mptrain.v1.PollAssignmentsRequest"), std::string::npos);
@@ -239,7 +239,7 @@ TEST_F(BadInput, CorruptProtobufBytes_InvalidArgumentNamingTheMessage) {
 TEST_F(BadInput, UnknownFields_DroppedFromReports_RefusedInSpecs) {
   v1::RegisterWorkerRequest padded;
   padded.set_host("127.0.0.1");
-  padded.set_name("padded");
+  padded.set_name(LocalCluster::kSpareWorker);  // the name its credentials register
   padded.set_device(v1::CPU);
   padded.set_slots(1);
   padded.set_incarnation(7);
@@ -247,7 +247,7 @@ TEST_F(BadInput, UnknownFields_DroppedFromReports_RefusedInSpecs) {
   device->set_name("cpu");
   device->GetReflection()->MutableUnknownFields(device)->AddLengthDelimited(
       99, std::string(1 << 20, 'x'));
-  grpc::Status registered = CallWithBytes(cluster_->Channel(cluster_->SecurityFor("worker")),
+  grpc::Status registered = CallWithBytes(cluster_->Channel(cluster_->SecurityFor(LocalCluster::kSpareWorker)),
                                           "/mptrain.v1.WorkerControl/RegisterWorker",
                                           padded.SerializeAsString());
   ASSERT_TRUE(registered.ok()) << registered.error_message();

@@ -168,7 +168,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   registration.set_device(v1::CUDA);
   registration.set_slots(2);
   registration.set_incarnation(42);
-  registration.set_name("fake-gpu-host");
+  registration.set_name(LocalCluster::kSpareWorker);  // worker_control()'s own name
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext context;

@@ -32,7 +32,9 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 HEARTBEAT_S=4
 hosts_up
 
-bash "$RUNFILES/scripts/make_pki.sh" "$WORK/pki" $NET.10 >/dev/null
+bash "$RUNFILES/scripts/make_pki.sh" --worker w1 --worker w2 --worker w3 "$WORK/pki" $NET.10 >/dev/null
+# A worker's own credentials (make_pki.sh --worker NAME): the coordinator registers it as NAME only.
+creds() { local p=$WORK/pki; echo "--tls_ca=$p/ca.pem --tls_cert=$p/$1.pem --tls_key=$p/$1.key --token_file=$p/$1.token"; }
 TLS=(--tls_ca="$WORK/pki/ca.pem" --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key")
 COORDINATOR=$NET.10:50051
 mkdir -p "$WORK/shared"
@@ -46,8 +48,8 @@ start_worker() {  # I
   mkdir -p "$WORK/w$1"
   on_host_with_disk $1 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=1 \
     --name=w$1 --work_dir="$WORK/w$1" --data_root="$WORK" \
-    --output_root="$WORK/disk" --output_root="$WORK/shared" "${TLS[@]}" \
-    --token_file="$WORK/pki/worker.token" >>"$WORK/worker$1.log" 2>&1 &
+    --output_root="$WORK/disk" --output_root="$WORK/shared" \
+    $(creds w$1) >>"$WORK/worker$1.log" 2>&1 &
 }
 ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator=$COORDINATOR "${TLS[@]}" \
           --token_file="$WORK/pki/alice.token" "$@"; }
