@@ -136,14 +136,14 @@ void GrpcListener::Run(grpc::experimental::ExternalConnectionAcceptor* acceptor)
   std::vector<pollfd> ready;
   for (int fd : listen_fds_) ready.push_back({fd, POLLIN, 0});
   ready.push_back({wake_fd_, POLLIN, 0});
-  auto last_sweep = std::chrono::steady_clock::now();
   while (true) {
     const int n = poll(ready.data(), ready.size(), 100);
     if (ready.back().revents != 0) return;
-    if (std::chrono::steady_clock::now() - last_sweep >= std::chrono::milliseconds(100)) {
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      ForgetClosedLocked();
-      last_sweep = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(100)) {
+        ForgetClosedLocked();
+      }
     }
     if (n <= 0) continue;
     for (size_t i = 0; i + 1 < ready.size(); ++i) {
@@ -176,7 +176,10 @@ void GrpcListener::AcceptFrom(int listen_fd,
         return handed_.size() >= limits_.max_connections ||
                per_address_[address] >= limits_.max_connections_per_address;
       };
-      if (at_cap()) ForgetClosedLocked();  // The count may be up to a tenth of a second old.
+      // The count may be up to a tenth of a second old; under a flood of refusals, looked at
+      // again at most every 10 ms (each look is a stat per connection).
+      const auto now = std::chrono::steady_clock::now();
+      if (at_cap() && now - last_sweep_ >= std::chrono::milliseconds(10)) ForgetClosedLocked();
       if (!at_cap() && fstat(fd, &socket_stat) == 0) {
         handed_.push_back({fd, socket_stat.st_dev, socket_stat.st_ino, address});
         ++per_address_[address];
@@ -201,6 +204,7 @@ void GrpcListener::AcceptFrom(int listen_fd,
 }
 
 void GrpcListener::ForgetClosedLocked() {
+  last_sweep_ = std::chrono::steady_clock::now();
   size_t kept = 0;
   for (size_t i = 0; i < handed_.size(); ++i) {
     const Handed& handed = handed_[i];

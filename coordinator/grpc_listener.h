@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,7 @@ class GrpcListener {
   mutable std::mutex mu_;
   std::vector<Handed> handed_;
   std::map<std::string, size_t> per_address_;
+  std::chrono::steady_clock::time_point last_sweep_;  // Of ForgetClosedLocked.
   std::thread thread_;
 };
 
