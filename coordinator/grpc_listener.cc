@@ -20,8 +20,9 @@
 namespace mptrain {
 namespace {
 
-// The client's address, without its port: what the per-address cap counts. An IPv4-mapped
-// IPv6 address counts as its IPv4 one.
+// The client's address, without its port: what the per-address cap counts. An IPv6 client
+// counts by its /64 (one host usually holds a whole /64, and may pick any address of it); an
+// IPv4-mapped IPv6 address counts as its IPv4 one.
 std::string AddressKey(const sockaddr_storage& address) {
   if (address.ss_family == AF_INET) {
     const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
@@ -31,7 +32,7 @@ std::string AddressKey(const sockaddr_storage& address) {
     const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
     const auto* bytes = reinterpret_cast<const char*>(v6.sin6_addr.s6_addr);
     if (IN6_IS_ADDR_V4MAPPED(&v6.sin6_addr)) return std::string(bytes + 12, 4);
-    return std::string(bytes, 16);
+    return std::string(bytes, 8);
   }
   return "";
 }
@@ -59,7 +60,8 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Bind(const std::stri
   if (getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints,
                   &resolved) != 0 ||
       resolved == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--listen: cannot resolve the host of ", listen));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen: cannot resolve the host of ", listen));
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(resolved, freeaddrinfo);
   bool any_ipv4 = false;

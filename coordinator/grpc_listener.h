@@ -28,7 +28,8 @@ namespace mptrain {
 
 struct GrpcConnectionLimits {
   size_t max_connections = 8192;
-  // One host's: a worker of the most slots (1,024) and its ranks fit twice.
+  // One host's (an IPv4 address, an IPv6 /64): a worker of the most slots (1,024) and its
+  // ranks fit twice.
   size_t max_connections_per_address = 2048;
 };
 

@@ -3,12 +3,6 @@
 
 #include "coordinator/grpc_listener.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <future>
 #include <memory>
@@ -22,64 +16,17 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "tests/raw_connections.h"
 
 namespace mptrain {
 namespace {
 
+using mptrain::testing::RawConnection;
 using Clock = std::chrono::steady_clock;
 
 int64_t MillisSince(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
 }
-
-// A TCP connection from `source` (any of 127.0.0.0/8) that sends nothing.
-class RawConnection {
- public:
-  RawConnection(int port, const std::string& source) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0 &&
-                 connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0;
-  }
-  ~RawConnection() { close(fd_); }
-  RawConnection(const RawConnection&) = delete;
-  RawConnection& operator=(const RawConnection&) = delete;
-
-  bool connected() const { return connected_; }
-
-  // True when the server closed it within `timeout_ms`, whatever it sent before (a
-  // plaintext HTTP/2 server sends its settings first). `received`: the bytes it sent.
-  bool ClosedByServer(int timeout_ms, size_t* received = nullptr) {
-    const auto give_up = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    size_t got = 0;
-    bool closed = false;
-    while (!closed) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up -
-                                                                              Clock::now());
-      pollfd ready{fd_, POLLIN, 0};
-      if (left.count() <= 0 || poll(&ready, 1, static_cast<int>(left.count())) != 1) break;
-      char buffer[256];
-      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-      } else {
-        closed = true;
-      }
-    }
-    if (received != nullptr) *received = got;
-    return closed;
-  }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-};
 
 // Waits (at most 5 s) until `done` holds; false if it never did.
 template <typename Condition>
@@ -111,7 +58,9 @@ class GrpcListenerTest : public ::testing::Test {
   }
   void TearDown() override {
     listener_.reset();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    }
   }
 
   // A health check (an empty HealthCheckRequest, as raw bytes) on `channel`: true when it

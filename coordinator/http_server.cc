@@ -361,8 +361,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     }
   }
   items.push_back({MHD_OPTION_END, 0, nullptr});
-  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), &Handler::MayOpen, &handler,
-                                     &Handler::Dispatch, &handler, MHD_OPTION_ARRAY,
+  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), &Handler::MayOpen,
+                                     &handler, &Handler::Dispatch, &handler, MHD_OPTION_ARRAY,
                                      items.data(), MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(

@@ -9,8 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/raw_connections.h"
 
 namespace mptrain {
 namespace {
@@ -114,72 +113,6 @@ class Client {
  private:
   int fd_ = -1;
   bool connected_ = false;
-};
-
-// Idle connections from many loopback addresses, one per address, each opened again as soon
-// as the server closes it (as an attacker would), from a thread of their own until destroyed
-// (at most 30 s).
-class IdleFlood {
- public:
-  IdleFlood(int port, std::vector<std::string> sources)
-      : port_(port), sources_(std::move(sources)), thread_([this] { Run(); }) {}
-  ~IdleFlood() {
-    stop_ = true;
-    thread_.join();
-  }
-
-  int opened() const { return opened_.load(); }  // Connections opened so far.
-
- private:
-  int Open(const std::string& source) const {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(port_));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
-        (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0 &&
-         errno != EINPROGRESS)) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  }
-
-  void Run() {
-    std::vector<int> fds(sources_.size(), -1);
-    const auto give_up = Clock::now() + std::chrono::seconds(30);
-    while (!stop_ && Clock::now() < give_up) {
-      for (size_t i = 0; i < fds.size(); ++i) {
-        if (fds[i] >= 0) continue;
-        fds[i] = Open(sources_[i]);
-        if (fds[i] >= 0) ++opened_;
-      }
-      std::vector<pollfd> ready;
-      for (int fd : fds) ready.push_back({fd, POLLIN, 0});
-      if (poll(ready.data(), ready.size(), 50) <= 0) continue;
-      for (size_t i = 0; i < fds.size(); ++i) {
-        char byte;
-        if (ready[i].revents != 0 && recv(fds[i], &byte, 1, MSG_DONTWAIT) <= 0) {
-          close(fds[i]);
-          fds[i] = -1;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // Spares the shared CPUs.
-    }
-    for (int fd : fds) {
-      if (fd >= 0) close(fd);
-    }
-  }
-
-  const int port_;
-  const std::vector<std::string> sources_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> opened_{0};
-  std::thread thread_;
 };
 
 int64_t MillisSince(Clock::time_point start) {
@@ -337,13 +270,9 @@ TEST_F(HttpServerTest, IdleConnectionsFromManyRanges_OthersAreStillAnsweredAtOnc
   ASSERT_TRUE(established.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n"));
   ASSERT_EQ(StatusOf(established.ReadResponse()), 200);
 
-  std::vector<std::string> sources;  // 400 addresses in 5 ranges (/24) of 80.
-  for (int range = 10; range < 15; ++range) {
-    for (int host = 1; host <= 80; ++host) {
-      sources.push_back(absl::StrCat("127.0.", range, ".", host));
-    }
-  }
-  IdleFlood flood(server_->port(), sources);
+  // 400 addresses in 5 ranges (/24) of 80.
+  mptrain::testing::IdleFlood flood(server_->port(),
+                                   mptrain::testing::LoopbackSources(10, 5, 80));
   ASSERT_TRUE(Await([&] { return flood.opened() >= 400 && server_->open_connections() >= 256; }))
       << "the flood did not fill the server: opened " << flood.opened() << ", held "
       << server_->open_connections();

@@ -70,8 +70,8 @@ ABSL_FLAG(double, grpc_handshake_timeout_s, 5,
 ABSL_FLAG(int64_t, grpc_max_connections, 8192,
           "Connections the gRPC port holds at once; more are closed as they arrive");
 ABSL_FLAG(int64_t, grpc_max_connections_per_address, 2048,
-          "Connections one client address may hold on the gRPC port (a worker and its ranks "
-          "share one)");
+          "Connections one client address (IPv6: one /64) may hold on the gRPC port (a worker "
+          "and its ranks share one)");
 ABSL_FLAG(double, grpc_max_connection_idle_s, 600,
           "Seconds a gRPC connection with no call open is kept (then closed with GOAWAY: a "
           "client opens a new one when it next calls)");
