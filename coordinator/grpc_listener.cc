@@ -156,7 +156,9 @@ void GrpcListener::Run(grpc::experimental::ExternalConnectionAcceptor* acceptor)
 
 void GrpcListener::AcceptFrom(int listen_fd,
                               grpc::experimental::ExternalConnectionAcceptor* acceptor) {
-  while (true) {
+  // A bounded batch, so that under a flood the loop still looks at its stop signal and for
+  // closed connections.
+  for (int batch = 0; batch < 256; ++batch) {
     sockaddr_storage peer{};
     socklen_t length = sizeof(peer);
     const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &length,
