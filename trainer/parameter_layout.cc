@@ -136,12 +136,12 @@ absl::Status CopyExpected(const std::vector<Expected>& expected_tensors, const T
           absl::StrCat(source, ": tensor ", expected.name, " is missing"));
     }
     if (it->second.shape != expected.shape) {
-      std::string got, want;
-      for (int64_t d : it->second.shape) absl::StrAppend(&got, got.empty() ? "" : ", ", d);
+      // The model's shape only: the file's is its content (the file may be anyone's).
+      std::string want;
       for (int64_t d : expected.shape) absl::StrAppend(&want, want.empty() ? "" : ", ", d);
       return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", expected.name,
-                                                     " has shape [", got, "], the model needs [",
-                                                     want, "]"));
+                                                     " does not have the model's shape [", want,
+                                                     "]"));
     }
     std::copy(it->second.values.begin(), it->second.values.end(),
               flat->begin() + expected.offset);
