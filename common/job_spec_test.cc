@@ -71,6 +71,19 @@ TEST(LoadJobSpecFile, MissingFile_IsNotFoundNamingIt) {
             std::string::npos);
 }
 
+// ReadSmallFile (job specs, token files) says the limit, not the size of a file the caller
+// may not be able to read.
+TEST(LoadJobSpecFile, TooLarge_IsInvalidWithoutItsSize) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/large.json";
+  std::ofstream(path) << std::string(1'777'777, ' ');
+  auto spec = LoadJobSpecFile(path);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find(": larger than the limit of "), std::string::npos) << message;
+  EXPECT_EQ(message.find("1777777"), std::string::npos) << message;
+}
+
 TEST(ApplyJobSpecDefaults, FillsPyTorchScalerDefaults) {
   v1::JobSpec spec;
   ApplyJobSpecDefaults(&spec);
@@ -118,7 +131,8 @@ TEST(LoadJobSpecFile, DevicesAndHugeFiles_AreRefusedNotRead) {
   }
   auto big = LoadJobSpecFile(path);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(big.status().message().find("the limit is"), std::string::npos) << big.status();
+  EXPECT_NE(big.status().message().find("larger than the limit of"), std::string::npos)
+      << big.status();
 }
 
 TEST(ValidateJobSpec, SeedExamples_AreValid) {

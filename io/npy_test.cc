@@ -310,7 +310,8 @@ TEST(Npy, Readers_Errors_QuoteNoByteOrNumberFromTheFile) {
   for (const auto& [name, bytes] : files) {
     const std::string path = TempPath("planted_" + name + ".npy");
     WriteRaw(path, bytes);
-    for (const absl::Status& status : {ReadNpyMatrix(path).status(), ReadNpyLabels(path).status()}) {
+    for (const absl::Status& status :
+         {ReadNpyMatrix(path).status(), ReadNpyLabels(path).status()}) {
       EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << ": " << status;
       const std::string message = WithoutPath(status, path);
       std::vector<std::string> secrets = {"SECRET",  "987654", "98765", "2184225",

@@ -266,7 +266,8 @@ TEST(Safetensors, ReadSafetensors_OverlappingTensors_IsInvalidNamingBoth) {
 TEST(Safetensors, ReadSafetensors_OffsetsDisagreeWithShape_IsInvalidNamingTensor) {
   ExpectRefused("wrong_size.safetensors",
                 R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
-                "tensor #0 (in name order) has data_offsets that do not span the 4 bytes per element");
+                "tensor #0 (in name order) has data_offsets that do not span the 4 bytes per "
+                "element");
 }
 
 TEST(Safetensors, ReadSafetensors_OtherDtype_IsInvalidNamingTensor) {
