@@ -258,6 +258,15 @@ class DataDigest {
   XXH3_state_t* state_;
 };
 
+// How errors name a tensor: by name when the caller expects that name, else by position.
+std::string TensorLabel(const std::string& name, size_t index,
+                        const SafetensorsReadOptions& options) {
+  if (options.known_names != nullptr && options.known_names->count(name) != 0) {
+    return absl::StrCat("tensor '", name, "'");
+  }
+  return absl::StrCat("tensor #", index, " (in name order)");
+}
+
 // The position of `entry` among `entries`, which are in name order.
 size_t TensorIndex(const std::vector<TensorEntry>& entries, const TensorEntry& entry) {
   return static_cast<size_t>(&entry - entries.data());
@@ -317,8 +326,8 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
       }
       continue;
     }
-    absl::StatusOr<TensorEntry> entry = ParseTensorEntry(
-        path, absl::StrCat("tensor #", tensor_index++, " (in name order)"), name, info, data_size);
+    absl::StatusOr<TensorEntry> entry =
+        ParseTensorEntry(path, TensorLabel(name, tensor_index++, options), name, info, data_size);
     if (!entry.ok()) return entry.status();
     tensors.push_back(*std::move(entry));
   }
@@ -355,10 +364,9 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
       for (size_t i = 0; i < tensor.values.size(); ++i) {
         if (!std::isfinite(tensor.values[i])) {
           // The position only: the value is the file's.
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": tensor #", TensorIndex(tensors, entry),
-                           " (in name order) holds a NaN or infinity at index ", i,
-                           "; its values must be finite"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": ", TensorLabel(entry.name, TensorIndex(tensors, entry), options),
+              " holds a NaN or infinity at index ", i, "; its values must be finite"));
         }
       }
     }

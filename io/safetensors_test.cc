@@ -12,6 +12,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -444,6 +445,26 @@ TEST(Safetensors, ReadSafetensors_Errors_QuoteNoByteNumberOrNameFromTheFile) {
       << message;
   EXPECT_EQ(message.find("SECRET"), std::string::npos) << message;
   EXPECT_EQ(message.find("nan"), std::string::npos) << message;
+}
+
+TEST(Safetensors, ReadSafetensors_KnownNames_AreQuotedOthersAreNot) {
+  const std::string path = TempPath("known.safetensors");
+  WriteRaw(path, Raw(R"({"expected": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]},)"
+                     R"( "unexpected": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})",
+                     6));
+  const std::set<std::string> known = {"expected"};
+  SafetensorsReadOptions options;
+  options.known_names = &known;
+  ExpectError(ReadSafetensors(path, nullptr, options).status(),
+              absl::StatusCode::kInvalidArgument, path,
+              "tensor 'expected' has a dtype other than \"F32\"");
+  WriteRaw(path, Raw(R"({"expected": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                     R"( "unexpected": {"dtype": "F16", "shape": [1], "data_offsets": [4, 6]}})",
+                     6));
+  const absl::Status status = ReadSafetensors(path, nullptr, options).status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument, path,
+              "tensor #1 (in name order) has a dtype other than");
+  EXPECT_EQ(WithoutPath(status, path).find("unexpected"), std::string::npos) << status;
 }
 
 TEST(Safetensors, ReadSafetensors_NonFiniteWithRequireFinite_IsInvalidNamingTensorAndIndex) {

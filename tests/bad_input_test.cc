@@ -191,7 +191,7 @@ TEST_F(BadInput, HostileInitCheckpoints_FailTheJobNamingTheFile) {
                                                << "not json";
   const std::string synthetic = R"(, "data": {"synthetic": {"seed": 0}})";
   ExpectFailsNaming("nan", synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/nan.safetensors")",
-                    {"nan.safetensors", "tensor #1 (in name order) holds a NaN or infinity"});
+                    {"nan.safetensors", "tensor 'layers.0.weight' holds a NaN or infinity"});
   ExpectFailsNaming("dir", synthetic + R"(, "init_checkpoint": ")" + dir_ + R"(/dir.safetensors")",
                     {"dir.safetensors", "not a regular file"});
   ExpectFailsNaming("garbage",

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <functional>
 #include <limits>
 #include <iterator>
@@ -108,9 +109,11 @@ class MetadataFields {
   const std::map<std::string, std::string>& metadata_;
 };
 
-SafetensorsReadOptions FiniteOnly() {
+// Errors may name the tensors of `known` (the model's): the file's other names stay unsaid.
+SafetensorsReadOptions FiniteOnly(const std::set<std::string>* known) {
   SafetensorsReadOptions options;
   options.require_finite = true;
+  options.known_names = known;
   return options;
 }
 
@@ -271,7 +274,8 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
     const std::vector<std::string>& optimizer_state) {
   std::map<std::string, std::string> metadata;
   // A resumed run must not inherit NaN weights or momentum: they would poison every step.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly()));
+  const std::set<std::string> known = TensorNames(layout, optimizer_state);
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly(&known)));
   const MetadataFields fields(path, metadata);
   ASSIGN_OR_RETURN(std::string format, fields.String("format"));
   if (format != kFormat) {
@@ -307,7 +311,8 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
                                                          const ParameterLayout& layout) {
   // A run started from NaN weights would report every step as skipped or diverged, not fail.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly()));
+  const std::set<std::string> known = TensorNames(layout);
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly(&known)));
   // Norm weights and biases may be left out (they start at 1 and 0, as torch's).
   return TensorsToParameters(layout, tensors, path, /*norm_defaults=*/true);
 }

@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "io/safetensors.h"
@@ -189,7 +192,7 @@ TEST(Checkpoint, ReadTrainingCheckpoint_NaNParameter_IsInvalidNamingFileAndTenso
   const std::string path = TempPath("nan_parameter.safetensors");
   ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
   ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
-                "tensor #0 (in name order) holds a NaN or infinity at index 1");
+                "tensor 'layers.0.bias' holds a NaN or infinity at index 1");
 }
 
 TEST(Checkpoint, BatchNormRunningStatistics_RoundTrip_AndANegativeVarianceIsRefused) {
@@ -226,7 +229,7 @@ TEST(Checkpoint, ReadTrainingCheckpoint_InfMomentum_IsInvalidNamingFileAndTensor
   const std::string path = TempPath("inf_momentum.safetensors");
   ASSERT_TRUE(WriteTrainingCheckpoint(path, SmallLayout(), checkpoint).ok());
   ExpectInvalid(ReadTrainingCheckpoint(path, SmallLayout()).status(), path,
-                "tensor #3 (in name order) holds a NaN or infinity at index 4");
+                "tensor 'momentum.layers.0.weight' holds a NaN or infinity at index 4");
 }
 
 TEST(Checkpoint, AdamState_RoundTrips_AndAMissingBufferIsNamed) {
@@ -318,13 +321,43 @@ TEST(Checkpoint, ReadInitialParameters_NaN_IsInvalidNamingFileAndTensor) {
   const std::string path = TempPath("init_nan.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, ParametersToTensors(SmallLayout(), parameters)).ok());
   ExpectInvalid(ReadInitialParameters(path, SmallLayout()).status(), path,
-                "tensor #1 (in name order) holds a NaN or infinity at index 2");
+                "tensor 'layers.0.weight' holds a NaN or infinity at index 2");
 }
 
 TEST(Checkpoint, ReadInitialParameters_Directory_IsInvalidNotARegularFile) {
   const std::string path = TempPath("init_dir.safetensors");
   ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
   ExpectInvalid(ReadInitialParameters(path, SmallLayout()).status(), path, "not a regular file");
+}
+
+// The model's names may be said; a name only the file holds may not.
+TEST(Checkpoint, ReadInitialParameters_ForeignTensorName_IsNotQuoted) {
+  TensorMap tensors = ParametersToTensors(SmallLayout(), std::vector<float>(8, 1));
+  tensors["SECRET.tensor.of.another.user"] = {{1}, {std::numeric_limits<float>::quiet_NaN()}};
+  const std::string path = TempPath("init_foreign.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  const absl::Status status = ReadInitialParameters(path, SmallLayout()).status();
+  ExpectInvalid(status, path, "tensor #0 (in name order) holds a NaN or infinity at index 0");
+  EXPECT_EQ(std::string(status.message()).find("SECRET"), std::string::npos) << status;
+}
+
+// TensorNames lists exactly the names the writers give, without copying values.
+TEST(Checkpoint, TensorNames_AreTheWrittenNames) {
+  for (NormKind norm : {NormKind::kNone, NormKind::kLayerNorm, NormKind::kBatchNorm}) {
+    const ParameterLayout layout = MakeParameterLayout({3, 4, 2}, norm);
+    std::set<std::string> written;
+    for (const auto& [name, tensor] :
+         ParametersToTensors(layout, std::vector<float>(layout.total))) {
+      written.insert(name);
+      written.insert("momentum." + name);
+    }
+    for (const auto& [name, tensor] :
+         BuffersToTensors(layout, std::vector<float>(layout.buffers_total), 0)) {
+      written.insert(name);
+      written.insert("momentum." + name);
+    }
+    EXPECT_EQ(TensorNames(layout, {"momentum"}), written);
+  }
 }
 
 TEST(Checkpoint, ReadInitialParameters_WrongShape_IsInvalidNamingTensor) {

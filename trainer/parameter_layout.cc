@@ -117,6 +117,30 @@ TensorMap BuffersToTensors(const ParameterLayout& layout, const std::vector<floa
   return tensors;
 }
 
+std::set<std::string> TensorNames(const ParameterLayout& layout,
+                                  const std::vector<std::string>& prefixes) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < layout.layers.size(); ++i) {
+    const LayerLayout& layer = layout.layers[i];
+    names.insert(absl::StrCat("layers.", i, ".weight"));
+    names.insert(absl::StrCat("layers.", i, ".bias"));
+    if (layer.has_norm()) {
+      names.insert(absl::StrCat("norms.", i, ".weight"));
+      names.insert(absl::StrCat("norms.", i, ".bias"));
+    }
+    if (layer.has_running_stats()) {
+      for (const char* suffix : {"running_mean", "running_var", "num_batches_tracked"}) {
+        names.insert(absl::StrCat("norms.", i, ".", suffix));
+      }
+    }
+  }
+  std::set<std::string> prefixed = names;
+  for (const std::string& prefix : prefixes) {
+    for (const std::string& name : names) prefixed.insert(absl::StrCat(prefix, ".", name));
+  }
+  return prefixed;
+}
+
 namespace {
 
 struct Expected {
