@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <functional>
 #include <limits>
 #include <iterator>
@@ -59,20 +60,20 @@ class MetadataFields {
     const std::string& s = *text;
     const bool negative = !s.empty() && s[0] == '-';
     const size_t first = negative ? 1 : 0;
-    if (s.size() == first || s.size() > 40) return Malformed(key, s, "not a decimal integer");
+    if (s.size() == first || s.size() > 40) return Malformed(key, "not a decimal integer");
     int64_t value = 0;
     for (size_t i = first; i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9') return Malformed(key, s, "not a decimal integer");
+      if (s[i] < '0' || s[i] > '9') return Malformed(key, "not a decimal integer");
       const int64_t digit = s[i] - '0';
       // Accumulated with the sign, so that INT64_MIN parses too.
       if (__builtin_mul_overflow(value, int64_t{10}, &value) ||
           (negative ? __builtin_sub_overflow(value, digit, &value)
                     : __builtin_add_overflow(value, digit, &value))) {
-        return Malformed(key, s, "too large for int64");
+        return Malformed(key, "too large for int64");
       }
     }
     if (value < min || value > max) {
-      return Malformed(key, s, absl::StrCat("out of range [", min, ", ", max, "]"));
+      return Malformed(key, absl::StrCat("out of range [", min, ", ", max, "]"));
     }
     return value;
   }
@@ -84,36 +85,36 @@ class MetadataFields {
     const std::string& s = *text;
     // strtod would skip leading spaces; refuse them as the integers do.
     if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) {
-      return Malformed(key, s, "not a number");
+      return Malformed(key, "not a number");
     }
     errno = 0;
     char* end = nullptr;
     const double value = std::strtod(s.c_str(), &end);
-    if (end != s.c_str() + s.size()) return Malformed(key, s, "not a number");
+    if (end != s.c_str() + s.size()) return Malformed(key, "not a number");
     // Range-checked before narrowing: a double beyond FLT_MAX has no float value.
     if (errno == ERANGE || !std::isfinite(value) || !(value > 0) ||
         value > std::numeric_limits<float>::max() ||
         static_cast<float>(value) == 0) {
-      return Malformed(key, s, "expected a finite float > 0");
+      return Malformed(key, "expected a finite float > 0");
     }
     return static_cast<float>(value);
   }
 
  private:
-  absl::Status Malformed(const std::string& key, const std::string& text,
-                         const std::string& why) const {
-    const std::string shown = text.size() <= 40 ? text : text.substr(0, 37) + "...";
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": __metadata__ ", key, " is '", shown, "': ", why));
+  // The value is not shown: the file may be anyone's, and its metadata is its content.
+  absl::Status Malformed(const std::string& key, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__ ", key, " is ", why));
   }
 
   const std::string& path_;
   const std::map<std::string, std::string>& metadata_;
 };
 
-SafetensorsReadOptions FiniteOnly() {
+// Errors may name the tensors of `known` (the model's): the file's other names stay unsaid.
+SafetensorsReadOptions FiniteOnly(const std::set<std::string>* known) {
   SafetensorsReadOptions options;
   options.require_finite = true;
+  options.known_names = known;
   return options;
 }
 
@@ -314,12 +315,13 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
     const std::vector<std::string>& optimizer_state) {
   std::map<std::string, std::string> metadata;
   // A resumed run must not inherit NaN weights or momentum: they would poison every step.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly()));
+  const std::set<std::string> known = TensorNames(layout, optimizer_state);
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly(&known)));
   const MetadataFields fields(path, metadata);
   ASSIGN_OR_RETURN(std::string format, fields.String("format"));
   if (format != kFormat) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": format ", format, ", expected ",
-                                                   kFormat));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a training checkpoint (its format is not ", kFormat, ")"));
   }
   TrainingCheckpoint checkpoint;
   ASSIGN_OR_RETURN(checkpoint.parameters, TensorsToParameters(layout, tensors, path));
@@ -357,7 +359,8 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
                                                          const ParameterLayout& layout) {
   // A run started from NaN weights would report every step as skipped or diverged, not fail.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly()));
+  const std::set<std::string> known = TensorNames(layout);
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly(&known)));
   // Norm weights and biases may be left out (they start at 1 and 0, as torch's).
   return TensorsToParameters(layout, tensors, path, /*norm_defaults=*/true);
 }

@@ -117,6 +117,30 @@ TensorMap BuffersToTensors(const ParameterLayout& layout, const std::vector<floa
   return tensors;
 }
 
+std::set<std::string> TensorNames(const ParameterLayout& layout,
+                                  const std::vector<std::string>& prefixes) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < layout.layers.size(); ++i) {
+    const LayerLayout& layer = layout.layers[i];
+    names.insert(absl::StrCat("layers.", i, ".weight"));
+    names.insert(absl::StrCat("layers.", i, ".bias"));
+    if (layer.has_norm()) {
+      names.insert(absl::StrCat("norms.", i, ".weight"));
+      names.insert(absl::StrCat("norms.", i, ".bias"));
+    }
+    if (layer.has_running_stats()) {
+      for (const char* suffix : {"running_mean", "running_var", "num_batches_tracked"}) {
+        names.insert(absl::StrCat("norms.", i, ".", suffix));
+      }
+    }
+  }
+  std::set<std::string> prefixed = names;
+  for (const std::string& prefix : prefixes) {
+    for (const std::string& name : names) prefixed.insert(absl::StrCat(prefix, ".", name));
+  }
+  return prefixed;
+}
+
 namespace {
 
 struct Expected {
@@ -136,12 +160,12 @@ absl::Status CopyExpected(const std::vector<Expected>& expected_tensors, const T
           absl::StrCat(source, ": tensor ", expected.name, " is missing"));
     }
     if (it->second.shape != expected.shape) {
-      std::string got, want;
-      for (int64_t d : it->second.shape) absl::StrAppend(&got, got.empty() ? "" : ", ", d);
+      // The model's shape only: the file's is its content (the file may be anyone's).
+      std::string want;
       for (int64_t d : expected.shape) absl::StrAppend(&want, want.empty() ? "" : ", ", d);
       return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", expected.name,
-                                                     " has shape [", got, "], the model needs [",
-                                                     want, "]"));
+                                                     " does not have the model's shape [", want,
+                                                     "]"));
     }
     std::copy(it->second.values.begin(), it->second.values.end(),
               flat->begin() + expected.offset);

@@ -10,6 +10,7 @@
 // running_var [out].
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,12 @@ TensorMap BuffersToTensors(const ParameterLayout& layout, const std::vector<floa
 absl::StatusOr<std::vector<float>> TensorsToBuffers(const ParameterLayout& layout,
                                                     const TensorMap& tensors,
                                                     const std::string& source);
+
+// Every tensor name the two functions above give for `layout` (without copying a value: a
+// model may be gigabytes), each also with each of `prefixes` + "." before it (optimizer state:
+// "momentum.layers.0.weight").
+std::set<std::string> TensorNames(const ParameterLayout& layout,
+                                  const std::vector<std::string>& prefixes = {});
 
 // A hex checksum of the parameters' bytes (XXH3-64): equal on every rank iff bit-identical.
 std::string ParameterChecksum(const std::vector<float>& flat);

@@ -196,6 +196,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     Pending oldest = pending.front();
     pending.pop_front();
     ASSIGN_OR_RETURN(StepStats stats, backend->ReadStats(oldest.slot));
+    // A step that was not skipped applied gradients of a NaN or infinite loss (the loss is the
+    // mean over ranks: every rank fails at the same step). Without this the run "succeeded"
+    // with loss nan.
+    if (stats.state.skipped == 0 && !std::isfinite(stats.state.last_loss)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training diverged: the loss of step ", oldest.step,
+          " is not finite (NaN or infinity) and the step was not skipped; lower optimizer.lr, "
+          "enable the loss scaler or check the data"));
+    }
     const double step_ms = stats.completed_ms - previous_ms;
     previous_ms = stats.completed_ms;
     auto evaluation = evaluations.find(oldest.step);
@@ -331,6 +340,14 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   TrainingResult result;
   result.parameters.resize(mlp->layout().total);
   RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
+  // The last step's update is seen by no later loss: checked here, before anything is written.
+  for (size_t i = 0; i < result.parameters.size(); ++i) {
+    if (!std::isfinite(result.parameters[i])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training diverged: after step ", config.steps, " parameter ", i,
+          " is not finite (NaN or infinity); lower optimizer.lr or set max_grad_norm"));
+    }
+  }
   result.checksum = ParameterChecksum(result.parameters);
   if (!mlp->buffers().empty()) {
     result.buffers.resize(mlp->layout().buffers_total);
