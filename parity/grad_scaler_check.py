@@ -44,15 +44,16 @@ CASES = {
         loss_scaler={"init_scale": 256.0, "growth_interval": 3},
         poison=[(0, 5, 0), (1, 6, 1), (0, 13, 0), (1, 14, 0), (0, 15, 1), (0, 20, 0),
                 (1, 20, 1)], poison_value=1e5),
-    # Other factors (x4 growth every 2 clean steps, x0.25 backoff), poisoned by a NaN target
-    # (a NaN loss, NaN gradients everywhere).
-    "scaler_other_factors_nan": dict(
+    # Other factors (x4 growth every 2 clean steps, x0.25 backoff), poisoned by a huge target
+    # (1e9, finite: data files must hold finite values): the scaled fp16 output gradient
+    # overflows while the forward stays in range.
+    "scaler_other_factors_output_grad": dict(
         model={"input_dim": 16, "hidden_dims": [32], "output_dim": 4, "activation": "relu"},
         micro_batch_size=8, accumulation_steps=2, steps=20, precision="fp16",
         optimizer={"lr": 0.05, "momentum": 0.9},
         loss_scaler={"init_scale": 4.0, "growth_factor": 4.0, "backoff_factor": 0.25,
                      "growth_interval": 2},
-        poison=[(1, 3, 0), (0, 4, 1), (1, 9, 0), (0, 16, 0)], poison_value=float("nan"),
+        poison=[(1, 3, 0), (0, 4, 1), (1, 9, 0), (0, 16, 0)], poison_value=1e9,
         poison_targets=True),
 }
 
@@ -90,7 +91,7 @@ class Float64Mlp:
         self.b = [tensors[f"layers.{i}.bias"].astype(np.float64) for i in range(layers)]
         self.lr, self.momentum, self.buffers = lr, momentum, None
 
-    def loss_and_grads(self, x, y):
+    def loss_and_grads(self, x, y, seed=1.0):
         """The micro-batch's mean squared error, its gradients and the largest magnitude of
         any activation and (unscaled) gradient the fp16 path holds."""
         with np.errstate(all="ignore"):
@@ -106,6 +107,10 @@ class Float64Mlp:
             out = pre[-1]
             loss = float(np.mean((out - y) ** 2))
             d = 2.0 * (out - y) / out.size
+            # The backward is seeded in fp16 with d * scale / accumulation (GradScaler's
+            # scaled loss): beyond fp16's range it is inf, and so is every gradient.
+            if not np.all(np.isfinite(to_fp16(d * seed))):
+                d = d * np.inf
             gw, gb, largest_grad = [None] * len(self.w), [None] * len(self.w), 0.0
             for i in reversed(range(len(self.w))):
                 gw[i] = d.T @ inputs[i]
@@ -147,8 +152,9 @@ def model_run(case, features, targets, init):
         for rank in range(WORLD):
             for micro in range(accumulation):
                 first = rank * rows_per_rank + ((step - 1) * accumulation + micro) * mb
-                loss, gw, gb, act, grad = mlp.loss_and_grads(features[first:first + mb],
-                                                             targets[first:first + mb])
+                loss, gw, gb, act, grad = mlp.loss_and_grads(
+                    features[first:first + mb], targets[first:first + mb],
+                    seed=scaler.scale / accumulation)
                 losses.append(loss)
                 grads.append(gw + gb)
                 largest = (max(largest[0], act), max(largest[1], grad))
