@@ -226,23 +226,23 @@ absl::StatusOr<int> CheckpointRetention::Written(int64_t step, int64_t protected
   return removed;
 }
 
-absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterTable& table,
                                      const TrainingCheckpoint& checkpoint,
                                      const SafetensorsWriteOptions& options) {
-  TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
+  TensorMap tensors = table.ToTensors(checkpoint.parameters);
   for (const auto& [state, values] : checkpoint.optimizer_state) {
-    for (auto& [name, tensor] : ParametersToTensors(layout, values)) {
+    for (auto& [name, tensor] : table.ToTensors(values)) {
       tensors[state + "." + name] = std::move(tensor);
     }
   }
-  if (layout.buffers_total > 0) {
-    if (static_cast<int64_t>(checkpoint.buffers.size()) != layout.buffers_total) {
+  if (table.buffers_total() > 0) {
+    if (static_cast<int64_t>(checkpoint.buffers.size()) != table.buffers_total()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", checkpoint.buffers.size(),
                                                      " running statistics, the model has ",
-                                                     layout.buffers_total));
+                                                     table.buffers_total()));
     }
     for (auto& [name, tensor] :
-         BuffersToTensors(layout, checkpoint.buffers, checkpoint.num_batches_tracked)) {
+         table.BuffersToTensors(checkpoint.buffers, checkpoint.num_batches_tracked)) {
       tensors[name] = std::move(tensor);
     }
   }
@@ -311,11 +311,11 @@ bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id) 
 }
 
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
-    const std::string& path, const ParameterLayout& layout,
+    const std::string& path, const ParameterTable& table,
     const std::vector<std::string>& optimizer_state) {
   std::map<std::string, std::string> metadata;
   // A resumed run must not inherit NaN weights or momentum: they would poison every step.
-  const std::set<std::string> known = TensorNames(layout, optimizer_state);
+  const std::set<std::string> known = table.Names(optimizer_state);
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly(&known)));
   const MetadataFields fields(path, metadata);
   ASSIGN_OR_RETURN(std::string format, fields.String("format"));
@@ -324,7 +324,7 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
         absl::StrCat(path, ": not a training checkpoint (its format is not ", kFormat, ")"));
   }
   TrainingCheckpoint checkpoint;
-  ASSIGN_OR_RETURN(checkpoint.parameters, TensorsToParameters(layout, tensors, path));
+  ASSIGN_OR_RETURN(checkpoint.parameters, table.FromTensors(tensors, path));
   for (const std::string& state : optimizer_state) {
     const std::string prefix = state + ".";
     TensorMap buffers;
@@ -332,10 +332,10 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
       if (name.rfind(prefix, 0) == 0) buffers[name.substr(prefix.size())] = tensor;
     }
     ASSIGN_OR_RETURN(checkpoint.optimizer_state[state],
-                     TensorsToParameters(layout, buffers, path + " (" + state + ")"));
+                     table.FromTensors(buffers, path + " (" + state + ")"));
   }
-  if (layout.buffers_total > 0) {
-    ASSIGN_OR_RETURN(checkpoint.buffers, TensorsToBuffers(layout, tensors, path));
+  if (table.buffers_total() > 0) {
+    ASSIGN_OR_RETURN(checkpoint.buffers, table.BuffersFromTensors(tensors, path));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   ASSIGN_OR_RETURN(checkpoint.step, fields.Integer("step", 0, kMax));
@@ -357,12 +357,29 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
 }
 
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
-                                                         const ParameterLayout& layout) {
+                                                         const ParameterTable& table) {
   // A run started from NaN weights would report every step as skipped or diverged, not fail.
-  const std::set<std::string> known = TensorNames(layout);
+  const std::set<std::string> known = table.Names();
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly(&known)));
-  // Norm weights and biases may be left out (they start at 1 and 0, as torch's).
-  return TensorsToParameters(layout, tensors, path, /*norm_defaults=*/true);
+  // Parameters with a default (norm weights and biases: 1 and 0, as torch's) may be left out.
+  return table.FromTensors(tensors, path, /*use_defaults=*/true);
+}
+
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+                                     const TrainingCheckpoint& checkpoint,
+                                     const SafetensorsWriteOptions& options) {
+  return WriteTrainingCheckpoint(path, MlpParameterTable(layout), checkpoint, options);
+}
+
+absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
+    const std::string& path, const ParameterLayout& layout,
+    const std::vector<std::string>& optimizer_state) {
+  return ReadTrainingCheckpoint(path, MlpParameterTable(layout), optimizer_state);
+}
+
+absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
+                                                         const ParameterLayout& layout) {
+  return ReadInitialParameters(path, MlpParameterTable(layout));
 }
 
 }  // namespace mptrain

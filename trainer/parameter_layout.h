@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "io/safetensors.h"
+#include "trainer/model/parameter_table.h"
 #include "trainer/training_config.h"
 
 namespace mptrain {
@@ -60,6 +61,13 @@ ParameterLayout MakeParameterLayout(const std::vector<int64_t>& widths,
 std::vector<float> InitializeParameters(const ParameterLayout& layout, uint64_t seed);
 // The running statistics' initial values: running_mean 0, running_var 1 (as torch).
 std::vector<float> InitializeBuffers(const ParameterLayout& layout);
+
+// The MLP's parameter table: per layer i, layers.{i}.weight [out, in], layers.{i}.bias [out]
+// and, with a norm, norms.{i}.weight (default 1) and norms.{i}.bias (default 0), one gradient
+// group per layer; batch norms' buffers norms.{i}.running_mean, .running_var and the counter
+// .num_batches_tracked. Every parameter is weight-decayed (torch.optim over
+// model.parameters()). The functions below are this table's conversions.
+ParameterTable MlpParameterTable(const ParameterLayout& layout);
 
 // Tensors named layers.{i}.weight and layers.{i}.bias, and norms.{i}.weight and norms.{i}.bias
 // for the norm after Linear i.
