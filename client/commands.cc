@@ -182,6 +182,14 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
           *context.out << FormatTelemetryLine(event.telemetry()) << "\n";
         }
         break;
+      case v1::WatchJobEvent::kNote:
+        if (context.format == OutputFormat::kTable) {
+          const v1::RankNote& note = event.note();
+          *context.out << (note.kind() == v1::RankNote::SAMPLE ? "sample" : "warning")
+                       << " (rank " << note.rank() << ", step " << note.step() << "): "
+                       << note.text() << "\n";
+        }
+        break;
       default:
         break;
     }

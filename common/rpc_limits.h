@@ -11,6 +11,13 @@ namespace mptrain {
 // coordinator cannot be reached, and sends them in reports of at most this many).
 inline constexpr int kMaxTelemetryRecordsPerReport = 10'000;
 
+// Notes (warnings, samples: RankNote) in one ReportTelemetry, the bytes of one note's text (the
+// coordinator cuts a longer one), and the notes one attempt of a job keeps in its events (the
+// coordinator drops further ones, saying so once).
+inline constexpr int kMaxNotesPerReport = 16;
+inline constexpr size_t kMaxNoteBytes = 4096;
+inline constexpr int kMaxNotesPerAttempt = 256;
+
 // RegisterWorker: the worker's nonce (it sends 16 random bytes, hex) and each device name.
 inline constexpr size_t kMaxRegistrationNonceBytes = 64;
 inline constexpr size_t kMaxDeviceNameBytes = 256;

@@ -1347,6 +1347,10 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
         "records: at most ", kMaxTelemetryRecordsPerReport, " per report, got ",
         request.records_size()));
   }
+  if (request.notes_size() > kMaxNotesPerReport) {
+    return absl::InvalidArgumentError(absl::StrCat("notes: at most ", kMaxNotesPerReport,
+                                                   " per report, got ", request.notes_size()));
+  }
   v1::ReportTelemetryResponse response;
   if (!record->running() || record->attempt() != request.attempt()) {
     response.set_abort(true);

@@ -1,5 +1,7 @@
 #include "coordinator/job_record.h"
 
+#include "common/rpc_limits.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -293,8 +295,45 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
     *event.mutable_telemetry() = telemetry;
     Append(std::move(event));
   }
+  for (const v1::RankNote& reported : request.notes()) RecordNote(request.rank(), reported);
   Changed(/*workers_too=*/false);
   return absl::OkStatus();
+}
+
+void JobRecord::RecordNote(int rank, const v1::RankNote& reported) {
+  if (notes_this_attempt_.first != attempt_) notes_this_attempt_ = {attempt_, 0};
+  int& count = notes_this_attempt_.second;
+  if (count > kMaxNotesPerAttempt) return;
+  v1::WatchJobEvent event;
+  v1::RankNote* note = event.mutable_note();
+  note->set_kind(reported.kind() == v1::RankNote::SAMPLE ? v1::RankNote::SAMPLE
+                                                          : v1::RankNote::WARNING);
+  note->set_step(std::max<int64_t>(0, reported.step()));
+  note->set_rank(rank);
+  note->set_attempt(attempt_);
+  if (++count > kMaxNotesPerAttempt) {
+    note->set_kind(v1::RankNote::WARNING);
+    note->set_text(absl::StrCat("further notes of this attempt are dropped (at most ",
+                                kMaxNotesPerAttempt, " are kept)"));
+  } else {
+    // Bounded, and printable where a terminal shows it: control characters but newline and
+    // tab become '?' (the text is the rank's, which may quote the spec's paths).
+    const std::string& whole = reported.text();
+    size_t end = whole.size();
+    if (end > kMaxNoteBytes) {
+      // Cut at a character boundary (the proto string must stay valid UTF-8).
+      end = kMaxNoteBytes;
+      while (end > 0 && (static_cast<unsigned char>(whole[end]) & 0xC0) == 0x80) --end;
+    }
+    std::string text = whole.substr(0, end);
+    for (char& c : text) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) c = '?';
+    }
+    if (end < whole.size()) text += "...";
+    note->set_text(std::move(text));
+  }
+  Append(std::move(event));
 }
 
 void JobRecord::RecordSuccess(int rank, const std::string& checksum) {

@@ -147,6 +147,8 @@ class JobRecord {
   std::string RankSecret(int attempt, int rank) const;
   // INVALID_ARGUMENT: a checkpoint outside the job's checkpoint_dir, a rank out of range.
   // `worker_name` is the worker whose disk holds a checkpoint that rank 0 reports.
+  // Each of the request's notes becomes an event (RankNote; at most kMaxNotesPerAttempt per
+  // attempt, each cut to kMaxNoteBytes, control characters but newline and tab replaced).
   absl::Status RecordTelemetry(const v1::ReportTelemetryRequest& request,
                                const std::string& worker_name, int64_t now);
   void RecordSuccess(int rank, const std::string& checksum);
@@ -185,6 +187,7 @@ class JobRecord {
  private:
   void SetState(v1::JobState state, const std::string& error, int64_t now);
   void Append(v1::WatchJobEvent event);
+  void RecordNote(int rank, const v1::RankNote& reported);
   void Changed(bool workers_too) { changes_->JobChanged(*this, workers_too); }
   // Hands the store the tail of (attempt, rank), or every tail held.
   void KeepRankLog(int attempt, int rank);
@@ -198,6 +201,9 @@ class JobRecord {
   int64_t queued_since_ms_ = 0;  // When it last entered the queue (submit or restart).
   int64_t rank_memory_bytes_ = 0;
   int attempt_ = 0;
+  // The attempt whose notes are being counted, and how many it has had (kMaxNotesPerAttempt;
+  // not stored: a coordinator restart lets an attempt say as much again).
+  std::pair<int, int> notes_this_attempt_ = {-1, 0};
   uint64_t store_ticket_ = 0;
   std::vector<RankRecord> ranks_;
   JobKv kv_;  // Cleared on each new attempt and at the end.

@@ -186,6 +186,8 @@ absl::Status LocalCluster::Start() {
   }
   if (absl::Status started = StartCoordinator(0); !started.ok()) return started;
   coordinator_stub_ = v1::Coordinator::NewStub(Channel(SecurityFor("alice")));
+  // Waits read any principal's job (a user reads only its own).
+  watcher_stub_ = v1::Coordinator::NewStub(Channel(SecurityFor("viewer")));
   worker_stub_ = v1::WorkerControl::NewStub(Channel(SecurityFor(kSpareWorker)));
   const std::string roots = options_.roots.empty() ? TestTempDir() : options_.roots;
   for (int i = 0; i < options_.workers; ++i) {
@@ -269,7 +271,7 @@ absl::StatusOr<v1::Job> LocalCluster::WaitForJob(
     v1::GetJobResponse response;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    grpc::Status status = coordinator_stub_->GetJob(&context, request, &response);
+    grpc::Status status = watcher_stub_->GetJob(&context, request, &response);
     if (status.ok()) {
       last = response.job();
       if (predicate(last)) return last;

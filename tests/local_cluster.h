@@ -100,7 +100,8 @@ class LocalCluster {
   std::shared_ptr<grpc::Channel> Channel(const ClientSecurity& security) const;
   // `trainctl submit FILE`, expecting success; returns the job id.
   std::string Submit(const std::string& spec_file);
-  // Polls GetJob until `predicate` holds or timeout; returns the last job seen.
+  // Polls GetJob (as the viewer, who reads every principal's jobs) until `predicate` holds or
+  // timeout; returns the last job seen.
   absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
                                      const std::function<bool(const v1::Job&)>& predicate,
                                      double timeout_s);
@@ -117,6 +118,7 @@ class LocalCluster {
   pid_t coordinator_pid_ = 0;
   std::vector<pid_t> worker_pids_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  std::unique_ptr<v1::Coordinator::Stub> watcher_stub_;  // As the viewer: WaitForJob.
   std::unique_ptr<v1::WorkerControl::Stub> worker_stub_;
 };
 

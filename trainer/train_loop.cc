@@ -162,11 +162,19 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     // A later attempt may write again a step file an earlier attempt of this job wrote (it
     // resumed from an older checkpoint, or from the beginning when the coordinator never heard
     // of that file); with overwrite_output a job replaces its owner's other files; another
-    // owner's file, or one stamped by nobody, never.
+    // owner's file, or one stamped by nobody, never: this checkpoint is then left out (the
+    // run goes on, and says so), rather than failing a run over a file put in its way.
+    const FileOwnership ownership = CheckpointOwnership(path, stamp);
+    if (!MayReplace(ownership, config.overwrite_output, /*resuming=*/!resume_checkpoint.empty())) {
+      observer->OnWarning(absl::StrCat(
+          "checkpoint of step ", step, " not written: ", path,
+          ownership == FileOwnership::kSameOwner
+              ? " holds another job's checkpoint (set overwrite_output: true to replace it)"
+              : " holds a file no job of this owner wrote, which is never replaced"));
+      return absl::OkStatus();
+    }
     SafetensorsWriteOptions write;
-    write.replace_existing =
-        MayReplace(CheckpointOwnership(path, stamp), config.overwrite_output,
-                   /*resuming=*/!resume_checkpoint.empty());
+    write.replace_existing = ownership != FileOwnership::kAbsent;
     write.no_symlinks = config.output_paths_resolved;
     RETURN_IF_ERROR(WriteTrainingCheckpoint(path, table, checkpoint, write));
     observer->OnCheckpoint(step, path);

@@ -176,6 +176,9 @@ bool TelemetryReporter::SendBatch() {
     queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(sent));
     request.set_checkpoint_step(checkpoint_step_);
     request.set_checkpoint_path(checkpoint_path_);
+    const size_t notes = std::min(notes_.size(), size_t{kMaxNotesPerReport});
+    for (size_t i = 0; i < notes; ++i) *request.add_notes() = std::move(notes_[i]);
+    notes_.erase(notes_.begin(), notes_.begin() + static_cast<std::ptrdiff_t>(notes));
   }
   v1::ReportTelemetryResponse response;
   grpc::ClientContext context;
@@ -191,6 +194,10 @@ bool TelemetryReporter::SendBatch() {
       kept.erase(kept.begin(), kept.end() - kMaxQueuedRecords);
     }
     queued_ = std::move(kept);
+    std::vector<v1::RankNote> kept_notes(request.notes().begin(), request.notes().end());
+    for (auto& note : notes_) kept_notes.push_back(std::move(note));
+    if (kept_notes.size() > size_t{kMaxNotesPerAttempt}) kept_notes.resize(kMaxNotesPerAttempt);
+    notes_ = std::move(kept_notes);
     return false;
   }
   {
@@ -212,6 +219,20 @@ int64_t TelemetryReporter::AcknowledgedCheckpointStep() {
 
 void TelemetryReporter::OnWarning(const std::string& message) {
   spdlog::warn("{}", message);  // The rank's log: the worker's, and trainctl logs.
+  // And the job's events (trainctl watch, the dashboard), bounded while the coordinator is away.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (notes_.size() >= size_t{kMaxNotesPerAttempt}) return;
+  v1::RankNote note;
+  note.set_kind(v1::RankNote::WARNING);
+  note.set_step(step_);
+  // Cut at a character boundary (a proto string must be valid UTF-8).
+  size_t end = std::min(message.size(), kMaxNoteBytes);
+  while (end < message.size() && end > 0 &&
+         (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) {
+    --end;
+  }
+  note.set_text(message.substr(0, end));
+  notes_.push_back(std::move(note));
 }
 
 size_t TelemetryReporter::QueuedRecords() {

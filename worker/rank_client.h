@@ -74,6 +74,7 @@ class TelemetryReporter final : public TrainingObserver {
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<v1::TelemetryRecord> queued_;
+  std::vector<v1::RankNote> notes_;  // Warnings for the job's events, sent with the next report.
   int64_t step_ = 0;
   int64_t checkpoint_step_ = 0;
   std::string checkpoint_path_;
