@@ -376,7 +376,8 @@ void CoordinatorState::AdoptRunningRanks(WorkerRecord* worker,
     }
     const int slot = running.device_index();
     if (slot < 0 || slot >= worker->info.slots() || worker->busy_slots.count(slot)) continue;
-    worker->busy_slots[slot] = BusySlot{record->id(), running.rank(), record->attempt()};
+    worker->busy_slots[slot] =
+        BusySlot{record->id(), running.rank(), record->attempt(), record->rank_memory_bytes()};
     record->Adopt(PlacedRank{running.rank(), worker->info.worker_id(), worker->name,
                              worker->info.host(), slot});
   }
@@ -783,9 +784,10 @@ void CoordinatorState::TrySchedule() {
     }
     std::optional<std::vector<RankSlot>> placement;
     if (free_slots[spec.device()] >= spec.world_size()) {
-      placement = PlaceRanks(spec.world_size(),
-                             workers_.Candidates(spec.device(), record->rank_memory_bytes()),
-                             *rank0_workers);
+      placement = PlaceRanks(
+          spec.world_size(), workers_.Candidates(spec.device(), record->rank_memory_bytes()),
+          *rank0_workers,
+          workers_.FreeMachineMemory(spec.device(), record->rank_memory_bytes()));
     }
     if (!placement) {
       std::string reason = reason_for(spec, record->rank_memory_bytes());
@@ -812,7 +814,7 @@ void CoordinatorState::TrySchedule() {
     record->StartAttempt(placed, options_.now_ms());
     for (const PlacedRank& rank : placed) {
       workers_.Find(rank.worker_id)->busy_slots[rank.slot] =
-          BusySlot{record->id(), rank.rank, record->attempt()};
+          BusySlot{record->id(), rank.rank, record->attempt(), record->rank_memory_bytes()};
     }
     free_slots[spec.device()] -= spec.world_size();
     reasons.clear();  // Fewer free slots: the reasons change.
