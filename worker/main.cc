@@ -152,7 +152,14 @@ absl::Status ChooseMemory(mptrain::WorkerOptions* options) {
         absl::StrCat("--memory_limit_mib must be in [0, 2^40] (0 = no limit), got ", limit_mib));
   }
   absl::StatusOr<mptrain::HostMemory> memory = mptrain::ReadHostMemory();
-  if (!memory.ok()) return memory.status();
+  if (!memory.ok()) {
+    // An odd /proc (a kernel before 3.14): the physical memory, as before, rather than no
+    // worker at all.
+    spdlog::warn("{}; advertising the physical memory instead",
+                 std::string(memory.status().message()));
+    memory = mptrain::HostMemory{
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE), 0};
+  }
   options->memory_bytes = memory->usable_bytes();
   if (limit_mib > 0) options->memory_bytes = std::min(options->memory_bytes, limit_mib << 20);
   absl::StatusOr<std::string> machine_id = mptrain::ReadMachineId();
