@@ -21,6 +21,7 @@ inline constexpr int kMaxNotesPerAttempt = 256;
 // RegisterWorker: the worker's nonce (it sends 16 random bytes, hex) and each device name.
 inline constexpr size_t kMaxRegistrationNonceBytes = 64;
 inline constexpr size_t kMaxDeviceNameBytes = 256;
+inline constexpr size_t kMaxMachineIdBytes = 64;
 
 // Keepalive: clients ping a connection with open calls this often (and give it up when a ping
 // is not answered in 10 s); the coordinator accepts pings at most this often (more often is

@@ -66,6 +66,11 @@ struct CoordinatorOptions {
   size_t max_pending_jobs = 10'000;
   // Of them, one owner's (principal) at most.
   size_t max_pending_jobs_per_owner = 1'000;
+  // What queued jobs may hold in memory together (a small job ~3 KiB whatever its world
+  // size, a bigger spec counts its size), and one owner's of it; a submit past either is
+  // RESOURCE_EXHAUSTED. A restart's requeue is never refused (its job was admitted).
+  int64_t max_pending_bytes = int64_t{256} << 20;
+  int64_t max_pending_bytes_per_owner = int64_t{32} << 20;
   // Finished jobs kept for GetJob/ListJobs: the newest this many, none older than this.
   size_t max_finished_jobs = 1'000;
   int64_t finished_job_retention_ms = int64_t{7} * 24 * 3600 * 1000;
@@ -187,6 +192,7 @@ class CoordinatorState {
   struct Overview {
     std::map<v1::JobState, int> jobs;  // Jobs held (running, queued, recently ended).
     int queued = 0;
+    int64_t queued_bytes = 0;  // What the queued jobs are charged (max_pending_bytes).
     struct WorkerLine {
       v1::Worker worker;  // free_slots filled in.
       double heartbeat_age_s = 0;
@@ -421,7 +427,22 @@ class CoordinatorState {
   // For a restart whose checkpoint lies on one worker's disk: the live workers (ids) that may
   // take rank 0; an error when that worker is known to be gone.
   absl::StatusOr<std::set<std::string>> Rank0Workers(const JobRecord& record) const;
+  // CheckLiveness's work; returns whether enough was freed to hand memory back (malloc_trim).
+  bool CheckLivenessLocked();
+  static constexpr int64_t kTrimAfterFreedBytes = int64_t{4} << 20;
+  // What a queued job costs beyond its record's MemoryBytes: its entries in the tables here
+  // (jobs_, job_order_, pending_, queue_charges_) and its empty containers' first blocks (a
+  // std::deque allocates one at construction); bench/pending_queue_memory measures ~1.2 KiB.
+  static constexpr int64_t kQueueEntryBytes = 1'280;
+  static constexpr int64_t kJobIdAndUidBytes = 96;  // "job-0001" and a 32-character uid.
   void ExpireQueuedJobs(int64_t now);
+  // The queue's byte bounds: a job is charged when it enters the queue (at submit what the
+  // submit checked; at a restart or a restore its MemoryBytes, `bytes` < 0) and released when
+  // it leaves (placed, ended).
+  void ChargeQueue(const JobRecord& record, int64_t bytes = -1);
+  void ReleaseQueueCharge(const JobRecord& record);
+  // RESOURCE_EXHAUSTED when `bytes` more of `owner`'s would pass a byte bound.
+  absl::Status CheckQueueBytes(const std::string& owner, int64_t bytes) const;
   void ExpireAdoptions(int64_t now);
   // Drops the oldest finished jobs beyond the retention bounds, and old lost workers.
   void EvictOldRecords(int64_t now);
@@ -435,6 +456,11 @@ class CoordinatorState {
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
   std::deque<std::string> pending_;           // PENDING jobs, oldest first.
+  std::map<std::string, int64_t> queue_charges_;   // Job id -> what it is charged, queued.
+  int64_t queued_bytes_ = 0;
+  std::map<std::string, int64_t> queued_bytes_by_owner_;
+  // Bytes of job records freed (evicted) since memory was last handed back to the system.
+  int64_t freed_since_trim_ = 0;
   std::deque<std::string> finished_;          // Terminal jobs in the order they ended.
   std::map<std::string, std::string> job_by_request_id_;  // RequestKey -> job id.
   // A submit's request id is its principal's own.

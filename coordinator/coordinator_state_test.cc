@@ -1355,6 +1355,68 @@ TEST_F(CoordinatorStateTest, QueueIsBounded) {
   EXPECT_NE(full.status().message().find("the limit is 3"), std::string::npos);
 }
 
+// Issue 27: 10,000 queued jobs of 1,024 ranks took the coordinator to 1.48 GB: each held
+// per-rank state from its submit on.
+TEST_F(CoordinatorStateTest, QueuedJob_HoldsNoPerRankState_UntilPlaced) {
+  const std::string job = Submit(1024);
+  EXPECT_EQ(state_->GetJob(job)->progress_size(), 0);
+  const int64_t charged = state_->GetOverview().queued_bytes;
+  EXPECT_GT(charged, 0);
+  EXPECT_LT(charged, 8 << 10) << "a queued job of 1,024 ranks is charged " << charged;
+  ASSERT_TRUE(state_->CancelJob(job).ok());
+  EXPECT_EQ(state_->GetOverview().queued_bytes, 0);
+  // Placed, it has its ranks' progress.
+  Register("w", 2);
+  const std::string placed = Submit(2);
+  ASSERT_EQ(StateOf(placed), v1::RUNNING);
+  EXPECT_EQ(state_->GetJob(placed)->progress_size(), 2);
+  EXPECT_EQ(state_->GetOverview().queued_bytes, 0);
+}
+
+TEST_F(CoordinatorStateTest, QueueIsBoundedInBytes) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_pending_bytes = 64 << 10;
+  state_ = std::make_unique<CoordinatorState>(options);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  std::vector<std::string> queued;
+  absl::StatusOr<v1::SubmitJobResponse> submitted;
+  while ((submitted = state_->SubmitJob(request)).ok()) {
+    queued.push_back(submitted->job_id());
+    ASSERT_LT(queued.size(), 100u) << "64 KiB holds no 100 of these";
+  }
+  EXPECT_EQ(submitted.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(submitted.status().message().find("the limit is 64.0 KiB (--max_pending_mib)"),
+            std::string::npos)
+      << submitted.status();
+  EXPECT_LE(state_->GetOverview().queued_bytes, 64 << 10);
+  EXPECT_GT(queued.size(), 5u);
+  // A job that leaves the queue gives its bytes back.
+  ASSERT_TRUE(state_->CancelJob(queued[0]).ok());
+  EXPECT_TRUE(state_->SubmitJob(request).ok());
+}
+
+TEST_F(CoordinatorStateTest, QueueIsBoundedInBytesPerOwner) {
+  CoordinatorOptions options;
+  options.now_ms = [this] { return now_ms_.load(); };
+  options.max_pending_bytes_per_owner = 24 << 10;
+  state_ = std::make_unique<CoordinatorState>(options);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  absl::StatusOr<v1::SubmitJobResponse> submitted;
+  int alice = 0;
+  while ((submitted = state_->SubmitJob(request, "alice")).ok()) ASSERT_LT(++alice, 100);
+  EXPECT_EQ(submitted.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(submitted.status().message().find("alice's waiting jobs hold"), std::string::npos)
+      << submitted.status();
+  EXPECT_NE(submitted.status().message().find("(--max_pending_mib_per_principal)"),
+            std::string::npos)
+      << submitted.status();
+  EXPECT_GT(alice, 2);
+  EXPECT_TRUE(state_->SubmitJob(request, "bob").ok()) << "alice's bytes took bob's place";
+}
+
 TEST_F(CoordinatorStateTest, QueueIsBoundedPerOwnerToo) {
   CoordinatorOptions options;
   options.now_ms = [this] { return now_ms_.load(); };
@@ -1577,7 +1639,9 @@ TEST(CoordinatorStateStore, HostileStoredJobs_RefuseTheStoreWithDataLoss) {
   huge.specs[huge.jobs[0].number()].set_world_size(2147483647);
   expect_refused(huge, "its world_size 2147483647 is out of range");
   JobStore::Snapshot short_progress = valid;
-  short_progress.jobs[0].mutable_job()->mutable_progress()->RemoveLast();
+  // A queued job has none (its ranks' progress comes with its placement); one of two is wrong.
+  ASSERT_EQ(short_progress.jobs[0].job().progress_size(), 0);
+  short_progress.jobs[0].mutable_job()->add_progress()->set_rank(0);
   expect_refused(short_progress, "it has progress for 1 ranks and a world of 2");
   JobStore::Snapshot counter = valid;
   counter.next_job_number = std::numeric_limits<int64_t>::max();

@@ -30,7 +30,6 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const Tenancy& owner,
       events_(limits.max_events) {
   job_.set_job_id(absl::StrFormat("job-%04d", number));
   job_.set_uid(RandomSecret());
-  const int world_size = spec.world_size();
   *job_.mutable_spec() = std::move(spec);
   job_.set_state(v1::PENDING);
   job_.set_submitted_unix_ms(now);
@@ -38,8 +37,8 @@ JobRecord::JobRecord(int64_t number, v1::JobSpec spec, const Tenancy& owner,
   job_.set_owner(owner.principal);
   job_.set_owner_is_admin(owner.admin);
   job_.set_estimated_rank_memory_bytes(rank_memory_bytes);
-  ranks_.resize(world_size);
-  for (int rank = 0; rank < world_size; ++rank) job_.add_progress()->set_rank(rank);
+  // No per-rank state yet (ranks_, progress): a queued job of 1,024 ranks held 140 KiB of it,
+  // and 10,000 of them took 1.4 GB. StartAttempt makes it.
   Changed(/*workers_too=*/false);
 }
 
@@ -78,8 +77,11 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
   events_.Restore(std::move(events), stored.last_sequence());
   if (terminal()) events_.Shrink(limits.max_events_finished);
   for (const store::StoredRankLog& log : rank_logs) logs_.Restore(log);
-  if (terminal()) logs_.Shrink(job_.spec().world_size());  // ranks_ is not sized yet.
-  ranks_.resize(std::max(0, job_.spec().world_size()));
+  if (terminal()) logs_.Shrink(job_.spec().world_size());
+  // A job never placed has none (an older build's store may still hold its progress rows).
+  if (attempt_ > 0 || job_.progress_size() > 0) {
+    ranks_.resize(std::max(0, job_.spec().world_size()));
+  }
   for (const v1::RankProgress& progress : job_.progress()) {
     if (!ValidRank(progress.rank())) continue;
     RankRecord& rank = ranks_[progress.rank()];
@@ -88,6 +90,16 @@ JobRecord::JobRecord(const store::StoredJob& stored, v1::JobSpec spec,
     rank.step = progress.step();
     rank.last_report_ms = rank.last_progress_ms = now;
   }
+}
+
+int64_t JobRecord::MemoryBytes() const {
+  // Protobuf counts what its messages hold; the rest is this record's own.
+  int64_t bytes = sizeof(JobRecord) + static_cast<int64_t>(job_.SpaceUsedLong()) +
+                  static_cast<int64_t>(ranks_.capacity() * sizeof(RankRecord));
+  for (const auto& [attempt, secrets] : rank_secrets_) {
+    bytes += static_cast<int64_t>(secrets.capacity() * (sizeof(std::string) + 64));
+  }
+  return bytes;
 }
 
 store::StoredJob JobRecord::ToStored() const {
@@ -111,6 +123,10 @@ store::StoredJob JobRecord::ToStored() const {
 // ---------------------------------------------------------------------------------------------
 
 void JobRecord::StartAttempt(const std::vector<PlacedRank>& placement, int64_t now) {
+  if (ranks_.empty()) ranks_.resize(world_size());
+  if (job_.progress_size() == 0) {
+    for (int rank = 0; rank < world_size(); ++rank) job_.add_progress()->set_rank(rank);
+  }
   attempt_ += 1;
   ClearKv();
   std::vector<std::string>& secrets = rank_secrets_[attempt_];

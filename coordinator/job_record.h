@@ -100,6 +100,10 @@ class JobRecord {
             const std::vector<JobStore::KvEntry>& kv, int64_t now, const JobLimits& limits,
             JobChanges* changes);
   store::StoredJob ToStored() const;
+  // About what the record holds in memory (its messages, per-rank state and secrets; not its
+  // event log or rank logs, which a queued job has next to none of): what a queued job is
+  // charged against the queue's byte bounds.
+  int64_t MemoryBytes() const;
 
   const v1::Job& job() const { return job_; }
   const std::string& id() const { return job_.job_id(); }
@@ -115,7 +119,9 @@ class JobRecord {
   void set_store_ticket(uint64_t ticket) { store_ticket_ = ticket; }
   int64_t queued_since_ms() const { return queued_since_ms_; }
   int64_t rank_memory_bytes() const { return rank_memory_bytes_; }
-  int world_size() const { return static_cast<int>(ranks_.size()); }
+  int world_size() const { return job_.spec().world_size(); }
+  // Per-rank state exists from the first placement on (a queued job stays small). Before it no
+  // rank has a secret, so no rank's call gets this far.
   const RankRecord& rank(int rank) const { return ranks_[rank]; }
   bool ValidRank(int rank) const { return rank >= 0 && rank < world_size(); }
   const JobEventLog& events() const { return events_; }

@@ -61,6 +61,12 @@ ABSL_FLAG(std::string, http_port_file, "", "If set, the bound HTTP port is writt
 ABSL_FLAG(int64_t, max_pending_jobs_per_principal, 1000,
           "Jobs one submitter (token principal) may have waiting to be placed, of the 10000 in "
           "all (without tokens every caller is one principal: only the total applies)");
+ABSL_FLAG(int64_t, max_pending_mib, 256,
+          "Memory (MiB) the jobs waiting to be placed may hold together; a submit past it is "
+          "RESOURCE_EXHAUSTED (a small job holds about 3 KiB, plus the size of a bigger spec)");
+ABSL_FLAG(int64_t, max_pending_mib_per_principal, 32,
+          "Of --max_pending_mib, what one submitter's (token principal's) waiting jobs may hold "
+          "(without tokens only the total applies)");
 ABSL_FLAG(int32_t, max_watches_per_principal, 512,
           "WatchJob streams one caller (token principal) may have open at once, of the 4096 in "
           "all (without tokens only the total applies)");
@@ -163,6 +169,18 @@ int main(int argc, char** argv) {
       security->authenticator->enabled()
           ? static_cast<size_t>(absl::GetFlag(FLAGS_max_pending_jobs_per_principal))
           : options.max_pending_jobs;
+  const int64_t pending_mib = absl::GetFlag(FLAGS_max_pending_mib);
+  const int64_t pending_mib_per_principal = absl::GetFlag(FLAGS_max_pending_mib_per_principal);
+  if (pending_mib < 1 || pending_mib > (int64_t{1} << 20) || pending_mib_per_principal < 1 ||
+      pending_mib_per_principal > pending_mib) {
+    spdlog::error("--max_pending_mib must be in [1, 2^20] and --max_pending_mib_per_principal "
+                  "in [1, --max_pending_mib]");
+    return 2;
+  }
+  options.max_pending_bytes = pending_mib << 20;
+  options.max_pending_bytes_per_owner = security->authenticator->enabled()
+                                            ? pending_mib_per_principal << 20
+                                            : options.max_pending_bytes;
   options.adopt_grace_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_adopt_grace_s) * 1000);
   options.max_finished_jobs = static_cast<size_t>(absl::GetFlag(FLAGS_max_finished_jobs));
   options.finished_job_retention_ms =

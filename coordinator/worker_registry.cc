@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/path_rules.h"
 #include "common/resource_estimate.h"
@@ -57,6 +58,12 @@ int64_t WorkerRecord::SlotMemory(int slot) const {
   return info.memory_bytes() / std::max(1, info.slots());
 }
 
+std::string WorkerRecord::machine() const {
+  // '/' is no machine id's character: a worker's own machine cannot be claimed by another.
+  return info.machine_id().empty() ? absl::StrCat("worker/", info.worker_id())
+                                   : info.machine_id();
+}
+
 int64_t WorkerRegistry::heartbeat_interval_ms() const {
   // A fifth of the timeout: a network blip of more than half of it (a lost heartbeat, and
   // one after the link is back on a fresh connection) passes before the worker is declared
@@ -99,6 +106,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   }
   if (request.device() != v1::CPU && request.device() != v1::CUDA) {
     return absl::InvalidArgumentError("device must be cpu or cuda");
+  }
+  if (request.machine_id().size() > kMaxMachineIdBytes ||
+      !std::all_of(request.machine_id().begin(), request.machine_id().end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+               c == ':' || c == '-';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat("machine_id must be at most ",
+                                                   kMaxMachineIdBytes,
+                                                   " characters of [A-Za-z0-9._:-]"));
+  }
+  if (request.memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_bytes must be >= 0 (0: not said), got ", request.memory_bytes()));
   }
   if (request.host().empty() || request.host().size() > 255) {
     return absl::InvalidArgumentError("host must be set, at most 255 bytes");
@@ -159,7 +179,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   worker.info.set_last_heartbeat_unix_ms(now);
   *worker.info.mutable_data_roots() = request.data_roots();
   *worker.info.mutable_output_roots() = request.output_roots();
-  worker.info.set_memory_bytes(std::max<int64_t>(0, request.memory_bytes()));
+  worker.info.set_memory_bytes(request.memory_bytes());
+  worker.info.set_machine_id(request.machine_id());
   worker.info.set_principal(principal);
   const WorkerRecord& stored = workers_[worker_id] = std::move(worker);
   spdlog::info("worker {} registered: host {}, {} {} slot(s){}", worker_id, request.host(),
@@ -277,7 +298,7 @@ std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
     if (!worker.alive() || worker.info.device() != device || worker.awaiting_first_poll) {
       continue;
     }
-    WorkerSlots slots{id, {}};
+    WorkerSlots slots{id, {}, worker.machine()};
     for (int slot = 0; slot < worker.info.slots(); ++slot) {
       const int64_t capacity = worker.SlotMemory(slot);
       const bool fits = capacity == 0 || capacity >= rank_memory_bytes;
@@ -286,6 +307,28 @@ std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
     candidates.push_back(std::move(slots));
   }
   return candidates;
+}
+
+std::map<std::string, MachineUse> WorkerRegistry::CpuMachines() const {
+  std::map<std::string, MachineUse> machines;
+  for (const WorkerRecord* worker : Live(v1::CPU)) {
+    MachineUse& machine = machines[worker->machine()];
+    machine.capacity_bytes = std::max(machine.capacity_bytes, worker->info.memory_bytes());
+    for (const auto& [slot, busy] : worker->busy_slots) machine.used_bytes += busy.memory_bytes;
+    machine.worker_ids.push_back(worker->info.worker_id());
+  }
+  return machines;
+}
+
+MachineMemory WorkerRegistry::FreeMachineMemory(v1::DeviceKind device,
+                                                int64_t rank_memory_bytes) const {
+  MachineMemory memory;
+  memory.rank_memory_bytes = rank_memory_bytes;
+  if (device != v1::CPU) return memory;
+  for (const auto& [id, machine] : CpuMachines()) {
+    if (machine.capacity_bytes > 0) memory.free_bytes[id] = machine.free_bytes();
+  }
+  return memory;
 }
 
 std::map<v1::DeviceKind, int> WorkerRegistry::FreeSlotsByDevice() const {
@@ -333,8 +376,56 @@ std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
   if (total < world_size) {
     return absl::StrCat("needs ", world_size, " ", kind, " slots; ", total, " exist", small);
   }
-  return absl::StrCat("needs ", world_size, " free ", kind, " slots; ", free, " of ", total,
-                      " are free", small);
+  const std::string slots_reason = absl::StrCat("needs ", world_size, " free ", kind,
+                                                " slots; ", free, " of ", total, " are free",
+                                                small);
+  if (free < world_size || device != v1::CPU || rank_memory_bytes <= 0) return slots_reason;
+  // Enough free slots, but not enough memory on their machines: co-located workers share it.
+  struct Room {
+    std::string machine;
+    const MachineUse* use;
+    int ranks;
+  };
+  const std::map<std::string, MachineUse> machines = CpuMachines();
+  std::vector<Room> rooms;
+  int fit = 0;
+  for (const auto& [id, machine] : machines) {
+    int free_here = 0;
+    for (const std::string& worker_id : machine.worker_ids) {
+      const WorkerRecord* worker = Find(worker_id);
+      for (int slot = 0; slot < worker->info.slots(); ++slot) {
+        const int64_t capacity = worker->SlotMemory(slot);
+        const bool big_enough = capacity == 0 || capacity >= rank_memory_bytes;
+        if (big_enough && !worker->busy_slots.count(slot)) ++free_here;
+      }
+    }
+    int ranks = free_here;
+    if (machine.capacity_bytes > 0) {
+      ranks = static_cast<int>(std::min<int64_t>(
+          free_here, std::max<int64_t>(0, machine.free_bytes()) / rank_memory_bytes));
+    }
+    fit += ranks;
+    if (machine.capacity_bytes > 0 && free_here > 0) rooms.push_back({id, &machine, ranks});
+  }
+  if (fit >= world_size) return slots_reason;  // Something else holds it back (rank 0's place).
+  std::stable_sort(rooms.begin(), rooms.end(), [](const Room& a, const Room& b) {
+    return a.use->free_bytes() > b.use->free_bytes();
+  });
+  std::string reason = absl::StrCat("needs ", world_size, " ", kind, " ranks of ",
+                                    FormatBytes(rank_memory_bytes), " each; the free memory of "
+                                    "their machines holds ", fit, ":");
+  constexpr size_t kMachinesShown = 3;
+  for (size_t i = 0; i < rooms.size() && i < kMachinesShown; ++i) {
+    const Room& room = rooms[i];
+    absl::StrAppend(&reason, i == 0 ? " " : "; ", "machine ", room.machine.substr(0, 12),
+                    " (", absl::StrJoin(room.use->worker_ids, ", "), ") has ",
+                    FormatBytes(std::max<int64_t>(0, room.use->free_bytes())), " free of ",
+                    FormatBytes(room.use->capacity_bytes), ", room for ", room.ranks);
+  }
+  if (rooms.size() > kMachinesShown) {
+    absl::StrAppend(&reason, "; ", rooms.size() - kMachinesShown, " more machines");
+  }
+  return absl::StrCat(reason, small);
 }
 
 std::vector<const WorkerRecord*> WorkerRegistry::Live(v1::DeviceKind device) const {

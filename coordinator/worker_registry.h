@@ -40,6 +40,7 @@ struct BusySlot {
   std::string job_id;
   int rank = 0;
   int attempt = 0;
+  int64_t memory_bytes = 0;  // The job's estimate of one rank (its machine's share).
 };
 
 // "job/rank/attempt": how polls and exits name a rank process.
@@ -68,6 +69,19 @@ struct WorkerRecord {
   int free_slots() const { return info.slots() - static_cast<int>(busy_slots.size()); }
   // Memory one rank may use on `slot` (0: the worker did not say).
   int64_t SlotMemory(int slot) const;
+  // The machine whose memory it shares with its co-located workers: the id it sent, or, when
+  // it sent none, one of its own.
+  std::string machine() const;
+};
+
+// The memory of one machine as its live CPU workers share it.
+struct MachineUse {
+  // The largest memory_bytes one of its workers advertises (each sees the whole machine, or
+  // its cgroup's part of it); 0: none says (no bound).
+  int64_t capacity_bytes = 0;
+  int64_t used_bytes = 0;  // The estimates of the ranks its workers' busy slots hold.
+  std::vector<std::string> worker_ids;
+  int64_t free_bytes() const { return capacity_bytes - used_bytes; }
 };
 
 class WorkerRegistry {
@@ -120,6 +134,11 @@ class WorkerRegistry {
   // Live workers of `device` that may take ranks now, with their free slots big enough for
   // `rank_memory_bytes`, for PlaceRanks.
   std::vector<WorkerSlots> Candidates(v1::DeviceKind device, int64_t rank_memory_bytes) const;
+  // The machines of live CPU workers (machine id -> its memory and workers).
+  std::map<std::string, MachineUse> CpuMachines() const;
+  // For PlaceRanks: what ranks of `rank_memory_bytes` may still take of each machine (CPU
+  // ranks only: a GPU rank's estimate is of its device's memory).
+  MachineMemory FreeMachineMemory(v1::DeviceKind device, int64_t rank_memory_bytes) const;
   // Free slots of live workers that may take ranks now, per device kind (an upper bound for
   // any one job: some may be too small for it).
   std::map<v1::DeviceKind, int> FreeSlotsByDevice() const;

@@ -157,5 +157,63 @@ TEST(WorkerRegistry, Candidates_SkipFullSlotsAndWorkersAwaitingTheirFirstPoll) {
   EXPECT_EQ(registry.PendingReason(v1::CUDA, 1, 0), "no live cuda worker");
 }
 
+TEST(WorkerRegistry, Register_RefusesMalformedMachineIdAndNegativeMemory) {
+  WorkerRegistry registry(Options());
+  v1::RegisterWorkerRequest request = Request("w");
+  request.set_machine_id(std::string(65, 'a'));
+  auto refused = registry.Register(request, "p", false, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("machine_id must be at most 64"), std::string::npos)
+      << refused.status();
+  request.set_machine_id("worker/x");  // Another worker's own machine.
+  EXPECT_EQ(registry.Register(request, "p", false, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request.set_machine_id("m1");
+  request.set_memory_bytes(-1);
+  EXPECT_EQ(registry.Register(request, "p", false, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request.set_memory_bytes(1 << 30);
+  ASSERT_TRUE(registry.Register(request, "p", false, 0).ok());
+  EXPECT_EQ(registry.List()[0].machine_id(), "m1");
+}
+
+// Two CPU workers of one machine each advertise the whole machine: its memory is counted once.
+TEST(WorkerRegistry, CoLocatedWorkers_ShareOneMachineMemory) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  WorkerRegistry registry(Options());
+  for (const char* name : {"a", "b"}) {
+    v1::RegisterWorkerRequest request = Request(name);
+    request.set_slots(1);
+    request.set_machine_id("m1");
+    request.set_memory_bytes(23 * kGiB);
+    ASSERT_TRUE(registry.Register(request, "p", false, 0).ok());
+  }
+  v1::RegisterWorkerRequest alone = Request("c");
+  alone.set_slots(1);
+  alone.set_memory_bytes(4 * kGiB);  // No machine id: a machine of its own.
+  ASSERT_TRUE(registry.Register(alone, "p", false, 0).ok());
+
+  const std::map<std::string, MachineUse> machines = registry.CpuMachines();
+  ASSERT_EQ(machines.size(), 2u);
+  EXPECT_EQ(machines.at("m1").capacity_bytes, 23 * kGiB);
+  EXPECT_EQ(machines.at("m1").worker_ids, (std::vector<std::string>{"a#1", "b#2"}));
+  EXPECT_EQ(machines.at("worker/c#3").capacity_bytes, 4 * kGiB);
+
+  registry.Find("a#1")->busy_slots[0] = BusySlot{"job-0001", 0, 1, 18 * kGiB};
+  const MachineMemory memory = registry.FreeMachineMemory(v1::CPU, 18 * kGiB);
+  EXPECT_EQ(memory.free_bytes.at("m1"), 5 * kGiB);
+  EXPECT_TRUE(registry.FreeMachineMemory(v1::CUDA, 18 * kGiB).free_bytes.empty());
+  // b's slot is free and big enough, but its machine holds 5 GiB more.
+  EXPECT_FALSE(PlaceRanks(1, registry.Candidates(v1::CPU, 18 * kGiB), {}, memory).has_value());
+  EXPECT_EQ(registry.PendingReason(v1::CPU, 1, 18 * kGiB),
+            "needs 1 cpu ranks of 18.0 GiB each; the free memory of their machines holds 0: "
+            "machine m1 (a#1, b#2) has 5.0 GiB free of 23.0 GiB, room for 0 (1 more have less "
+            "than the 18.0 GiB a rank needs)");
+  // Small ranks still fit beside it.
+  EXPECT_TRUE(PlaceRanks(2, registry.Candidates(v1::CPU, 2 * kGiB), {},
+                         registry.FreeMachineMemory(v1::CPU, 2 * kGiB))
+                  .has_value());
+}
+
 }  // namespace
 }  // namespace mptrain

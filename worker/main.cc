@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -30,6 +31,7 @@
 #include "grpcpp/grpcpp.h"
 #include "trainer/backend_registry.h"
 #include "worker/address.h"
+#include "worker/host_memory.h"
 #include "worker/path_policy.h"
 #include "worker/process_title.h"
 #include "worker/rank_process.h"
@@ -65,6 +67,10 @@ ABSL_FLAG(double, fence_after_s, 10,
           "from the coordinator (its heartbeat timeout replaces this when it sends one); 0 = "
           "never. Keep it at least the coordinator's --heartbeat-timeout so that a quick "
           "coordinator restart does not stop ranks");
+ABSL_FLAG(int64_t, memory_limit_mib, 0,
+          "Advertise at most this much host memory (MiB) for this worker's CPU ranks, e.g. to "
+          "keep some for other services; 0 = what the machine offers (MemAvailable, or the "
+          "cgroup's memory limit when smaller). It only ever lowers what is advertised");
 ABSL_FLAG(std::vector<std::string>, output_root, {},
           "Directory ranks may write checkpoints into (repeatable; required; each user's jobs "
           "write only under <root>/<user>/, admins' anywhere below it)");
@@ -134,6 +140,43 @@ absl::Status ChooseDevice(mptrain::WorkerOptions* options) {
   }
   options->device = mptrain::v1::CPU;
   options->slots = slots > 0 ? slots : 2;
+  return absl::OkStatus();
+}
+
+// What this worker advertises of the host's memory, and the machine it shares with the other
+// workers there (the coordinator counts that machine's memory once for all of them).
+absl::Status ChooseMemory(mptrain::WorkerOptions* options) {
+  const int64_t limit_mib = absl::GetFlag(FLAGS_memory_limit_mib);
+  if (limit_mib < 0 || limit_mib > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory_limit_mib must be in [0, 2^40] (0 = no limit), got ", limit_mib));
+  }
+  absl::StatusOr<mptrain::HostMemory> memory = mptrain::ReadHostMemory();
+  if (!memory.ok()) {
+    // An odd /proc (a kernel before 3.14): the physical memory, as before, rather than no
+    // worker at all.
+    spdlog::warn("{}; advertising the physical memory instead",
+                 std::string(memory.status().message()));
+    memory = mptrain::HostMemory{
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE), 0};
+  }
+  options->memory_bytes = memory->usable_bytes();
+  if (limit_mib > 0) options->memory_bytes = std::min(options->memory_bytes, limit_mib << 20);
+  absl::StatusOr<std::string> machine_id = mptrain::ReadMachineId();
+  if (machine_id.ok()) {
+    options->machine_id = *machine_id;
+  } else {
+    // Then this worker counts as a machine of its own: nothing is shared, nothing is refused.
+    spdlog::warn("{}; co-located workers will not share one memory budget",
+                 std::string(machine_id.status().message()));
+  }
+  spdlog::info("CPU ranks may use {} MiB (MemAvailable {} MiB, cgroup limit {}{}); machine {}",
+               options->memory_bytes >> 20, memory->available_bytes >> 20,
+               memory->cgroup_limit_bytes == 0
+                   ? std::string("none")
+                   : absl::StrCat(memory->cgroup_limit_bytes >> 20, " MiB"),
+               limit_mib > 0 ? absl::StrCat(", --memory_limit_mib ", limit_mib) : "",
+               options->machine_id.empty() ? "unknown" : options->machine_id);
   return absl::OkStatus();
 }
 
@@ -239,7 +282,10 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
     return 2;
   }
   options.fence_after_ms = static_cast<int64_t>(std::llround(fence_after_s * 1000));
-  options.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  if (absl::Status status = ChooseMemory(&options); !status.ok()) {
+    spdlog::error("{}", std::string(status.message()));
+    return 2;
+  }
   options.data_roots = roots->data_roots();
   options.output_roots = roots->output_roots();
   options.security = *security;

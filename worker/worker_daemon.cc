@@ -154,6 +154,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   *request.mutable_data_roots() = {options_.data_roots.begin(), options_.data_roots.end()};
   *request.mutable_output_roots() = {options_.output_roots.begin(), options_.output_roots.end()};
   request.set_memory_bytes(options_.memory_bytes);
+  request.set_machine_id(options_.machine_id);
   request.set_registration_nonce(registration_nonce_);
   int64_t backoff_ms = 200;
   while (!stop->load()) {

@@ -41,7 +41,10 @@ struct WorkerOptions {
   // environment.
   ClientSecurity security;
   int64_t stop_grace_ms = 3'000;   // SIGTERM, then SIGKILL after this.
-  int64_t memory_bytes = 0;        // Host memory, reported so jobs too big for it are refused.
+  // Host memory the CPU ranks can count on (worker/host_memory.h), reported so that jobs too
+  // big for it are refused; and the machine, whose memory co-located workers share.
+  int64_t memory_bytes = 0;
+  std::string machine_id;
   // Self-fencing (worker/self_fence.h): with no successful heartbeat, poll or registration for
   // this long, the ranks are stopped. The coordinator's heartbeat timeout replaces it when the
   // registration answer carries one. 0 disables.
