@@ -3,5 +3,6 @@
 set -euo pipefail
 PYTHON=/usr/bin/python3  # Debian's interpreter, with numpy.
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
-exec "$PYTHON" "$root/parity/token_batches_test.py" "$root/parity/token_batches_dump" \
+# -B: no __pycache__ beside the runfiles (a stale one outlived an edit within the same second).
+exec "$PYTHON" -B "$root/parity/token_batches_test.py" "$root/parity/token_batches_dump" \
   "$TEST_TMPDIR/tokens"
