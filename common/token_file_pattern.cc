@@ -22,9 +22,9 @@ absl::Status CheckTokenFileEntry(const std::string& field, const std::string& pa
   const size_t slash = path.find_last_of('/');
   const std::string directory = path.substr(0, slash == std::string::npos ? 0 : slash);
   if (directory.find_first_of("*?[") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " may hold the wildcards * and ? in its last component only, got ",
-        QuotePathForMessage(path)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " may hold the wildcards * and ? in its last component only, got ",
+                     QuotePathForMessage(path)));
   }
   if (IsTokenFilePattern(path) && LastComponent(path).find_first_of("[\\") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
