@@ -26,7 +26,8 @@ using CheckReadFunction =
 //      (only NOT_FOUND, the usual answer for a name holding '*', lets it go on);
 //   2. matched with glob(3) (GLOB_ERR; hidden files only by an explicit leading '.'): the matches
 //      sorted bytewise (not by the locale), each then passed through check_read (a match that
-//      is a symbolic link or not a regular file fails the whole list). No match is INVALID_ARGUMENT naming the pattern.
+//      is a symbolic link or not a regular file fails the whole list). No match is INVALID_ARGUMENT
+//      naming the pattern.
 // At most kMaxTokenFiles (token_shards.h) files in all: INVALID_ARGUMENT beyond.
 absl::StatusOr<std::vector<std::string>> ExpandTokenFiles(const std::string& field,
                                                           const std::vector<std::string>& entries,

@@ -34,8 +34,8 @@ class TokenFileListTest : public ::testing::Test {
   void SetUp() override {
     data_ = TempDir("data");
     outside_ = TempDir("outside");
-    for (const char* name : {"train_002.bin", "train_000.bin", "train_010.bin", "val_000.bin",
-                             "train_001.txt"}) {
+    for (const char* name :
+         {"train_002.bin", "train_000.bin", "train_010.bin", "val_000.bin", "train_001.txt"}) {
       Touch(data_ + "/" + name);
     }
     Touch(outside_ + "/train_000.bin");

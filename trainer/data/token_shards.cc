@@ -73,8 +73,7 @@ absl::StatusOr<int> OpenForReading(const std::string& field, const std::string& 
 absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const std::string& field,
                                          const std::string& path) {
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Named(field, path), " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(Named(field, path), " is not a regular file"));
   }
   TokenFile file;
   file.path = path;
@@ -90,9 +89,9 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
     file.format = TokenFileFormat::kLlmcShard;
     file.first_token_byte = kTokenShardHeaderBytes;
     if (file.size_bytes < kTokenShardHeaderBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Named(field, path), " starts with the llm.c shard magic but is ", file.size_bytes,
-          " bytes, shorter than the 1024-byte header"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Named(field, path), " starts with the llm.c shard magic but is ",
+                       file.size_bytes, " bytes, shorter than the 1024-byte header"));
     }
     RETURN_IF_ERROR(ReadExactly(fd, header, sizeof(header), 0, field, path));
     // The header's values are the file's contents: named, never echoed.
@@ -107,10 +106,11 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
           Named(field, path), ": llm.c shard header's token count (int32 at byte 8) is not >= 1"));
     }
     if (file.size_bytes != kTokenShardHeaderBytes + 2 * int64_t{count}) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Named(field, path), ": llm.c shard header's token count (int32 at byte 8) does not "
-          "match the file's size of ", file.size_bytes,
-          " bytes (a shard of n tokens is 1024 + 2n bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Named(field, path),
+                       ": llm.c shard header's token count (int32 at byte 8) does not "
+                       "match the file's size of ",
+                       file.size_bytes, " bytes (a shard of n tokens is 1024 + 2n bytes)"));
     }
     file.tokens = count;
     return file;
@@ -118,9 +118,9 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
   file.format = TokenFileFormat::kRawUint16;
   file.first_token_byte = 0;
   if (file.size_bytes % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Named(field, path), " is ", file.size_bytes,
-        " bytes: a raw uint16 token file (no llm.c magic) must have an even size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Named(field, path), " is ", file.size_bytes,
+                     " bytes: a raw uint16 token file (no llm.c magic) must have an even size"));
   }
   if (file.size_bytes / 2 > kMaxTokensPerFile) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -272,10 +272,10 @@ absl::StatusOr<TokenBatches> TokenBatches::Open(const std::string& field,
           options.context, " tokens, + 1 for the last target)"));
     }
     if (options.shuffle && (file.tokens - 1) / window > kMaxShuffledWindowsPerShard) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Named(file_field, paths[i]), " has ", (file.tokens - 1) / window,
-          " windows; shuffling allows at most ", kMaxShuffledWindowsPerShard,
-          " per file (split it, or use larger micro-batches)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Named(file_field, paths[i]), " has ", (file.tokens - 1) / window,
+                       " windows; shuffling allows at most ", kMaxShuffledWindowsPerShard,
+                       " per file (split it, or use larger micro-batches)"));
     }
     files.push_back(std::move(file));
   }
@@ -302,7 +302,8 @@ void TokenBatches::PlaceCursor() {
     order_.resize(files_.size());
     if (options_.shuffle) {
       const std::vector<uint32_t> order = ShuffledIndices(
-          files_.size(), ShuffleStreamState(options_.shuffle_seed, static_cast<uint64_t>(epoch), 0));
+          files_.size(),
+          ShuffleStreamState(options_.shuffle_seed, static_cast<uint64_t>(epoch), 0));
       order_.assign(order.begin(), order.end());
     } else {
       std::iota(order_.begin(), order_.end(), int64_t{0});
@@ -322,18 +323,18 @@ absl::Status TokenBatches::OpenFile(int64_t index) {
   const std::string field = FileField(index);
   ASSIGN_OR_RETURN(const int fd, OpenForReading(field, expected.path));
   struct stat st;
-  absl::StatusOr<TokenFile> seen = fstat(fd, &st) == 0
-                                       ? CheckTokenFile(fd, st, field, expected.path)
-                                       : absl::StatusOr<TokenFile>(absl::FailedPreconditionError(
-                                             absl::StrCat(Named(field, expected.path),
-                                                          ": fstat failed: ", std::strerror(errno))));
+  absl::StatusOr<TokenFile> seen =
+      fstat(fd, &st) == 0
+          ? CheckTokenFile(fd, st, field, expected.path)
+          : absl::StatusOr<TokenFile>(absl::FailedPreconditionError(absl::StrCat(
+                Named(field, expected.path), ": fstat failed: ", std::strerror(errno))));
   if (!seen.ok() || seen->device != expected.device || seen->inode != expected.inode ||
       seen->size_bytes != expected.size_bytes || seen->format != expected.format ||
       seen->tokens != expected.tokens) {
     close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        Named(field, expected.path), " changed since it was opened",
-        seen.ok() ? "" : absl::StrCat(": ", seen.status().message())));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Named(field, expected.path), " changed since it was opened",
+                     seen.ok() ? "" : absl::StrCat(": ", seen.status().message())));
   }
   fd_ = fd;
   open_index_ = index;
@@ -343,16 +344,16 @@ absl::Status TokenBatches::OpenFile(int64_t index) {
 absl::Status TokenBatches::Next(absl::Span<int32_t> inputs, absl::Span<int32_t> targets) {
   if (static_cast<int64_t>(inputs.size()) != tokens_per_rank_ ||
       static_cast<int64_t>(targets.size()) != tokens_per_rank_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field_, ": inputs and targets must hold B*T = ", tokens_per_rank_, " tokens, got ",
-        inputs.size(), " and ", targets.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field_, ": inputs and targets must hold B*T = ", tokens_per_rank_,
+                     " tokens, got ", inputs.size(), " and ", targets.size()));
   }
   const int64_t file_index = order_[slot_];
   if (options_.shuffle && (permuted_epoch_ != epoch_ || permuted_slot_ != slot_)) {
-    window_order_ = ShuffledIndices(
-        static_cast<uint64_t>(windows_[file_index]),
-        ShuffleStreamState(options_.shuffle_seed, static_cast<uint64_t>(epoch_),
-                           static_cast<uint64_t>(slot_) + 1));
+    window_order_ =
+        ShuffledIndices(static_cast<uint64_t>(windows_[file_index]),
+                        ShuffleStreamState(options_.shuffle_seed, static_cast<uint64_t>(epoch_),
+                                           static_cast<uint64_t>(slot_) + 1));
     permuted_epoch_ = epoch_;
     permuted_slot_ = slot_;
   }
@@ -370,11 +371,11 @@ absl::Status TokenBatches::Next(absl::Span<int32_t> inputs, absl::Span<int32_t> 
     const auto* bytes = reinterpret_cast<const unsigned char*>(&buffer_[i]);
     const uint16_t token = static_cast<uint16_t>(bytes[0] | bytes[1] << 8);  // little-endian
     if (token >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Named(FileField(file_index), file.path), ": token ", first_token + static_cast<int64_t>(i),
-          " (counting from 0, at byte ",
-          file.first_token_byte + 2 * (first_token + static_cast<int64_t>(i)),
-          ") is not below vocab_size ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Named(FileField(file_index), file.path), ": token ",
+                       first_token + static_cast<int64_t>(i), " (counting from 0, at byte ",
+                       file.first_token_byte + 2 * (first_token + static_cast<int64_t>(i)),
+                       ") is not below vocab_size ", vocab));
     }
     buffer_[i] = token;
   }

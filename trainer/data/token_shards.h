@@ -55,10 +55,10 @@ enum class TokenFileFormat {
 struct TokenFile {
   std::string path;
   TokenFileFormat format = TokenFileFormat::kRawUint16;
-  int64_t tokens = 0;             // How many uint16 tokens it holds.
-  int64_t first_token_byte = 0;   // kTokenShardHeaderBytes for a shard, 0 for a raw file.
+  int64_t tokens = 0;            // How many uint16 tokens it holds.
+  int64_t first_token_byte = 0;  // kTokenShardHeaderBytes for a shard, 0 for a raw file.
   int64_t size_bytes = 0;
-  uint64_t device = 0;            // st_dev and st_ino: a file swapped since Open is refused.
+  uint64_t device = 0;  // st_dev and st_ino: a file swapped since Open is refused.
   uint64_t inode = 0;
 };
 
@@ -71,12 +71,12 @@ struct TokenFile {
 absl::StatusOr<TokenFile> InspectTokenFile(const std::string& field, const std::string& path);
 
 struct TokenBatchOptions {
-  int64_t batch = 0;        // B: sequences per micro-batch, >= 1.
-  int64_t context = 0;      // T: tokens per sequence, >= 1; B*T <= kMaxTokensPerMicroBatch.
-  int rank = 0;             // r in [0, world_size).
-  int world_size = 1;       // W in [1, 1024].
-  int64_t vocab_size = 0;   // Every token read must be < vocab_size; in [1, 2^20].
-  bool shuffle = false;     // Never for evaluation (see TokenBatches).
+  int64_t batch = 0;       // B: sequences per micro-batch, >= 1.
+  int64_t context = 0;     // T: tokens per sequence, >= 1; B*T <= kMaxTokensPerMicroBatch.
+  int rank = 0;            // r in [0, world_size).
+  int world_size = 1;      // W in [1, 1024].
+  int64_t vocab_size = 0;  // Every token read must be < vocab_size; in [1, 2^20].
+  bool shuffle = false;    // Never for evaluation (see TokenBatches).
   uint64_t shuffle_seed = 0;
 };
 
@@ -144,24 +144,24 @@ class TokenBatches {
   std::string field_;
   std::vector<TokenFile> files_;
   TokenBatchOptions options_;
-  int64_t tokens_per_rank_ = 0;     // B*T
-  int64_t tokens_per_window_ = 0;   // W*B*T
+  int64_t tokens_per_rank_ = 0;    // B*T
+  int64_t tokens_per_window_ = 0;  // W*B*T
   int64_t windows_per_epoch_ = 0;
-  std::vector<int64_t> windows_;    // windows_[i]: windows of files_[i]
+  std::vector<int64_t> windows_;  // windows_[i]: windows of files_[i]
 
   // The position: micro-batches done, and where the next one comes from.
   int64_t done_ = 0;
-  int64_t epoch_ = -1;              // The epoch whose file order is in order_.
-  std::vector<int64_t> order_;      // File indices in this epoch's order.
-  int64_t slot_ = 0;                // Position in order_ of the next micro-batch's file.
-  int64_t window_in_slot_ = 0;      // Its position in that file's window order.
-  int64_t permuted_epoch_ = -1;     // The (epoch, slot) whose window order is in
-  int64_t permuted_slot_ = -1;      // window_order_ (shuffled only).
+  int64_t epoch_ = -1;           // The epoch whose file order is in order_.
+  std::vector<int64_t> order_;   // File indices in this epoch's order.
+  int64_t slot_ = 0;             // Position in order_ of the next micro-batch's file.
+  int64_t window_in_slot_ = 0;   // Its position in that file's window order.
+  int64_t permuted_epoch_ = -1;  // The (epoch, slot) whose window order is in
+  int64_t permuted_slot_ = -1;   // window_order_ (shuffled only).
   std::vector<uint32_t> window_order_;
 
   int fd_ = -1;
   int64_t open_index_ = -1;
-  std::vector<uint16_t> buffer_;    // B*T+1 tokens
+  std::vector<uint16_t> buffer_;  // B*T+1 tokens
 };
 
 // The shuffles of TokenBatches, exposed for the tests and the README's description.

@@ -40,12 +40,12 @@ std::string TokenBytes(const std::vector<uint16_t>& tokens) {
 }
 
 std::string ShardBytes(const std::vector<uint16_t>& tokens, int32_t magic = kTokenShardMagic,
-                       int32_t version = 1,
-                       int64_t count = std::numeric_limits<int64_t>::min()) {
+                       int32_t version = 1, int64_t count = std::numeric_limits<int64_t>::min()) {
   std::string bytes;
   AppendInt32(&bytes, magic);
   AppendInt32(&bytes, version);
-  AppendInt32(&bytes, static_cast<int32_t>(count == std::numeric_limits<int64_t>::min() ? tokens.size() : count));
+  AppendInt32(&bytes, static_cast<int32_t>(
+                          count == std::numeric_limits<int64_t>::min() ? tokens.size() : count));
   bytes.resize(kTokenShardHeaderBytes, '\0');
   return bytes + TokenBytes(tokens);
 }
@@ -164,8 +164,8 @@ TEST(InspectTokenFileTest, BadHeadersAndSizes_AreInvalidArgumentNamingTheFile) {
       {"odd.bin", TokenBytes(tokens) + "x", "even size"},
   };
   for (const Case& c : cases) {
-    absl::StatusOr<TokenFile> file = InspectTokenFile("data.tokens.files[4]",
-                                                      WriteFile(c.name, c.bytes));
+    absl::StatusOr<TokenFile> file =
+        InspectTokenFile("data.tokens.files[4]", WriteFile(c.name, c.bytes));
     ASSERT_FALSE(file.ok()) << c.name;
     EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
     EXPECT_THAT(file.status().message(), HasSubstr("data.tokens.files[4]")) << c.name;
@@ -206,8 +206,8 @@ TEST(InspectTokenFileTest, SymlinkFifoDirectoryAndMissing_AreRefusedWithoutBlock
 
 TEST(TokenBatchesTest, Next_ShardAndRawFile_GiveTheSameShiftedTokens) {
   const std::vector<uint16_t> tokens = Ramp(9, 100);  // one window of 2 x 4 (+1)
-  for (const std::string& path : {WriteFile("one_s.bin", ShardBytes(tokens)),
-                                  WriteFile("one_r.bin", TokenBytes(tokens))}) {
+  for (const std::string& path :
+       {WriteFile("one_s.bin", ShardBytes(tokens)), WriteFile("one_r.bin", TokenBytes(tokens))}) {
     absl::StatusOr<TokenBatches> batches = TokenBatches::Open("f", {path}, Options(2, 4, 0, 1));
     ASSERT_TRUE(batches.ok()) << batches.status();
     std::vector<int32_t> x(8), y(8);
@@ -329,8 +329,8 @@ TEST(TokenBatchesTest, RawFileStartingWithTheMagic_IsReadAsAShardAndRefused) {
   std::vector<uint16_t> tokens = Ramp(600);
   tokens[0] = 55432;
   tokens[1] = 308;
-  absl::StatusOr<TokenFile> file = InspectTokenFile("f", WriteFile("magic_raw.bin",
-                                                                   TokenBytes(tokens)));
+  absl::StatusOr<TokenFile> file =
+      InspectTokenFile("f", WriteFile("magic_raw.bin", TokenBytes(tokens)));
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(file.status().message(), HasSubstr("llm.c shard"));
 }
@@ -407,9 +407,7 @@ TEST(TokenBatchesTest, Shuffle_VisitsEveryWindowOncePerEpochInAnOrderOfTheSeedAn
 TEST(TokenBatchesTest, Open_ShuffleWithTooManyWindowsPerFile_IsRefused) {
   // 2^24 + 1 windows of one token need a file of 2^24 + 2 tokens (32 MiB): sparse.
   const std::string path = TempPath("many_windows.bin");
-  {
-    std::ofstream(path, std::ios::binary | std::ios::trunc);
-  }
+  { std::ofstream(path, std::ios::binary | std::ios::trunc); }
   ASSERT_EQ(truncate(path.c_str(), 2 * ((int64_t{1} << 24) + 2)), 0);
   TokenBatchOptions options = Options(1, 1, 0, 1);
   EXPECT_TRUE(TokenBatches::Open("f", {path}, options).ok());
