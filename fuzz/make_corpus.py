@@ -297,6 +297,27 @@ def coordinator_corpus():
     write("coordinator_state_fuzzer", "wrong_secrets_and_errors", s.data())
 
 
+# ---- token files (llm.c shards and raw uint16) ----
+
+def shard(tokens, magic=20240520, version=1, count=None):
+    header = struct.pack("<3i", magic, version, len(tokens) if count is None else count)
+    return header + bytes(1024 - len(header)) + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+def token_shard_corpus():
+    text = b"In the beginning God created the heaven and the earth. " * 3
+    write("token_shard_fuzzer", "shard_bytes", shard(list(text)))
+    write("token_shard_fuzzer", "shard_gpt2_ids", shard([50256, 464, 3290, 50000] * 20))
+    write("token_shard_fuzzer", "raw_bytes", struct.pack(f"<{len(text)}H", *text))
+    write("token_shard_fuzzer", "raw_out_of_byte_vocab", struct.pack("<40H", *range(240, 280)))
+    write("token_shard_fuzzer", "shard_bad_version", shard(list(text), version=2))
+    write("token_shard_fuzzer", "shard_count_too_high", shard(list(text), count=len(text) + 1))
+    write("token_shard_fuzzer", "shard_count_huge", shard(list(text), count=987654321))
+    write("token_shard_fuzzer", "shard_truncated_header", shard(list(text))[:600])
+    write("token_shard_fuzzer", "raw_odd", b"abc")
+    write("token_shard_fuzzer", "raw_tiny", b"ab")
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -305,6 +326,7 @@ def main():
     safetensors_corpus()
     checkpoint_corpus()
     coordinator_corpus()
+    token_shard_corpus()
 
 
 if __name__ == "__main__":
