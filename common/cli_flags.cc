@@ -90,8 +90,10 @@ bool ExpandInto(const std::vector<std::string>& args, int depth, bool in_file,
         return false;
       }
       if (info.st_size > kMaxFlagFileBytes) {
-        *error = absl::StrCat("--flagfile ", path, ": ", info.st_size, " bytes, more than the ",
-                              kMaxFlagFileBytes, " a flag file may hold");
+        // Neither its size nor (below) its lines: the file may be one the user may not read
+        // (--flagfile=/etc/shadow of a daemon run as root).
+        *error = absl::StrCat("--flagfile ", path, ": more than the ", kMaxFlagFileBytes,
+                              " bytes a flag file may hold");
         return false;
       }
       std::ifstream in(path);
@@ -102,7 +104,7 @@ bool ExpandInto(const std::vector<std::string>& args, int depth, bool in_file,
         if (text.empty() || text[0] == '#') continue;
         if (!absl::StartsWith(text, "-")) {
           *error = absl::StrCat("--flagfile ", path, " line ", number,
-                                ": not a flag (one --name=value a line): ", text);
+                                ": not a flag (one --name=value a line)");
           return false;
         }
         lines.emplace_back(text);  // One dash or two: NormalizedFlag makes it two.

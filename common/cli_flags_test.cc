@@ -53,6 +53,15 @@ TEST(CliFlags, BadFlagFiles_AreRefusedNamingTheFileAndLine) {
   const std::string prose = WriteFile("prose.flags", "--slots=2\ndata_root /a\n");
   EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + prose}).error.find("line 2: not a flag"),
             std::string::npos);
+  // Neither a line nor the size of a file the user may not be able to read is echoed.
+  const std::string secret = WriteFile("secret.flags", "root:SECRET-HASH:20000:0:99999\n");
+  const std::string line_error = ExpandFlagFiles({"worker", "--flagfile=" + secret}).error;
+  EXPECT_NE(line_error.find("line 1: not a flag"), std::string::npos) << line_error;
+  EXPECT_EQ(line_error.find("SECRET"), std::string::npos) << line_error;
+  const std::string big = WriteFile("big.flags", std::string(3'333'333, '#'));
+  const std::string size_error = ExpandFlagFiles({"worker", "--flagfile=" + big}).error;
+  EXPECT_NE(size_error.find("bytes a flag file may hold"), std::string::npos) << size_error;
+  EXPECT_EQ(size_error.find("3333333"), std::string::npos) << size_error;
   const std::string looping = WriteFile("loop.flags", "");
   std::ofstream(looping) << "--flagfile=" << looping << "\n";
   EXPECT_NE(ExpandFlagFiles({"worker", "--flagfile=" + looping}).error.find("nested more than"),

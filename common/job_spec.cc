@@ -6,10 +6,12 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/path_rules.h"
 #include "common/small_file.h"
 #include "common/status_macros.h"
 #include "common/token_file_pattern.h"
@@ -51,14 +53,56 @@ std::string FloatNum(float value) {
   return std::string(text, end.ptr);
 }
 
-bool IsValidName(const std::string& name) {
-  if (name.size() > 128) return false;
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
+// The bounds of a spec number that the ranks use as a float32.
+struct FloatRange {
+  double low;
+  bool low_open;  // (low, ... rather than [low, ...
+  double high;
+  bool high_open;
+  std::string text;  // E.g. "(0, 1]".
+};
+
+FloatRange Range(double low, bool low_open, double high, bool high_open) {
+  return {low, low_open, high, high_open,
+          absl::StrCat(low_open ? "(" : "[", FloatNum(static_cast<float>(low)), ", ",
+                       FloatNum(static_cast<float>(high)), high_open ? ")" : "]")};
+}
+
+bool InRange(double value, const FloatRange& range) {
+  return (range.low_open ? value > range.low : value >= range.low) &&
+         (range.high_open ? value < range.high : value <= range.high);
+}
+
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+
+// `value` must be finite and in `range` both as given and once rounded to float32, as the
+// ranks use it: 3.5e38 is infinity as a float, 1e-50 is 0 and 0.9999999999 is 1.
+absl::Status CheckFloat32(const std::string& field, double value, const FloatRange& range) {
+  // Beyond FLT_MAX the conversion has no float value (and is undefined behaviour).
+  const bool representable = std::isfinite(value) && std::fabs(value) <= kFloatMax;
+  if (representable && InRange(value, range) &&
+      InRange(static_cast<double>(static_cast<float>(value)), range)) {
+    return absl::OkStatus();
   }
-  return true;
+  std::string got = Num(value);
+  if (representable && InRange(value, range)) {
+    absl::StrAppend(&got, " (", FloatNum(static_cast<float>(value)), " as a float32)");
+  } else if (std::isfinite(value) && !representable) {
+    absl::StrAppend(&got, " (infinite as a float32)");
+  }
+  return Invalid(absl::StrCat(field, " must be in ", range.text, ", got ", got));
+}
+
+// The paths a spec names, for the character rule (the coordinator and the workers check the
+// rest of their syntax and their roots).
+std::vector<std::pair<const char*, const std::string*>> SpecPathFields(const v1::JobSpec& spec) {
+  return {{"data.npy.features_path", &spec.data().npy().features_path()},
+          {"data.npy.targets_path", &spec.data().npy().targets_path()},
+          {"eval_data.features_path", &spec.eval_data().features_path()},
+          {"eval_data.targets_path", &spec.eval_data().targets_path()},
+          {"init_checkpoint", &spec.init_checkpoint()},
+          {"output_checkpoint", &spec.output_checkpoint()},
+          {"checkpoint_dir", &spec.checkpoint_dir()}};
 }
 
 absl::Status ValidateGpt(const v1::GptSpec& gpt) {
@@ -229,10 +273,7 @@ absl::Status ValidateData(const v1::DataSpec& data) {
 }
 
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
-  if (!std::isfinite(optimizer.lr()) || optimizer.lr() <= 0) {
-    return Invalid(absl::StrCat("optimizer.lr must be a finite number > 0, got ",
-                                Num(optimizer.lr())));
-  }
+  RETURN_IF_ERROR(CheckFloat32("optimizer.lr", optimizer.lr(), Range(0, true, kFloatMax, false)));
   const v1::OptimizerKind kind = optimizer.kind();
   if (kind != v1::SGD && kind != v1::ADAM && kind != v1::ADAMW) {
     return Invalid(absl::StrCat("optimizer.kind must be sgd, adam or adamw, got ", kind));
@@ -248,25 +289,15 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
     if (optimizer.momentum() != 0 || optimizer.nesterov()) {
       return Invalid("optimizer.momentum and nesterov apply to sgd only");
     }
-    for (const auto& [name, value] : {std::pair<const char*, double>{"beta1", optimizer.beta1()},
-                                      {"beta2", optimizer.beta2()}}) {
-      if (!std::isfinite(value) || value < 0 || value >= 1) {
-        return Invalid(absl::StrCat("optimizer.", name, " must be in [0, 1), got ", Num(value)));
-      }
-    }
-    if (!std::isfinite(optimizer.eps()) || optimizer.eps() < 0 || optimizer.eps() > 1) {
-      return Invalid(absl::StrCat("optimizer.eps must be in [0, 1], got ", Num(optimizer.eps())));
-    }
+    RETURN_IF_ERROR(CheckFloat32("optimizer.beta1", optimizer.beta1(), Range(0, false, 1, true)));
+    RETURN_IF_ERROR(CheckFloat32("optimizer.beta2", optimizer.beta2(), Range(0, false, 1, true)));
+    // > 0: Adam divides by sqrt(v) + eps, and v is 0 for a parameter whose gradient is.
+    RETURN_IF_ERROR(CheckFloat32("optimizer.eps", optimizer.eps(), Range(0, true, 1, false)));
   }
-  if (!std::isfinite(optimizer.momentum()) || optimizer.momentum() < 0 ||
-      optimizer.momentum() >= 1) {
-    return Invalid(absl::StrCat("optimizer.momentum must be in [0, 1), got ",
-                                Num(optimizer.momentum())));
-  }
-  if (!std::isfinite(optimizer.weight_decay()) || optimizer.weight_decay() < 0) {
-    return Invalid(absl::StrCat("optimizer.weight_decay must be >= 0, got ",
-                                Num(optimizer.weight_decay())));
-  }
+  RETURN_IF_ERROR(
+      CheckFloat32("optimizer.momentum", optimizer.momentum(), Range(0, false, 1, true)));
+  RETURN_IF_ERROR(CheckFloat32("optimizer.weight_decay", optimizer.weight_decay(),
+                               Range(0, false, kFloatMax, false)));
   return absl::OkStatus();
 }
 
@@ -294,16 +325,15 @@ absl::Status ValidateLrSchedule(const v1::LrSchedule& schedule, const v1::JobSpe
       return Invalid(absl::StrCat("lr_schedule.min_lr must be in [0, optimizer.lr], got ",
                                   Num(schedule.min_lr())));
     }
+    // (optimizer.lr passed its own check: min_lr is finite as a float32 too.)
   }
   if (kind == v1::STEP) {
     if (schedule.step_size() < 1 || schedule.step_size() > kMaxSteps) {
       return Invalid(absl::StrCat("lr_schedule.step_size must be in [1, ", kMaxSteps, "], got ",
                                   schedule.step_size()));
     }
-    if (!std::isfinite(schedule.gamma()) || schedule.gamma() <= 0 || schedule.gamma() > 1) {
-      return Invalid(absl::StrCat("lr_schedule.gamma must be in (0, 1], got ",
-                                  Num(schedule.gamma())));
-    }
+    RETURN_IF_ERROR(
+        CheckFloat32("lr_schedule.gamma", schedule.gamma(), Range(0, true, 1, false)));
   }
   return absl::OkStatus();
 }
@@ -311,7 +341,6 @@ absl::Status ValidateLrSchedule(const v1::LrSchedule& schedule, const v1::JobSpe
 absl::Status ValidateLossScaler(const v1::LossScalerSpec& scaler) {
   // The scale and its factors are float32 on the ranks (as GradScaler's tensors): each must
   // stay finite, and within its range, once rounded to float.
-  constexpr double kFloatMax = std::numeric_limits<float>::max();
   constexpr double kFloatMin = std::numeric_limits<float>::min();
   const double init = scaler.init_scale();
   if (!std::isfinite(init) || init < kFloatMin || init > kFloatMax) {
@@ -445,14 +474,11 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(RefuseUnknownFields(spec, "spec"));
-  if (!IsValidName(spec.name())) {
-    // Echo a bounded prefix: the name may be megabytes.
-    const std::string shown = spec.name().size() > 64
-                                  ? absl::StrCat(spec.name().substr(0, 64), "... (",
-                                                 spec.name().size(), " bytes)")
-                                  : spec.name();
-    return Invalid(absl::StrCat("name must be at most 128 characters of [A-Za-z0-9._-], got \"",
-                                shown, "\""));
+  // One character rule for the name and every path (common/path_rules.h); the echo is bounded
+  // and escaped there.
+  RETURN_IF_ERROR(CheckNameSyntax("name", spec.name()));
+  for (const auto& [field, path] : SpecPathFields(spec)) {
+    RETURN_IF_ERROR(CheckTextCharacters(field, *path));
   }
   if (spec.world_size() < 1 || spec.world_size() > kMaxWorldSize) {
     return Invalid(absl::StrCat("world_size must be in [1, ", kMaxWorldSize, "], got ",
@@ -469,11 +495,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.loss() != v1::MSE && spec.loss() != v1::CROSS_ENTROPY) {
     return Invalid(absl::StrCat("loss must be mse or cross_entropy, got ", spec.loss()));
   }
-  if (!std::isfinite(spec.label_smoothing()) || spec.label_smoothing() < 0 ||
-      spec.label_smoothing() > 1) {
-    return Invalid(absl::StrCat("label_smoothing must be in [0, 1], got ",
-                                Num(spec.label_smoothing())));
-  }
+  RETURN_IF_ERROR(
+      CheckFloat32("label_smoothing", spec.label_smoothing(), Range(0, false, 1, false)));
   if (spec.label_smoothing() != 0 && spec.loss() != v1::CROSS_ENTROPY) {
     return Invalid("label_smoothing applies to loss cross_entropy only");
   }
@@ -569,10 +592,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (auto status = ValidateOptimizer(spec.optimizer()); !status.ok()) return status;
   if (auto status = ValidateLrSchedule(spec.lr_schedule(), spec); !status.ok()) return status;
   if (auto status = ValidateLossScaler(spec.loss_scaler()); !status.ok()) return status;
-  if (!std::isfinite(spec.max_grad_norm()) || spec.max_grad_norm() < 0) {
-    return Invalid(absl::StrCat("max_grad_norm must be >= 0 (0 = no clipping), got ",
-                                Num(spec.max_grad_norm())));
-  }
+  RETURN_IF_ERROR(CheckFloat32("max_grad_norm (0 = no clipping)", spec.max_grad_norm(),
+                               Range(0, false, kFloatMax, false)));
   if (spec.seed() < 0) return Invalid(absl::StrCat("seed must be >= 0, got ", spec.seed()));
   if (spec.telemetry_every() < 1) {
     return Invalid(absl::StrCat("telemetry_every must be >= 1, got ", spec.telemetry_every()));

@@ -71,6 +71,19 @@ TEST(LoadJobSpecFile, MissingFile_IsNotFoundNamingIt) {
             std::string::npos);
 }
 
+// ReadSmallFile (job specs, token files) says the limit, not the size of a file the caller
+// may not be able to read.
+TEST(LoadJobSpecFile, TooLarge_IsInvalidWithoutItsSize) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/large.json";
+  std::ofstream(path) << std::string(1'777'777, ' ');
+  auto spec = LoadJobSpecFile(path);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find(": larger than the limit of "), std::string::npos) << message;
+  EXPECT_EQ(message.find("1777777"), std::string::npos) << message;
+}
+
 TEST(ApplyJobSpecDefaults, FillsPyTorchScalerDefaults) {
   v1::JobSpec spec;
   ApplyJobSpecDefaults(&spec);
@@ -118,7 +131,8 @@ TEST(LoadJobSpecFile, DevicesAndHugeFiles_AreRefusedNotRead) {
   }
   auto big = LoadJobSpecFile(path);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(big.status().message().find("the limit is"), std::string::npos) << big.status();
+  EXPECT_NE(big.status().message().find("larger than the limit of"), std::string::npos)
+      << big.status();
 }
 
 TEST(ValidateJobSpec, SeedExamples_AreValid) {
@@ -140,6 +154,72 @@ TEST(ValidateJobSpec, Name_MustBeSimple) {
   v1::JobSpec spec = ValidSpec();
   spec.set_name("a b");
   ExpectInvalid(spec, "name must be");
+}
+
+// The names: none may read as an option or a directory; no name is fine.
+TEST(ValidateJobSpec, Name_OptionOrDirectoryLookalike_IsRefused) {
+  for (const char* name : {"-rf", ".", "..", "a\nb", "a\xe2\x80\xae" "b"}) {
+    v1::JobSpec spec = ValidSpec();
+    spec.set_name(name);
+    ExpectInvalid(spec, "name must");
+  }
+  v1::JobSpec spec = ValidSpec();
+  spec.set_name("");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << "the name is optional";
+}
+
+// The file the tester created: "ü\nx\u202e.safetensors".
+TEST(ValidateJobSpec, PathWithNewlineOrBidiOverride_IsRefusedNamingTheField) {
+  v1::JobSpec spec = ValidSpec();
+  spec.set_output_checkpoint("/out/\xc3\xbc\nx\xe2\x80\xae.safetensors");
+  ExpectInvalid(spec, "output_checkpoint must not contain U+000A (a control character)");
+  spec.set_output_checkpoint("/out/x\xe2\x80\xae.safetensors");
+  ExpectInvalid(spec, "output_checkpoint must not contain U+202E");
+  spec.set_output_checkpoint("/out/\xff.safetensors");
+  ExpectInvalid(spec, "output_checkpoint must be valid UTF-8");
+  spec.set_output_checkpoint("/out/\xc3\xbc.safetensors");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << "printable Unicode is fine";
+
+  v1::JobSpec npy = ValidSpec();
+  npy.mutable_data()->mutable_npy()->set_features_path("/data/x\xe2\x81\xa6.npy");
+  npy.mutable_data()->mutable_npy()->set_targets_path("/data/y.npy");
+  ExpectInvalid(npy, "data.npy.features_path must not contain U+2066");
+  v1::JobSpec dir = ValidSpec();
+  dir.set_checkpoint_dir("/ckpt\r");
+  ExpectInvalid(dir, "checkpoint_dir must not contain U+000D");
+}
+
+// The values: each passes a check in double and is infinite, zero or out of range as
+// the float32 the ranks use.
+TEST(ValidateJobSpec, Floats_MustBeFiniteAndInRangeAsFloat32) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_optimizer()->set_lr(3.5e38);
+  ExpectInvalid(spec, "optimizer.lr must be in (0, 3.4028235e+38], got 3.5e+38 (infinite as a "
+                      "float32)");
+  spec.mutable_optimizer()->set_lr(1e-50);
+  ExpectInvalid(spec, "optimizer.lr must be in (0, 3.4028235e+38], got 1e-50 (0 as a float32)");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_weight_decay(1e308);
+  ExpectInvalid(spec, "optimizer.weight_decay must be in [0, 3.4028235e+38], got 1e+308");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_momentum(0.99999999999);
+  ExpectInvalid(spec, "optimizer.momentum must be in [0, 1), got 0.99999999999 (1 as a float32)");
+  spec = ValidSpec();
+  spec.set_max_grad_norm(1e39);
+  ExpectInvalid(spec, "max_grad_norm (0 = no clipping) must be in [0, 3.4028235e+38]");
+
+  v1::JobSpec adam = ValidSpec();
+  adam.mutable_optimizer()->set_kind(v1::ADAM);
+  adam.mutable_optimizer()->set_momentum(0);
+  ApplyJobSpecDefaults(&adam);
+  ASSERT_TRUE(ValidateJobSpec(adam).ok()) << ValidateJobSpec(adam);
+  adam.mutable_optimizer()->set_eps(0);
+  ExpectInvalid(adam, "optimizer.eps must be in (0, 1], got 0");
+  adam.mutable_optimizer()->set_eps(1e-50);
+  ExpectInvalid(adam, "optimizer.eps must be in (0, 1], got 1e-50 (0 as a float32)");
+  adam.mutable_optimizer()->set_eps(1e-8);
+  adam.mutable_optimizer()->set_beta2(0.9999999999);
+  ExpectInvalid(adam, "optimizer.beta2 must be in [0, 1), got 0.9999999999 (1 as a float32)");
 }
 
 TEST(ValidateJobSpec, WorldSize_MustBePositive) {
@@ -333,7 +413,7 @@ TEST(ValidateJobSpec, Optimizer_IsRequired) {
 TEST(ValidateJobSpec, LearningRate_MustBePositive) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_optimizer()->set_lr(0);
-  ExpectInvalid(spec, "optimizer.lr must be a finite number > 0, got 0");
+  ExpectInvalid(spec, "optimizer.lr must be in (0, 3.4028235e+38], got 0");
 }
 
 TEST(ValidateJobSpec, Momentum_MustBeBelowOne) {
@@ -358,7 +438,7 @@ TEST(ValidateJobSpec, UnknownFields_AreRefusedAnywhere) {
 TEST(ValidateJobSpec, WeightDecay_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.mutable_optimizer()->set_weight_decay(-0.1);
-  ExpectInvalid(spec, "optimizer.weight_decay must be >= 0, got -0.1");
+  ExpectInvalid(spec, "optimizer.weight_decay must be in [0, 3.4028235e+38], got -0.1");
 }
 
 TEST(ValidateJobSpec, InitScale_MustBeAPositiveFiniteFloat) {
@@ -461,7 +541,7 @@ TEST(ValidateJobSpec, AdamBetasAndEps_AreBounded) {
   ExpectInvalid(spec, "optimizer.beta2 must be in [0, 1), got -0.1");
   spec.mutable_optimizer()->set_beta2(0.99);
   spec.mutable_optimizer()->set_eps(std::nan(""));
-  ExpectInvalid(spec, "optimizer.eps must be in [0, 1], got nan");
+  ExpectInvalid(spec, "optimizer.eps must be in (0, 1], got nan");
 }
 
 TEST(ValidateJobSpec, LrSchedule_FieldsAreBoundedAndBelongToTheirKind) {
@@ -518,7 +598,7 @@ TEST(ValidateJobSpec, ShuffleAndEvalData_Rules) {
 TEST(ValidateJobSpec, MaxGradNorm_MustBeNonNegative) {
   v1::JobSpec spec = ValidSpec();
   spec.set_max_grad_norm(-1);
-  ExpectInvalid(spec, "max_grad_norm must be >= 0");
+  ExpectInvalid(spec, "max_grad_norm (0 = no clipping) must be in [0, 3.4028235e+38]");
 }
 
 TEST(ValidateJobSpec, Seed_MustBeNonNegative) {

@@ -24,8 +24,9 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& what, const std::st
   }
   if (static_cast<size_t>(info.st_size) > max_bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": ", info.st_size,
-                                                   " bytes; the limit is ", max_bytes));
+    // Not its size: the file may be one the caller may not read.
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": larger than the limit of ", max_bytes, " bytes"));
   }
   std::string text(static_cast<size_t>(info.st_size), '\0');
   size_t filled = 0;

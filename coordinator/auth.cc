@@ -44,6 +44,7 @@ absl::string_view RoleName(Role role) {
   switch (role) {
     case Role::kAdmin: return "admin";
     case Role::kUser: return "user";
+    case Role::kViewer: return "viewer";
     case Role::kWorker: return "worker";
   }
   return "?";
@@ -68,10 +69,12 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
       entry.principal.role = Role::kAdmin;
     } else if (fields[0] == "user") {
       entry.principal.role = Role::kUser;
+    } else if (fields[0] == "viewer") {
+      entry.principal.role = Role::kViewer;
     } else if (fields[0] == "worker") {
       entry.principal.role = Role::kWorker;
     } else {
-      return bad(absl::StrCat("role must be admin, user or worker, got \"",
+      return bad(absl::StrCat("role must be admin, user, viewer or worker, got \"",
                               TruncateForError(fields[0], 32), "\""));
     }
     if (!IsPrincipalName(fields[1])) {
@@ -109,12 +112,20 @@ const Principal* TokenTable::Find(absl::string_view token) const {
 
 MethodAccess AccessFor(absl::string_view method) {
   if (absl::StartsWith(method, "/grpc.health.v1.Health/")) return MethodAccess::kPublic;
-  if (absl::StartsWith(method, "/mptrain.v1.Coordinator/")) return MethodAccess::kUser;
-  // Server reflection shows the schema (grpcurl); the HTTP pages and /metrics show jobs.
-  if (absl::StartsWith(method, "/grpc.reflection.v1alpha.ServerReflection/")) {
-    return MethodAccess::kUser;
+  if (absl::ConsumePrefix(&method, "/mptrain.v1.Coordinator/")) {
+    // The reads, by name: a method added later changes state until it is listed here.
+    for (absl::string_view read :
+         {"GetJob", "ListJobs", "ListWorkers", "WatchJob", "GetJobEvents", "GetRankLog"}) {
+      if (method == read) return MethodAccess::kUserRead;
+    }
+    return MethodAccess::kUserWrite;
   }
-  if (absl::StartsWith(method, kHttpMethodPrefix)) return MethodAccess::kUser;
+  // Server reflection shows the schema (grpcurl); the HTTP pages and /metrics show jobs (every
+  // route but the login form is a read; the form only checks a token).
+  if (absl::StartsWith(method, "/grpc.reflection.v1alpha.ServerReflection/")) {
+    return MethodAccess::kUserRead;
+  }
+  if (absl::StartsWith(method, kHttpMethodPrefix)) return MethodAccess::kUserRead;
   if (absl::StartsWith(method, "/mptrain.v1.WorkerControl/")) return MethodAccess::kWorker;
   return MethodAccess::kDenied;
 }
@@ -136,32 +147,83 @@ absl::Status Authenticator::Authorize(absl::string_view method,
   const Principal* principal = PrincipalOf(authorization);
   if (principal == nullptr) return absl::UnauthenticatedError("unknown token");
   const std::string method_name(TruncateForError(method, 128));
+  const Role role = principal->role;
+  absl::string_view needed;
   switch (access) {
-    case MethodAccess::kUser:
-      if (principal->role == Role::kAdmin || principal->role == Role::kUser) {
+    case MethodAccess::kUserRead:
+      if (role == Role::kAdmin || role == Role::kUser || role == Role::kViewer) {
         return absl::OkStatus();
       }
+      needed = "user, viewer or admin";
+      break;
+    case MethodAccess::kUserWrite:
+      if (role == Role::kAdmin || role == Role::kUser) return absl::OkStatus();
+      needed = "user or admin";
       break;
     case MethodAccess::kWorker:
-      if (principal->role == Role::kWorker) return absl::OkStatus();
+      if (role == Role::kWorker) return absl::OkStatus();
+      needed = "worker";
       break;
     default:
       return absl::PermissionDeniedError(absl::StrCat("no role may call ", method_name));
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      principal->name, " (role ", RoleName(principal->role), ") may not call ", method_name,
-      "; it needs the role ", access == MethodAccess::kWorker ? "worker" : "user or admin"));
+  return absl::PermissionDeniedError(absl::StrCat(principal->name, " (role ", RoleName(role),
+                                                  ") may not call ", method_name,
+                                                  "; it needs the role ", needed));
+}
+
+CallerIdentity Authenticator::Identify(absl::string_view authorization) const {
+  if (!enabled()) return {"anonymous", /*admin=*/true, /*reads_all_jobs=*/true};
+  const Principal* principal = PrincipalOf(authorization);
+  if (principal == nullptr) return {};
+  CallerIdentity caller;
+  caller.principal = principal->name;
+  caller.admin = principal->role == Role::kAdmin;
+  caller.reads_all_jobs = caller.admin || principal->role == Role::kViewer;
+  return caller;
 }
 
 CallerIdentity Authenticator::Identify(const grpc::ServerContextBase& context) const {
-  if (!enabled()) return {"anonymous", true};
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return {"", false};
-  const Principal* principal =
-      PrincipalOf(absl::string_view(it->second.data(), it->second.size()));
-  if (principal == nullptr) return {"", false};
-  return {principal->name, principal->role == Role::kAdmin};
+  return Identify(it == metadata.end()
+                      ? absl::string_view()
+                      : absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::Status CheckWorkerName(absl::string_view name,
+                             const std::optional<std::string>& token_principal,
+                             const std::optional<std::string>& certificate_name) {
+  const std::string asked(TruncateForError(name, 128));
+  if (token_principal.has_value() && *token_principal != name) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a worker registers under its token's principal: this token is worker ",
+        TruncateForError(*token_principal, 64), "'s, not ", asked,
+        " (give each worker its own `worker NAME TOKEN` line)"));
+  }
+  if (certificate_name.has_value() && *certificate_name != name) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a worker registers under its client certificate's subject CN: this certificate is \"",
+        TruncateForError(*certificate_name, 64), "\"'s, not ", asked,
+        " (give each worker its own certificate, CN = its --name)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Authenticator::CheckWorkerCaller(const grpc::ServerContextBase& context,
+                                              absl::string_view name) const {
+  std::optional<std::string> token_principal;
+  if (enabled()) token_principal = Identify(context).principal;
+  // gRPC puts a client certificate it verified (mutual TLS) and its subject CN here. A
+  // certificate without a CN names no worker (""), rather than leaving the name unchecked.
+  std::optional<std::string> certificate_name;
+  if (std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+      auth != nullptr && !auth->FindPropertyValues("x509_pem_cert").empty()) {
+    std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
+    certificate_name =
+        names.empty() ? std::string() : std::string(names.front().data(), names.front().size());
+  }
+  return CheckWorkerName(name, token_principal, certificate_name);
 }
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata, grpc::AuthContext*,

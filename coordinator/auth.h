@@ -1,11 +1,17 @@
 #pragma once
 
 // Who may call what. The coordinator's --token_file holds one `ROLE PRINCIPAL TOKEN` a line
-// (roles: admin, user, worker; '#' starts a comment). Clients send
+// (roles: admin, user, viewer, worker; '#' starts a comment). Clients send
 // `authorization: Bearer TOKEN`. The one check of every call is TokenAuthProcessor, which gRPC
 // runs before any handler: UNAUTHENTICATED for a missing or unknown token, PERMISSION_DENIED
 // for a role that may not call the method. Handlers that need the caller's name (the owner of
-// a submitted job, a cancel of someone else's job) ask Authenticator::Identify.
+// a submitted job, whose jobs a read may show, the name a worker may register under) ask
+// Authenticator::Identify.
+//
+// The roles: a user submits jobs and reads and cancels its own; a viewer (an operator's
+// dashboard, Prometheus) reads every job and changes nothing; an admin does everything a user
+// does, to every job; a worker calls WorkerControl only, registering under its principal's name
+// (CheckWorkerName).
 //
 // Capabilities finer than roles (which worker, which rank of which attempt) are secrets handed
 // out by the coordinator state itself: see WorkerRegistry and the rank secrets of assignments.
@@ -23,7 +29,7 @@
 
 namespace mptrain {
 
-enum class Role { kAdmin, kUser, kWorker };
+enum class Role { kAdmin, kUser, kViewer, kWorker };
 
 absl::string_view RoleName(Role role);
 
@@ -56,9 +62,10 @@ class TokenTable {
 
 // Which callers a method admits, by its full name ("/mptrain.v1.Coordinator/SubmitJob").
 enum class MethodAccess {
-  kPublic,  // No token needed (health checks).
-  kUser,    // Roles user and admin.
-  kWorker,  // Role worker.
+  kPublic,     // No token needed (health checks).
+  kUserRead,   // Roles user, viewer and admin: reads (a user's show its own jobs only).
+  kUserWrite,  // Roles user and admin: submitting and cancelling jobs.
+  kWorker,     // Role worker.
   kDenied,  // Unknown methods.
 };
 MethodAccess AccessFor(absl::string_view method);
@@ -68,7 +75,18 @@ inline constexpr absl::string_view kHttpMethodPrefix = "/http/";
 struct CallerIdentity {
   std::string principal;
   bool admin = false;
+  bool reads_all_jobs = false;  // admin or viewer
 };
+
+// Whether a worker whose credentials are these may register under `name` (the name it asks
+// for; the coordinator's "#N" of its worker id comes after). Each credential that names the
+// worker must name exactly `name`: the worker token's principal (when tokens are on:
+// `token_principal`), and the subject common name (CN) of its verified client certificate
+// (with mutual TLS: `certificate_name`). Absent ones are not checked; quick-start mode (neither)
+// admits any name. PERMISSION_DENIED names the rule and both names.
+absl::Status CheckWorkerName(absl::string_view name,
+                             const std::optional<std::string>& token_principal,
+                             const std::optional<std::string>& certificate_name);
 
 class Authenticator {
  public:
@@ -83,6 +101,13 @@ class Authenticator {
 
   // The caller of an admitted call (its token was checked by Authorize already).
   CallerIdentity Identify(const grpc::ServerContextBase& context) const;
+  // The same for an `authorization` header value (the HTTP server's requests).
+  CallerIdentity Identify(absl::string_view authorization) const;
+
+  // CheckWorkerName for the caller of `context`: its token (when tokens are on) and its
+  // verified client certificate's CN (when it presented one: mutual TLS).
+  absl::Status CheckWorkerCaller(const grpc::ServerContextBase& context,
+                                 absl::string_view name) const;
 
  private:
   const Principal* PrincipalOf(absl::string_view authorization) const;

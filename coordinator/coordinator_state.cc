@@ -382,6 +382,12 @@ const JobRecord* CoordinatorState::FindJob(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+const JobRecord* CoordinatorState::FindReadableJob(const std::string& job_id,
+                                                   const JobReader& reader) const {
+  const JobRecord* record = FindJob(job_id);
+  return record != nullptr && reader.MayRead(record->job()) ? record : nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Jobs
 // ---------------------------------------------------------------------------------------------
@@ -486,15 +492,16 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   return response;
 }
 
-absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id, View view) const {
+absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job_id, View view,
+                                                 const JobReader& reader) const {
   Read read(this, view);
-  const JobRecord* record = FindJob(job_id);
+  const JobRecord* record = FindReadableJob(job_id, reader);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   return record->job();
 }
 
 absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
-    const v1::ListJobsRequest& request, View view) const {
+    const v1::ListJobsRequest& request, View view, const JobReader& reader) const {
   if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size must be in [0, ", kMaxListPageSize,
                                                    "] (0 = ", kDefaultListPageSize, "), got ",
@@ -514,6 +521,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
   for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
     const v1::Job& job = jobs_.at(it->second)->job();
     if (request.state() != v1::JOB_STATE_UNSPECIFIED && job.state() != request.state()) continue;
+    if (!reader.MayRead(job)) continue;
     if (response.jobs_size() == page_size) {
       response.set_next_page_token(std::to_string(std::prev(it)->first));
       break;
@@ -537,11 +545,10 @@ absl::StatusOr<v1::JobState> CoordinatorState::CancelJob(const std::string& job_
                                                          bool admin) {
   Mutation mutation(this);
   JobRecord* record = FindJob(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
-  if (!admin && record->job().owner() != principal) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("job ", job_id, " belongs to ", record->job().owner(), "; ", principal,
-                     " may not cancel it (cancelling another principal's job needs admin)"));
+  // Another's job is unknown to a non-admin, as its reads answer: the refusal does not reveal
+  // that it exists, nor its owner.
+  if (record == nullptr || (!admin && record->job().owner() != principal)) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   }
   if (record->terminal()) {
     effects_.wait_ticket = record->store_ticket();  // The end it names is written.
@@ -559,9 +566,9 @@ std::vector<v1::Worker> CoordinatorState::ListWorkers() const {
 }
 
 absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
-    const std::string& job_id) const {
+    const std::string& job_id, const JobReader& reader) const {
   Read read(this);
-  const JobRecord* record = FindJob(job_id);
+  const JobRecord* record = FindReadableJob(job_id, reader);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", Quote(job_id)));
   v1::WatchJobEvent event;
   event.set_sequence(record->events().last_sequence());
@@ -586,7 +593,7 @@ absl::StatusOr<CoordinatorState::WatchBatch> CoordinatorState::JobEventsSince(
   return batch;
 }
 
-CoordinatorState::Overview CoordinatorState::GetOverview() const {
+CoordinatorState::Overview CoordinatorState::GetOverview(const JobReader& reader) const {
   // Monitoring (/metrics, the workers page) sees memory as it is, without waiting for the
   // store: it must still answer while a write hangs (mptrain_store_write_failures_total).
   std::lock_guard<std::mutex> lock(mu_);
@@ -594,7 +601,7 @@ CoordinatorState::Overview CoordinatorState::GetOverview() const {
   const int64_t now = options_.now_ms();
   for (const auto& [id, record] : jobs_) {
     overview.jobs[record->state()] += 1;
-    if (!record->running()) continue;
+    if (!record->running() || !reader.MayRead(record->job())) continue;
     v1::Job job = record->job();
     v1::JobSpec brief;
     brief.set_name(job.spec().name());
@@ -616,7 +623,7 @@ CoordinatorState::Overview CoordinatorState::GetOverview() const {
 }
 
 absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
-    const v1::GetJobEventsRequest& request, View view) const {
+    const v1::GetJobEventsRequest& request, View view, const JobReader& reader) const {
   constexpr int kDefaultEvents = 1'000, kMaxEvents = 10'000;
   if (request.max_events() < 0 || request.max_events() > kMaxEvents) {
     return absl::InvalidArgumentError(absl::StrCat("max_events must be in [0, ", kMaxEvents,
@@ -632,7 +639,7 @@ absl::StatusOr<v1::GetJobEventsResponse> CoordinatorState::GetJobEvents(
   bool terminal = false;
   {
     Read read(this, view);
-    const JobRecord* record = FindJob(request.job_id());
+    const JobRecord* record = FindReadableJob(request.job_id(), reader);
     if (record == nullptr) {
       return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
     }
@@ -1139,9 +1146,9 @@ absl::Status CoordinatorState::ReportRankLog(const v1::ReportRankLogRequest& req
 }
 
 absl::StatusOr<v1::GetRankLogResponse> CoordinatorState::GetRankLog(
-    const v1::GetRankLogRequest& request) const {
+    const v1::GetRankLogRequest& request, const JobReader& reader) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const JobRecord* record = FindJob(request.job_id());
+  const JobRecord* record = FindReadableJob(request.job_id(), reader);
   if (record == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown job ", Quote(request.job_id())));
   }

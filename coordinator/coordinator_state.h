@@ -91,6 +91,18 @@ struct CoordinatorOptions {
 inline constexpr int kDefaultListPageSize = 100;
 inline constexpr int kMaxListPageSize = 1'000;
 
+// Who reads a job. A principal reads its own jobs; `all` (admins, viewers, and every caller when
+// tokens are off: the admin "anonymous") reads every job. A job the reader may not read is
+// answered as an unknown one (NOT_FOUND, the same message), so that its existence, owner and
+// spec are not revealed.
+struct JobReader {
+  std::string principal = "anonymous";
+  bool all = true;
+
+  static JobReader Owner(std::string principal) { return {std::move(principal), false}; }
+  bool MayRead(const v1::Job& job) const { return all || job.owner() == principal; }
+};
+
 // Sizes of what clients send, answered with INVALID_ARGUMENT naming the limit.
 // A real spec is at most ~30 KB (seven paths of at most 4 KiB, small fields); every rank's
 // assignment carries a copy.
@@ -134,13 +146,16 @@ class CoordinatorState {
   // crash. kLive, for monitoring (the dashboard's JSON, /metrics): memory as it is, at once,
   // so that it still answers while a store write hangs.
   enum class View { kWritten, kLive };
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, View view = View::kWritten) const;
-  // A page of jobs, oldest first, specs trimmed to what a listing shows.
+  // Every read of a job takes its reader (JobReader: NOT_FOUND for another's job).
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, View view = View::kWritten,
+                                 const JobReader& reader = {}) const;
+  // A page of the jobs `reader` may read, oldest first, specs trimmed to what a listing shows.
   // INVALID_ARGUMENT: page_size outside [0, 1000] or a malformed page_token.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
-                                                View view = View::kWritten) const;
-  // NOT_FOUND: unknown job id. FAILED_PRECONDITION: the job already ended.
-  // PERMISSION_DENIED: `principal` does not own the job and is not an admin.
+                                                View view = View::kWritten,
+                                                const JobReader& reader = {}) const;
+  // NOT_FOUND: unknown job id, or a job of another principal when `principal` is not an admin
+  // (as a read of it would answer). FAILED_PRECONDITION: the job already ended.
   absl::StatusOr<v1::JobState> CancelJob(const std::string& job_id,
                                          const std::string& principal = "anonymous",
                                          bool admin = true);
@@ -148,7 +163,8 @@ class CoordinatorState {
 
   // Watch support. Returns the snapshot event (sequence = the job's latest sequence) to start a
   // watch. NOT_FOUND: unknown job id.
-  absl::StatusOr<v1::WatchJobEvent> WatchSnapshot(const std::string& job_id) const;
+  absl::StatusOr<v1::WatchJobEvent> WatchSnapshot(const std::string& job_id,
+                                                  const JobReader& reader = {}) const;
   // The job's events after `after_sequence` (possibly none: wait on JobKey and ask again) and
   // whether the watch is complete (the terminal state change was among them or earlier).
   // The events are shown only once `ticket` is written (IsWritten; until then hold them: the
@@ -164,7 +180,8 @@ class CoordinatorState {
   // GetJobEvents: a page of the job's history after `after_sequence`, from memory or, for
   // what memory no longer holds, from the store. NOT_FOUND, INVALID_ARGUMENT (max_events).
   absl::StatusOr<v1::GetJobEventsResponse> GetJobEvents(const v1::GetJobEventsRequest& request,
-                                                        View view = View::kWritten) const;
+                                                        View view = View::kWritten,
+                                                        const JobReader& reader = {}) const;
 
   // What /metrics and the dashboard show of the whole coordinator, taken under the lock once.
   struct Overview {
@@ -175,14 +192,16 @@ class CoordinatorState {
       double heartbeat_age_s = 0;
     };
     std::vector<WorkerLine> workers;
-    std::vector<v1::Job> running;  // RUNNING jobs, specs trimmed to name, world size, steps.
+    // RUNNING jobs the reader may read, specs trimmed to name, world size, steps. (The counts
+    // above and below are of every job: they name none.)
+    std::vector<v1::Job> running;
     // Since this coordinator started.
     uint64_t submitted_total = 0;
     std::map<v1::JobState, uint64_t> ended_total;
     uint64_t restarts_total = 0;
     uint64_t store_write_failures_total = 0;
   };
-  Overview GetOverview() const;
+  Overview GetOverview(const JobReader& reader = {}) const;
 
   // Nothing here blocks. A long call that has nothing to answer yet waits (see WaitSet) on the
   // key of what it waits for, and asks again when CoordinatorOptions::notify names that key.
@@ -245,7 +264,8 @@ class CoordinatorState {
   // What the job keeps of a rank's output (restored from the store after a restart); an ended
   // job's is complete. NOT_FOUND: unknown job; no output yet (a job not ended: ask again); or
   // none kept of an ended job (the message says it ended). INVALID_ARGUMENT: rank out of range.
-  absl::StatusOr<v1::GetRankLogResponse> GetRankLog(const v1::GetRankLogRequest& request) const;
+  absl::StatusOr<v1::GetRankLogResponse> GetRankLog(const v1::GetRankLogRequest& request,
+                                                    const JobReader& reader = {}) const;
 
   // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
   std::string RankSecretForTesting(const std::string& job_id, int attempt, int rank) const;
@@ -371,6 +391,8 @@ class CoordinatorState {
 
   JobRecord* FindJob(const std::string& job_id);
   const JobRecord* FindJob(const std::string& job_id) const;
+  // The job, when `reader` may read it; else null, as for an unknown one.
+  const JobRecord* FindReadableJob(const std::string& job_id, const JobReader& reader) const;
   JobLimits job_limits() const;
   // Whether `slot` belongs to the current attempt of a RUNNING job.
   bool SlotIsCurrent(const BusySlot& slot) const;

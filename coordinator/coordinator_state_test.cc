@@ -1002,13 +1002,85 @@ TEST_F(CoordinatorStateTest, CancelJob_OnlyOwnerOrAdmin) {
   std::string job = state_->SubmitJob(request, "alice")->job_id();
   EXPECT_EQ(state_->GetJob(job)->owner(), "alice");
   auto denied = state_->CancelJob(job, "bob", /*admin=*/false);
-  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_NE(denied.status().message().find("belongs to alice"), std::string::npos);
+  // As an unknown job: the refusal does not reveal that the job exists, nor whose it is.
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(denied.status().message()), absl::StrCat("unknown job ", job));
   EXPECT_EQ(StateOf(job), v1::PENDING);
   EXPECT_TRUE(state_->CancelJob(job, "alice", false).ok());
   std::string second = state_->SubmitJob(request, "alice")->job_id();
   EXPECT_TRUE(state_->CancelJob(second, "root", /*admin=*/true).ok());
   EXPECT_NE(state_->GetJob(second)->error().find("cancelled by root"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, Reads_AnotherPrincipalsJob_NotFoundAsAnUnknownOne) {
+  Register("w", 1);  // alice's job runs, the others queue
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(1);
+  const std::string alices = state_->SubmitJob(request, "alice")->job_id();
+  const std::string bobs = state_->SubmitJob(request, "bob")->job_id();
+  ASSERT_EQ(StateOf(alices), v1::RUNNING);
+  v1::ReportRankLogRequest chunk;
+  chunk.set_job_id(alices);
+  chunk.set_attempt(1);
+  chunk.set_rank(0);
+  chunk.set_worker_id(state_->GetJob(alices)->placement(0).worker_id());
+  chunk.set_worker_secret(worker_secrets_[chunk.worker_id()]);
+  chunk.set_data("alice's secret output\n");
+  ASSERT_TRUE(state_->ReportRankLog(chunk).ok());
+
+  const JobReader bob = JobReader::Owner("bob");
+  const JobReader alice = JobReader::Owner("alice");
+  const JobReader viewer{"grafana", /*all=*/true};
+  // The answer for alice's job, asked by bob, is the answer for a job that does not exist.
+  auto expect_unknown = [&](const absl::Status& status, const std::string& unknown_message) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+    EXPECT_EQ(std::string(status.message()), unknown_message);
+  };
+  const auto view = CoordinatorState::View::kWritten;
+  expect_unknown(state_->GetJob(alices, view, bob).status(),
+                 absl::StrCat("unknown job ", alices));
+  EXPECT_EQ(state_->GetJob(alices, view, alice)->owner(), "alice");
+  EXPECT_EQ(state_->GetJob(alices, view, viewer)->owner(), "alice");
+  v1::GetJobEventsRequest events;
+  events.set_job_id(alices);
+  expect_unknown(state_->GetJobEvents(events, view, bob).status(),
+                 absl::StrCat("unknown job ", alices));
+  EXPECT_GT(state_->GetJobEvents(events, view, alice)->events_size(), 0);
+  EXPECT_GT(state_->GetJobEvents(events, view, viewer)->events_size(), 0);
+  v1::GetRankLogRequest log;
+  log.set_job_id(alices);
+  log.set_attempt(1);
+  expect_unknown(state_->GetRankLog(log, bob).status(), absl::StrCat("unknown job ", alices));
+  EXPECT_EQ(state_->GetRankLog(log, alice)->data(), "alice's secret output\n");
+  EXPECT_TRUE(state_->GetRankLog(log, viewer).ok());
+  expect_unknown(state_->WatchSnapshot(alices, bob).status(),
+                 absl::StrCat("unknown job ", alices));
+  EXPECT_TRUE(state_->WatchSnapshot(alices, alice).ok());
+
+  auto ids = [](const v1::ListJobsResponse& page) {
+    std::vector<std::string> out;
+    for (const v1::Job& job : page.jobs()) out.push_back(job.job_id());
+    return out;
+  };
+  EXPECT_EQ(ids(*state_->ListJobs({}, view, bob)), std::vector<std::string>{bobs});
+  EXPECT_EQ(ids(*state_->ListJobs({}, view, alice)), std::vector<std::string>{alices});
+  EXPECT_EQ(ids(*state_->ListJobs({}, view, viewer)), (std::vector<std::string>{alices, bobs}));
+  // Paging a filtered list: bob's page of one ends at his job, not at alice's in between.
+  v1::ListJobsRequest one;
+  one.set_page_size(1);
+  ASSERT_TRUE(state_->SubmitJob(request, "carol").ok());  // between bob's two
+  const std::string bobs_second = state_->SubmitJob(request, "bob")->job_id();
+  auto page = state_->ListJobs(one, view, bob);
+  EXPECT_EQ(ids(*page), std::vector<std::string>{bobs});
+  one.set_page_token(page->next_page_token());
+  EXPECT_EQ(ids(*state_->ListJobs(one, view, bob)), std::vector<std::string>{bobs_second});
+
+  // /metrics' per-job lines: the running jobs the scraper may read; the counts are of all.
+  EXPECT_TRUE(state_->GetOverview(bob).running.empty());
+  ASSERT_EQ(state_->GetOverview(alice).running.size(), 1u);
+  EXPECT_EQ(state_->GetOverview(alice).running[0].job_id(), alices);
+  EXPECT_EQ(state_->GetOverview(viewer).running.size(), 1u);
+  EXPECT_EQ(state_->GetOverview(bob).jobs.at(v1::RUNNING), 1);
 }
 
 TEST_F(CoordinatorStateTest, SubmitJob_OversizedSpecOrRequestId_InvalidArgumentNamingLimit) {

@@ -240,8 +240,9 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  public:
   static grpc::ServerWriteReactor<v1::WatchJobEvent>* Start(CoordinatorState* state,
                                                             WaitSet* waits, CallQuota* quota,
-                                                            const std::string& principal,
+                                                            const JobReader& reader,
                                                             const std::string& job_id) {
+    const std::string& principal = reader.principal;
     auto* call = new WatchCall();
     Core& core = *call->core_;
     core.reactor = call;
@@ -261,7 +262,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     CoordinatorState::Deferred deferred;
     {
       CoordinatorState::DeferWrites defer;  // A callback thread: it must not wait for a write.
-      snapshot = state->WatchSnapshot(job_id);
+      snapshot = state->WatchSnapshot(job_id, reader);  // The owner never changes after.
       deferred = defer.Take();
     }
     std::lock_guard<std::recursive_mutex> lock(core.mu);
@@ -413,6 +414,11 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   std::shared_ptr<Core> core_;
 };
 
+// Whose jobs the caller's reads show.
+JobReader ReaderOf(const CallerIdentity& caller) {
+  return {caller.principal, caller.reads_all_jobs};
+}
+
 }  // namespace
 
 absl::Status CallQuota::Acquire(const std::string& holder) {
@@ -465,7 +471,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return Dispatch<v1::GetJobRequest, v1::GetJobResponse>(
       context, request, response, [&](auto frame) {
-        return AnswerNow(context, *frame, state_->GetJob(frame->request.job_id()),
+        return AnswerNow(context, *frame,
+                         state_->GetJob(frame->request.job_id(), CoordinatorState::View::kWritten,
+                                        ReaderOf(auth_->Identify(*context))),
                          frame->response.mutable_job());
       });
 }
@@ -475,7 +483,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* response) {
   return Dispatch<v1::ListJobsRequest, v1::ListJobsResponse>(
       context, request, response, [&](auto frame) {
-        return AnswerNow(context, *frame, state_->ListJobs(frame->request), &frame->response);
+        return AnswerNow(context, *frame,
+                         state_->ListJobs(frame->request, CoordinatorState::View::kWritten,
+                                          ReaderOf(auth_->Identify(*context))),
+                         &frame->response);
       });
 }
 
@@ -509,7 +520,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobEvents(
     grpc::ByteBuffer* response) {
   return Dispatch<v1::GetJobEventsRequest, v1::GetJobEventsResponse>(
       context, request, response, [&](auto frame) {
-        return AnswerNow(context, *frame, state_->GetJobEvents(frame->request),
+        return AnswerNow(context, *frame,
+                         state_->GetJobEvents(frame->request, CoordinatorState::View::kWritten,
+                                              ReaderOf(auth_->Identify(*context))),
                          &frame->response);
       });
 }
@@ -519,13 +532,15 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRankLog(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   return Dispatch<v1::GetRankLogRequest, v1::GetRankLogResponse>(
       context, request, response, [&](auto frame) {
-        return AnswerNow(context, *frame, state_->GetRankLog(frame->request), &frame->response);
+        return AnswerNow(context, *frame,
+                         state_->GetRankLog(frame->request, ReaderOf(auth_->Identify(*context))),
+                         &frame->response);
       });
 }
 
 grpc::ServerWriteReactor<v1::WatchJobEvent>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return WatchCall::Start(state_, waits_, &watches_, auth_->Identify(*context).principal,
+  return WatchCall::Start(state_, waits_, &watches_, ReaderOf(auth_->Identify(*context)),
                           request->job_id());
 }
 
@@ -538,6 +553,12 @@ grpc::ServerUnaryReactor* WorkerControlService::RegisterWorker(
       context, request, response, [&](auto frame) {
         if (absl::Status status = CheckAdvertisedHost(frame->request.host(), context->peer());
             !status.ok()) {
+          return AnswerNow(context, *frame, status);
+        }
+        // The name the registry will use (NameOfId's part before "#N").
+        const std::string& name =
+            frame->request.name().empty() ? frame->request.host() : frame->request.name();
+        if (absl::Status status = auth_->CheckWorkerCaller(*context, name); !status.ok()) {
           return AnswerNow(context, *frame, status);
         }
         return AnswerNow(

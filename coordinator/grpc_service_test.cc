@@ -84,7 +84,16 @@ TEST(GrpcService, ASlowDisk_HoldsNoThread_WritesAnswerOnceWritten) {
     store.Open();  // So that what waits for it ends.
     FAIL() << "no write reached the store";
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // Let every submit arrive.
+  // Every submit has reached the coordinator (its job is in memory, its write held behind the
+  // gate) before the heartbeats: the case is more writing calls in flight than gRPC threads.
+  for (int i = 0; i < 1000 && state.GetOverview().submitted_total < kSubmits; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (state.GetOverview().submitted_total != static_cast<uint64_t>(kSubmits)) {
+    store.Open();  // So that what waits for it ends.
+    FAIL() << state.GetOverview().submitted_total << " of " << kSubmits
+           << " submits reached the coordinator within 10 s";
+  }
 
   int heartbeats_answered = 0;
   for (int i = 0; i < 10; ++i) {

@@ -6,15 +6,10 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/small_file.h"
 #include "common/status_macros.h"
+#include "coordinator/http_connections.h"
 #include "coordinator/server_security.h"
 #include "coordinator/web_assets.h"
 #include "google/protobuf/util/json_util.h"
@@ -40,11 +36,13 @@ constexpr char kCookie[] = "mptrain_token";
 // into a fixed per-connection pool (a larger head is answered 431 or 414, or the connection
 // closed) and serves every connection from a few event-loop threads, so a slow client holds
 // a connection slot, never a thread; and a slot only for so long: libmicrohttpd closes a
-// connection idle for kIdleTimeoutSeconds, this server one that has not sent a whole request
-// head within HttpServerOptions::head_deadline of opening (a byte every few seconds is not
-// idle) or is older than its max_connection_age.
+// connection idle for kIdleTimeoutSeconds, the connection table (http_connections.h) one on
+// which no request was admitted within its admission deadline (a byte every few seconds is
+// not idle) or one older than its maximum age. The table counts connections per address
+// range and in all; libmicrohttpd's own cap is above the table's by the connections the
+// table has shut down that libmicrohttpd has not closed yet.
 constexpr size_t kConnectionMemoryBytes = 64 << 10;  // Request line + headers + the answer's head.
-constexpr unsigned kMaxConnections = 256;
+constexpr unsigned kConnectionsBeingClosed = 64;
 constexpr unsigned kMaxConnectionsPerAddress = 32;
 constexpr unsigned kIdleTimeoutSeconds = 10;
 constexpr unsigned kEventThreads = 4;
@@ -232,76 +230,8 @@ void LogFromLibrary(void*, const char* format, va_list args) {
 
 }  // namespace
 
-// The connections being served, for the deadlines libmicrohttpd does not keep (a whole request
-// head within `head_deadline` of opening, `max_age` in all): a thread looks every tenth of a
-// second and shuts down the socket of a connection past one (libmicrohttpd then sees it end and
-// closes it, its own way).
-class ConnectionReaper {
- public:
-  ConnectionReaper(std::chrono::milliseconds head_deadline, std::chrono::milliseconds max_age)
-      : head_deadline_(head_deadline), max_age_(max_age), thread_([this] { Run(); }) {}
-  ~ConnectionReaper() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-
-  void Opened(MHD_Connection* connection, int fd) {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_[connection] = Tracked{fd, Clock::now()};
-  }
-  void HeadRead(MHD_Connection* connection) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = open_.find(connection);
-    if (it != open_.end()) it->second.head_read = true;
-  }
-  // Called by libmicrohttpd before it closes the socket: from then on the fd is not touched.
-  void Closed(MHD_Connection* connection) {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_.erase(connection);
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  struct Tracked {
-    int fd = -1;
-    Clock::time_point opened;
-    bool head_read = false;
-    bool shut = false;
-  };
-
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; })) {
-      const Clock::time_point now = Clock::now();
-      for (auto& [connection, tracked] : open_) {
-        const auto age = now - tracked.opened;
-        if (tracked.shut || (age < max_age_ && (tracked.head_read || age < head_deadline_))) {
-          continue;
-        }
-        spdlog::debug("http: closing a connection {}",
-                      tracked.head_read ? "past its maximum age"
-                                        : "that sent no whole request head in time");
-        shutdown(tracked.fd, SHUT_RDWR);
-        tracked.shut = true;
-      }
-    }
-  }
-
-  const std::chrono::milliseconds head_deadline_;
-  const std::chrono::milliseconds max_age_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::map<MHD_Connection*, Tracked> open_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
 // The routes and libmicrohttpd's callbacks. What it holds is read-only once serving, but for
-// the reaper's table (locked).
+// the connection table (locked).
 class HttpServer::Handler {
  public:
   Handler(const CoordinatorState* state, const RpcMetrics* rpcs,
@@ -312,8 +242,10 @@ class HttpServer::Handler {
         authenticator_(std::move(authenticator)),
         tls_(tls),
         require_client_certificate_(require_client_certificate),
-        reaper_(options.head_deadline, options.max_connection_age) {}
+        connections_(options.connections) {}
 
+  // MHD_AcceptPolicyCallback: whether a connection from this address may open now.
+  static MHD_Result MayOpen(void* self, const sockaddr* address, socklen_t length);
   // MHD_NotifyConnectionCallback: a connection opened (its TLS handshake not yet made) or is
   // about to be closed.
   static void Connection(void* self, MHD_Connection* connection, void** socket_context,
@@ -327,6 +259,8 @@ class HttpServer::Handler {
   // MHD_RequestCompletedCallback: the request's state goes.
   static void Completed(void* self, MHD_Connection* connection, void** request_state,
                         MHD_RequestTerminationCode why);
+
+  size_t open_connections() const { return connections_.open_connections(); }
 
   // Kept while serving: libmicrohttpd reads them when it starts.
   std::string tls_cert_pem, tls_key_pem, tls_client_ca_pem;
@@ -350,7 +284,7 @@ class HttpServer::Handler {
   const std::shared_ptr<const Authenticator> authenticator_;
   const bool tls_;
   const bool require_client_certificate_;
-  ConnectionReaper reaper_;
+  HttpConnectionTable connections_;
 };
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
@@ -402,7 +336,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
       {MHD_OPTION_SOCK_ADDR, 0, address->ai_addr},
       {MHD_OPTION_THREAD_POOL_SIZE, kEventThreads, nullptr},
       {MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes, nullptr},
-      {MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, nullptr},
+      {MHD_OPTION_CONNECTION_LIMIT,
+       static_cast<intptr_t>(options.connections.max_connections + kConnectionsBeingClosed),
+       nullptr},
       {MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxConnectionsPerAddress, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, kIdleTimeoutSeconds, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Handler::Completed), &handler},
@@ -425,8 +361,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     }
   }
   items.push_back({MHD_OPTION_END, 0, nullptr});
-  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), nullptr, nullptr,
-                                     &Handler::Dispatch, &handler, MHD_OPTION_ARRAY,
+  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), &Handler::MayOpen,
+                                     &handler, &Handler::Dispatch, &handler, MHD_OPTION_ARRAY,
                                      items.data(), MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
@@ -441,6 +377,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   return server;
 }
 
+size_t HttpServer::open_connections() const { return handler_->open_connections(); }
+
 HttpServer::~HttpServer() {
   if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
@@ -454,10 +392,13 @@ MHD_Result HttpServer::Handler::Dispatch(void* self, MHD_Connection* connection,
     // First call: the line and headers are read, no body yet.
     pending = new Pending;
     *request_state = pending;
-    handler->reaper_.HeadRead(connection);
     pending->request.emplace(connection, method, url);
     pending->early = handler->Gate(connection, *pending->request);
     if (pending->early) return Send(connection, *pending->early);
+    // Through the gate with credentials: from now on only idleness and age close it. The login
+    // form and its stylesheet need none, so they leave a connection held to its deadline.
+    const std::string& path = pending->request->path;
+    if (path != "/login" && path != "/app.css") handler->connections_.Admitted(connection);
     return MHD_YES;  // Go on to the body (libmicrohttpd answers "100 Continue" if asked).
   }
   if (pending->early) {
@@ -481,16 +422,29 @@ void HttpServer::Handler::Completed(void*, MHD_Connection*, void** request_state
   *request_state = nullptr;
 }
 
+MHD_Result HttpServer::Handler::MayOpen(void* self, const sockaddr* address, socklen_t length) {
+  return static_cast<Handler*>(self)->connections_.MayOpen(address, length) ? MHD_YES : MHD_NO;
+}
+
 void HttpServer::Handler::Connection(void* self, MHD_Connection* connection, void**,
                                      MHD_ConnectionNotificationCode code) {
   auto* handler = static_cast<Handler*>(self);
   if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
-    handler->reaper_.Closed(connection);
+    handler->connections_.Closed(connection);
     return;
   }
   const MHD_ConnectionInfo* fd =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
-  if (fd != nullptr) handler->reaper_.Opened(connection, fd->connect_fd);
+  const MHD_ConnectionInfo* peer =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  if (fd != nullptr) {
+    const sockaddr* address = peer != nullptr ? peer->client_addr : nullptr;
+    socklen_t length = 0;
+    if (address != nullptr) {
+      length = address->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    }
+    handler->connections_.Opened(connection, fd->connect_fd, address, length);
+  }
   if (!handler->require_client_certificate_) return;
   // libmicrohttpd only asks for a client certificate: require one, verified during the
   // handshake against --tls_client_ca and made for client authentication (extended key usage
@@ -571,6 +525,9 @@ MHD_Result HttpServer::Handler::Send(MHD_Connection* connection, const Reply& re
 Reply HttpServer::Handler::Route(const Request& request) const {
   const bool get = request.method == "GET" || request.method == "HEAD";
   const std::string& path = request.path;  // Admitted by Gate.
+  // Whose jobs the answer shows: a user's own, a viewer's or admin's all (as the gRPC reads).
+  const CallerIdentity caller = authenticator_->Identify(Authorization(request));
+  const JobReader reader{caller.principal, caller.reads_all_jobs};
   if (path == "/login" && request.method == "POST") return Login(request);
   if (!get) {
     Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and POST /login)");
@@ -583,7 +540,8 @@ Reply HttpServer::Handler::Route(const Request& request) const {
   if (path == "/login") return Asset("/login.html");
   if (IsAssetPath(path)) return Asset(path);
   if (path == "/metrics") {
-    return {MHD_HTTP_OK, RenderMetrics(state_->GetOverview(), *rpcs_),
+    // Per-job series of the jobs the scraper may read; the counts are of all jobs.
+    return {MHD_HTTP_OK, RenderMetrics(state_->GetOverview(reader), *rpcs_),
             "text/plain; version=0.0.4; charset=utf-8"};
   }
   if (path == "/api/jobs") {
@@ -594,11 +552,11 @@ Reply HttpServer::Handler::Route(const Request& request) const {
       return Reply::Error(MHD_HTTP_BAD_REQUEST, "page_size must be a number");
     }
     list.set_page_size(page_size);
-    auto jobs = state_->ListJobs(list, CoordinatorState::View::kLive);
+    auto jobs = state_->ListJobs(list, CoordinatorState::View::kLive, reader);
     return jobs.ok() ? Reply::Json(ToJson(*jobs)) : Reply::Error(jobs.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "")) {
-    auto job = state_->GetJob(*id, CoordinatorState::View::kLive);
+    auto job = state_->GetJob(*id, CoordinatorState::View::kLive, reader);
     return job.ok() ? Reply::Json(ToJson(*job)) : Reply::Error(job.status());
   }
   if (std::optional<std::string> id = JobIdIn(path, "/events")) {
@@ -614,7 +572,7 @@ Reply HttpServer::Handler::Route(const Request& request) const {
     }
     page.set_after_sequence(after);
     page.set_max_events(limit);
-    auto events = state_->GetJobEvents(page, CoordinatorState::View::kLive);
+    auto events = state_->GetJobEvents(page, CoordinatorState::View::kLive, reader);
     return events.ok() ? Reply::Json(ToJson(*events)) : Reply::Error(events.status());
   }
   if (path == "/api/workers") {

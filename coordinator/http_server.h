@@ -5,27 +5,32 @@
 // pages that read it (/, /job?id=ID, /workers), with their scripts and the vendored uPlot
 // served from the binary: no page needs the internet.
 //
-// Security follows the gRPC port: with a token table, every request needs a user or admin
-// token, as `Authorization: Bearer TOKEN` (Prometheus, curl) or the cookie set by the login
-// form (browsers); with --tls_cert, HTTPS with the same certificate (and, with
+// Security follows the gRPC port: with a token table, every request needs a user, viewer or
+// admin token, and shows a user its own jobs only (the JSON, the pages that read it, and the
+// per-job series of /metrics; another's job is NOT_FOUND), a viewer or admin every job. The
+// token comes as `Authorization: Bearer TOKEN` (Prometheus, curl) or the cookie set by the
+// login form (browsers); with --tls_cert, HTTPS with the same certificate (and, with
 // --tls_client_ca, the same client certificates). Off loopback, TLS and tokens are required
 // unless --insecure. Nothing here changes state: every route but the login form is GET.
 //
 // Bounded (GNU libmicrohttpd): a request's line and headers are read into 64 KiB per
 // connection (a larger head is answered 431/414 and the connection closed), 256 connections
-// (32 per client address), each closed after 10 s without traffic, 10 s without a whole
-// request head, or 2 minutes in all, served by 4 event-loop threads, so a slow client holds a
+// in all, 64 per client address range (IPv4 /24, IPv6 /64) and 32 per address; a connection
+// on which no request was admitted (TLS handshake, whole head, credentials) within 3 s is
+// closed, any after 10 s without traffic or 2 minutes in all (http_connections.h). When all
+// 256 are taken, a newcomer takes the place of a connection not yet admitted from the range
+// that holds the most of those. Served by 4 event-loop threads, so a slow client holds a
 // connection slot for a while, never a thread; request bodies only with Content-Length, at
 // most 64 KiB, read only once the request is admitted. With --tls_client_ca a client
 // certificate (for client authentication, signed by that CA) is required in the handshake.
 
-#include <chrono>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
+#include "coordinator/http_connections.h"
 #include "coordinator/metrics.h"
 
 struct MHD_Daemon;
@@ -38,10 +43,8 @@ struct HttpServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   bool insecure = false;
-  // A connection is closed when it has not sent a whole request head this long after opening
-  // (a client sending a byte every few seconds is not idle), or is older than the maximum age.
-  std::chrono::milliseconds head_deadline{10'000};
-  std::chrono::milliseconds max_connection_age{120'000};
+  // Caps and deadlines of connections (tests shorten them).
+  HttpConnectionLimits connections;
 };
 
 class HttpServer {
@@ -55,6 +58,8 @@ class HttpServer {
 
   int port() const { return port_; }
   bool tls() const { return tls_; }
+  // Connections the connection table counts now (tests await a flood's with it).
+  size_t open_connections() const;
 
  private:
   class Handler;  // The routes, called from libmicrohttpd's threads (http_server.cc).

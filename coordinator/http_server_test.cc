@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,7 +18,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/test_job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/raw_connections.h"
 
 namespace mptrain {
 namespace {
@@ -27,12 +30,23 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUserToken[] = "user-token-0123456789abcdef";
 constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
 constexpr char kCommaToken[] = "comma,token-0123456789abcdef";
+constexpr char kBobToken[] = "bob-token-0123456789abcdef";
+constexpr char kViewerToken[] = "viewer-token-0123456789abcdef";
 
-// One client connection; every call gives up after `timeout_ms`.
+// One client connection, from `source` (an IPv4 loopback address: all of 127.0.0.0/8 is) or
+// 127.0.0.1; every call gives up after `timeout_ms`.
 class Client {
  public:
-  explicit Client(int port) {
+  explicit Client(int port, const char* source = nullptr) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      if (inet_pton(AF_INET, source, &from.sin_addr) != 1 ||
+          bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+        return;
+      }
+    }
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_port = htons(static_cast<uint16_t>(port));
@@ -72,6 +86,25 @@ class Client {
     return got;
   }
 
+  // One answer on a kept-alive connection: its head and its Content-Length of body.
+  std::string ReadResponse(int timeout_ms = 5000) {
+    std::string got;
+    char buffer[4096];
+    while (true) {
+      const size_t head_end = got.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        const size_t at = got.find("Content-Length: ");
+        const size_t length = at < head_end ? std::strtoul(got.c_str() + at + 16, nullptr, 10) : 0;
+        if (got.size() >= head_end + 4 + length) return got;
+      }
+      pollfd ready{fd_, POLLIN, 0};
+      if (poll(&ready, 1, timeout_ms) != 1) return got;
+      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) return got;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+  }
+
   // True when the server closed the connection within `timeout_ms` (having sent nothing).
   bool ClosedByServer(int timeout_ms) {
     pollfd ready{fd_, POLLIN, 0};
@@ -84,6 +117,21 @@ class Client {
   int fd_ = -1;
   bool connected_ = false;
 };
+
+int64_t MillisSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// Waits (at most 5 s) until `done` holds; false if it never did.
+template <typename Condition>
+bool Await(Condition done) {
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  while (!done()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 int StatusOf(const std::string& response) {
   // "HTTP/1.1 200 OK"
@@ -98,7 +146,8 @@ class HttpServerTest : public ::testing::Test {
     if (with_tokens) {
       auto parsed = TokenTable::Parse(absl::StrCat("user alice ", kUserToken, "\nworker w1 ",
                                                    kWorkerToken, "\nuser carol ", kCommaToken,
-                                                   "\n"),
+                                                   "\nuser bob ", kBobToken, "\nviewer grafana ",
+                                                   kViewerToken, "\n"),
                                       "test tokens");
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       tokens = *std::move(parsed);
@@ -112,8 +161,9 @@ class HttpServerTest : public ::testing::Test {
 
   // One request on a connection of its own; the whole answer (the server closes after it).
   std::string Get(const std::string& path, const std::string& headers = "",
-                  const std::string& method = "GET", const std::string& body = "") {
-    Client client(server_->port());
+                  const std::string& method = "GET", const std::string& body = "",
+                  const char* source = nullptr) {
+    Client client(server_->port(), source);
     EXPECT_TRUE(client.connected());
     client.Send(absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n",
                              headers, "\r\n", body));
@@ -156,17 +206,20 @@ TEST_F(HttpServerTest, SlowClients_HoldNoThread_OthersAreAnsweredAtOnce) {
     ASSERT_TRUE(slow.back()->connected());
     ASSERT_TRUE(slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: 1"));
   }
-  const auto start = Clock::now();
+  // Answered while every slow client still holds its connection (their head deadline is 10 s,
+  // past Get's 5 s): not only once they were dropped.
   EXPECT_EQ(StatusOf(Get("/metrics")), 200);
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  int still_open = 0;
+  for (auto& client : slow) still_open += !client->ClosedByServer(0);
+  EXPECT_EQ(still_open, 24) << "the answer came only once slow clients were closed";
 }
 
 // A client that sends its head a byte at a time is never idle (libmicrohttpd's timeout), but
 // has the head deadline to finish it; and no connection outlives its maximum age.
 TEST_F(HttpServerTest, SlowHeadsAndOldConnections_AreClosed) {
   HttpServerOptions options;
-  options.head_deadline = std::chrono::milliseconds(1'000);
-  options.max_connection_age = std::chrono::milliseconds(2'500);
+  options.connections.admission_deadline = std::chrono::milliseconds(1'000);
+  options.connections.max_age = std::chrono::milliseconds(2'500);
   Start(false, options);
   auto trickle_until_closed = [](Client& client) {
     const auto start = Clock::now();
@@ -210,6 +263,82 @@ TEST_F(HttpServerTest, ConnectionsFromOneAddress_AreBounded_ThenServedAgain) {
     status = StatusOf(Get("/metrics"));
   }
   EXPECT_EQ(status, 200);
+}
+
+// Issue 27: 300 idle connections from 10 addresses took all 256 slots and nobody was answered
+// until they timed out (10 s), again and again. Now connections not admitted in 3 s are
+// closed, one address range holds at most 64, and with the table full a newcomer from a range
+// holding fewer takes the place of a waiting one: a client from elsewhere, and an established
+// one, are answered at once.
+TEST_F(HttpServerTest, IdleConnectionsFromManyRanges_OthersAreStillAnsweredAtOnce) {
+  Start(false);
+  Client established(server_->port(), "127.0.201.1");
+  ASSERT_TRUE(established.connected());
+  ASSERT_TRUE(established.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n"));
+  ASSERT_EQ(StatusOf(established.ReadResponse()), 200);
+
+  // 400 addresses in 5 ranges (/24) of 80.
+  mptrain::testing::IdleFlood flood(server_->port(),
+                                   mptrain::testing::LoopbackSources(10, 5, 80));
+  ASSERT_TRUE(Await([&] { return flood.opened() >= 400 && server_->open_connections() >= 256; }))
+      << "the flood did not fill the server: opened " << flood.opened() << ", held "
+      << server_->open_connections();
+
+  // Across the flood's renewal (its connections are cut at 3 s and come back).
+  for (int probe = 0; probe < 6; ++probe) {
+    const auto start = Clock::now();
+    const std::string source = absl::StrCat("127.0.200.", probe + 1);
+    EXPECT_EQ(StatusOf(Get("/metrics", "", "GET", "", source.c_str())), 200)
+        << "probe " << probe;
+    EXPECT_LT(MillisSince(start), 2000) << "probe " << probe;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Spread over the flood.
+  }
+  const auto start = Clock::now();
+  ASSERT_TRUE(established.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n"));
+  EXPECT_EQ(StatusOf(established.ReadResponse(2000)), 200) << "the established client was cut";
+  EXPECT_LT(MillisSince(start), 2000);
+}
+
+TEST_F(HttpServerTest, ConnectionsFromOneRange_AreBounded_OtherRangesServed) {
+  HttpServerOptions options;
+  options.connections.admission_deadline = std::chrono::seconds(20);  // Not in this test.
+  Start(false, options);
+  std::vector<std::unique_ptr<Client>> held;
+  for (int host = 1; host <= 64; ++host) {
+    held.push_back(
+        std::make_unique<Client>(server_->port(), absl::StrCat("127.0.3.", host).c_str()));
+    ASSERT_TRUE(held.back()->connected());
+  }
+  ASSERT_TRUE(Await([&] { return server_->open_connections() == 64; }))
+      << server_->open_connections();
+  Client extra(server_->port(), "127.0.3.200");
+  extra.Send("GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_TRUE(extra.ClosedByServer(3000)) << "a 65th connection from one /24 was served";
+  EXPECT_EQ(StatusOf(Get("/metrics", "", "GET", "", "127.0.4.1")), 200);
+}
+
+// A connection is admitted by a request with credentials; the login form needs none, so it
+// admits nothing: both an idle connection and one that only fetched the form are cut at 3 s,
+// one with a user's request is kept.
+TEST_F(HttpServerTest, ConnectionsNotAdmitted_AreClosedAtTheDeadline) {
+  Start(true);
+  Client idle(server_->port());
+  Client login(server_->port());
+  Client admitted(server_->port());
+  const auto start = Clock::now();
+  ASSERT_TRUE(login.Send("GET /login HTTP/1.1\r\nHost: test\r\n\r\n"));
+  ASSERT_EQ(StatusOf(login.ReadResponse()), 200);
+  const std::string metrics = absl::StrCat("GET /metrics HTTP/1.1\r\nHost: test\r\n",
+                                           "Authorization: Bearer ", kUserToken, "\r\n\r\n");
+  ASSERT_TRUE(admitted.Send(metrics));
+  ASSERT_EQ(StatusOf(admitted.ReadResponse()), 200);
+  EXPECT_TRUE(idle.ClosedByServer(6000));
+  const int64_t idle_lived_ms = MillisSince(start);
+  EXPECT_GE(idle_lived_ms, 2'500);
+  EXPECT_LT(idle_lived_ms, 4'500);
+  EXPECT_TRUE(login.ClosedByServer(1000)) << "the login form admitted its connection";
+  ASSERT_TRUE(admitted.Send(metrics));
+  EXPECT_EQ(StatusOf(admitted.ReadResponse()), 200);
 }
 
 TEST_F(HttpServerTest, Bodies_WithoutLengthEncodedOrTooLarge_AreRefusedBeforeTheyAreRead) {
@@ -298,6 +427,56 @@ TEST_F(HttpServerTest, Gate_AnswersBeforeTheBody) {
   const std::string answer = client.ReadUntilClosed(3000);
   EXPECT_EQ(StatusOf(answer), 401) << answer;
   EXPECT_FALSE(absl::StrContains(answer, "100 Continue")) << answer;
+}
+
+// Each user's token shows its own jobs only, another's answered 404 as an unknown job's (the
+// JSON the dashboard reads, and /metrics' per-job series); a viewer's shows every job.
+TEST_F(HttpServerTest, JobReads_OwnJobsOnly_ViewerSeesAll) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w1");
+  worker.set_device(v1::CPU);
+  worker.set_slots(1);
+  worker.set_incarnation(1);
+  ASSERT_TRUE(state_.RegisterWorker(worker).ok());
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = SmallJobSpec(1);
+  submit.mutable_spec()->set_name("alices-model");
+  const std::string alices = state_.SubmitJob(submit, "alice")->job_id();  // runs
+  submit.mutable_spec()->set_name("bobs-model");
+  const std::string bobs = state_.SubmitJob(submit, "bob")->job_id();  // queued
+  ASSERT_EQ(state_.GetJob(alices)->state(), v1::RUNNING);
+  Start(true);
+  auto as = [](const char* token) { return absl::StrCat("Authorization: Bearer ", token, "\r\n"); };
+
+  const std::string bob_list = Get("/api/jobs", as(kBobToken));
+  EXPECT_EQ(StatusOf(bob_list), 200) << bob_list;
+  EXPECT_TRUE(absl::StrContains(bob_list, bobs)) << bob_list;
+  EXPECT_FALSE(absl::StrContains(bob_list, alices)) << bob_list;
+  EXPECT_FALSE(absl::StrContains(bob_list, "alices-model")) << bob_list;
+  const std::string unknown = Get("/api/jobs/job-9999", as(kBobToken));
+  for (const std::string& path :
+       {absl::StrCat("/api/jobs/", alices), absl::StrCat("/api/jobs/", alices, "/events")}) {
+    const std::string answer = Get(path, as(kBobToken));
+    EXPECT_EQ(StatusOf(answer), 404) << path << ": " << answer;
+    EXPECT_TRUE(absl::StrContains(answer, absl::StrCat("\"unknown job ", alices, "\"")))
+        << answer;
+    EXPECT_FALSE(absl::StrContains(answer, "alice")) << "the owner leaked: " << answer;
+    EXPECT_EQ(StatusOf(Get(path, as(kUserToken))), 200) << path;
+    EXPECT_EQ(StatusOf(Get(path, as(kViewerToken))), 200) << path;
+  }
+  EXPECT_EQ(StatusOf(unknown), 404);
+  const std::string bob_metrics = Get("/metrics", as(kBobToken));
+  EXPECT_EQ(StatusOf(bob_metrics), 200);
+  EXPECT_FALSE(absl::StrContains(bob_metrics, alices)) << bob_metrics;
+  EXPECT_FALSE(absl::StrContains(bob_metrics, "alices-model")) << bob_metrics;
+  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job=\"", alices)));
+
+  const std::string viewer_list = Get("/api/jobs", as(kViewerToken));
+  EXPECT_TRUE(absl::StrContains(viewer_list, alices)) << viewer_list;
+  EXPECT_TRUE(absl::StrContains(viewer_list, bobs)) << viewer_list;
+  EXPECT_TRUE(
+      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job=\"", alices)));
 }
 
 }  // namespace

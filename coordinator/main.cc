@@ -6,6 +6,9 @@
 // Off loopback it refuses to start without TLS and tokens unless --insecure is given.
 // With port 0 the kernel picks a free port; --port-file receives it (tests use this).
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <thread>
@@ -15,6 +18,7 @@
 #include "common/logging.h"
 #include "common/rpc_limits.h"
 #include "coordinator/coordinator_state.h"
+#include "coordinator/grpc_listener.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/http_server.h"
 #include "coordinator/metrics.h"
@@ -60,6 +64,17 @@ ABSL_FLAG(int64_t, max_pending_jobs_per_principal, 1000,
 ABSL_FLAG(int32_t, max_watches_per_principal, 512,
           "WatchJob streams one caller (token principal) may have open at once, of the 4096 in "
           "all (without tokens only the total applies)");
+ABSL_FLAG(double, grpc_handshake_timeout_s, 5,
+          "Seconds a connection to the gRPC port has to finish its handshake (TLS, then HTTP/2's "
+          "settings) before it is closed (gRPC's own default: 120)");
+ABSL_FLAG(int64_t, grpc_max_connections, 8192,
+          "Connections the gRPC port holds at once; more are closed as they arrive");
+ABSL_FLAG(int64_t, grpc_max_connections_per_address, 2048,
+          "Connections one client address (IPv6: one /64) may hold on the gRPC port (a worker "
+          "and its ranks share one)");
+ABSL_FLAG(double, grpc_max_connection_idle_s, 600,
+          "Seconds a gRPC connection with no call open is kept (then closed with GOAWAY: a "
+          "client opens a new one when it next calls)");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -69,6 +84,22 @@ constexpr int kMaxReceiveMessageBytes = 4 << 20;
 constexpr int kMaxServerThreads = 32;
 constexpr size_t kMaxServerMemoryBytes = size_t{2} << 30;
 constexpr int kMaxStreamsPerConnection = 20'000;
+
+constexpr int64_t kMostGrpcConnections = 1 << 20;
+
+// Each connection is a descriptor: raise the soft limit so that the connection cap, not the
+// descriptor limit, is what refuses connections (warns when the hard limit is lower).
+void RaiseDescriptorLimit(size_t max_connections) {
+  const rlim_t wanted = static_cast<rlim_t>(max_connections) + 1024;  // Files, the store, HTTP.
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur < wanted) {
+    spdlog::warn("open files are limited to {} (ulimit -n): fewer than --grpc_max_connections "
+                 "({}) and the rest; connections beyond it wait to be accepted",
+                 limit.rlim_cur, max_connections);
+  }
+}
 
 int main(int argc, char** argv) {
   mptrain::ParseFlags(argc, argv, "coordinator --listen HOST:PORT [--heartbeat-timeout SECONDS]");
@@ -154,6 +185,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!security->authenticator->enabled()) watch_limits.per_holder = watch_limits.total;
+  const double handshake_timeout_s = absl::GetFlag(FLAGS_grpc_handshake_timeout_s);
+  const double max_connection_idle_s = absl::GetFlag(FLAGS_grpc_max_connection_idle_s);
+  if (!(handshake_timeout_s >= 0.1 && handshake_timeout_s <= 600) ||
+      !(max_connection_idle_s >= 1 && max_connection_idle_s <= 30 * 24 * 3600)) {
+    spdlog::error("--grpc_handshake_timeout_s must be in [0.1, 600] and "
+                  "--grpc_max_connection_idle_s in [1, 2592000]");
+    return 2;
+  }
+  mptrain::GrpcConnectionLimits connection_limits;
+  const int64_t max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
+  const int64_t max_per_address = absl::GetFlag(FLAGS_grpc_max_connections_per_address);
+  if (max_connections < 1 || max_connections > kMostGrpcConnections || max_per_address < 1 ||
+      max_per_address > max_connections) {
+    spdlog::error("--grpc_max_connections must be in [1, {}] and "
+                  "--grpc_max_connections_per_address in [1, --grpc_max_connections]",
+                  kMostGrpcConnections);
+    return 2;
+  }
+  connection_limits.max_connections = static_cast<size_t>(max_connections);
+  connection_limits.max_connections_per_address = static_cast<size_t>(max_per_address);
+  RaiseDescriptorLimit(connection_limits.max_connections);
   mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
                                                   watch_limits);
   mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
@@ -165,8 +217,17 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<mptrain::RpcMetricsInterceptorFactory>(&rpc_metrics));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), security->credentials, &port);
+  // The port is accepted by GrpcListener, which keeps the connection caps gRPC 1.51 lacks,
+  // and handed to the server here.
+  auto acceptor = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+      security->credentials);
+  // A connection that does not finish its handshake goes soon; one that holds no call, after
+  // a while (its client simply reconnects).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(handshake_timeout_s * 1000));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(max_connection_idle_s * 1000));
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
   // Explicit quotas: no call holds a thread while it waits (callback API), and gRPC's own
   // threads and memory are capped.
@@ -175,19 +236,26 @@ int main(int argc, char** argv) {
   quota.Resize(kMaxServerMemoryBytes);
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
-  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same address would start
-  // and the kernel would split workers and clients between the two. The port is ours alone.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients ping connections with open calls (common/rpc_limits.h): accept that rate.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              mptrain::kServerMinPingIntervalMs);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
+  if (server == nullptr) {
+    spdlog::error("cannot start the gRPC server for {}", absl::GetFlag(FLAGS_listen));
     return 1;
   }
+  // Declared after the server and the acceptor: it stops accepting before they go.
+  absl::StatusOr<std::unique_ptr<mptrain::GrpcListener>> listener =
+      mptrain::GrpcListener::Bind(absl::GetFlag(FLAGS_listen), connection_limits);
+  if (!listener.ok()) {
+    spdlog::error("{}", std::string(listener.status().message()));
+    server->Shutdown();
+    return 1;
+  }
+  (*listener)->Start(acceptor.get());
+  const int port = (*listener)->port();
   spdlog::info("coordinator listening on {} (port {}; {}), heartbeat timeout {} s",
                absl::GetFlag(FLAGS_listen), port, security->summary, timeout_s);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
@@ -235,6 +303,7 @@ int main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
+  listener->reset();
   http.reset();
   signal_waiter.join();
   liveness.join();

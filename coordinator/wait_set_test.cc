@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -53,15 +55,39 @@ TEST(WaitSet, Cancel_RunsOnce_AndALaterNotifyDoesNothing) {
 }
 
 TEST(WaitSet, ManyWaitersOneThread_AllExpireInOrder) {
-  WaitSet waits;
+  // Each callback records its wait's deadline and when it ran: every wait expires (reason
+  // kDeadline), none before its deadline, and in the order of their deadlines.
+  struct Expiry {
+    WaitSet::Clock::time_point deadline, ran;
+    Reason reason;
+  };
+  std::mutex mutex;
+  std::vector<Expiry> expiries;
   std::atomic<int> expired{0};
+  WaitSet waits;
   for (int i = 0; i < 10'000; ++i) {
-    waits.Wait("worker:" + std::to_string(i), In(20 + i % 50), [&](Reason) { ++expired; });
+    const WaitSet::Clock::time_point deadline = In(20 + i % 50);
+    waits.Wait("worker:" + std::to_string(i), deadline, [&, deadline](Reason reason) {
+      const auto ran = WaitSet::Clock::now();
+      std::lock_guard<std::mutex> lock(mutex);
+      expiries.push_back({deadline, ran, reason});
+      ++expired;
+    });
   }
   for (int i = 0; i < 500 && expired.load() < 10'000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(expired.load(), 10'000);
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(expiries.size(), 10'000u);
+  int early = 0, out_of_order = 0, not_expired = 0;
+  for (size_t i = 0; i < expiries.size(); ++i) {
+    early += expiries[i].ran < expiries[i].deadline;
+    not_expired += expiries[i].reason != Reason::kDeadline;
+    out_of_order += i > 0 && expiries[i].deadline < expiries[i - 1].deadline;
+  }
+  EXPECT_EQ(early, 0) << "callbacks ran before their deadline";
+  EXPECT_EQ(not_expired, 0) << "callbacks ran for another reason than kDeadline";
+  EXPECT_EQ(out_of_order, 0) << "callbacks ran out of their deadlines' order";
 }
 
 TEST(WaitSet, Shutdown_RunsEveryPendingCallback) {

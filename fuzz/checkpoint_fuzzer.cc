@@ -1,19 +1,26 @@
 // Fuzzes the checkpoint readers a restarted or initialised run trusts: the input becomes a file
 // that ReadTrainingCheckpoint and ReadInitialParameters read against a fixed small layout
 // (Linear 3 -> 2 -> 1, and the same with a batch norm). They must answer with a value or an error naming the file, never
-// crash, and what they accept must match the layout and the documented ranges.
+// crash, and what they accept must match the layout and the documented ranges. No error may
+// quote the file or spell its header length (fuzz/error_leak_check.h; the safetensors harness
+// plants the other values).
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "fuzz/error_leak_check.h"
+#include "io/safetensors.h"
 #include "trainer/checkpoint.h"
 #include "trainer/norm_math.h"
 #include "trainer/parameter_layout.h"
@@ -68,6 +75,45 @@ void CheckParameters(const std::vector<float>& values) {
   }
 }
 
+// The words a message may name and a valid file holds: the format's, the metadata keys, the
+// layouts' tensor names (with and without an optimizer's prefix).
+const std::vector<std::string>& Vocabulary() {
+  static const auto* words = [] {
+    auto* words = new std::vector<std::string>{
+        "__metadata__", "data_offsets", mptrain::kDataDigestKey, "mptrain-checkpoint-v1",
+        "growth_tracker", "skipped_total", "steps_done", "data_cursor", "momentum"};
+    for (const mptrain::ParameterLayout* layout : {&Layout(), &NormLayout()}) {
+      const std::vector<float> zeros(layout->total);
+      for (const auto& [name, tensor] : mptrain::ParametersToTensors(*layout, zeros)) {
+        words->push_back(name);
+      }
+      const std::vector<float> buffers(layout->buffers_total);
+      for (const auto& [name, tensor] : mptrain::BuffersToTensors(*layout, buffers, 0)) {
+        words->push_back(name);
+      }
+    }
+    // Longest first: "norms.0.running_mean" before a shorter word inside it.
+    std::sort(words->begin(), words->end(),
+              [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    return words;
+  }();
+  return *words;
+}
+
+void CheckQuotesNothing(const absl::Status& status, std::string_view input) {
+  if (status.ok()) return;
+  mptrain::fuzz::AbortIfQuotesInput(status, InputPath(), mptrain::fuzz::InputRuns(input),
+                                    Vocabulary());
+  if (input.size() >= 8) {
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, input.data(), 8);
+    if (header_len >= 10'000'000'000u) {
+      mptrain::fuzz::AbortIfSpellsNumberIn(status, InputPath(), header_len, header_len,
+                                           "the header length");
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -78,6 +124,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   WriteFileOrDie(InputPath(), data, size);
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
 
   absl::StatusOr<mptrain::TrainingCheckpoint> checkpoint =
       mptrain::ReadTrainingCheckpoint(InputPath(), Layout());
@@ -93,6 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (!NamesFile(checkpoint.status())) {
     abort();
   }
+  CheckQuotesNothing(checkpoint.status(), input);
 
   absl::StatusOr<std::vector<float>> initial =
       mptrain::ReadInitialParameters(InputPath(), Layout());
@@ -104,6 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (checkpoint.ok()) {
     abort();
   }
+  CheckQuotesNothing(initial.status(), input);
   if (checkpoint.ok() && initial.ok() && *initial != checkpoint->parameters) abort();
 
   absl::StatusOr<mptrain::TrainingCheckpoint> with_norm =
@@ -126,5 +175,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (!NamesFile(with_norm.status())) {
     abort();
   }
+  CheckQuotesNothing(with_norm.status(), input);
   return 0;
 }

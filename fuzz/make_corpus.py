@@ -96,6 +96,9 @@ def npy_corpus():
     write("npy_fuzzer", "zero_dim", npy("<f4", (0, 3), b""))
     write("npy_fuzzer", "extra_key", npy("<f4", (2, 3), floats, extra="'x': 1, "))
     write("npy_fuzzer", "bad_magic", b"\x93NUMPZ" + npy("<f4", (2, 3), floats)[6:])
+    # Long names and values that an error must not quote (fuzz/error_leak_check.h).
+    write("npy_fuzzer", "long_key", npy("<f4", (2, 3), floats, extra="'a_long_unknown_key': 1, "))
+    write("npy_fuzzer", "long_dtype", npy("<a_long_unknown_dtype", (2, 3), floats))
 
 
 # ---- safetensors ----
@@ -138,6 +141,10 @@ def safetensors_corpus():
     write("safetensors_fuzzer", "header_too_long", struct.pack("<Q", 1 << 40) + b"{}")
     write("safetensors_fuzzer", "bad_metadata", safetensors(
         [("a", "F32", (1,), f32(1))], metadata={"step": 3}))
+    # Bytes an error must not quote or spell as a number (fuzz/error_leak_check.h).
+    write("safetensors_fuzzer", "shadow", b"root:*:20000:0:99999:7:::\n")
+    write("safetensors_fuzzer", "long_name_f16",
+          safetensors([("a_long_secret_tensor_name", "F16", (2,), b"\x00\x3c\x00\x40")]))
 
 
 # ---- training checkpoints (layout: Linear 3 -> 2 -> 1) ----

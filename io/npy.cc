@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -50,12 +51,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
 }
 
-// At most 40 characters of `text`, for error messages about hostile headers.
-std::string Excerpt(absl::string_view text) {
-  if (text.size() <= 40) return std::string(text);
-  return absl::StrCat(text.substr(0, 37), "...");
-}
-
 class HeaderParser {
  public:
   explicit HeaderParser(absl::string_view text) : text_(text) {}
@@ -70,7 +65,7 @@ class HeaderParser {
       absl::StatusOr<std::string> key = QuotedString("a key");
       if (!key.ok()) return key.status();
       SkipSpace();
-      if (!Consume(':')) return Error(absl::StrCat("no ':' after the key '", *key, "'"));
+      if (!Consume(':')) return Error("no ':' after a key");
       SkipSpace();
       if (*key == "descr") {
         if (has_descr) return Error("the key 'descr' appears twice");
@@ -93,8 +88,7 @@ class HeaderParser {
         absl::Status status = Shape(&header->shape);
         if (!status.ok()) return status;
       } else {
-        return Error(absl::StrCat("unexpected key '", Excerpt(*key),
-                                  "' (only 'descr', 'fortran_order' and 'shape' are allowed)"));
+        return Error("an unexpected key (only 'descr', 'fortran_order' and 'shape' are allowed)");
       }
       SkipSpace();
       if (Consume(',')) {
@@ -102,12 +96,12 @@ class HeaderParser {
         continue;
       }
       if (Consume('}')) break;
+      // `key` is one of the three above (any other was refused): not the file's to name.
       return Error(absl::StrCat("no ',' or '}' after the value of '", *key, "'"));
     }
     SkipSpace();
     if (!AtEnd()) {
-      return Error(absl::StrCat("unexpected text after the header dict: '",
-                                Excerpt(text_.substr(pos_)), "'"));
+      return Error("unexpected text after the header dict");
     }
     if (!has_descr) return Error("the header has no 'descr'");
     if (!has_fortran_order) return Error("the header has no 'fortran_order'");
@@ -133,8 +127,7 @@ class HeaderParser {
   // A '...' or "..." string of printable ASCII without escapes.
   absl::StatusOr<std::string> QuotedString(const char* what) {
     if (AtEnd() || (Peek() != '\'' && Peek() != '"')) {
-      return Error(absl::StrCat("expected a quoted string for ", what, " at '",
-                                Excerpt(text_.substr(std::min(pos_, text_.size()))), "'"));
+      return Error(absl::StrCat("expected a quoted string for ", what));
     }
     const char quote = text_[pos_++];
     const size_t start = pos_;
@@ -198,24 +191,22 @@ class HeaderParser {
   static absl::StatusOr<int64_t> Dimension(absl::string_view token, size_t index) {
     const std::string field = absl::StrCat("'shape'[", index, "]");
     if (token[0] == '-') {
-      return Error(absl::StrCat(field, " is ", Excerpt(token),
-                                ": negative; every dimension must be > 0"));
+      return Error(absl::StrCat(field, " is negative; every dimension must be > 0"));
     }
     const bool leading_zero = token.size() > 1 && token[0] == '0';
     for (char c : token) {
       if (c < '0' || c > '9' || leading_zero) {
-        return Error(absl::StrCat(field, " is '", Excerpt(token),
-                                  "', not a decimal integer"));
+        return Error(absl::StrCat(field, " is not a decimal integer"));
       }
     }
     int64_t value = 0;
     for (char c : token) {
       if (__builtin_mul_overflow(value, int64_t{10}, &value) ||
           __builtin_add_overflow(value, int64_t{c - '0'}, &value)) {
-        return Error(absl::StrCat(field, " is ", Excerpt(token), ": too large for int64"));
+        return Error(absl::StrCat(field, " is too large for int64"));
       }
     }
-    if (value == 0) return Error(absl::StrCat(field, " is 0; every dimension must be > 0"));
+    if (value == 0) return Error(absl::StrCat(field, " is not > 0; every dimension must be"));
     return value;
   }
 
@@ -251,19 +242,14 @@ absl::StatusOr<NpyHeader> ReadHeader(const RegularFile& file, const std::string&
     header_len = uint64_t{preamble[8]} | (uint64_t{preamble[9]} << 8) |
                  (uint64_t{preamble[10]} << 16) | (uint64_t{preamble[11]} << 24);
   } else {
-    return Bad(path, kind,
-               absl::StrCat("unsupported format version ", major, ".", minor,
-                            " (1.0, 2.0 and 3.0 are supported)"));
+    return Bad(path, kind, "an unsupported format version (1.0, 2.0 and 3.0 are supported)");
   }
   if (header_len > kMaxHeaderBytes) {
     return Bad(path, kind,
-               absl::StrCat("header length ", header_len, " exceeds the limit of ",
-                            kMaxHeaderBytes, " bytes"));
+               absl::StrCat("its header length exceeds the limit of ", kMaxHeaderBytes, " bytes"));
   }
   if (header_len > file.size - header_start) {
-    return Bad(path, kind,
-               absl::StrCat("header length ", header_len, " runs past the end of the file (",
-                            file.size, " bytes)"));
+    return Bad(path, kind, "its header length runs past the end of the file");
   }
   std::string text(header_len, '\0');
   status = ReadAt(file, path, header_start, text.data(), header_len);
@@ -284,28 +270,22 @@ absl::StatusOr<uint64_t> CheckDataSize(const RegularFile& file, const std::strin
   uint64_t count = 1;
   for (int64_t dimension : header.shape) {
     if (__builtin_mul_overflow(count, static_cast<uint64_t>(dimension), &count)) {
-      return Bad(path, kind,
-                 absl::StrCat("'shape' ", ShapeText(header.shape),
-                              " has more elements than fit in 64 bits"));
+      return Bad(path, kind, "'shape' has more elements than fit in 64 bits");
     }
   }
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(count, item_size, &bytes)) {
     return Bad(path, kind,
-               absl::StrCat("'shape' ", ShapeText(header.shape), " of ", item_size,
+               absl::StrCat("'shape' of ", item_size,
                             "-byte elements needs more bytes than fit in 64 bits"));
   }
   const uint64_t available = file.size - header.data_offset;
   if (available < bytes) {
-    return Bad(path, kind,
-               absl::StrCat("truncated: shape ", ShapeText(header.shape), " needs ", bytes,
-                            " bytes of data, the file has ", available));
+    return Bad(path, kind, "truncated: its data is shorter than 'shape' and 'descr' need");
   }
   if (available > bytes) {
     return Bad(path, kind,
-               absl::StrCat("shape ", ShapeText(header.shape), " needs ", bytes,
-                            " bytes of data, the file has ", available,
-                            " (extra bytes after the array)"));
+               "extra bytes after the array: its data is longer than 'shape' and 'descr' need");
   }
   return count;
 }
@@ -316,14 +296,11 @@ absl::StatusOr<NpyMatrix> ReadNpyMatrixOrThrow(const std::string& path) {
   absl::StatusOr<NpyHeader> header = ReadHeader(*file, path, kMatrixKind);
   if (!header.ok()) return header.status();
   if (header->descr != "<f4") {
-    return Bad(path, kMatrixKind,
-               absl::StrCat("dtype is '", Excerpt(header->descr), "', expected '<f4' (float32)"));
+    return Bad(path, kMatrixKind, "'descr' is not '<f4' (little-endian float32)");
   }
   if (header->fortran_order) return Bad(path, kMatrixKind, "Fortran order; save it in C order");
   if (header->shape.size() != 2) {
-    return Bad(path, kMatrixKind,
-               absl::StrCat("'shape' ", ShapeText(header->shape), " has ", header->shape.size(),
-                            " dimensions, expected 2"));
+    return Bad(path, kMatrixKind, "'shape' does not have 2 dimensions (rows, columns)");
   }
   absl::StatusOr<uint64_t> count = CheckDataSize(*file, path, kMatrixKind, *header, sizeof(float));
   if (!count.ok()) return count.status();
@@ -334,6 +311,15 @@ absl::StatusOr<NpyMatrix> ReadNpyMatrixOrThrow(const std::string& path) {
   absl::Status status =
       ReadAt(*file, path, header->data_offset, matrix.values.data(), *count * sizeof(float));
   if (!status.ok()) return status;
+  // A NaN or infinity would make every loss NaN and the run "succeed" at nothing. The position
+  // only: the value is the file's.
+  for (size_t i = 0; i < matrix.values.size(); ++i) {
+    if (!std::isfinite(matrix.values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": row ", i / matrix.cols, ", column ", i % matrix.cols,
+          " is not finite (NaN or infinity); every value must be finite"));
+    }
+  }
   return matrix;
 }
 
@@ -344,15 +330,12 @@ absl::StatusOr<NpyLabels> ReadNpyLabelsOrThrow(const std::string& path) {
   if (!header.ok()) return header.status();
   const bool is_int64 = header->descr == "<i8";
   if (!is_int64 && header->descr != "<i4") {
-    return Bad(path, kLabelsKind,
-               absl::StrCat("dtype is '", Excerpt(header->descr),
-                            "', expected '<i8' (int64) or '<i4' (int32)"));
+    return Bad(path, kLabelsKind, "'descr' is not '<i8' (int64) or '<i4' (int32)");
   }
   if (header->fortran_order) return Bad(path, kLabelsKind, "Fortran order; save it in C order");
   const std::vector<int64_t>& shape = header->shape;
   if (!(shape.size() == 1 || (shape.size() == 2 && shape[1] == 1))) {
-    return Bad(path, kLabelsKind,
-               absl::StrCat("'shape' is ", ShapeText(shape), ", expected (N,) or (N, 1)"));
+    return Bad(path, kLabelsKind, "'shape' is not (N,) or (N, 1)");
   }
   const uint64_t item_size = is_int64 ? sizeof(int64_t) : sizeof(int32_t);
   absl::StatusOr<uint64_t> count = CheckDataSize(*file, path, kLabelsKind, *header, item_size);

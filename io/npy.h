@@ -13,7 +13,11 @@
 // Errors of every reader: NOT_FOUND when the file does not exist; PERMISSION_DENIED when it is
 // a symbolic link ("<path>: is a symbolic link") or cannot be read; INVALID_ARGUMENT when it is
 // not a regular file ("<path>: not a regular file") or its contents are not what the reader
-// accepts (the message names the file and the header field or the byte counts at fault).
+// accepts (the message names the file, the header field at fault and the rule or limit).
+//
+// No error quotes or derives a value from the file: not a byte, a key, a dtype, a shape, a
+// header length, a version, a byte count, a value, nor the file's size (the file may be
+// anyone's). At most a position: a dimension's index, a row and a column.
 
 #include <cstdint>
 #include <string>
@@ -34,7 +38,8 @@ struct NpyLabels {
   std::vector<int64_t> values;  // count class indices; their range is the caller's to check.
 };
 
-// A 2-D array of dtype '<f4' (little-endian float32) in C order.
+// A 2-D array of dtype '<f4' (little-endian float32) in C order, every value finite (a NaN
+// or infinity is INVALID_ARGUMENT naming its row and column).
 absl::StatusOr<NpyMatrix> ReadNpyMatrix(const std::string& path);
 
 // A 1-D array of shape (N,), or a 2-D one of shape (N, 1), of dtype '<i8' or '<i4' (int32

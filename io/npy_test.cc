@@ -8,8 +8,13 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <limits>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -136,25 +141,25 @@ TEST(Npy, ReadNpyMatrix_Symlink_IsPermissionDenied) {
 
 TEST(Npy, ReadNpyMatrix_DimensionBeyondInt64_IsInvalidNamingShape) {
   ExpectMatrixRefused("huge_dim.npy", Header(F4Dict("(99999999999999999999, 1)")) + Floats({1}),
-                      "'shape'[0] is 99999999999999999999: too large for int64");
+                      "'shape'[0] is too large for int64");
 }
 
 TEST(Npy, ReadNpyMatrix_NegativeDimension_IsInvalidNamingShape) {
   // 12 floats: what (3, 4) would need, so only the sign is wrong.
   ExpectMatrixRefused("negative_dim.npy",
                       Header(F4Dict("(-3, 4)")) + Floats(std::vector<float>(12, 1)),
-                      "'shape'[0] is -3: negative");
+                      "'shape'[0] is negative");
 }
 
 TEST(Npy, ReadNpyMatrix_ZeroDimension_IsInvalidNamingShape) {
-  ExpectMatrixRefused("zero_dim.npy", Header(F4Dict("(4, 0)")), "'shape'[1] is 0");
+  ExpectMatrixRefused("zero_dim.npy", Header(F4Dict("(4, 0)")), "'shape'[1] is not > 0");
 }
 
 TEST(Npy, ReadNpyMatrix_NonDigitDimension_IsInvalidNamingShape) {
   ExpectMatrixRefused("float_dim.npy", Header(F4Dict("(3.0, 1)")) + Floats({1, 2, 3}),
-                      "'shape'[0] is '3.0', not a decimal integer");
+                      "'shape'[0] is not a decimal integer");
   ExpectMatrixRefused("hex_dim.npy", Header(F4Dict("(1, 0x1)")) + Floats({1}),
-                      "'shape'[1] is '0x1', not a decimal integer");
+                      "'shape'[1] is not a decimal integer");
 }
 
 TEST(Npy, ReadNpyMatrix_ElementCountWrapsToZero_IsInvalid) {
@@ -171,12 +176,12 @@ TEST(Npy, ReadNpyMatrix_ByteSizeWrapsToZero_IsInvalid) {
 
 TEST(Npy, Truncated_IsInvalidNamingFile) {
   ExpectMatrixRefused("truncated.npy", Header(F4Dict("(4, 4)")) + std::string(12, '\0'),
-                      "truncated: shape (4, 4) needs 64 bytes of data, the file has 12");
+                      "truncated: its data is shorter than 'shape' and 'descr' need");
 }
 
 TEST(Npy, ReadNpyMatrix_ExtraData_IsInvalidWithByteCounts) {
   ExpectMatrixRefused("extra.npy", Header(F4Dict("(1, 2)")) + Floats({1, 2, 3}),
-                      "shape (1, 2) needs 8 bytes of data, the file has 12");
+                      "extra bytes after the array");
 }
 
 TEST(Npy, ReadNpyMatrix_HeaderLengthBeyondFile_IsInvalid) {
@@ -196,11 +201,11 @@ TEST(Npy, WrongDtype_IsInvalid) {
   ExpectMatrixRefused("f8.npy",
                       Header("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 1), }") +
                           std::string(8, '\0'),
-                      "dtype is '<f8', expected '<f4'");
+                      "'descr' is not '<f4'");
   ExpectMatrixRefused("f4_big_endian.npy",
                       Header("{'descr': '>f4', 'fortran_order': False, 'shape': (1, 1), }") +
                           std::string(4, '\0'),
-                      "dtype is '>f4'");
+                      "'descr' is not '<f4'");
 }
 
 TEST(Npy, ReadNpyMatrix_StructuredDtype_IsInvalid) {
@@ -213,7 +218,7 @@ TEST(Npy, ReadNpyMatrix_StructuredDtype_IsInvalid) {
 
 TEST(Npy, OneDimensional_IsInvalid) {
   ExpectMatrixRefused("1d.npy", Header(F4Dict("(3,)")) + std::string(12, '\0'),
-                      "'shape' (3,) has 1 dimensions, expected 2");
+                      "'shape' does not have 2 dimensions");
 }
 
 TEST(Npy, ReadNpyMatrix_ParenthesisedNumberShape_IsInvalid) {
@@ -239,7 +244,7 @@ TEST(Npy, ReadNpyMatrix_UnknownKey_IsInvalid) {
   ExpectMatrixRefused(
       "unknown.npy",
       Header("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1), 'x': 1}") + Floats({1}),
-      "unexpected key 'x'");
+      "an unexpected key (only");
 }
 
 TEST(Npy, ReadNpyMatrix_MissingKey_IsInvalidNamingIt) {
@@ -255,12 +260,82 @@ TEST(Npy, ReadNpyMatrix_TextAfterDict_IsInvalid) {
 TEST(Npy, ReadNpyMatrix_UnsupportedVersion_IsInvalid) {
   std::string bytes = Header(F4Dict("(1, 1)")) + Floats({1});
   bytes[6] = 4;
-  ExpectMatrixRefused("v4.npy", bytes, "unsupported format version 4.0");
+  ExpectMatrixRefused("v4.npy", bytes, "an unsupported format version (1.0, 2.0 and 3.0");
 }
 
 TEST(Npy, Garbage_IsInvalid) {
   ExpectMatrixRefused("garbage.npy", "this is not numpy at all", "magic");
   ExpectMatrixRefused("empty.npy", "", "magic");
+}
+
+// The message of `status` with every occurrence of `path` taken out.
+std::string WithoutPath(const absl::Status& status, const std::string& path) {
+  std::string message(status.message());
+  for (size_t at; (at = message.find(path)) != std::string::npos;) message.erase(at, path.size());
+  return message;
+}
+
+// An error must not tell whoever submitted the path what the file holds: no key, dtype, token,
+// header length, version, shape, byte count or value from it (each planted below).
+TEST(Npy, Readers_Errors_QuoteNoByteOrNumberFromTheFile) {
+  std::string long_header = Header(F4Dict("(1, 1)"), 2) + Floats({1});
+  long_header[8] = 0x21;  // Header length 0x5421 + (0x21 << 16): 2184225, over the cap.
+  long_header[9] = 0x54;
+  long_header[10] = 0x21;
+  std::string past_end = Header(F4Dict("(1, 1)")) + Floats({1});
+  past_end[8] = 0x39;  // 0x3039 = 12345, past the end of this file.
+  past_end[9] = 0x30;
+  std::string version = Header(F4Dict("(1, 1)")) + Floats({1});
+  version[6] = 77;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"key", Header("{'descr': '<f4', 'SECRETKEY': 1, 'shape': (1, 1)}") + Floats({1})},
+      {"colon", Header("{'SECRETKEY' 1}") + Floats({1})},
+      {"after", Header(F4Dict("(1, 1)") + " SECRETTEXT") + Floats({1})},
+      {"quote", Header("{SECRETTEXT: 1}") + Floats({1})},
+      {"dtype", Header("{'descr': 'SECRETDTYPE', 'fortran_order': False, 'shape': (1, 1), }") +
+                    Floats({1})},
+      {"negative", Header(F4Dict("(-987654321, 1)")) + Floats({1})},
+      {"token", Header(F4Dict("(SECRET, 1)")) + Floats({1})},
+      {"huge", Header(F4Dict("(98765432109876543210, 1)")) + Floats({1})},
+      {"dims", Header(F4Dict("(987654, 1, 1)")) + Floats({1})},
+      {"truncated", Header(F4Dict("(987654, 3)")) + Floats({1})},
+      {"extra", Header(F4Dict("(1, 1)")) + std::string(987654, '\0')},
+      {"wrap", Header(F4Dict("(4611686018427387904, 987654)"))},
+      {"long_header", long_header},
+      {"past_end", past_end},
+      {"version", version},
+      {"nan", Header(F4Dict("(2, 2)")) + Floats({1, 2, 3, nan})},
+  };
+  for (const auto& [name, bytes] : files) {
+    const std::string path = TempPath("planted_" + name + ".npy");
+    WriteRaw(path, bytes);
+    for (const absl::Status& status :
+         {ReadNpyMatrix(path).status(), ReadNpyLabels(path).status()}) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << ": " << status;
+      const std::string message = WithoutPath(status, path);
+      std::vector<std::string> secrets = {"SECRET",  "987654", "98765", "2184225",
+                                          "12345",   "77",     "4611686018427387904", "nan"};
+      // Sizes of small files could match a limit in a message by chance ("64 bits").
+      if (bytes.size() > 1000) secrets.push_back(absl::StrCat(bytes.size()));
+      for (const std::string& secret : secrets) {
+        EXPECT_EQ(message.find(secret), std::string::npos)
+            << name << ": the error quotes '" << secret << "' from the file: " << message;
+      }
+    }
+  }
+}
+
+TEST(Npy, ReadNpyMatrix_NonFinite_IsInvalidNamingRowAndColumn) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  ExpectMatrixRefused("nan.npy", Header(F4Dict("(2, 3)")) + Floats({1, 2, 3, 4, nan, 6}),
+                      "row 1, column 1 is not finite (NaN or infinity)");
+  ExpectMatrixRefused("inf.npy", Header(F4Dict("(2, 3)")) + Floats({1, 2, -inf, 4, 5, 6}),
+                      "row 0, column 2 is not finite");
+  const std::string path = TempPath("finite.npy");
+  WriteRaw(path, Header(F4Dict("(1, 2)")) + Floats({std::numeric_limits<float>::max(), -0.0f}));
+  EXPECT_TRUE(ReadNpyMatrix(path).ok());
 }
 
 TEST(Npy, WriteNpyMatrix_ValuesDoNotMatchShape_IsInvalid) {
@@ -294,7 +369,7 @@ TEST(Npy, ReadNpyLabels_FloatDtype_IsInvalidNamingIt) {
   const std::string path = TempPath("labels_f4.npy");
   ASSERT_TRUE(WriteNpyMatrix(path, {2, 1, {0, 1}}).ok());
   ExpectError(ReadNpyLabels(path).status(), absl::StatusCode::kInvalidArgument, path,
-              "dtype is '<f4', expected '<i8' (int64) or '<i4' (int32)");
+              "'descr' is not '<i8' (int64) or '<i4' (int32)");
 }
 
 TEST(Npy, ReadNpyLabels_TwoColumns_IsInvalid) {
@@ -302,7 +377,7 @@ TEST(Npy, ReadNpyLabels_TwoColumns_IsInvalid) {
   WriteRaw(path, Header("{'descr': '<i8', 'fortran_order': False, 'shape': (1, 2), }") +
                      std::string(16, '\0'));
   ExpectError(ReadNpyLabels(path).status(), absl::StatusCode::kInvalidArgument, path,
-              "'shape' is (1, 2), expected (N,) or (N, 1)");
+              "'shape' is not (N,) or (N, 1)");
 }
 
 TEST(Npy, ReadNpyLabels_NegativeDimension_IsInvalid) {
@@ -310,7 +385,7 @@ TEST(Npy, ReadNpyLabels_NegativeDimension_IsInvalid) {
   WriteRaw(path, Header("{'descr': '<i8', 'fortran_order': False, 'shape': (-1,), }") +
                      std::string(8, '\0'));
   ExpectError(ReadNpyLabels(path).status(), absl::StatusCode::kInvalidArgument, path,
-              "'shape'[0] is -1: negative");
+              "'shape'[0] is negative");
 }
 
 TEST(Npy, ReadNpyLabels_Directory_IsInvalidNotARegularFile) {

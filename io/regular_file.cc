@@ -75,14 +75,13 @@ absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t o
     if (n < 0) {
       if (errno == EINTR) continue;
       const int error = errno;
+      // No offset or size in these errors: they come from the file's header.
       return absl::Status(absl::ErrnoToStatusCode(error),
-                          absl::StrCat(path, ": read failed at byte ", offset, ": ",
-                                       std::strerror(error)));
+                          absl::StrCat(path, ": read failed: ", std::strerror(error)));
     }
     if (n == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ended at byte ", offset, ", before its size at open (", file.size,
-          " bytes); was it changed while being read?"));
+          path, ": ended before its size at open; was it changed while being read?"));
     }
     p += n;
     offset += static_cast<uint64_t>(n);

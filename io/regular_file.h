@@ -64,8 +64,10 @@ auto NoThrow(const std::string& path, Fn fn) -> decltype(fn()) {
     return fn();
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory"));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  } catch (const std::exception&) {
+    // Not e.what(): a JSON parser's or encoder's message quotes the bytes it refused.
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": malformed contents (refused by a parser or encoder)"));
   }
 }
 

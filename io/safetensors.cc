@@ -93,14 +93,13 @@ class HeaderPrecheck {
       field_key_ = key;
     }
     if (!frame.keys.insert(key).second) {
-      return Refuse(frames_.size() == 1
-                        ? absl::StrCat("the key '", key, "' appears twice")
-                        : absl::StrCat("'", top_key_, "' has the key '", key, "' twice"));
+      return Refuse(frames_.size() == 1 ? "a top-level key appears twice"
+                                        : absl::StrCat(Entry(), " has a key twice"));
     }
     if (frames_.size() == 2) {
       const size_t limit = top_key_ == "__metadata__" ? kMaxMetadataEntries : kMaxTensorFields;
       if (frame.keys.size() > limit) {
-        return Refuse(absl::StrCat("'", top_key_, "' has more than ", limit, " keys"));
+        return Refuse(absl::StrCat(Entry(), " has more than ", limit, " keys"));
       }
     }
     return true;
@@ -112,7 +111,7 @@ class HeaderPrecheck {
   bool start_array(std::size_t) {
     if (frames_.empty()) return Refuse("the header is a JSON array, expected an object");
     if (frames_.size() == 1) {
-      return Refuse(absl::StrCat("'", top_key_, "' is a JSON array, expected an object"));
+      return Refuse(absl::StrCat(Entry(), " is a JSON array, expected an object"));
     }
     if (frames_.size() >= 3) return Refuse(absl::StrCat(Where(), " nests arrays too deeply"));
     frames_.push_back(Frame{false, {}, 0});
@@ -122,8 +121,10 @@ class HeaderPrecheck {
     frames_.pop_back();
     return true;
   }
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
-    return Refuse(absl::StrCat("the header is not valid JSON (at byte ", position, ")"));
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    // Neither the position nor the parser's message (it quotes the bytes it met): both would
+    // tell the reader of the error what an unreadable file holds.
+    return Refuse("the header is not valid JSON");
   }
 
  private:
@@ -144,9 +145,18 @@ class HeaderPrecheck {
     if (problem_.empty()) problem_ = std::move(problem);
     return false;
   }
+  // Keys from the header are never quoted (the file may be anyone's): __metadata__ and the
+  // known tensor fields by name, anything else by what it is.
+  std::string Entry() const {
+    return top_key_ == "__metadata__" ? "'__metadata__'" : "a tensor entry";
+  }
   std::string Where() const {
-    return field_key_.empty() ? absl::StrCat("'", top_key_, "'")
-                              : absl::StrCat("'", top_key_, "' field '", field_key_, "'");
+    if (field_key_.empty()) return Entry();
+    if (top_key_ != "__metadata__" &&
+        (field_key_ == "dtype" || field_key_ == "shape" || field_key_ == "data_offsets")) {
+      return absl::StrCat(Entry(), " field '", field_key_, "'");
+    }
+    return absl::StrCat(Entry(), " field");
   }
 
   std::vector<Frame> frames_;
@@ -163,10 +173,11 @@ struct TensorEntry {
   NamedTensor tensor;  // Shape only until the data is read.
 };
 
-// Checks one tensor's header entry against the data size.
-absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& name,
-                                             const json& info, uint64_t data_size) {
-  const std::string tensor = absl::StrCat("tensor '", name, "'");
+// Checks one tensor's header entry against the data size. `tensor` says which entry it is in
+// errors: never its name, a value or a size from the file (see safetensors.h).
+absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& tensor,
+                                             const std::string& name, const json& info,
+                                             uint64_t data_size) {
   if (!info.is_object()) {
     return Bad(path, absl::StrCat(tensor, " is a JSON ", info.type_name(), ", expected an object"));
   }
@@ -180,7 +191,7 @@ absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std:
                                                         : "data_offsets"));
   }
   if (!dtype->is_string() || dtype->get_ref<const std::string&>() != "F32") {
-    return Bad(path, absl::StrCat(tensor, " has dtype ", dtype->dump(), ", expected \"F32\""));
+    return Bad(path, absl::StrCat(tensor, " has a dtype other than \"F32\" (the only one read)"));
   }
   if (!shape->is_array()) {
     return Bad(path, absl::StrCat(tensor, " has a shape that is a JSON ", shape->type_name(),
@@ -192,42 +203,37 @@ absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std:
   for (size_t i = 0; i < shape->size(); ++i) {
     const json& dim = (*shape)[i];
     const std::string field = absl::StrCat(tensor, " shape[", i, "]");
-    if (dim.is_number_integer() && !dim.is_number_unsigned()) {
-      return Bad(path, absl::StrCat(field, " is ", dim.get<int64_t>(), ", negative"));
-    }
     if (!dim.is_number_unsigned()) {
-      return Bad(path, absl::StrCat(field, " is ", dim.dump(), ", not a non-negative integer"));
+      return Bad(path, absl::StrCat(field, " is not a non-negative integer"));
     }
     const uint64_t value = dim.get<uint64_t>();
     if (value > static_cast<uint64_t>(INT64_MAX)) {
-      return Bad(path, absl::StrCat(field, " is ", value, ", too large for int64"));
+      return Bad(path, absl::StrCat(field, " is too large for int64"));
     }
     if (__builtin_mul_overflow(count, value, &count)) {
-      return Bad(path, absl::StrCat(tensor, " shape ", shape->dump(),
-                                    " has more elements than fit in 64 bits"));
+      return Bad(path, absl::StrCat(tensor, " has a shape with more elements than fit in 64 bits"));
     }
     entry.tensor.shape.push_back(static_cast<int64_t>(value));
   }
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(count, uint64_t{sizeof(float)}, &bytes)) {
-    return Bad(path, absl::StrCat(tensor, " shape ", shape->dump(),
-                                  " needs more bytes than fit in 64 bits"));
+    return Bad(path,
+               absl::StrCat(tensor, " has a shape that needs more bytes than fit in 64 bits"));
   }
   if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
       !(*offsets)[1].is_number_unsigned()) {
-    return Bad(path, absl::StrCat(tensor, " has data_offsets ", offsets->dump(),
-                                  ", expected [begin, end] of non-negative integers"));
+    return Bad(path, absl::StrCat(tensor, " has data_offsets that are not [begin, end] of "
+                                  "non-negative integers"));
   }
   entry.begin = (*offsets)[0].get<uint64_t>();
   entry.end = (*offsets)[1].get<uint64_t>();
   if (entry.begin > entry.end || entry.end > data_size) {
-    return Bad(path, absl::StrCat(tensor, " data_offsets [", entry.begin, ", ", entry.end,
-                                  "] lie outside the ", data_size, " bytes of data"));
+    return Bad(path, absl::StrCat(tensor, " has data_offsets that do not lie within the data "
+                                  "section (begin <= end <= its size): truncated or damaged"));
   }
   if (entry.end - entry.begin != bytes) {
-    return Bad(path, absl::StrCat(tensor, " data_offsets [", entry.begin, ", ", entry.end,
-                                  "] hold ", entry.end - entry.begin, " bytes, its shape ",
-                                  shape->dump(), " needs ", bytes));
+    return Bad(path, absl::StrCat(tensor, " has data_offsets that do not span the 4 bytes per "
+                                  "element its shape needs"));
   }
   return entry;
 }
@@ -252,21 +258,35 @@ class DataDigest {
   XXH3_state_t* state_;
 };
 
+// How errors name a tensor: by name when the caller expects that name, else by position.
+std::string TensorLabel(const std::string& name, size_t index,
+                        const SafetensorsReadOptions& options) {
+  if (options.known_names != nullptr && options.known_names->count(name) != 0) {
+    return absl::StrCat("tensor '", name, "'");
+  }
+  return absl::StrCat("tensor #", index, " (in name order)");
+}
+
+// The position of `entry` among `entries`, which are in name order.
+size_t TensorIndex(const std::vector<TensorEntry>& entries, const TensorEntry& entry) {
+  return static_cast<size_t>(&entry - entries.data());
+}
+
 absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFile>& file,
                                                  const std::string& path,
                                                  std::map<std::string, std::string>* metadata,
                                                  const SafetensorsReadOptions& options) {
   if (!file.ok()) return file.status();
-  if (file->size < 8) {
-    return Bad(path, absl::StrCat("its ", file->size,
-                                  " bytes are shorter than the 8-byte header length"));
-  }
+  // No value read from the file, nor its size, goes into an error: the file may be anyone's
+  // (a path under a data root that is not the user's), and "header length N" would spell its
+  // first 8 bytes.
+  if (file->size < 8) return Bad(path, "it is shorter than the 8-byte header length");
   uint64_t header_len = 0;
   absl::Status status = ReadAt(*file, path, 0, &header_len, 8);
   if (!status.ok()) return status;
   if (header_len > kMaxHeaderBytes || header_len > file->size - 8) {
-    return Bad(path, absl::StrCat("header length ", header_len, " exceeds the file (",
-                                  file->size, " bytes) or the limit of ", kMaxHeaderBytes));
+    return Bad(path, absl::StrCat("its header length (the first 8 bytes) exceeds the rest of "
+                                  "the file or the limit of ", kMaxHeaderBytes, " bytes"));
   }
   std::string text(header_len, '\0');
   status = ReadAt(*file, path, 8, text.data(), header_len);
@@ -290,6 +310,7 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
   const uint64_t data_size = file->size - data_start;
   std::map<std::string, std::string> entries;
   std::vector<TensorEntry> tensors;
+  int64_t tensor_index = 0;  // In name order, which is the DOM's.
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       if (!info.is_object()) {
@@ -298,14 +319,15 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
       }
       for (const auto& [key, value] : info.items()) {
         if (!value.is_string()) {
-          return Bad(path, absl::StrCat("__metadata__ '", key, "' is a JSON ", value.type_name(),
+          return Bad(path, absl::StrCat("a __metadata__ value is a JSON ", value.type_name(),
                                         ", expected a string"));
         }
         entries[key] = value.get_ref<const std::string&>();
       }
       continue;
     }
-    absl::StatusOr<TensorEntry> entry = ParseTensorEntry(path, name, info, data_size);
+    absl::StatusOr<TensorEntry> entry =
+        ParseTensorEntry(path, TensorLabel(name, tensor_index++, options), name, info, data_size);
     if (!entry.ok()) return entry.status();
     tensors.push_back(*std::move(entry));
   }
@@ -322,9 +344,7 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
     const TensorEntry& before = *by_offset[i - 1];
     const TensorEntry& after = *by_offset[i];
     if (after.begin < before.end) {
-      return Bad(path, absl::StrCat("tensor '", before.name, "' [", before.begin, ", ",
-                                    before.end, "] and tensor '", after.name, "' [",
-                                    after.begin, ", ", after.end, "] overlap"));
+      return Bad(path, "the data_offsets of two tensors overlap");
     }
   }
 
@@ -343,9 +363,10 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
     if (options.require_finite) {
       for (size_t i = 0; i < tensor.values.size(); ++i) {
         if (!std::isfinite(tensor.values[i])) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": tensor '", entry.name, "' holds ", tensor.values[i],
-                           " at index ", i, "; its values must be finite"));
+          // The position only: the value is the file's.
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": ", TensorLabel(entry.name, TensorIndex(tensors, entry), options),
+              " holds a NaN or infinity at index ", i, "; its values must be finite"));
         }
       }
     }
@@ -361,9 +382,8 @@ absl::StatusOr<TensorMap> ReadSafetensorsOrThrow(const absl::StatusOr<RegularFil
     unstamped["__metadata__"].erase(std::string(kDataDigestKey));
     computed.AddText(unstamped.dump());
     if (computed.Hex() != digest->second) {
-      return Bad(path, absl::StrCat("its data or header does not match the digest written with it (",
-                                    kDataDigestKey, " ", digest->second, ", computed ",
-                                    computed.Hex(), "): the file is damaged"));
+      return Bad(path, absl::StrCat("its data or header does not match the digest written with "
+                                    "it (", kDataDigestKey, "): the file is damaged"));
     }
   }
   if (metadata != nullptr) *metadata = std::move(entries);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,13 @@ using TensorMap = std::map<std::string, NamedTensor>;
 inline constexpr char kDataDigestKey[] = "mptrain_data_xxh3";
 
 struct SafetensorsReadOptions {
-  // Refuse a tensor holding NaN or ±Inf (naming it and the first such index): for weights that
-  // a run starts or resumes from, where one NaN would silently poison every step.
+  // Refuse a tensor holding NaN or ±Inf (naming its position and the first such index): for
+  // weights that a run starts or resumes from, where one NaN would silently poison every step.
   bool require_finite = false;
+  // Tensor names the caller expects (a model's): an error about a tensor so named quotes the
+  // name, which is the caller's word (saying a file holds it tells no more than the error
+  // itself). Any other tensor is named by its position only. Not owned; may be null.
+  const std::set<std::string>* known_names = nullptr;
   // Check the whole header (every rule below) but read no tensor data: the tensors come back
   // with their shapes and no values. For the metadata of a large file.
   bool header_only = false;
@@ -58,6 +63,12 @@ struct SafetensorsWriteOptions {
 // outside the data or not matching its shape, or overlapping another tensor's; or, with
 // `options.require_finite`, a tensor holds a non-finite value.
 // `metadata`, when given, receives the header's "__metadata__" entries.
+//
+// No error quotes or derives a value from the file: not a byte, a key, a tensor name, a dtype,
+// a shape, an offset, a digest, a value, nor the file's size (the file may be anyone's, e.g.
+// /etc/shadow under a data root of "/"). An error names the path as given, the rule broken and
+// its limit, and at most a position: a tensor as "tensor #k (in name order)" (or by its name
+// when it is one of options.known_names), an element index.
 absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path,
                                           std::map<std::string, std::string>* metadata = nullptr,
                                           const SafetensorsReadOptions& options = {});

@@ -190,6 +190,8 @@ class Cluster:
                     "loss_scale": float(t.get("loss_scale", 0)),
                     "skipped": bool(t.get("skipped", False)),
                     "lr": float(t.get("lr", 0)),
+                    # proto3 JSON: "Infinity" / "NaN" on an overflowed step, absent when 0.
+                    "grad_norm": float(t.get("grad_norm", 0)),
                     "accuracy": float(t["accuracy"]) if "accuracy" in t else None,
                     "eval_loss": float(t["eval_loss"]) if "eval_loss" in t else None,
                     "eval_accuracy": float(t["eval_accuracy"]) if "eval_accuracy" in t else None}
@@ -232,9 +234,23 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol=0.0):
-    """Loss and eval loss within loss_tol (relative); loss scale, skipped and lr exactly;
-    accuracy and eval accuracy within accuracy_tol / eval_accuracy_tol (0: exactly)."""
+def close_or_both_non_finite(a, b, tol):
+    """(agree, relative difference): a within tol of b (relative), or both inf/NaN (an
+    overflowed step's gradient norm, a diverged loss). One finite and one not never agree."""
+    if a is None or not math.isfinite(a) or not math.isfinite(b):
+        both = a is not None and not math.isfinite(a) and not math.isfinite(b)
+        return both, 0.0 if both else math.inf
+    diff = abs(a - b) / max(abs(b), 1e-30)
+    return diff <= tol, diff
+
+
+def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol=0.0,
+                  grad_norm_tol=None):
+    """Loss and eval loss within loss_tol (relative; a non-finite reference loss must be
+    non-finite in ours too); loss scale, skipped and lr exactly; accuracy and eval accuracy
+    within accuracy_tol / eval_accuracy_tol (0: exactly); with grad_norm_tol, the gradient norm
+    (unscaled, before clipping) within it, or non-finite on both sides (an overflowed step),
+    wherever the reference has one. Returns (problems, worst relative loss difference)."""
     problems, worst = [], 0.0
     if len(ours) != len(reference):
         return [f"{len(ours)} steps vs {len(reference)}"], math.inf
@@ -258,11 +274,16 @@ def compare_steps(ours, reference, loss_tol, accuracy_tol=0.0, eval_accuracy_tol
                 abs(a["eval_accuracy"] - b["eval_accuracy"]) > eval_accuracy_tol):
             problems.append(f"step {i}: eval accuracy {a.get('eval_accuracy')} vs "
                             f"{b['eval_accuracy']}")
-        if math.isfinite(b["loss"]):
-            diff = abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30)
-            worst = max(worst, diff)
-            if diff > loss_tol:
-                problems.append(f"step {i}: loss {a['loss']:.9g} vs {b['loss']:.9g}")
+        agree, diff = close_or_both_non_finite(a["loss"], b["loss"], loss_tol)
+        worst = max(worst, diff)
+        if not agree:
+            problems.append(f"step {i}: loss {a['loss']:.9g} vs {b['loss']:.9g}")
+        if grad_norm_tol is not None and b.get("grad_norm") is not None:
+            agree, _ = close_or_both_non_finite(a.get("grad_norm"), b["grad_norm"],
+                                                grad_norm_tol)
+            if not agree:
+                problems.append(f"step {i}: grad norm {a.get('grad_norm')!r} vs "
+                                f"{b['grad_norm']!r}")
     return problems, worst
 
 

@@ -298,8 +298,14 @@ def main():
             if classification:
                 correct += (out.detach().float().argmax(dim=1) == y).sum()
         scale_used = scaler.get_scale() if scaler_enabled else 1.0
+        # The global L2 norm of the unscaled gradients before clipping (what our telemetry
+        # reports; inf or NaN on an overflowed step), as clip_grad_norm_ computes it. Unscaling
+        # here rather than inside scaler.step() is the same arithmetic.
+        scaler.unscale_(optimizer)
+        grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+        grad_norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0).item()
         if max_grad_norm > 0:
-            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         scaler.step(optimizer)
         scaler.update()
@@ -310,7 +316,7 @@ def main():
         dist.all_reduce(step_loss)  # Telemetry only (SUM: gloo has no AVG).
         dist.all_reduce(correct)
         record = {"step": step, "loss": step_loss.item() / world, "loss_scale": scale_used,
-                  "skipped": bool(skipped), "lr": lr}
+                  "skipped": bool(skipped), "lr": lr, "grad_norm": grad_norm}
         if classification:
             record["accuracy"] = correct.item() / (batch * accumulation * world)
         if evaluate is not None and ((eval_every > 0 and step % eval_every == 0)

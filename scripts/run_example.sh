@@ -75,7 +75,7 @@ echo "run_example: $GPUS GPU(s) visible: running $SPEC"
 source scripts/lib/local_cluster.sh
 trap stop_cluster EXIT
 if [ "$SECURE" = 1 ]; then
-  secure_cluster
+  secure_cluster worker0 worker1
   echo "run_example: mutual TLS and tokens (CA, certificates and tokens in $CLUSTER_DIR/pki)"
 fi
 start_coordinator

@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bazel build //...
-bazel test //... "$@"
+# Every target's skip count, also when a test failed (scripts/test_skips.py: the CUDA tests skip
+# without a GPU; every other skip fails under CI).
+tests_status=0
+bazel test //... "$@" || tests_status=$?
+/usr/bin/python3 scripts/test_skips.py summary "$(bazel info bazel-testlogs)"
+[ "$tests_status" -eq 0 ] || exit "$tests_status"
 
 # Sanitizers: the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (gcc), then
 # 20 s per libFuzzer harness (clang, ASan + UBSan; fuzz/). Each has its own output base, so the

@@ -2,6 +2,7 @@
 // trainctl and by raw worker-side RPCs, all on loopback.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -167,7 +168,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   registration.set_device(v1::CUDA);
   registration.set_slots(2);
   registration.set_incarnation(42);
-  registration.set_name("fake-gpu-host");
+  registration.set_name(LocalCluster::kSpareWorker);  // worker_control()'s own name
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext context;
@@ -204,6 +205,7 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
   for (int i = 0; i < 128; ++i) unique_id[i] = static_cast<char>(i * 7);
   v1::KeyValueGetResponse fetched;
   grpc::Status get_status;
+  std::atomic<bool> get_answered{false};
   std::thread rank1([&] {
     v1::KeyValueGetRequest get;
     get.set_job_id(job_id);
@@ -215,8 +217,13 @@ TEST(Integration, WorkerProtocol_RegisterAssignUniqueIdTelemetryResult) {
     grpc::ClientContext context;
     context.set_deadline(deadline() + std::chrono::seconds(10));
     get_status = stub->KeyValueGet(&context, get, &fetched);
+    get_answered = true;
   });
+  // Time for the read to reach the coordinator first (it may come after the write under load:
+  // the value is then simply there); a read answered before the write was not blocked.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(get_answered.load()) << "KeyValueGet answered before the key was set: "
+                                    << get_status.error_message();
   {
     v1::KeyValueSetRequest set;
     set.set_job_id(job_id);

@@ -116,8 +116,11 @@ ClientSecurity LocalCluster::SecurityFor(const std::string& principal) const {
   ClientSecurity security;
   if (!options_.secure) return security;
   security.tls_ca = pki() + "/ca.pem";
-  security.tls_cert = pki() + "/client.pem";
-  security.tls_key = pki() + "/client.key";
+  // A worker's own certificate (its CN is its name), or the users' one.
+  const std::string certificate =
+      std::ifstream(pki() + "/" + principal + ".pem").good() ? principal : "client";
+  security.tls_cert = pki() + "/" + certificate + ".pem";
+  security.tls_key = pki() + "/" + certificate + ".key";
   if (!principal.empty()) {
     auto token = LoadClientToken(pki() + "/" + principal + ".token");
     EXPECT_TRUE(token.ok()) << token.status();
@@ -161,7 +164,11 @@ absl::Status LocalCluster::RestartCoordinator() {
 
 absl::Status LocalCluster::Start() {
   if (options_.secure) {
-    CommandResult pki_made = RunCommand("bash " + RunfilePath("scripts/make_pki.sh") + " " + pki());
+    // Each worker its own certificate and token, and one for a worker a test registers itself.
+    std::string workers = absl::StrCat(" --worker ", kSpareWorker);
+    for (int i = 0; i < options_.workers; ++i) absl::StrAppend(&workers, " --worker w", i);
+    CommandResult pki_made =
+        RunCommand("bash " + RunfilePath("scripts/make_pki.sh") + workers + " " + pki());
     if (pki_made.exit_code != 0) {
       return absl::InternalError("make_pki.sh failed: " + pki_made.output);
     }
@@ -171,19 +178,15 @@ absl::Status LocalCluster::Start() {
           "--tls_client_ca=" + p + "/ca.pem", "--token_file=" + p + "/tokens"}) {
       options_.coordinator_flags.push_back(flag);
     }
-    const std::vector<std::string> tls = {"--tls_ca=" + p + "/ca.pem",
-                                          "--tls_cert=" + p + "/client.pem",
-                                          "--tls_key=" + p + "/client.key"};
-    for (const std::string& flag : tls) {
-      options_.worker_flags.push_back(flag);
+    for (const std::string& flag : {"--tls_ca=" + p + "/ca.pem", "--tls_cert=" + p + "/client.pem",
+                                    "--tls_key=" + p + "/client.key",
+                                    "--token_file=" + p + "/alice.token"}) {
       options_.trainctl_flags.push_back(flag);
     }
-    options_.worker_flags.push_back("--token_file=" + p + "/worker.token");
-    options_.trainctl_flags.push_back("--token_file=" + p + "/alice.token");
   }
   if (absl::Status started = StartCoordinator(0); !started.ok()) return started;
   coordinator_stub_ = v1::Coordinator::NewStub(Channel(SecurityFor("alice")));
-  worker_stub_ = v1::WorkerControl::NewStub(Channel(SecurityFor("worker")));
+  worker_stub_ = v1::WorkerControl::NewStub(Channel(SecurityFor(kSpareWorker)));
   const std::string roots = options_.roots.empty() ? TestTempDir() : options_.roots;
   for (int i = 0; i < options_.workers; ++i) {
     std::vector<std::string> argv = {
@@ -191,6 +194,13 @@ absl::Status LocalCluster::Start() {
         absl::StrCat("--slots=", options_.slots_per_worker), absl::StrCat("--name=w", i),
         absl::StrCat("--work_dir=", dir_, "/w", i), "--data_root=" + roots,
         "--output_root=" + roots};
+    if (options_.secure) {
+      const std::string own = absl::StrCat(pki(), "/w", i);
+      for (const std::string& flag : {"--tls_ca=" + pki() + "/ca.pem", "--tls_cert=" + own + ".pem",
+                                      "--tls_key=" + own + ".key", "--token_file=" + own + ".token"}) {
+        argv.push_back(flag);
+      }
+    }
     for (const std::string& flag : options_.worker_flags) argv.push_back(flag);
     worker_pids_.push_back(Spawn(argv, absl::StrCat(dir_, "/worker", i, ".log")));
   }

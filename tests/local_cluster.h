@@ -44,13 +44,18 @@ std::string LastLine(const std::string& text);
 
 class LocalCluster {
  public:
+  // The name of the worker credentials no daemon uses: worker_control()'s, for a test that
+  // registers a worker of its own (under this name, the only one they register).
+  static constexpr char kSpareWorker[] = "spare";
+
   struct Options {
     double heartbeat_timeout_s = 10;
     int workers = 2;
     int slots_per_worker = 1;
     // Mutual TLS and tokens everywhere (a fresh CA, certificates and tokens from
-    // scripts/make_pki.sh): trainctl and coordinator() act as the user alice, worker_control()
-    // and the daemons as the worker principal. Off: plaintext loopback without tokens.
+    // scripts/make_pki.sh): trainctl and coordinator() act as the user alice, each daemon wI as
+    // the worker wI (its own certificate and token), worker_control() as the worker
+    // kSpareWorker. Off: plaintext loopback without tokens.
     bool secure = true;
     // Extra flags: the coordinator's, each worker daemon's (its ranks inherit them) and
     // trainctl's.
@@ -70,8 +75,9 @@ class LocalCluster {
   std::string dir() const { return dir_; }
   // Where the CA, certificates and tokens are (secure clusters).
   std::string pki() const { return dir_ + "/pki"; }
-  // How a client holding `principal`'s token connects (admin, alice, bob, worker; "" = no
-  // token), with the cluster's CA and client certificate when secure.
+  // How a client holding `principal`'s token connects (admin, alice, bob, viewer, a worker's
+  // name wI or kSpareWorker; "" = no token), with the cluster's CA and, when secure, the
+  // worker's own client certificate or else the users'.
   ClientSecurity SecurityFor(const std::string& principal) const;
   v1::Coordinator::Stub* coordinator() { return coordinator_stub_.get(); }
   v1::WorkerControl::Stub* worker_control() { return worker_stub_.get(); }

@@ -9,9 +9,11 @@
 #      FAILS naming both ranks' hosts within collective_timeout_s + 10 s;
 #   3. max_restarts 1, checkpoints on rank 0's own disk, rank 1's host killed: the restart puts
 #      rank 0 where the checkpoint is and ends SUCCEEDED, bit-identical (parameter checksum) to
-#      an uninterrupted run;
+#      an uninterrupted run, after exactly one restart that resumed from the checkpoint the
+#      coordinator had at the kill (or a later one; its telemetry's first step), not from step 0;
 #   4. the same with rank 0's host killed: a clear failure ("cannot resume");
-#   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical;
+#   5. the same with a shared checkpoint_dir (checkpoint_dir_shared): SUCCEEDED, bit-identical,
+#      one restart from the checkpoint;
 #   6. a host renumbered while its worker runs: the worker registers again under the new
 #      address, and a job over every worker succeeds;
 #   7. one-way loss (the coordinator's packets to a job's host dropped) past the timeout: the
@@ -30,7 +32,9 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 HEARTBEAT_S=4
 hosts_up
 
-bash "$RUNFILES/scripts/make_pki.sh" "$WORK/pki" $NET.10 >/dev/null
+bash "$RUNFILES/scripts/make_pki.sh" --worker w1 --worker w2 --worker w3 "$WORK/pki" $NET.10 >/dev/null
+# A worker's own credentials (make_pki.sh --worker NAME): the coordinator registers it as NAME only.
+creds() { local p=$WORK/pki; echo "--tls_ca=$p/ca.pem --tls_cert=$p/$1.pem --tls_key=$p/$1.key --token_file=$p/$1.token"; }
 TLS=(--tls_ca="$WORK/pki/ca.pem" --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key")
 COORDINATOR=$NET.10:50051
 mkdir -p "$WORK/shared"
@@ -44,8 +48,8 @@ start_worker() {  # I
   mkdir -p "$WORK/w$1"
   on_host_with_disk $1 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=1 \
     --name=w$1 --work_dir="$WORK/w$1" --data_root="$WORK" \
-    --output_root="$WORK/disk" --output_root="$WORK/shared" "${TLS[@]}" \
-    --token_file="$WORK/pki/worker.token" >>"$WORK/worker$1.log" 2>&1 &
+    --output_root="$WORK/disk" --output_root="$WORK/shared" \
+    $(creds w$1) >>"$WORK/worker$1.log" 2>&1 &
 }
 ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator=$COORDINATOR "${TLS[@]}" \
           --token_file="$WORK/pki/alice.token" "$@"; }
@@ -169,30 +173,69 @@ reference=$(checksum "$job")
 echo "reference (uninterrupted) checksum: $reference"
 [ -n "$reference" ] || fail "the uninterrupted job has no checksum: $(job_field "$job" "job.get('error')")"
 
-# Restarts a job whose host of RANK is killed; prints the job id.
+# Restarts a job whose host of RANK is killed once the coordinator has heard of a checkpoint;
+# prints the job id, the host and the checkpoint step the coordinator had before the kill
+# ("none" when no checkpoint came within 30 s: the caller fails, this runs in a subshell).
 restart_case() {  # NAME RANK DIR SHARED
   spec "$1" $STEPS ", \"max_restarts\": 1, \"checkpoint_every\": 200, \"checkpoint_dir\": \"$3\", \"checkpoint_dir_shared\": $4" >"$WORK/$1.json"
-  local job host
+  local job host checkpoint=none step
   job=$(submit "$WORK/$1.json")
   for _ in $(seq 300); do
-    [ "$(job_field "$job" "job.get('latest_checkpoint_step', '0')")" -ge 200 ] 2>/dev/null && break
+    step=$(job_field "$job" "job.get('latest_checkpoint_step', '0')")
+    if [ "$step" -ge 200 ] 2>/dev/null; then checkpoint=$step; break; fi
     sleep 0.1
   done
   host=$(rank_host "$job" $2)
   kill_host "$host"
-  echo "$job $host"
+  echo "$job $host $checkpoint"
+}
+# The checkpoint step a job's newest attempt resumed from, as its ranks logged it ("resuming
+# from DIR/step-00000400.safetensors"; "none" if none did), the first step of that attempt's
+# telemetry and the number of attempts in the telemetry (export: the whole history).
+resumed_from() {  # JOB
+  local step
+  step=$( (ctl logs "$1" --rank 0; ctl logs "$1" --rank 1) 2>/dev/null |
+         grep -o 'resuming from .*step-[0-9]*\.safetensors' | sort -u | tail -1 |
+         sed 's/.*step-0*\([0-9][0-9]*\)\.safetensors/\1/')
+  echo "${step:-none}" "$(ctl export "$1" --format=jsonl 2>/dev/null | python3 -c "
+import json, sys
+records = [json.loads(line) for line in sys.stdin if line.strip()]
+attempts = {r.get('attempt', 0) for r in records}
+last = max(attempts, default=0)
+print(min((int(r['step']) for r in records if r.get('attempt', 0) == last), default=0),
+      len(attempts))")"
+}
+# A restart's bookkeeping: exactly one restart, resumed from the checkpoint the coordinator had
+# when the host was killed or a later one (written meanwhile), never from the start, and the
+# restart's telemetry begins after it (telemetry is sampled: within the next 200 steps).
+check_resumed() {  # CASE JOB CHECKPOINT_AT_KILL
+  local restarts from first attempts
+  [ "$3" != none ] || { fail "$1. no checkpoint (step >= 200) within 30 s: the host was killed before one"; return; }
+  restarts=$(job_field "$2" "job.get('restarts', 0)")
+  read -r from first attempts < <(resumed_from "$2")
+  echo "$1. checkpoint at the kill: step $3; restarts $restarts; the restart resumed from step $from, its telemetry from step $first ($attempts attempts)"
+  [ "$restarts" = 1 ] || fail "$1. restarts $restarts, expected 1"
+  [ "$attempts" = 2 ] || fail "$1. $attempts attempts in the telemetry, expected 2"
+  if [ "$from" -ge "$3" ] 2>/dev/null && [ $((from % 200)) -eq 0 ]; then
+    [ "$first" -gt "$from" ] && [ "$first" -le $((from + 200)) ] ||
+      fail "$1. the restart's telemetry begins at step $first, not after its checkpoint $from"
+  else
+    fail "$1. the restart resumed from '$from', not from a checkpoint >= step $3"
+  fi
 }
 
-read -r job killed < <(restart_case restart-rank1 1 "$WORK/disk/alice/ckpt-r1" false)
+read -r job killed checkpoint < <(restart_case restart-rank1 1 "$WORK/disk/alice/ckpt-r1" false)
 holder=$(rank_host "$job" 0)
 wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
 echo "3. rank 1's host h$killed killed: $(job_field "$job" "job['state']"), restarts $(job_field "$job" "job.get('restarts', 0)"), failures $(job_field "$job" "job.get('failures')")"
 [ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "3. not SUCCEEDED: $(job_field "$job" "job.get('error')")"
+check_resumed 3 "$job" "$checkpoint"
 [ "$(rank_host "$job" 0)" = "$holder" ] || fail "3. rank 0 of the restart is not on h$holder, which holds the checkpoint"
 [ "$(checksum "$job")" = "$reference" ] || fail "3. checksum $(checksum "$job") != uninterrupted $reference"
 start_worker "$killed"; wait_alive 3
 
-read -r job killed < <(restart_case restart-rank0 0 "$WORK/disk/alice/ckpt-r0" false)
+read -r job killed checkpoint < <(restart_case restart-rank0 0 "$WORK/disk/alice/ckpt-r0" false)
+[ "$checkpoint" != none ] || fail "4. no checkpoint (step >= 200) within 30 s before the kill"
 wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
 error=$(job_field "$job" "job.get('error')")
 echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$job" "job['state']"): $error"
@@ -200,10 +243,11 @@ echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$jo
   fail "4. expected a clear failure (cannot resume)"
 start_worker "$killed"; wait_alive 3
 
-read -r job killed < <(restart_case restart-shared 0 "$WORK/shared/alice/ckpt" true)
+read -r job killed checkpoint < <(restart_case restart-shared 0 "$WORK/shared/alice/ckpt" true)
 wait_state "$job" 'SUCCEEDED|FAILED' 120 >/dev/null
 echo "5. rank 0's host h$killed killed, shared checkpoint_dir: $(job_field "$job" "job['state']")"
 [ "$(job_field "$job" "job['state']")" = SUCCEEDED ] || fail "5. not SUCCEEDED: $(job_field "$job" "job.get('error')")"
+check_resumed 5 "$job" "$checkpoint"
 [ "$(checksum "$job")" = "$reference" ] || fail "5. checksum $(checksum "$job") != uninterrupted $reference"
 
 # ---- 6. A host renumbered while its worker runs ----

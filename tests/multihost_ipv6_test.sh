@@ -17,7 +17,9 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 hosts_up
 hosts_ipv6_only
 
-bash "$RUNFILES/scripts/make_pki.sh" "$WORK/pki" $NET6:10 >/dev/null
+bash "$RUNFILES/scripts/make_pki.sh" --worker w1 --worker w2 "$WORK/pki" $NET6:10 >/dev/null
+# A worker's own credentials (make_pki.sh --worker NAME): the coordinator registers it as NAME only.
+creds() { local p=$WORK/pki; echo "--tls_ca=$p/ca.pem --tls_cert=$p/$1.pem --tls_key=$p/$1.key --token_file=$p/$1.token"; }
 TLS=(--tls_ca="$WORK/pki/ca.pem" --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key")
 COORDINATOR="[$NET6:10]:50051"
 
@@ -27,8 +29,8 @@ on_host 0 "$BIN_COORDINATOR" --listen="$COORDINATOR" --state_dir="$WORK/state" \
 for i in 1 2; do
   mkdir -p "$WORK/w$i"
   on_host $i "$BIN_WORKER" --coordinator="$COORDINATOR" --device=cpu --slots=1 --name=w$i \
-    --work_dir="$WORK/w$i" --data_root="$WORK" --output_root="$WORK" "${TLS[@]}" \
-    --token_file="$WORK/pki/worker.token" >"$WORK/worker$i.log" 2>&1 &
+    --work_dir="$WORK/w$i" --data_root="$WORK" --output_root="$WORK" $(creds w$i) \
+    >"$WORK/worker$i.log" 2>&1 &
 done
 
 ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator="$COORDINATOR" "${TLS[@]}" \

@@ -23,7 +23,10 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 hosts_up
 
-bash "$RUNFILES/scripts/make_pki.sh" "$WORK/pki" $NET.10 >/dev/null
+bash "$RUNFILES/scripts/make_pki.sh" --worker w1 --worker w2 --worker w3 --worker bad \
+  --worker elsewhere --worker small --worker reversed "$WORK/pki" $NET.10 >/dev/null
+# A worker's own credentials (make_pki.sh --worker NAME): the coordinator registers it as NAME only.
+creds() { local p=$WORK/pki; echo "--tls_ca=$p/ca.pem --tls_cert=$p/$1.pem --tls_key=$p/$1.key --token_file=$p/$1.token"; }
 TLS=(--tls_ca="$WORK/pki/ca.pem" --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key")
 COORDINATOR=$NET.10:50051
 
@@ -37,8 +40,8 @@ for i in 1 2 3; do
   ports=()
   [ $i -eq 1 ] && ports=(--port_range=$PORTS_LO-$PORTS_HI)
   on_host $i "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=1 --name=w$i \
-    --work_dir="$WORK/w$i" --data_root="$WORK" --output_root="$WORK" "${TLS[@]}" \
-    --token_file="$WORK/pki/worker.token" "${ports[@]}" >"$WORK/worker$i.log" 2>&1 &
+    --work_dir="$WORK/w$i" --data_root="$WORK" --output_root="$WORK" $(creds w$i) \
+    "${ports[@]}" >"$WORK/worker$i.log" 2>&1 &
 done
 
 ctl() { on_host 0 "$BIN_TRAINCTL" --coordinator=$COORDINATOR "${TLS[@]}" \
@@ -130,14 +133,14 @@ done
 
 # Loopback towards a coordinator on another host: refused at start, with the reason.
 on_host 2 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --name=bad --host=127.0.0.1 \
-  "${TLS[@]}" --token_file="$WORK/pki/worker.token" >"$WORK/bad.log" 2>&1
+  $(creds bad) >"$WORK/bad.log" 2>&1
 code=$?
 [ $code -eq 2 ] || fail "a worker with --host=127.0.0.1 started (exit $code)"
 grep -q "loopback" "$WORK/bad.log" || fail "the refusal does not say loopback: $(cat "$WORK/bad.log")"
 
 # An address of another host: no rank could listen there; refused at start, with the reason.
 on_host 2 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --name=elsewhere --host=$NET.13 \
-  "${TLS[@]}" --token_file="$WORK/pki/worker.token" >"$WORK/elsewhere.log" 2>&1
+  $(creds elsewhere) >"$WORK/elsewhere.log" 2>&1
 code=$?
 [ $code -eq 2 ] || fail "a worker with --host=$NET.13 (h3's address) started on h2 (exit $code)"
 grep -q "no network interface of this machine holds $NET.13" "$WORK/elsewhere.log" ||
@@ -145,13 +148,13 @@ grep -q "no network interface of this machine holds $NET.13" "$WORK/elsewhere.lo
 
 # --port_range: at least one port per slot, and well formed; the error names the flag.
 on_host 3 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --slots=2 --name=small \
-  --port_range=29600-29600 "${TLS[@]}" --token_file="$WORK/pki/worker.token" >"$WORK/small.log" 2>&1
+  --port_range=29600-29600 $(creds small) >"$WORK/small.log" 2>&1
 code=$?
 [ $code -eq 2 ] || fail "a worker with 2 slots and 1 port started (exit $code)"
 grep -q -- "--port_range 29600-29600 has 1 port but this worker runs 2 ranks" "$WORK/small.log" ||
   fail "the refusal of a small range does not say why: $(cat "$WORK/small.log")"
 on_host 3 "$BIN_WORKER" --coordinator=$COORDINATOR --device=cpu --name=reversed \
-  --port_range=29700-29600 "${TLS[@]}" --token_file="$WORK/pki/worker.token" >"$WORK/reversed.log" 2>&1
+  --port_range=29700-29600 $(creds reversed) >"$WORK/reversed.log" 2>&1
 code=$?
 [ $code -eq 2 ] || fail "a worker with --port_range=29700-29600 started (exit $code)"
 grep -q -- "--port_range 29700-29600: LO must be <= HI" "$WORK/reversed.log" ||

@@ -7,7 +7,8 @@
 #   3. `trainctl export` (csv and jsonl) round-trips every telemetry record that `trainctl
 #      watch --output=json` streamed live;
 #   4. with TLS and tokens: HTTPS, 401 without a token, 403 for a worker's token, 200 for a
-#      user's.
+#      user's;
+#   5. and two users: bob's token shows nothing of alice's job, hers and a viewer's do.
 # promtool and chromium come from Debian (scripts/setup.sh installs them). Without them the test
 # says SKIPPED for that part and still runs the rest, except under CI (the environment variable
 # CI set and not empty; .bazelrc passes it to tests with --test_env=CI): there a missing tool
@@ -160,7 +161,7 @@ pki=$CLUSTER_DIR/pki
 code() { curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
            --key "$pki/client.key" "$@"; }
 [ "$(code "$SECURE/metrics")" = 401 ] || fail "4. /metrics without a token is not 401"
-[ "$(code -H "Authorization: Bearer $(cat "$pki/worker.token")" "$SECURE/metrics")" = 403 ] ||
+[ "$(code -H "Authorization: Bearer $(cat "$pki/w0.token")" "$SECURE/metrics")" = 403 ] ||
   fail "4. a worker's token may read /metrics"
 [ "$(code -H "Authorization: Bearer $(cat "$pki/alice.token")" "$SECURE/metrics")" = 200 ] ||
   fail "4. a user's token may not read /metrics"
@@ -185,9 +186,46 @@ bash "$RUNFILES/scripts/make_pki.sh" "$CLUSTER_DIR/other_pki" >/dev/null
   fail "4. /metrics answered the server's certificate (not made for clients) used as a client's"
 echo "4. HTTPS: 401 without a token, 403 for a worker, 200 for a user; no client certificate of the CA, nothing"
 
+# 5. Two users on the secured HTTP side: bob's token shows nothing of alice's running job (404
+# as an unknown job's, absent from his list and his scrape), hers and a viewer's show it.
+start_worker w0 "" --device=cpu --slots=1
+wait_for_workers 1 || exit 1
+cat >"$CLUSTER_DIR/alices.json" <<JSON
+{"name": "alices-model", "world_size": 1, "device": "cpu",
+ "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 1}},
+ "micro_batch_size": 2, "accumulation_steps": 1, "steps": 100000000, "optimizer": {"lr": 0.1},
+ "telemetry_every": 1}
+JSON
+alices=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" submit "$CLUSTER_DIR/alices.json" | tail -n 1)
+as() { local who=$1; shift; curl -s --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
+         --key "$pki/client.key" -H "Authorization: Bearer $(cat "$pki/$who.token")" "$@"; }
+for _ in $(seq 200); do
+  as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" && break
+  sleep 0.05
+done
+as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+  fail "5. alice's scrape has no series of her running job $alices"
+as viewer "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+  fail "5. the viewer's scrape has no series of alice's job"
+as bob "$SECURE/metrics" | grep -q "$alices\|alices-model" &&
+  fail "5. bob's scrape shows alice's job"
+[ "$(as bob -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices")" = 404 ] ||
+  fail "5. bob read alice's job"
+[ "$(as bob -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices/events")" = 404 ] ||
+  fail "5. bob read alice's job's events"
+[ "$(as bob "$SECURE/api/jobs/$alices")" = "$(as bob "$SECURE/api/jobs/job-9999" | sed "s/job-9999/$alices/")" ] ||
+  fail "5. bob's answer for alice's job differs from an unknown job's"
+as bob "$SECURE/api/jobs" | grep -q "$alices" && fail "5. bob's /api/jobs lists alice's job"
+[ "$(as alice -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices")" = 200 ] ||
+  fail "5. alice cannot read her job"
+as viewer "$SECURE/api/jobs" | grep -q "$alices" || fail "5. the viewer's /api/jobs lacks alice's job"
+"$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" cancel "$alices" >/dev/null ||
+  fail "5. alice could not cancel her job"
+echo "5. HTTPS, two users: bob sees none of alice's job (404, not listed, not scraped); alice and a viewer do"
+
 if [ $failures -ne 0 ]; then
   for f in "$CLUSTER_DIR"/../*.log "$CLUSTER_DIR"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done
   echo "0 passed, $failures failed"
   exit 1
 fi
-echo "observability: 5 passed, 0 failed"
+echo "observability: 6 passed, 0 failed"

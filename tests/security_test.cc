@@ -80,7 +80,8 @@ TEST(Security, HostileClients_AreRefused_AndTheJobUnderAttackSucceeds) {
 
   auto anonymous = cluster.Channel(cluster.SecurityFor(""));  // TLS, no token
   auto bob = cluster.Channel(cluster.SecurityFor("bob"));     // another user
-  auto worker_token = cluster.Channel(cluster.SecurityFor("worker"));  // no secrets
+  // A worker's credentials (certificate and token) but none of its secrets.
+  auto worker_token = cluster.Channel(cluster.SecurityFor(LocalCluster::kSpareWorker));
   auto anon_user = v1::Coordinator::NewStub(anonymous);
   auto anon_worker = v1::WorkerControl::NewStub(anonymous);
   auto bob_user = v1::Coordinator::NewStub(bob);
@@ -126,7 +127,8 @@ TEST(Security, HostileClients_AreRefused_AndTheJobUnderAttackSucceeds) {
   SCOPED_TRACE("with a user's token (wrong role, or not the owner)");
   v1::CancelJobRequest cancel;
   cancel.set_job_id(job_id);
-  EXPECT_EQ(Call<C>(bob_user.get(), &C::CancelJob, cancel), grpc::StatusCode::PERMISSION_DENIED);
+  // As an unknown job's: bob is not told that alice's job exists.
+  EXPECT_EQ(Call<C>(bob_user.get(), &C::CancelJob, cancel), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Call<W>(bob_worker.get(), &W::ReportRankResult, forged_success),
             grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(Call<W>(bob_worker.get(), &W::ReportTelemetry, forged_telemetry),
@@ -183,7 +185,12 @@ TEST(Security, HostileClients_AreRefused_AndTheJobUnderAttackSucceeds) {
   ASSERT_EQ(workers.workers_size(), 2);
   fake_worker.set_name("w0");
   EXPECT_EQ(Call<W>(rogue.get(), &W::RegisterWorker, fake_worker),
-            grpc::StatusCode::ALREADY_EXISTS);
+            grpc::StatusCode::PERMISSION_DENIED)
+      << "another worker's credentials registered w0";
+  auto w0_again = v1::WorkerControl::NewStub(cluster.Channel(cluster.SecurityFor("w0")));
+  EXPECT_EQ(Call<W>(w0_again.get(), &W::RegisterWorker, fake_worker),
+            grpc::StatusCode::ALREADY_EXISTS)
+      << "w0's own credentials, while w0 is live";
   for (const v1::Worker& worker : workers.workers()) {
     v1::DeregisterWorkerRequest deregister;
     deregister.set_worker_id(worker.worker_id());
@@ -229,6 +236,185 @@ TEST(Security, HostileClients_AreRefused_AndTheJobUnderAttackSucceeds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(LastLine(RunCommand(leftovers).output), "0");
+}
+
+// Runs one unary call; its status.
+template <typename Stub, typename Request, typename Response>
+grpc::Status CallStatus(Stub* stub,
+                        grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                     Response*),
+                        const Request& request, Response* response) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return (stub->*method)(&context, request, response);
+}
+
+// Two users of one secured cluster: bob's reads of alice's job answer as for a job that does
+// not exist (no spec, path, log or telemetry of hers), his listing shows his jobs only; a
+// viewer reads every job and changes none; an admin reads every job.
+TEST(Security, Reads_AnotherUsersJob_NotFound_ViewerAndAdminReadAll) {
+  LocalCluster cluster({});
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string spec_file = WriteSpec("alices", R"({
+    "name": "alices-model", "world_size": 1, "device": "cpu",
+    "model": {"input_dim": 4, "output_dim": 2}, "data": {"synthetic": {"seed": 1}},
+    "micro_batch_size": 2, "accumulation_steps": 1, "steps": 20, "optimizer": {"lr": 0.1}})");
+  const std::string alices = cluster.Submit(spec_file);  // trainctl acts as alice
+  auto ended = cluster.WaitForEnd(alices, 60);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->error();
+  auto stub = [&](const std::string& principal) {
+    return v1::Coordinator::NewStub(cluster.Channel(cluster.SecurityFor(principal)));
+  };
+  auto alice = stub("alice"), bob = stub("bob"), viewer = stub("viewer"), admin = stub("admin");
+  using C = v1::Coordinator::Stub;
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ended->spec();
+  submit.mutable_spec()->set_name("bobs-model");
+  submit.mutable_spec()->set_steps(100'000'000);  // still running when bob cancels it
+  v1::SubmitJobResponse bobs;
+  ASSERT_TRUE(CallStatus<C>(bob.get(), &C::SubmitJob, submit, &bobs).ok());
+
+  v1::GetJobRequest get;
+  get.set_job_id(alices);
+  v1::GetJobEventsRequest events;
+  events.set_job_id(alices);
+  v1::GetRankLogRequest log;
+  log.set_job_id(alices);
+  v1::GetJobRequest unknown;
+  unknown.set_job_id("job-9999");
+  v1::GetJobResponse job;
+  const grpc::Status not_there = CallStatus<C>(bob.get(), &C::GetJob, unknown, &job);
+  ASSERT_EQ(not_there.error_code(), grpc::StatusCode::NOT_FOUND);
+  {
+    SCOPED_TRACE("bob reads alice's job");
+    const grpc::Status got = CallStatus<C>(bob.get(), &C::GetJob, get, &job);
+    EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(got.error_message(), absl::StrReplaceAll(not_there.error_message(),
+                                                       {{"job-9999", alices}}))
+        << "the answer differs from an unknown job's";
+    v1::GetJobEventsResponse history;
+    EXPECT_EQ(CallStatus<C>(bob.get(), &C::GetJobEvents, events, &history).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    v1::GetRankLogResponse output;
+    const grpc::Status bobs_log = CallStatus<C>(bob.get(), &C::GetRankLog, log, &output);
+    EXPECT_EQ(bobs_log.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(bobs_log.error_message(), got.error_message()) << "not an unknown job's answer";
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    v1::WatchJobRequest watch;
+    watch.set_job_id(alices);
+    auto reader = bob->WatchJob(&context, watch);
+    v1::WatchJobEvent event;
+    EXPECT_FALSE(reader->Read(&event)) << "bob was sent a snapshot of alice's job";
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+    v1::ListJobsResponse listed;
+    ASSERT_TRUE(CallStatus<C>(bob.get(), &C::ListJobs, v1::ListJobsRequest(), &listed).ok());
+    ASSERT_EQ(listed.jobs_size(), 1);
+    EXPECT_EQ(listed.jobs(0).job_id(), bobs.job_id());
+  }
+  {
+    SCOPED_TRACE("alice, the viewer and the admin");
+    // The rank's output, or why there is none (a short job may ship none): not "unknown job".
+    v1::GetRankLogResponse output;
+    const grpc::Status alices_log = CallStatus<C>(alice.get(), &C::GetRankLog, log, &output);
+    EXPECT_EQ(alices_log.error_message().find("unknown job"), std::string::npos)
+        << alices_log.error_message();
+    for (auto* reader : {alice.get(), viewer.get(), admin.get()}) {
+      EXPECT_TRUE(CallStatus<C>(reader, &C::GetJob, get, &job).ok());
+      EXPECT_EQ(job.job().owner(), "alice");
+      v1::GetJobEventsResponse history;
+      EXPECT_TRUE(CallStatus<C>(reader, &C::GetJobEvents, events, &history).ok());
+      EXPECT_GT(history.events_size(), 0);
+    }
+    v1::ListJobsResponse listed;
+    ASSERT_TRUE(CallStatus<C>(alice.get(), &C::ListJobs, v1::ListJobsRequest(), &listed).ok());
+    EXPECT_EQ(listed.jobs_size(), 1);
+    for (auto* reader : {viewer.get(), admin.get()}) {
+      ASSERT_TRUE(CallStatus<C>(reader, &C::ListJobs, v1::ListJobsRequest(), &listed).ok());
+      EXPECT_EQ(listed.jobs_size(), 2);
+    }
+  }
+  {
+    SCOPED_TRACE("the viewer changes nothing");
+    v1::SubmitJobResponse submitted;
+    const grpc::Status refused = CallStatus<C>(viewer.get(), &C::SubmitJob, submit, &submitted);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(refused.error_message().find("(role viewer) may not call"), std::string::npos)
+        << refused.error_message();
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(bobs.job_id());
+    v1::CancelJobResponse cancelled;
+    EXPECT_EQ(CallStatus<C>(viewer.get(), &C::CancelJob, cancel, &cancelled).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(CallStatus<C>(alice.get(), &C::CancelJob, cancel, &cancelled).error_code(),
+              grpc::StatusCode::NOT_FOUND)
+        << "alice cancelled bob's job, or learned that it exists";
+    EXPECT_TRUE(CallStatus<C>(bob.get(), &C::CancelJob, cancel, &cancelled).ok());
+  }
+}
+
+// Each worker has its own identity: its token's principal and its client certificate's CN
+// are its name, and the coordinator registers it under that name only.
+TEST(Security, WorkerCredentials_RegisterOnlyTheNameTheyName) {
+  LocalCluster cluster({});  // workers w0 and w1 registered, each with its own credentials
+  ASSERT_TRUE(cluster.Start().ok());
+  using W = v1::WorkerControl::Stub;
+  v1::RegisterWorkerRequest registration;
+  registration.set_host("127.0.0.1");
+  registration.set_device(v1::CPU);
+  registration.set_slots(64);
+  registration.set_incarnation(9);
+  registration.set_name("w2");
+  auto as_w1 = v1::WorkerControl::NewStub(cluster.Channel(cluster.SecurityFor("w1")));
+  v1::RegisterWorkerResponse registered;
+  const grpc::Status other_name = CallStatus<W>(as_w1.get(), &W::RegisterWorker, registration,
+                                                &registered);
+  EXPECT_EQ(other_name.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(other_name.error_message().find("a worker registers under its token's principal: "
+                                            "this token is worker w1's, not w2"),
+            std::string::npos)
+      << other_name.error_message();
+  // w1's token with the spare worker's certificate: the certificate's CN must name w1 too.
+  ClientSecurity mixed = cluster.SecurityFor(LocalCluster::kSpareWorker);
+  mixed.token = cluster.SecurityFor("w1").token;
+  auto mixed_stub = v1::WorkerControl::NewStub(cluster.Channel(mixed));
+  registration.set_name("w1");
+  const grpc::Status wrong_certificate =
+      CallStatus<W>(mixed_stub.get(), &W::RegisterWorker, registration, &registered);
+  EXPECT_EQ(wrong_certificate.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(wrong_certificate.error_message().find(
+                "a worker registers under its client certificate's subject CN: this certificate "
+                "is \"spare\"'s, not w1"),
+            std::string::npos)
+      << wrong_certificate.error_message();
+  // The users' certificate names no worker.
+  ClientSecurity user_certificate = cluster.SecurityFor("alice");
+  user_certificate.token = cluster.SecurityFor(LocalCluster::kSpareWorker).token;
+  registration.set_name(LocalCluster::kSpareWorker);
+  auto user_cert_stub = v1::WorkerControl::NewStub(cluster.Channel(user_certificate));
+  EXPECT_EQ(CallStatus<W>(user_cert_stub.get(), &W::RegisterWorker, registration, &registered)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // A real daemon holding w1's credentials, started as w2: refused, it exits saying why (one
+  // that registered would run until `timeout` ends it: exit 124, the check's output missing).
+  const std::string pki = cluster.pki();
+  CommandResult daemon = RunCommand(absl::StrCat(
+      "timeout 20 ", RunfilePath("worker/worker"), " --coordinator=", cluster.address(),
+      " --device=cpu --slots=1 --name=w2 --work_dir=", cluster.dir(), "/w2 --data_root=",
+      TestTempDir(), " --output_root=", TestTempDir(), " --tls_ca=", pki, "/ca.pem --tls_cert=",
+      pki, "/w1.pem --tls_key=", pki, "/w1.key --token_file=", pki, "/w1.token 2>&1"));
+  EXPECT_NE(daemon.exit_code, 0) << daemon.output;
+  EXPECT_NE(daemon.output.find("this token is worker w1's, not w2"), std::string::npos)
+      << daemon.output;
+  // Its own credentials register it.
+  auto spare = v1::WorkerControl::NewStub(
+      cluster.Channel(cluster.SecurityFor(LocalCluster::kSpareWorker)));
+  const grpc::Status own = CallStatus<W>(spare.get(), &W::RegisterWorker, registration,
+                                         &registered);
+  EXPECT_TRUE(own.ok()) << own.error_message();
+  EXPECT_EQ(registered.worker_id().substr(0, registered.worker_id().find('#')),
+            LocalCluster::kSpareWorker);
 }
 
 TEST(Security, WrongCaMissingClientCertificateOrToken_AreRefused) {
@@ -303,8 +489,8 @@ std::pair<std::string, grpc::Status> ListServicesByReflection(
 }
 
 // WatchJob streams are bounded per principal (--max_watches_per_principal), so that one user's
-// watches cannot take every place: alice's third is refused, bob's first is served, and a place
-// alice gives back is hers again.
+// watches cannot take every place: alice's third is refused, bob's first (of his own job: he
+// may not read hers) is served, and a place alice gives back is hers again.
 TEST(Security, Watches_AreBoundedPerPrincipal) {
   LocalCluster::Options options;
   options.workers = 1;
@@ -319,40 +505,56 @@ TEST(Security, Watches_AreBoundedPerPrincipal) {
   ASSERT_FALSE(job_id.empty());
   auto alice = v1::Coordinator::NewStub(cluster.Channel(cluster.SecurityFor("alice")));
   auto bob = v1::Coordinator::NewStub(cluster.Channel(cluster.SecurityFor("bob")));
+  v1::SubmitJobRequest bobs_submit;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    v1::GetJobResponse alices;
+    ASSERT_TRUE(cluster.coordinator()->GetJob(&context, get, &alices).ok());
+    *bobs_submit.mutable_spec() = alices.job().spec();
+  }
+  v1::SubmitJobResponse bobs_job;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    ASSERT_TRUE(bob->SubmitJob(&context, bobs_submit, &bobs_job).ok());
+  }
   struct Watch {
     grpc::ClientContext context;
     std::unique_ptr<grpc::ClientReader<v1::WatchJobEvent>> reader;
     v1::WatchJobEvent first;
     bool open = false;
   };
-  auto watch = [&](v1::Coordinator::Stub* stub) {
+  auto watch = [&](v1::Coordinator::Stub* stub, const std::string& watched) {
     auto opened = std::make_unique<Watch>();
     opened->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     v1::WatchJobRequest request;
-    request.set_job_id(job_id);
+    request.set_job_id(watched);
     opened->reader = stub->WatchJob(&opened->context, request);
     opened->open = opened->reader->Read(&opened->first);  // The snapshot, when admitted.
     return opened;
   };
-  auto first = watch(alice.get());
-  auto second = watch(alice.get());
+  auto first = watch(alice.get(), job_id);
+  auto second = watch(alice.get(), job_id);
   ASSERT_TRUE(first->open) << first->reader->Finish().error_message() << " job " << job_id;
   ASSERT_TRUE(second->open) << second->reader->Finish().error_message();
   EXPECT_EQ(first->first.snapshot().state(), v1::PENDING);
-  auto third = watch(alice.get());
+  auto third = watch(alice.get(), job_id);
   EXPECT_FALSE(third->open);
   const grpc::Status refused = third->reader->Finish();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(refused.error_message().find("--max_watches_per_principal"), std::string::npos)
       << refused.error_message();
-  auto bobs = watch(bob.get());
+  auto bobs = watch(bob.get(), bobs_job.job_id());
   EXPECT_TRUE(bobs->open) << "alice's watches took bob's place";
 
   first->context.TryCancel();
   first->reader->Finish();
   bool readmitted = false;
   for (int attempt = 0; attempt < 50 && !readmitted; ++attempt) {
-    auto again = watch(alice.get());
+    auto again = watch(alice.get(), job_id);
     readmitted = again->open;
     if (readmitted) {
       again->context.TryCancel();

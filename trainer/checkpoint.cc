@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <functional>
 #include <limits>
 #include <iterator>
@@ -59,20 +60,20 @@ class MetadataFields {
     const std::string& s = *text;
     const bool negative = !s.empty() && s[0] == '-';
     const size_t first = negative ? 1 : 0;
-    if (s.size() == first || s.size() > 40) return Malformed(key, s, "not a decimal integer");
+    if (s.size() == first || s.size() > 40) return Malformed(key, "not a decimal integer");
     int64_t value = 0;
     for (size_t i = first; i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9') return Malformed(key, s, "not a decimal integer");
+      if (s[i] < '0' || s[i] > '9') return Malformed(key, "not a decimal integer");
       const int64_t digit = s[i] - '0';
       // Accumulated with the sign, so that INT64_MIN parses too.
       if (__builtin_mul_overflow(value, int64_t{10}, &value) ||
           (negative ? __builtin_sub_overflow(value, digit, &value)
                     : __builtin_add_overflow(value, digit, &value))) {
-        return Malformed(key, s, "too large for int64");
+        return Malformed(key, "too large for int64");
       }
     }
     if (value < min || value > max) {
-      return Malformed(key, s, absl::StrCat("out of range [", min, ", ", max, "]"));
+      return Malformed(key, absl::StrCat("out of range [", min, ", ", max, "]"));
     }
     return value;
   }
@@ -84,36 +85,36 @@ class MetadataFields {
     const std::string& s = *text;
     // strtod would skip leading spaces; refuse them as the integers do.
     if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) {
-      return Malformed(key, s, "not a number");
+      return Malformed(key, "not a number");
     }
     errno = 0;
     char* end = nullptr;
     const double value = std::strtod(s.c_str(), &end);
-    if (end != s.c_str() + s.size()) return Malformed(key, s, "not a number");
+    if (end != s.c_str() + s.size()) return Malformed(key, "not a number");
     // Range-checked before narrowing: a double beyond FLT_MAX has no float value.
     if (errno == ERANGE || !std::isfinite(value) || !(value > 0) ||
         value > std::numeric_limits<float>::max() ||
         static_cast<float>(value) == 0) {
-      return Malformed(key, s, "expected a finite float > 0");
+      return Malformed(key, "expected a finite float > 0");
     }
     return static_cast<float>(value);
   }
 
  private:
-  absl::Status Malformed(const std::string& key, const std::string& text,
-                         const std::string& why) const {
-    const std::string shown = text.size() <= 40 ? text : text.substr(0, 37) + "...";
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": __metadata__ ", key, " is '", shown, "': ", why));
+  // The value is not shown: the file may be anyone's, and its metadata is its content.
+  absl::Status Malformed(const std::string& key, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__ ", key, " is ", why));
   }
 
   const std::string& path_;
   const std::map<std::string, std::string>& metadata_;
 };
 
-SafetensorsReadOptions FiniteOnly() {
+// Errors may name the tensors of `known` (the model's): the file's other names stay unsaid.
+SafetensorsReadOptions FiniteOnly(const std::set<std::string>* known) {
   SafetensorsReadOptions options;
   options.require_finite = true;
+  options.known_names = known;
   return options;
 }
 
@@ -225,23 +226,23 @@ absl::StatusOr<int> CheckpointRetention::Written(int64_t step, int64_t protected
   return removed;
 }
 
-absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterTable& table,
                                      const TrainingCheckpoint& checkpoint,
                                      const SafetensorsWriteOptions& options) {
-  TensorMap tensors = ParametersToTensors(layout, checkpoint.parameters);
+  TensorMap tensors = table.ToTensors(checkpoint.parameters);
   for (const auto& [state, values] : checkpoint.optimizer_state) {
-    for (auto& [name, tensor] : ParametersToTensors(layout, values)) {
+    for (auto& [name, tensor] : table.ToTensors(values)) {
       tensors[state + "." + name] = std::move(tensor);
     }
   }
-  if (layout.buffers_total > 0) {
-    if (static_cast<int64_t>(checkpoint.buffers.size()) != layout.buffers_total) {
+  if (table.buffers_total() > 0) {
+    if (static_cast<int64_t>(checkpoint.buffers.size()) != table.buffers_total()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", checkpoint.buffers.size(),
                                                      " running statistics, the model has ",
-                                                     layout.buffers_total));
+                                                     table.buffers_total()));
     }
     for (auto& [name, tensor] :
-         BuffersToTensors(layout, checkpoint.buffers, checkpoint.num_batches_tracked)) {
+         table.BuffersToTensors(checkpoint.buffers, checkpoint.num_batches_tracked)) {
       tensors[name] = std::move(tensor);
     }
   }
@@ -310,19 +311,20 @@ bool CheckpointWrittenByJob(const std::string& path, const std::string& job_id) 
 }
 
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
-    const std::string& path, const ParameterLayout& layout,
+    const std::string& path, const ParameterTable& table,
     const std::vector<std::string>& optimizer_state) {
   std::map<std::string, std::string> metadata;
   // A resumed run must not inherit NaN weights or momentum: they would poison every step.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly()));
+  const std::set<std::string> known = table.Names(optimizer_state);
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, &metadata, FiniteOnly(&known)));
   const MetadataFields fields(path, metadata);
   ASSIGN_OR_RETURN(std::string format, fields.String("format"));
   if (format != kFormat) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": format ", format, ", expected ",
-                                                   kFormat));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a training checkpoint (its format is not ", kFormat, ")"));
   }
   TrainingCheckpoint checkpoint;
-  ASSIGN_OR_RETURN(checkpoint.parameters, TensorsToParameters(layout, tensors, path));
+  ASSIGN_OR_RETURN(checkpoint.parameters, table.FromTensors(tensors, path));
   for (const std::string& state : optimizer_state) {
     const std::string prefix = state + ".";
     TensorMap buffers;
@@ -330,10 +332,10 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
       if (name.rfind(prefix, 0) == 0) buffers[name.substr(prefix.size())] = tensor;
     }
     ASSIGN_OR_RETURN(checkpoint.optimizer_state[state],
-                     TensorsToParameters(layout, buffers, path + " (" + state + ")"));
+                     table.FromTensors(buffers, path + " (" + state + ")"));
   }
-  if (layout.buffers_total > 0) {
-    ASSIGN_OR_RETURN(checkpoint.buffers, TensorsToBuffers(layout, tensors, path));
+  if (table.buffers_total() > 0) {
+    ASSIGN_OR_RETURN(checkpoint.buffers, table.BuffersFromTensors(tensors, path));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   ASSIGN_OR_RETURN(checkpoint.step, fields.Integer("step", 0, kMax));
@@ -355,11 +357,29 @@ absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
 }
 
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
-                                                         const ParameterLayout& layout) {
+                                                         const ParameterTable& table) {
   // A run started from NaN weights would report every step as skipped or diverged, not fail.
-  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly()));
-  // Norm weights and biases may be left out (they start at 1 and 0, as torch's).
-  return TensorsToParameters(layout, tensors, path, /*norm_defaults=*/true);
+  const std::set<std::string> known = table.Names();
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(path, nullptr, FiniteOnly(&known)));
+  // Parameters with a default (norm weights and biases: 1 and 0, as torch's) may be left out.
+  return table.FromTensors(tensors, path, /*use_defaults=*/true);
+}
+
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+                                     const TrainingCheckpoint& checkpoint,
+                                     const SafetensorsWriteOptions& options) {
+  return WriteTrainingCheckpoint(path, MlpParameterTable(layout), checkpoint, options);
+}
+
+absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
+    const std::string& path, const ParameterLayout& layout,
+    const std::vector<std::string>& optimizer_state) {
+  return ReadTrainingCheckpoint(path, MlpParameterTable(layout), optimizer_state);
+}
+
+absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
+                                                         const ParameterLayout& layout) {
+  return ReadInitialParameters(path, MlpParameterTable(layout));
 }
 
 }  // namespace mptrain

@@ -117,7 +117,7 @@ class CheckpointRetention {
 
 // `options.replace_existing = false` makes an existing file at `path` an ALREADY_EXISTS error
 // instead of being replaced; otherwise the errors of WriteSafetensors.
-absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterTable& table,
                                      const TrainingCheckpoint& checkpoint,
                                      const SafetensorsWriteOptions& options = {});
 
@@ -128,13 +128,25 @@ absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLay
 // value is missing or malformed: step, data_cursor, skipped_total and steps_done must be
 // decimal integers >= 0, growth_tracker one in [0, 2^31), scale a finite float > 0.
 absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
-    const std::string& path, const ParameterLayout& layout,
+    const std::string& path, const ParameterTable& table,
     const std::vector<std::string>& optimizer_state = {"momentum"});
 
-// The parameters a run starts from (JobSpec.init_checkpoint): layers.{i}.weight / .bias of the
-// shapes in `layout`, all finite; norms.{i}.weight / .bias when present (1 and 0 otherwise).
+// The parameters a run starts from (JobSpec.init_checkpoint): every parameter of `table`, of
+// its shape, all finite; one with a default (the MLP's norms.{i}.weight / .bias: 1 and 0) may be
+// left out.
 // Running statistics are not read: they start at 0 and 1. The errors of ReadSafetensors, and INVALID_ARGUMENT naming
 // the file and the tensor when one is missing, has the wrong shape or holds a NaN or Inf.
+absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
+                                                         const ParameterTable& table);
+
+// The same for an MLP's layout (its table: parameter_layout.h MlpParameterTable), for the MLP's
+// tests and tools.
+absl::Status WriteTrainingCheckpoint(const std::string& path, const ParameterLayout& layout,
+                                     const TrainingCheckpoint& checkpoint,
+                                     const SafetensorsWriteOptions& options = {});
+absl::StatusOr<TrainingCheckpoint> ReadTrainingCheckpoint(
+    const std::string& path, const ParameterLayout& layout,
+    const std::vector<std::string>& optimizer_state = {"momentum"});
 absl::StatusOr<std::vector<float>> ReadInitialParameters(const std::string& path,
                                                          const ParameterLayout& layout);
 

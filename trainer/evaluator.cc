@@ -28,13 +28,13 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(Backend* backend,
   return evaluator;
 }
 
-absl::StatusOr<EvalResult> Evaluator::Run(Mlp* mlp, Loss* loss) {
+absl::StatusOr<EvalResult> Evaluator::Run(Model* model, Loss* loss) {
   RETURN_IF_ERROR(backend_->Zero(sums_));
   for (int64_t first = 0; first < rows_; first += batch_) {
     const int64_t rows = std::min(batch_, rows_ - first);
-    RETURN_IF_ERROR(mlp->Forward(features_.RowSlice(first, rows), /*x_unchanged=*/false,
+    RETURN_IF_ERROR(model->Forward(features_.RowSlice(first, rows), /*x_unchanged=*/false,
                                  /*training=*/false));
-    RETURN_IF_ERROR(loss->Evaluate(mlp->output(), targets_.RowSlice(first, rows), sums_));
+    RETURN_IF_ERROR(loss->Evaluate(model->output(), targets_.RowSlice(first, rows), sums_));
   }
   Collective* collective = backend_->collective();
   RETURN_IF_ERROR(collective->AllReduceMean(sums_));

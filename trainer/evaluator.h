@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
 #include "trainer/loss/loss.h"
-#include "trainer/mlp.h"
+#include "trainer/model/model.h"
 #include "trainer/rank_data.h"
 
 namespace mptrain {
@@ -27,7 +27,7 @@ class Evaluator {
   static absl::StatusOr<std::unique_ptr<Evaluator>> Create(Backend* backend, const RankData& shard,
                                                            int64_t total_rows, int64_t batch);
   // Every rank must call it at the same step (it allreduces).
-  absl::StatusOr<EvalResult> Run(Mlp* mlp, Loss* loss);
+  absl::StatusOr<EvalResult> Run(Model* model, Loss* loss);
 
  private:
   Evaluator() = default;

@@ -15,7 +15,7 @@
 #include "trainer/backend.h"
 #include "trainer/bucket_planner.h"
 #include "trainer/gradient_accumulator.h"
-#include "trainer/parameter_layout.h"
+#include "trainer/model/parameter_table.h"
 
 namespace mptrain {
 
@@ -29,7 +29,8 @@ class LayerGradientObserver {
   virtual std::vector<RowRange> FirstLayerRowChunks() const = 0;
   // Those rows of the first layer's weight gradient are computed (more than one chunk only).
   virtual absl::Status FirstLayerRowsReady(RowRange rows) = 0;
-  // All of layer `layer`'s gradients are computed. Layers arrive last first.
+  // All of gradient group `layer`'s gradients are computed (ParameterTable::groups(): an MLP
+  // layer, a transformer block). Groups arrive last first.
   virtual absl::Status LayerReady(size_t layer) = 0;
 };
 
@@ -42,10 +43,14 @@ class GradientReducer final : public LayerGradientObserver {
 
   // `on_span(span)` receives each final span of accumulator->grads() in backward order; the
   // spans cover every gradient and the metric slots (in the first bucket) exactly once.
+  // Buckets are cut along `table`'s gradient groups. `first_weight_in_row_chunks`: the model
+  // computes its first group's leading weight (a [rows, cols] matrix) in the row chunks
+  // FirstLayerRowChunks() gives (the MLP's first Linear); else that is one chunk.
   using SpanReady = std::function<absl::Status(Tensor span)>;
   static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(
-      const ParameterLayout& layout, GradientAccumulator* accumulator, SpanReady on_span,
-      int64_t bucket_bytes = kBucketBytes, int64_t chunk_bytes = kChunkBytes);
+      const ParameterTable& table, GradientAccumulator* accumulator, SpanReady on_span,
+      int64_t bucket_bytes = kBucketBytes, int64_t chunk_bytes = kChunkBytes,
+      bool first_weight_in_row_chunks = true);
 
   size_t bucket_count() const { return bucket_first_layer_.size(); }
 
@@ -54,15 +59,19 @@ class GradientReducer final : public LayerGradientObserver {
   absl::Status LayerReady(size_t layer) override;
 
  private:
-  GradientReducer(const ParameterLayout& layout, GradientAccumulator* accumulator,
+  GradientReducer(std::vector<GradientGroup> groups, GradientAccumulator* accumulator,
                   SpanReady on_span)
-      : layout_(layout), accumulator_(accumulator), on_span_(std::move(on_span)) {}
+      : groups_(std::move(groups)), accumulator_(accumulator), on_span_(std::move(on_span)) {}
   absl::Status FinishSpan(int64_t offset, int64_t end);
 
-  ParameterLayout layout_;
+  std::vector<GradientGroup> groups_;
+  // The first group's leading weight, as rows of first_cols_ (one row of the whole parameter
+  // when it is no matrix).
+  int64_t first_rows_ = 1;
+  int64_t first_cols_ = 0;
   GradientAccumulator* accumulator_;
   SpanReady on_span_;
-  // bucket_first_layer_[b]: the lowest layer of bucket b (buckets last layer first);
+  // bucket_first_layer_[b]: the lowest group of bucket b (buckets last group first);
   // bucket_end_[b]: one past its last element of grads() (the metric slots are in bucket 0).
   std::vector<size_t> bucket_first_layer_;
   std::vector<int64_t> bucket_end_;

@@ -1,4 +1,5 @@
 #include "trainer/gradient_reducer.h"
+#include "trainer/parameter_layout.h"
 
 #include <utility>
 #include <vector>
@@ -20,7 +21,7 @@ class GradientReducerTest : public ::testing::Test {
     accumulator_ = *GradientAccumulator::Create(&backend_, layout.total, DType::kF32, 4, 1, 0);
     const float* base = static_cast<const float*>(accumulator_.grads().data);
     auto reducer = GradientReducer::Create(
-        layout, &accumulator_,
+        MlpParameterTable(layout), &accumulator_,
         [this, base](Tensor span) {
           const int64_t offset = static_cast<const float*>(span.data) - base;
           spans_.push_back({offset, offset + span.numel()});

@@ -20,12 +20,13 @@
 #include "trainer/backend.h"
 #include "trainer/gradient_accumulator.h"
 #include "trainer/gradient_reducer.h"
+#include "trainer/model/model.h"
 #include "trainer/parameter_layout.h"
 #include "trainer/training_config.h"
 
 namespace mptrain {
 
-class Mlp {
+class Mlp final : public Model {
  public:
   // Allocates parameters (fp32 masters), their gradients (GradientAccumulator: fp32, plus the
   // metric slots that ride in the gradient allreduce), low-precision weight
@@ -36,42 +37,59 @@ class Mlp {
       int64_t accumulation_steps = 1, int64_t deferred_budget_bytes = kDeferredBudgetBytes);
 
   const ParameterLayout& layout() const { return layout_; }
-  Tensor params() const { return params_; }        // [1, n] f32
-  GradientAccumulator* accumulator() { return &accumulator_; }
-  Tensor grads() const { return accumulator_.grads(); }            // [1, n + 2] f32
-  Tensor param_grads() const { return accumulator_.param_grads(); }  // [1, n] f32
+
+  // ---- Model (trainer/model/model.h) ----
+  // The same parameters as a table (parameter_layout.h MlpParameterTable).
+  const ParameterTable& table() const override { return table_; }
+  Tensor params() const override { return params_; }        // [1, n] f32
+  GradientAccumulator* accumulator() override { return &accumulator_; }
   Tensor loss_slot() const { return accumulator_.loss_slot(); }
-  Tensor metrics() const { return accumulator_.metrics(); }  // [1, 2]: loss, correct count
   // [1, n] compute dtype; empty for fp32 (the masters are used directly).
-  Tensor low_precision_params() const {
+  Tensor low_precision_params() const override {
     return compute_dtype_ == DType::kF32 ? Tensor{} : params_low_;
   }
   // [rows, out] compute dtype: the rows of the last Forward().
-  Tensor output() const { return outputs_.back().RowSlice(0, rows_); }
-  Tensor output_grad() const { return output_grad_; }   // [B, out] compute dtype
+  Tensor output() const override { return outputs_.back().RowSlice(0, rows_); }
+  Tensor output_grad() const override { return output_grad_; }   // [B, out] compute dtype
 
   // Batch norms' running statistics: [1, buffers_total] f32 (parameter_layout.h); empty
   // otherwise.
-  Tensor buffers() const { return buffers_; }
+  Tensor buffers() const override { return buffers_; }
+  int64_t buffer_counter() const override { return num_batches_tracked_; }
+  // A batch norm counts every training forward (torch's num_batches_tracked).
+  void RestoreProgress(int64_t steps_done, int64_t accumulation) override {
+    if (IsBatchNorm(layout_.norm)) num_batches_tracked_ = steps_done * accumulation;
+  }
+  // torch.nn.Linear's initialisation (parameter_layout.h InitializeParameters).
+  std::vector<float> InitialParameters(uint64_t seed) const override {
+    return InitializeParameters(layout_, seed);
+  }
+  // A local batch norm's statistics differ per rank (each sees its own data); sync_batch_norm's
+  // are the same on every rank already (computed from the same gathered statistics).
+  bool BroadcastsBuffers() const override {
+    return layout_.norm == NormKind::kBatchNorm && world_size_ > 1;
+  }
+  bool StepIsReplayable() const override { return !IsBatchNorm(layout_.norm); }
+  bool ComputesFirstWeightInRowChunks() const override { return true; }
   // Training forwards so far that updated the running statistics (torch's num_batches_tracked).
   int64_t num_batches_tracked() const { return num_batches_tracked_; }
   void set_num_batches_tracked(int64_t count) { num_batches_tracked_ = count; }
 
   // Rounds the fp32 masters into the compute-dtype copies. Called once per optimizer step:
   // the weights do not change between micro-batches.
-  absl::Status RefreshLowPrecisionWeights();
+  absl::Status RefreshLowPrecisionWeights() override;
   // x: [rows, input_dim] f32 in backend memory, 1 <= rows <= B (fewer only for evaluation:
   // Backward needs a whole batch). `x_unchanged`: x is the same unmodified tensor as in the
   // last call (the fixed synthetic batch), so its low-precision cast is reused. `training`
   // false: evaluation (batch norms use their running statistics and update nothing, as
   // model.eval()).
-  absl::Status Forward(Tensor x, bool x_unchanged = false, bool training = true);
+  absl::Status Forward(Tensor x, bool x_unchanged = false, bool training = true) override;
   // Backpropagates output_grad() of micro-batch `micro_batch` (0-based) of an optimizer step
   // into the accumulator. On the last one (accumulation_steps - 1) `observer`, when given, is
   // told as each layer's gradients are computed (last layer first) and makes them final (the
   // gradient reducer); without one, grads() is made final at the end. Before the last
   // micro-batch, grads() is undefined and `observer` is not used.
-  absl::Status Backward(int64_t micro_batch, LayerGradientObserver* observer = nullptr);
+  absl::Status Backward(int64_t micro_batch, LayerGradientObserver* observer = nullptr) override;
   // The output of the norm after hidden layer `layer` in the last Forward() (tests).
   Tensor norm_output(size_t layer) const { return norms_[layer].zn; }
   bool defers_accumulation() const { return accumulator_.defers(); }
@@ -80,6 +98,7 @@ class Mlp {
   Mlp(Backend* backend, ParameterLayout layout, ActivationKind activation, DType compute_dtype)
       : backend_(backend),
         layout_(std::move(layout)),
+        table_(MlpParameterTable(layout_)),
         activation_(activation),
         compute_dtype_(compute_dtype) {}
 
@@ -109,6 +128,7 @@ class Mlp {
 
   Backend* backend_;
   ParameterLayout layout_;
+  ParameterTable table_;
   ActivationKind activation_;
   DType compute_dtype_;
   Tensor params_, params_low_;

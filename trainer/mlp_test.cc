@@ -42,7 +42,7 @@ TEST(MlpBackward, LargeLastLayerInChunks_SameGradientsAndSpansCoverEverything) {
     EXPECT_TRUE(MseLoss(&backend, 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
                                                     (*mlp)->output_grad()).ok());
     std::unique_ptr<GradientReducer> reducer;
-    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    if (hook) reducer = *GradientReducer::Create((*mlp)->table(), (*mlp)->accumulator(), hook);
     EXPECT_TRUE((*mlp)->Backward(/*micro_batch=*/0, reducer.get()).ok());
     std::vector<float> grads(n + 2);
     EXPECT_TRUE(backend.Download((*mlp)->grads(), grads.data()).ok());
@@ -72,7 +72,7 @@ TEST(MlpBackward, SmallModel_OneSpanCoveringEverything) {
   Tensor tx = *backend.Allocate(DType::kF32, 2, 6);
   ASSERT_TRUE((*mlp)->Forward(tx).ok());
   std::vector<int64_t> sizes;
-  auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor span) {
+  auto reducer = GradientReducer::Create((*mlp)->table(), (*mlp)->accumulator(), [&](Tensor span) {
     sizes.push_back(span.numel());
     return absl::OkStatus();
   });
@@ -106,7 +106,7 @@ TEST(MlpBackward, DeferredAccumulation_IsBitIdenticalToIncremental) {
       Tensor x = *backend.Allocate(DType::kF32, batch, 24);
       Tensor y = *backend.Allocate(DType::kF32, batch, 8);
       int spans = 0;
-      auto reducer = GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), [&](Tensor) {
+      auto reducer = GradientReducer::Create((*mlp)->table(), (*mlp)->accumulator(), [&](Tensor) {
         ++spans;
         return absl::OkStatus();
       });

@@ -68,144 +68,51 @@ std::vector<float> InitializeBuffers(const ParameterLayout& layout) {
   return buffers;
 }
 
-TensorMap ParametersToTensors(const ParameterLayout& layout, const std::vector<float>& flat) {
-  TensorMap tensors;
+ParameterTable MlpParameterTable(const ParameterLayout& layout) {
+  ParameterTable table;
   for (size_t i = 0; i < layout.layers.size(); ++i) {
     const LayerLayout& layer = layout.layers[i];
-    NamedTensor weight;
-    weight.shape = {layer.out, layer.in};
-    weight.values.assign(flat.begin() + layer.weight_offset,
-                         flat.begin() + layer.weight_offset + layer.in * layer.out);
-    NamedTensor bias;
-    bias.shape = {layer.out};
-    bias.values.assign(flat.begin() + layer.bias_offset,
-                       flat.begin() + layer.bias_offset + layer.out);
-    tensors[absl::StrCat("layers.", i, ".weight")] = std::move(weight);
-    tensors[absl::StrCat("layers.", i, ".bias")] = std::move(bias);
+    table.Add(absl::StrCat("layers.", i, ".weight"), {layer.out, layer.in});
+    table.Add(absl::StrCat("layers.", i, ".bias"), {layer.out});
     if (layer.has_norm()) {
-      for (const auto& [suffix, offset] : {std::pair<const char*, int64_t>{"weight",
-                                                                          layer.norm_weight_offset},
-                                           {"bias", layer.norm_bias_offset}}) {
-        NamedTensor tensor;
-        tensor.shape = {layer.norm_features};
-        tensor.values.assign(flat.begin() + offset, flat.begin() + offset + layer.norm_features);
-        tensors[absl::StrCat("norms.", i, ".", suffix)] = std::move(tensor);
-      }
+      table.Add(absl::StrCat("norms.", i, ".weight"), {layer.norm_features}, true, 1.0f);
+      table.Add(absl::StrCat("norms.", i, ".bias"), {layer.norm_features}, true, 0.0f);
+    }
+    table.EndGroup();  // One layer's gradients: one span, finished together.
+    if (layer.has_running_stats()) {
+      table.AddBuffer(absl::StrCat("norms.", i, ".running_mean"), {layer.out});
+      table.AddBuffer(absl::StrCat("norms.", i, ".running_var"), {layer.out}, /*variance=*/true);
+      table.AddCounter(absl::StrCat("norms.", i, ".num_batches_tracked"));
     }
   }
-  return tensors;
+  return table;
+}
+
+TensorMap ParametersToTensors(const ParameterLayout& layout, const std::vector<float>& flat) {
+  return MlpParameterTable(layout).ToTensors(flat);
 }
 
 TensorMap BuffersToTensors(const ParameterLayout& layout, const std::vector<float>& buffers,
                            int64_t num_batches_tracked) {
-  TensorMap tensors;
-  for (size_t i = 0; i < layout.layers.size(); ++i) {
-    const LayerLayout& layer = layout.layers[i];
-    if (!layer.has_running_stats()) continue;
-    for (const auto& [suffix, offset] :
-         {std::pair<const char*, int64_t>{"running_mean", layer.running_offset},
-          {"running_var", layer.running_offset + layer.out}}) {
-      NamedTensor tensor;
-      tensor.shape = {layer.out};
-      tensor.values.assign(buffers.begin() + offset, buffers.begin() + offset + layer.out);
-      tensors[absl::StrCat("norms.", i, ".", suffix)] = std::move(tensor);
-    }
-    NamedTensor count;  // 0-d, as torch's
-    count.values = {static_cast<float>(num_batches_tracked)};
-    tensors[absl::StrCat("norms.", i, ".num_batches_tracked")] = std::move(count);
-  }
-  return tensors;
+  return MlpParameterTable(layout).BuffersToTensors(buffers, num_batches_tracked);
 }
 
-namespace {
-
-struct Expected {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t offset;
-  bool optional = false;  // Missing: left as it is.
-};
-
-absl::Status CopyExpected(const std::vector<Expected>& expected_tensors, const TensorMap& tensors,
-                          const std::string& source, std::vector<float>* flat) {
-  for (const Expected& expected : expected_tensors) {
-    auto it = tensors.find(expected.name);
-    if (it == tensors.end()) {
-      if (expected.optional) continue;
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": tensor ", expected.name, " is missing"));
-    }
-    if (it->second.shape != expected.shape) {
-      std::string got, want;
-      for (int64_t d : it->second.shape) absl::StrAppend(&got, got.empty() ? "" : ", ", d);
-      for (int64_t d : expected.shape) absl::StrAppend(&want, want.empty() ? "" : ", ", d);
-      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", expected.name,
-                                                     " has shape [", got, "], the model needs [",
-                                                     want, "]"));
-    }
-    std::copy(it->second.values.begin(), it->second.values.end(),
-              flat->begin() + expected.offset);
-  }
-  return absl::OkStatus();
+std::set<std::string> TensorNames(const ParameterLayout& layout,
+                                  const std::vector<std::string>& prefixes) {
+  return MlpParameterTable(layout).Names(prefixes);
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<float>> TensorsToParameters(const ParameterLayout& layout,
                                                        const TensorMap& tensors,
                                                        const std::string& source,
                                                        bool norm_defaults) {
-  // The initial values (norm weights 1, biases 0) stand where an optional tensor is missing.
-  std::vector<float> flat(layout.total, 0.0f);
-  for (const LayerLayout& layer : layout.layers) {
-    std::fill_n(flat.begin() + layer.norm_weight_offset, layer.norm_features, 1.0f);
-  }
-  std::vector<Expected> expected;
-  for (size_t i = 0; i < layout.layers.size(); ++i) {
-    const LayerLayout& layer = layout.layers[i];
-    expected.push_back({absl::StrCat("layers.", i, ".weight"), {layer.out, layer.in},
-                        layer.weight_offset});
-    expected.push_back({absl::StrCat("layers.", i, ".bias"), {layer.out}, layer.bias_offset});
-    if (layer.has_norm()) {
-      expected.push_back({absl::StrCat("norms.", i, ".weight"), {layer.norm_features},
-                          layer.norm_weight_offset, norm_defaults});
-      expected.push_back({absl::StrCat("norms.", i, ".bias"), {layer.norm_features},
-                          layer.norm_bias_offset, norm_defaults});
-    }
-  }
-  RETURN_IF_ERROR(CopyExpected(expected, tensors, source, &flat));
-  return flat;
+  return MlpParameterTable(layout).FromTensors(tensors, source, norm_defaults);
 }
 
 absl::StatusOr<std::vector<float>> TensorsToBuffers(const ParameterLayout& layout,
                                                     const TensorMap& tensors,
                                                     const std::string& source) {
-  std::vector<float> buffers(layout.buffers_total);
-  std::vector<Expected> expected;
-  for (size_t i = 0; i < layout.layers.size(); ++i) {
-    const LayerLayout& layer = layout.layers[i];
-    if (!layer.has_running_stats()) continue;
-    expected.push_back({absl::StrCat("norms.", i, ".running_mean"), {layer.out},
-                        layer.running_offset});
-    expected.push_back({absl::StrCat("norms.", i, ".running_var"), {layer.out},
-                        layer.running_offset + layer.out});
-  }
-  RETURN_IF_ERROR(CopyExpected(expected, tensors, source, &buffers));
-  // (The reader refused non-finite values.) Evaluation normalises by sqrt(running_var + eps):
-  // a value at or below -eps is refused. (Tiny negatives, as torch's SyncBatchNorm can leave
-  // for a constant feature, are harmless and kept.)
-  for (size_t i = 0; i < layout.layers.size(); ++i) {
-    const LayerLayout& layer = layout.layers[i];
-    if (!layer.has_running_stats()) continue;
-    const auto first = buffers.begin() + layer.running_offset + layer.out;
-    if (std::any_of(first, first + layer.out,
-                    [](float v) { return !(v + kNormEps > 0); })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": tensor norms.", i, ".running_var has a value at or below -eps (-1e-05): ",
-          "evaluation would take the square root of a non-positive number"));
-    }
-  }
-  return buffers;
+  return MlpParameterTable(layout).BuffersFromTensors(tensors, source);
 }
 
 std::string ParameterChecksum(const std::vector<float>& flat) {

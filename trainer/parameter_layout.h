@@ -10,11 +10,13 @@
 // running_var [out].
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "io/safetensors.h"
+#include "trainer/model/parameter_table.h"
 #include "trainer/training_config.h"
 
 namespace mptrain {
@@ -60,6 +62,13 @@ std::vector<float> InitializeParameters(const ParameterLayout& layout, uint64_t 
 // The running statistics' initial values: running_mean 0, running_var 1 (as torch).
 std::vector<float> InitializeBuffers(const ParameterLayout& layout);
 
+// The MLP's parameter table: per layer i, layers.{i}.weight [out, in], layers.{i}.bias [out]
+// and, with a norm, norms.{i}.weight (default 1) and norms.{i}.bias (default 0), one gradient
+// group per layer; batch norms' buffers norms.{i}.running_mean, .running_var and the counter
+// .num_batches_tracked. Every parameter is weight-decayed (torch.optim over
+// model.parameters()). The functions below are this table's conversions.
+ParameterTable MlpParameterTable(const ParameterLayout& layout);
+
 // Tensors named layers.{i}.weight and layers.{i}.bias, and norms.{i}.weight and norms.{i}.bias
 // for the norm after Linear i.
 TensorMap ParametersToTensors(const ParameterLayout& layout, const std::vector<float>& flat);
@@ -80,6 +89,12 @@ TensorMap BuffersToTensors(const ParameterLayout& layout, const std::vector<floa
 absl::StatusOr<std::vector<float>> TensorsToBuffers(const ParameterLayout& layout,
                                                     const TensorMap& tensors,
                                                     const std::string& source);
+
+// Every tensor name the two functions above give for `layout` (without copying a value: a
+// model may be gigabytes), each also with each of `prefixes` + "." before it (optimizer state:
+// "momentum.layers.0.weight").
+std::set<std::string> TensorNames(const ParameterLayout& layout,
+                                  const std::vector<std::string>& prefixes = {});
 
 // A hex checksum of the parameters' bytes (XXH3-64): equal on every rank iff bit-identical.
 std::string ParameterChecksum(const std::vector<float>& flat);

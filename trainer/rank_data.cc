@@ -50,19 +50,19 @@ absl::StatusOr<RankData> LoadNpy(const TrainingConfig& config, const std::string
   } else {
     ASSIGN_OR_RETURN(data.targets, ReadNpyMatrix(targets_path));
   }
+  // The spec's numbers only, never the files' (a row or column count is their content, and a
+  // file may be anyone's).
   if (data.features.cols != input_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, ": has ", data.features.cols,
-                                                   " columns, model.input_dim is ", input_dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        features_path, ": does not have model.input_dim (", input_dim, ") columns"));
   }
   if (!classes && data.targets.cols != output_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(targets_path, ": has ", data.targets.cols,
-                                                   " columns, model.output_dim is ",
-                                                   output_dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        targets_path, ": does not have model.output_dim (", output_dim, ") columns"));
   }
   if (data.features.rows != data.targets.rows) {
-    return absl::InvalidArgumentError(absl::StrCat(features_path, " has ", data.features.rows,
-                                                   " rows but ", targets_path, " has ",
-                                                   data.targets.rows));
+    return absl::InvalidArgumentError(absl::StrCat(features_path, " and ", targets_path,
+                                                   " do not have the same number of rows"));
   }
   return data;
 }
@@ -75,9 +75,9 @@ absl::StatusOr<NpyMatrix> ReadClassIds(const std::string& path, int64_t classes)
   for (int64_t i = 0; i < labels.count; ++i) {
     const int64_t id = labels.values[i];
     if (id < 0 || id >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": row ", i, " has class ", id,
-                                                     ", model.output_dim allows [0, ", classes,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": row ", i,
+                                                     " has a class outside [0, ", classes,
+                                                     ") (model.output_dim)"));
     }
     ids.values[i] = static_cast<float>(id);  // Exact: output_dim <= 2^20.
   }
@@ -107,8 +107,8 @@ absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, in
   if (config.data.shuffle) {
     if (all.features.rows > kMaxShuffledRows) {
       return absl::InvalidArgumentError(absl::StrCat(
-          config.data.features_path, ": ", all.features.rows,
-          " rows; data.npy.shuffle allows at most ", kMaxShuffledRows));
+          config.data.features_path, ": more rows than data.npy.shuffle allows (",
+          kMaxShuffledRows, ")"));
     }
     all.total_rows = all.features.rows;
     return all;
@@ -117,9 +117,9 @@ absl::StatusOr<RankData> LoadRankData(const TrainingConfig& config, int rank, in
   const int64_t first = rank * rows / world_size;
   const int64_t last = (rank + 1) * rows / world_size;
   if (last <= first) {
-    return absl::InvalidArgumentError(absl::StrCat(config.data.features_path, ": ", rows,
-                                                   " rows leave rank ", rank, " of ", world_size,
-                                                   " no data"));
+    return absl::InvalidArgumentError(absl::StrCat(config.data.features_path,
+                                                   ": too few rows to give rank ", rank, " of ",
+                                                   world_size, " any"));
   }
   data.features = Rows(all.features, first, last - first);
   data.targets = Rows(all.targets, first, last - first);

@@ -116,7 +116,7 @@ std::vector<std::string> FindResumeCandidates(const std::string& recorded,
 }
 
 absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
-                                            const ParameterLayout& layout, Backend* backend,
+                                            const ParameterTable& table, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
                                             Tensor buffers, const std::string& expected_stamp) {
   Collective* collective = backend->collective();
@@ -130,7 +130,7 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& cand
     absl::StatusOr<TrainingCheckpoint> checkpoint =
         absl::InvalidArgumentError("no checkpoint to resume from");
     for (const std::string& candidate : candidates) {
-      checkpoint = ReadTrainingCheckpoint(candidate, layout, names);
+      checkpoint = ReadTrainingCheckpoint(candidate, table, names);
       if (checkpoint.ok() && !expected_stamp.empty() && checkpoint->job_id != expected_stamp) {
         // Whose it is stays unsaid: the stamp is the file's bytes.
         checkpoint = absl::PermissionDeniedError(absl::StrCat(
@@ -152,7 +152,7 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& cand
             backend->Upload(checkpoint->optimizer_state.at(slot.name).data(), slot.values));
       }
       if (!buffers.empty()) RETURN_IF_ERROR(backend->Upload(checkpoint->buffers.data(), buffers));
-      header = EncodeResumeHeader(&*checkpoint, layout.total);
+      header = EncodeResumeHeader(&*checkpoint, table.total());
     } else {
       // Still take part in the header's broadcast, so the others fail at once instead of
       // waiting out the collective timeout.
@@ -161,17 +161,17 @@ absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& cand
                                                       candidates.size() - 1,
                                                       " older checkpoints could be read"));
       }
-      header = EncodeResumeHeader(nullptr, layout.total);
+      header = EncodeResumeHeader(nullptr, table.total());
     }
   } else {
-    header = EncodeResumeHeader(nullptr, layout.total);
+    header = EncodeResumeHeader(nullptr, table.total());
   }
   ASSIGN_OR_RETURN(Tensor header_tensor, backend->Allocate(DType::kF32, 1, kResumeHeaderFloats));
   RETURN_IF_ERROR(backend->Upload(header.data(), header_tensor));
   RETURN_IF_ERROR(collective->Broadcast(header_tensor, 0));
   RETURN_IF_ERROR(backend->Download(header_tensor, header.data()));
   if (!read.ok()) return read;
-  ASSIGN_OR_RETURN(ResumeState state, DecodeResumeHeader(header, layout.total));
+  ASSIGN_OR_RETURN(ResumeState state, DecodeResumeHeader(header, table.total()));
   state.path = std::move(path);
   state.unreadable = std::move(unreadable);
   RETURN_IF_ERROR(collective->Broadcast(params, 0));

@@ -36,9 +36,9 @@ struct ResumeSlot {
 };
 
 // Called by every rank of the job at the same point. `params` and each slot's values are the
-// rank's flat f32 tensors of `layout`; on return they hold the checkpoint's values on every
+// rank's flat f32 tensors of `table`; on return they hold the checkpoint's values on every
 // rank (broadcast in the order given, which every rank must share). `buffers` (the batch
-// norms' running statistics, [1, layout.buffers_total]; empty without batch norms) too,
+// norms' running statistics, [1, table.buffers_total()]; empty without batch norms) too,
 // broadcast last.
 // Rank 0 reads the first of `candidates` that it can (the checkpoint to resume from, then older
 // ones of the same job: FindResumeCandidates); the others ignore them. With `expected_stamp`
@@ -49,7 +49,7 @@ struct ResumeSlot {
 // UNAVAILABLE "rank 0 could not read the resume checkpoint" when it failed (its own error is
 // the job's cause); the collective's errors; INTERNAL for a malformed state.
 absl::StatusOr<ResumeState> LoadResumeState(const std::vector<std::string>& candidates, int rank,
-                                            const ParameterLayout& layout, Backend* backend,
+                                            const ParameterTable& table, Backend* backend,
                                             Tensor params, const std::vector<ResumeSlot>& slots,
                                             Tensor buffers = {},
                                             const std::string& expected_stamp = "");

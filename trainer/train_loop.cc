@@ -14,7 +14,8 @@
 #include "trainer/evaluator.h"
 #include "trainer/gradient_communicator.h"
 #include "trainer/loss/loss.h"
-#include "trainer/mlp.h"
+#include "trainer/model/make_model.h"
+#include "trainer/model/model.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/optim/schedule.h"
 #include "trainer/parameter_layout.h"
@@ -25,9 +26,9 @@ namespace mptrain {
 namespace {
 
 absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& config,
-                                                     const ParameterLayout& layout) {
-  if (config.init_checkpoint.empty()) return InitializeParameters(layout, config.seed);
-  return ReadInitialParameters(config.init_checkpoint, layout);
+                                                     const Model& model) {
+  if (config.init_checkpoint.empty()) return model.InitialParameters(config.seed);
+  return ReadInitialParameters(config.init_checkpoint, model.table());
 }
 
 }  // namespace
@@ -57,11 +58,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   const int64_t accumulation = config.accumulation_steps;
   const DType dtype = config.compute_dtype;
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp,
-                   Mlp::Create(backend, config.model, dtype, batch, accumulation));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config, backend));
+  const ParameterTable& table = model->table();
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
-  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, mlp->layout()));
-  RETURN_IF_ERROR(backend->Upload(initial.data(), mlp->params()));
+  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, *model));
+  RETURN_IF_ERROR(backend->Upload(initial.data(), model->params()));
   ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
   Shuffling shuffling;
   shuffling.enabled = config.data.shuffle;
@@ -73,7 +74,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
                    MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
-                   MakeOptimizer(config.optimizer, backend, mlp->layout().total));
+                   MakeOptimizer(config.optimizer, backend, table.total()));
   LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
   std::unique_ptr<Evaluator> evaluator;
   if (config.eval.enabled()) {
@@ -91,11 +92,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   // overlapping the rest; in fp32 or compressed (DDP's compress hooks), as the job says.
   ASSIGN_OR_RETURN(std::unique_ptr<GradientCommunicator> communicator,
                    GradientCommunicator::Create(backend, collective, config.grad_comm_dtype,
-                                                mlp->grads(), mlp->layout().total));
+                                                model->grads(), table.total()));
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
-                   GradientReducer::Create(mlp->layout(), mlp->accumulator(), [&](Tensor span) {
-                     return communicator->Start(span);
-                   }));
+                   GradientReducer::Create(
+                       table, model->accumulator(),
+                       [&](Tensor span) { return communicator->Start(span); },
+                       GradientReducer::kBucketBytes, GradientReducer::kChunkBytes,
+                       model->ComputesFirstWeightInRowChunks()));
 
   const StepConfig step_config = MakeStepConfig(config);
   StepState initial_state;
@@ -112,8 +115,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
         rank == 0 ? FindResumeCandidates(resume_checkpoint, stamp.job)
                   : std::vector<std::string>{resume_checkpoint};
     ASSIGN_OR_RETURN(ResumeState resumed,
-                     LoadResumeState(candidates, rank, mlp->layout(), backend, mlp->params(),
-                                     slots, mlp->buffers(), stamp.job));
+                     LoadResumeState(candidates, rank, table, backend, model->params(),
+                                     slots, model->buffers(), stamp.job));
     if (!resumed.unreadable.empty()) {
       observer->OnWarning(absl::StrCat(
           "resumed from ", resumed.path, " (step ", resumed.step, "): the newer checkpoints of "
@@ -125,15 +128,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       return absl::InvalidArgumentError(absl::StrCat(resume_checkpoint, ": step ", resumed.step,
                                                      " is outside this job's 0..", config.steps));
     }
-    if (IsBatchNorm(config.model.norm)) {
-      mlp->set_num_batches_tracked(resumed.step * accumulation);
-    }
+    model->RestoreProgress(resumed.step, accumulation);
     initial_state = resumed.step_state;
     first_step = resumed.step + 1;
     micro_batches.SeekToStep(resumed.step, accumulation);
   }
   ASSIGN_OR_RETURN(StepStateBuffer step_state, backend->AllocateStepState(initial_state));
-  RETURN_IF_ERROR(mlp->RefreshLowPrecisionWeights());
+  RETURN_IF_ERROR(model->RefreshLowPrecisionWeights());
 
   // Rank 0 saves what a restarted run needs (a host synchronisation, every checkpoint_every
   // steps only).
@@ -142,17 +143,17 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     TrainingCheckpoint checkpoint;
     checkpoint.step = step;
     checkpoint.data_cursor = micro_batches.cursor();
-    checkpoint.parameters.resize(mlp->layout().total);
-    RETURN_IF_ERROR(backend->Download(mlp->params(), checkpoint.parameters.data()));
+    checkpoint.parameters.resize(table.total());
+    RETURN_IF_ERROR(backend->Download(model->params(), checkpoint.parameters.data()));
     for (const OptimizerSlot& slot : optimizer->slots()) {
       std::vector<float>& values = checkpoint.optimizer_state[slot.name];
-      values.resize(mlp->layout().total);
+      values.resize(table.total());
       RETURN_IF_ERROR(backend->Download(slot.values, values.data()));
     }
-    if (!mlp->buffers().empty()) {
-      checkpoint.buffers.resize(mlp->layout().buffers_total);
-      RETURN_IF_ERROR(backend->Download(mlp->buffers(), checkpoint.buffers.data()));
-      checkpoint.num_batches_tracked = mlp->num_batches_tracked();
+    if (!model->buffers().empty()) {
+      checkpoint.buffers.resize(table.buffers_total());
+      RETURN_IF_ERROR(backend->Download(model->buffers(), checkpoint.buffers.data()));
+      checkpoint.num_batches_tracked = model->buffer_counter();
     }
     ASSIGN_OR_RETURN(checkpoint.step_state, backend->ReadStepState(step_state));
     checkpoint.job_id = stamp.job;
@@ -167,7 +168,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
         MayReplace(CheckpointOwnership(path, stamp), config.overwrite_output,
                    /*resuming=*/!resume_checkpoint.empty());
     write.no_symlinks = config.output_paths_resolved;
-    RETURN_IF_ERROR(WriteTrainingCheckpoint(path, mlp->layout(), checkpoint, write));
+    RETURN_IF_ERROR(WriteTrainingCheckpoint(path, table, checkpoint, write));
     observer->OnCheckpoint(step, path);
     // A long job would fill the disk: its older checkpoints go once this one is written.
     if (!retention) {
@@ -196,6 +197,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     Pending oldest = pending.front();
     pending.pop_front();
     ASSIGN_OR_RETURN(StepStats stats, backend->ReadStats(oldest.slot));
+    // A step that was not skipped applied gradients of a NaN or infinite loss (the loss is the
+    // mean over ranks: every rank fails at the same step). Without this the run "succeeded"
+    // with loss nan.
+    if (stats.state.skipped == 0 && !std::isfinite(stats.state.last_loss)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training diverged: the loss of step ", oldest.step,
+          " is not finite (NaN or infinity) and the step was not skipped; lower optimizer.lr, "
+          "enable the loss scaler or check the data"));
+    }
     const double step_ms = stats.completed_ms - previous_ms;
     previous_ms = stats.completed_ms;
     auto evaluation = evaluations.find(oldest.step);
@@ -230,10 +240,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     return absl::OkStatus();
   };
 
-  // A local batch norm's running statistics differ per rank (each sees its own data); DDP
-  // broadcasts rank 0's at the start of each step. sync_batch_norm's are the same on every rank
-  // already (computed from the same gathered statistics), so that broadcast is left out.
-  const bool broadcast_buffers = config.model.norm == NormKind::kBatchNorm && world_size > 1;
+  // DDP broadcasts rank 0's buffers at the start of each step when they may differ per rank
+  // (a local batch norm's running statistics: each rank sees its own data).
+  const bool broadcast_buffers = model->BroadcastsBuffers();
   // The work of one optimizer step, issued op by op.
   auto issue_step = [&](double lr) -> absl::Status {
     // Micro-batches 1..A-1 only accumulate local gradients: no collective (DDP's no_sync).
@@ -243,27 +252,27 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       if (micro == 0 && broadcast_buffers) {
         // DDP's broadcast_buffers (its default): before a forward that follows a synchronising
         // one, rank 0's buffers overwrite every rank's — the first micro-batch of each step.
-        RETURN_IF_ERROR(collective->Broadcast(mlp->buffers(), 0));
+        RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
       }
       Tensor x, y;
       RETURN_IF_ERROR(micro_batches.Next(&x, &y));
-      RETURN_IF_ERROR(mlp->Forward(x, micro_batches.in_place()));
+      RETURN_IF_ERROR(model->Forward(x, micro_batches.in_place(), /*training=*/true));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(
-          loss->Backward(mlp->output(), y, step_state, mlp->metrics(), mlp->output_grad()));
+          loss->Backward(model->output(), y, step_state, model->metrics(), model->output_grad()));
       // The stepping micro-batch tells the reducer as each layer's gradients are done.
-      RETURN_IF_ERROR(mlp->Backward(micro, stepping ? reducer.get() : nullptr));
+      RETURN_IF_ERROR(model->Backward(micro, stepping ? reducer.get() : nullptr));
     }
     RETURN_IF_ERROR(communicator->Finish());
     // GradScaler: unscale and check for inf/NaN (with the global norm for clipping), then skip
     // or step and update the scale; the optimizer's step (with the low-precision weight copies
     // for the next step's micro-batches) unless skipped. The metric slots start the next step
     // at 0.
-    RETURN_IF_ERROR(backend->GradientStatistics(mlp->param_grads(), step_state));
-    RETURN_IF_ERROR(backend->FinalizeStep(step_config, mlp->metrics(), step_state));
-    RETURN_IF_ERROR(optimizer->Update(lr, mlp->params(), mlp->param_grads(),
-                                      step_state, mlp->low_precision_params()));
-    return backend->Zero(mlp->metrics());
+    RETURN_IF_ERROR(backend->GradientStatistics(model->param_grads(), step_state));
+    RETURN_IF_ERROR(backend->FinalizeStep(step_config, model->metrics(), step_state));
+    RETURN_IF_ERROR(optimizer->Update(lr, model->params(), model->param_grads(),
+                                      step_state, model->low_precision_params()));
+    return backend->Zero(model->metrics());
   };
   // Recorded once and replayed (a CUDA graph: one launch instead of one per op) where a step's
   // work is the same every time but for the learning rate, which the replay sets on the
@@ -275,7 +284,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   // a buffer grown later (an evaluation's) makes the backend ask for a new recording.
   constexpr int64_t kStagingBudgetBytes = int64_t{256} << 20;
   const bool record_steps =
-      config.record_steps && backend->CanRecordSteps() && !IsBatchNorm(config.model.norm) &&
+      config.record_steps && backend->CanRecordSteps() && model->StepIsReplayable() &&
       micro_batches.StagingBytes(accumulation) <= kStagingBudgetBytes;
   bool recorded = false;
   int64_t replayed_steps = 0;
@@ -305,8 +314,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     if (evaluation_step(step)) {
       // An evaluation forward through DDP broadcasts rank 0's buffers first, like any forward
       // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
-      if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(mlp->buffers(), 0));
-      ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(mlp.get(), loss.get()));
+      if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
+      ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(model.get(), loss.get()));
       // The evaluation went through the model's host-side caches (its low-precision input
       // copy now holds evaluation data, which a training forward casts again): the next step
       // is recorded afresh, as it would be issued op by op.
@@ -329,12 +338,20 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
 
   TrainingResult result;
-  result.parameters.resize(mlp->layout().total);
-  RETURN_IF_ERROR(backend->Download(mlp->params(), result.parameters.data()));
+  result.parameters.resize(table.total());
+  RETURN_IF_ERROR(backend->Download(model->params(), result.parameters.data()));
+  // The last step's update is seen by no later loss: checked here, before anything is written.
+  for (size_t i = 0; i < result.parameters.size(); ++i) {
+    if (!std::isfinite(result.parameters[i])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training diverged: after step ", config.steps, " parameter ", i,
+          " is not finite (NaN or infinity); lower optimizer.lr or set max_grad_norm"));
+    }
+  }
   result.checksum = ParameterChecksum(result.parameters);
-  if (!mlp->buffers().empty()) {
-    result.buffers.resize(mlp->layout().buffers_total);
-    RETURN_IF_ERROR(backend->Download(mlp->buffers(), result.buffers.data()));
+  if (!model->buffers().empty()) {
+    result.buffers.resize(table.buffers_total());
+    RETURN_IF_ERROR(backend->Download(model->buffers(), result.buffers.data()));
   }
   ASSIGN_OR_RETURN(StepStats last,
                    backend->ReadStats(static_cast<int>(config.steps % Backend::kStatsSlots)));
@@ -352,9 +369,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
                                                     {"steps", std::to_string(config.steps)}};
     if (!stamp.job.empty()) metadata["mptrain_job"] = stamp.job;
     if (!stamp.owner.empty()) metadata["mptrain_owner"] = stamp.owner;
-    TensorMap tensors = ParametersToTensors(mlp->layout(), result.parameters);
-    for (auto& [name, tensor] :
-         BuffersToTensors(mlp->layout(), result.buffers, mlp->num_batches_tracked())) {
+    TensorMap tensors = table.ToTensors(result.parameters);
+    for (auto& [name, tensor] : table.BuffersToTensors(result.buffers, model->buffer_counter())) {
       tensors[name] = std::move(tensor);
     }
     RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint, tensors, metadata, write));

@@ -399,8 +399,11 @@ TEST(RunTraining, CrossEntropy_LearnsAndReportsAccuracy) {
   spec.data.targets_path = TempPath("ce_bad.npy");
   TrainedRun bad = TrainOneRank(spec);
   EXPECT_EQ(bad.result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.result.status().message().find("ce_bad.npy: row 17 has class 3"),
+  EXPECT_NE(bad.result.status().message().find("ce_bad.npy: row 17 has a class outside [0, 3)"),
             absl::string_view::npos)
+      << bad.result.status();
+  // The class is the file's content: not echoed.
+  EXPECT_EQ(bad.result.status().message().find("class 3"), absl::string_view::npos)
       << bad.result.status();
 }
 
@@ -649,6 +652,59 @@ TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(std::string(result.status().message()).find("/nonexistent/step-1.safetensors"),
             std::string::npos);
+}
+
+// fp32 without a scaler skips no step: an absurd learning rate blows the parameters up, the
+// next loss is infinite or NaN, and the run fails naming that step instead of succeeding with
+// loss nan.
+TEST(RunTraining, LossNotFiniteOnAStepNotSkipped_FailsNamingTheStep) {
+  TrainingConfig spec = SmallConfig();
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.steps = 20;
+  spec.optimizer.lr = 1e30;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_FALSE(run.result.ok()) << "a diverged run must not succeed";
+  EXPECT_EQ(run.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(run.result.status().message());
+  EXPECT_NE(message.find("the training diverged: the loss of step "), std::string::npos)
+      << message;
+  // The named step is the first whose loss was not finite; the steps before it were.
+  ASSERT_FALSE(run.observer.records.empty());
+  const int64_t named = std::stoll(message.substr(message.find("step ") + 5));
+  EXPECT_EQ(named, run.observer.records.back().step + 1) << message;
+  for (const StepTelemetry& record : run.observer.records) {
+    EXPECT_TRUE(std::isfinite(record.loss)) << "step " << record.step;
+  }
+}
+
+// One step whose update overflows: its loss (computed before the update) is finite, so only
+// the check of the final parameters sees it.
+TEST(RunTraining, FinalParametersNotFinite_FailsNamingTheLastStep) {
+  TrainingConfig spec = SmallConfig();
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.steps = 1;
+  spec.optimizer.lr = 1e30;
+  spec.optimizer.weight_decay = 1e30;  // lr * weight_decay * w overflows float32.
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_FALSE(run.result.ok()) << "non-finite parameters must not be a success";
+  EXPECT_EQ(run.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(run.result.status().message().find("the training diverged: after step 1 parameter "),
+            absl::string_view::npos)
+      << run.result.status();
+  ASSERT_EQ(run.observer.records.size(), 1u);
+  EXPECT_TRUE(std::isfinite(run.observer.records[0].loss));
+}
+
+// With the fp16 scaler a non-finite gradient is skipped, not a failure.
+TEST(RunTraining, SkippedStepsWithInfiniteGradients_StillSucceed) {
+  TrainingConfig spec = SmallConfig();
+  spec.loss_scaler.init_scale = 3e38;  // The first steps overflow fp16 and are skipped.
+  spec.steps = 4;
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  EXPECT_GT(run.result->skipped_steps, 0);
 }
 
 }  // namespace

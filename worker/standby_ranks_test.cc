@@ -84,7 +84,8 @@ TEST_F(StandbyRanksTest, AStandbyOutlivesTheThreadThatAskedForIt) {
   StandbyRanks standbys(ShellStandby(kReadsItsJob, &launched_), NowMs);
   std::thread asker([&] { standbys.Ensure(0); });
   asker.join();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A parent-death signal would have been sent as the thread exited, before join returned: a
+  // standby it killed fails Hand (EPIPE) or, dying meanwhile, exits by the signal (WaitExit).
   std::optional<StandbyRanks::Handed> handed = standbys.Hand(0, "/work/job-1-rank-0.pb");
   ASSERT_TRUE(handed.has_value()) << "the standby died with the thread that asked for it";
   EXPECT_EQ(WaitExit(handed->pid), 0);
@@ -96,8 +97,12 @@ TEST_F(StandbyRanksTest, AStandbyThatDied_IsForgotten_AndHandingToItFailsWithout
   standbys.Ensure(0);
   ASSERT_EQ(standbys.Count(), 1);
   // Not reaped yet: the daemon has not seen it die. Handing fails (EPIPE, not a SIGPIPE that
-  // would end this process) and the caller starts the rank cold.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // would end this process) and the caller starts the rank cold. Waits for its exit without
+  // reaping it (WNOWAIT): the pool has not seen it die.
+  ASSERT_EQ(launched_.size(), 1u);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, launched_[0], &info, WEXITED | WNOWAIT), 0);
+  ASSERT_EQ(info.si_status, 3);
   EXPECT_FALSE(standbys.Hand(0, std::string(1 << 20, 'x')).has_value());
   EXPECT_EQ(standbys.Count(), 0);
   EXPECT_FALSE(standbys.Forget(12345678, 0, 0)) << "not a standby's pid";

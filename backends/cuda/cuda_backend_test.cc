@@ -752,7 +752,7 @@ TEST(CudaBackward, LargeLastLayerInChunks_MatchesWholeLayer) {
     EXPECT_TRUE(MseLoss(gpu.get(), 4096, 1).Backward((*mlp)->output(), ty, state, (*mlp)->metrics(),
                                                      (*mlp)->output_grad()).ok());
     std::unique_ptr<GradientReducer> reducer;
-    if (hook) reducer = *GradientReducer::Create((*mlp)->layout(), (*mlp)->accumulator(), hook);
+    if (hook) reducer = *GradientReducer::Create((*mlp)->table(), (*mlp)->accumulator(), hook);
     EXPECT_TRUE((*mlp)->Backward(0, reducer.get()).ok());
     std::vector<float> grads(n + 2);
     EXPECT_TRUE(gpu->Download((*mlp)->grads(), grads.data()).ok());

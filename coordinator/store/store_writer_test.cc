@@ -2,8 +2,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -20,6 +23,13 @@ class RecordingStore : public JobStore {
     return std::vector<v1::WatchJobEvent>();
   }
   absl::Status Commit(const Batch& batch) override {
+    {
+      // Held (Hold): the commit says it began, then waits for Release.
+      std::unique_lock<std::mutex> lock(gate_mu);
+      ++commits_begun;
+      gate.notify_all();
+      gate.wait(lock, [&] { return !held; });
+    }
     std::this_thread::sleep_for(delay);
     std::lock_guard<std::mutex> lock(mu);
     committed.push_back(batch.next_job_number);
@@ -30,11 +40,29 @@ class RecordingStore : public JobStore {
     }
     return absl::OkStatus();
   }
+  void Hold() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    held = true;
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    held = false;
+    gate.notify_all();
+  }
+  // Whether `count` commits have begun within 10 s.
+  bool AwaitCommitsBegun(int count) {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    return gate.wait_for(lock, std::chrono::seconds(10), [&] { return commits_begun >= count; });
+  }
   std::chrono::milliseconds delay{0};
   std::atomic<bool> fail{false};
   std::atomic<int> fail_times{0};  // Fail this many commits, then succeed.
   std::mutex mu;
   std::vector<int64_t> committed;
+  std::mutex gate_mu;
+  std::condition_variable gate;
+  bool held = false;
+  int commits_begun = 0;
 };
 
 JobStore::Batch Numbered(int64_t n) {
@@ -59,11 +87,15 @@ TEST(StoreWriter, WaitForAnEarlierTicket_DoesNotWaitForLaterOnes) {
   StoreWriter writer(&store);
   const uint64_t first = writer.Enqueue(Numbered(1));
   writer.WaitWritten(first);
-  store.delay = std::chrono::milliseconds(300);
+  // The second write's commit begins and is held there until the end of the test: waiting for
+  // the first ticket must return all the same (it would wait forever for the second).
+  store.Hold();
   writer.Enqueue(Numbered(2));
-  const auto start = std::chrono::steady_clock::now();
-  writer.WaitWritten(first);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  ASSERT_TRUE(store.AwaitCommitsBegun(2));
+  auto waited = std::async(std::launch::async, [&] { writer.WaitWritten(first); });
+  const bool returned = waited.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  store.Release();
+  EXPECT_TRUE(returned) << "WaitWritten(first) waited for the second write's held commit";
 }
 
 // A failing commit is tried kCommitAttempts times; a lasting failure goes to the handler

@@ -11,17 +11,22 @@ WORKER_FLAGS=()
 # Flags the coordinator gets.
 COORDINATOR_FLAGS=()
 
-# secure_cluster: a fresh CA, certificates and tokens (scripts/make_pki.sh) in
-# $CLUSTER_DIR/pki, and the flags that turn on mutual TLS and tokens everywhere: trainctl acts
-# as the user alice, the workers as the worker principal.
+# Where secure_cluster put the CA, certificates and tokens ("": not secure).
+CLUSTER_PKI=
+# secure_cluster [WORKER NAME...]: a fresh CA, certificates and tokens (scripts/make_pki.sh) in
+# $CLUSTER_DIR/pki, one certificate and token per worker name (default: make_pki.sh's), and the
+# flags that turn on mutual TLS and tokens everywhere: trainctl acts as the user alice, each
+# worker start_worker starts as itself (its own certificate and token: the coordinator
+# registers it under that name only).
 secure_cluster() {
-  local pki=$CLUSTER_DIR/pki
-  bash "$(dirname "${BASH_SOURCE[0]}")/../make_pki.sh" "$pki"
-  local tls=(--tls_ca="$pki/ca.pem" --tls_cert="$pki/client.pem" --tls_key="$pki/client.key")
+  local pki=$CLUSTER_DIR/pki name workers=()
+  for name in "$@"; do workers+=(--worker "$name"); done
+  bash "$(dirname "${BASH_SOURCE[0]}")/../make_pki.sh" "${workers[@]}" "$pki"
+  CLUSTER_PKI=$pki
   COORDINATOR_FLAGS+=(--tls_cert="$pki/server.pem" --tls_key="$pki/server.key"
                       --tls_client_ca="$pki/ca.pem" --token_file="$pki/tokens")
-  WORKER_FLAGS+=("${tls[@]}" --token_file="$pki/worker.token")
-  TRAINCTL_FLAGS+=("${tls[@]}" --token_file="$pki/alice.token")
+  TRAINCTL_FLAGS+=(--tls_ca="$pki/ca.pem" --tls_cert="$pki/client.pem" --tls_key="$pki/client.key"
+                   --token_file="$pki/alice.token")
 }
 
 # start_coordinator [extra coordinator flags...]: sets ADDRESS=127.0.0.1:PORT.
@@ -47,6 +52,14 @@ start_worker() {
   shift 2
   mkdir -p "$CLUSTER_DIR/data" "$CLUSTER_DIR/outputs"
   local roots=(--data_root="$CLUSTER_DIR/data" --output_root="$CLUSTER_DIR/outputs")
+  if [ -n "$CLUSTER_PKI" ]; then
+    if [ ! -f "$CLUSTER_PKI/$name.token" ]; then
+      echo "start_worker: no credentials for worker $name: pass it to secure_cluster" >&2
+      return 1
+    fi
+    set -- --tls_ca="$CLUSTER_PKI/ca.pem" --tls_cert="$CLUSTER_PKI/$name.pem" \
+      --tls_key="$CLUSTER_PKI/$name.key" --token_file="$CLUSTER_PKI/$name.token" "$@"
+  fi
   if [ -n "$gpu" ]; then
     CUDA_VISIBLE_DEVICES=$gpu "$WORKER" --coordinator="$ADDRESS" --name="$name" \
       --work_dir="$CLUSTER_DIR/$name" "${roots[@]}" "${WORKER_FLAGS[@]}" "$@" \
