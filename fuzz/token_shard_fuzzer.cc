@@ -2,8 +2,9 @@
 // InspectTokenFile and TokenBatches read, under options drawn from its size. Whatever the bytes:
 // no crash, no allocation beyond the micro-batch; an accepted file gives micro-batches whose
 // targets are the inputs shifted by one and whose ids are below vocab_size, and Seek(n) gives
-// what n calls of Next() reached; every refusal names the file and never spells a header value
-// (the version and count of a magic-bearing input, where they are too large to be a size).
+// what n calls of Next() reached. Every refusal names the file, quotes no run of its bytes and
+// spells no number read from it (fuzz/error_leak_check.h): the input's own header values where
+// no limit could spell them, and in planted variants a version, a token count and a file size.
 
 #include <unistd.h>
 
@@ -13,8 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "fuzz/error_leak_check.h"
 #include "trainer/data/token_shards.h"
 
 namespace {
@@ -46,20 +49,56 @@ int32_t LittleInt32(const uint8_t* bytes) {
   return result;
 }
 
-// A refusal names the file and spells none of the header's values that no size could be.
-void CheckRefusal(const absl::Status& status, const uint8_t* data, size_t size) {
+constexpr uint64_t kPlantedSize = 7777777;  // odd: refused as a raw file too
+constexpr int32_t kPlantedVersion = 987654;
+constexpr int32_t kPlantedCount = 876543210;
+
+// A refusal names the file, quotes none of its bytes and spells none of the header's values
+// that no limit, window or position of a fuzzer input could be.
+void CheckRefusal(const absl::Status& status, std::string_view input) {
   if (status.ok()) return;
-  const std::string message(status.message());
-  if (message.find(InputPath()) == std::string::npos) abort();
-  if (size >= 12 && LittleInt32(data) == mptrain::kTokenShardMagic) {
+  if (std::string(status.message()).find(InputPath()) == std::string::npos) abort();
+  mptrain::fuzz::AbortIfQuotesInput(status, InputPath(), mptrain::fuzz::InputRuns(input), {});
+  const auto* bytes = reinterpret_cast<const uint8_t*>(input.data());
+  if (input.size() >= 12 && LittleInt32(bytes) == mptrain::kTokenShardMagic) {
     for (int offset : {4, 8}) {
-      const int64_t value = LittleInt32(data + offset);
-      // Sizes, limits and counts a message may name are below 2^26 for fuzzer inputs.
-      if (value >= (int64_t{1} << 26) || value <= -1000) {
-        if (message.find(std::to_string(value)) != std::string::npos) abort();
+      const int64_t value = LittleInt32(bytes + offset);
+      if (value >= (int64_t{1} << 26)) {
+        mptrain::fuzz::AbortIfSpellsNumberIn(status, InputPath(), value, value, "a header value");
       }
     }
   }
+}
+
+// Planted values the refusals must not spell: a shard header with a version, then a token
+// count, of distinctive digits; the input extended to an odd planted size.
+void CheckPlantedVariants(std::string_view input) {
+  std::string planted(input);
+  if (planted.size() < 1024) planted.resize(1024, '\0');
+  const auto put = [&](size_t at, int32_t value) {
+    for (int i = 0; i < 4; ++i) planted[at + i] = static_cast<char>((uint32_t(value) >> (8 * i)));
+  };
+  put(0, mptrain::kTokenShardMagic);
+  put(4, kPlantedVersion);
+  mptrain::fuzz::WriteExtendedFileOrDie(InputPath(), planted, planted.size());
+  absl::Status version = mptrain::InspectTokenFile("fuzz", InputPath()).status();
+  if (version.ok()) abort();
+  mptrain::fuzz::AbortIfSpellsNumberIn(version, InputPath(), kPlantedVersion, kPlantedVersion,
+                                       "a planted version");
+  put(4, mptrain::kTokenShardVersion);
+  put(8, kPlantedCount);
+  mptrain::fuzz::WriteExtendedFileOrDie(InputPath(), planted, planted.size());
+  absl::Status count = mptrain::InspectTokenFile("fuzz", InputPath()).status();
+  if (count.ok()) abort();
+  mptrain::fuzz::AbortIfSpellsNumberIn(count, InputPath(), kPlantedCount, kPlantedCount,
+                                       "a planted token count");
+  if (input.size() >= kPlantedSize) return;
+  mptrain::fuzz::WriteExtendedFileOrDie(InputPath(), input, kPlantedSize);
+  absl::Status sized = mptrain::InspectTokenFile("fuzz", InputPath()).status();
+  // Odd: refused whether it reads as a raw file or a shard (1024 + 2n is even).
+  if (sized.ok()) abort();
+  mptrain::fuzz::AbortIfSpellsNumberIn(sized, InputPath(), kPlantedSize - input.size(),
+                                       kPlantedSize, "a planted file size");
 }
 
 }  // namespace
@@ -70,9 +109,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
   WriteFileOrDie(data, size);
   absl::StatusOr<mptrain::TokenFile> file = mptrain::InspectTokenFile("fuzz", InputPath());
-  CheckRefusal(file.status(), data, size);
+  CheckRefusal(file.status(), input);
   if (file.ok() && file->first_token_byte + 2 * file->tokens != static_cast<int64_t>(size)) {
     abort();
   }
@@ -87,7 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.shuffle_seed = size;
   absl::StatusOr<mptrain::TokenBatches> batches =
       mptrain::TokenBatches::Open("fuzz", {InputPath()}, options);
-  CheckRefusal(batches.status(), data, size);
+  CheckRefusal(batches.status(), input);
   if (!batches.ok()) return 0;
   if (!file.ok()) abort();  // Open inspects the same file.
 
@@ -97,7 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int64_t served = 0;
   for (int64_t i = 0; i < count; ++i) {
     absl::Status status = batches->Next(absl::MakeSpan(x), absl::MakeSpan(y));
-    CheckRefusal(status, data, size);
+    CheckRefusal(status, input);
     if (!status.ok()) {
       if (status.code() != absl::StatusCode::kInvalidArgument) abort();
       break;
@@ -117,5 +157,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!batches->Next(absl::MakeSpan(sought_x), absl::MakeSpan(sought_y)).ok()) abort();
     if (sought_x != first_x) abort();
   }
+  CheckPlantedVariants(input);
   return 0;
 }

@@ -90,8 +90,9 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
     file.first_token_byte = kTokenShardHeaderBytes;
     if (file.size_bytes < kTokenShardHeaderBytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Named(field, path), " starts with the llm.c shard magic but is ",
-                       file.size_bytes, " bytes, shorter than the 1024-byte header"));
+          absl::StrCat(Named(field, path),
+                       " starts with the llm.c shard magic but is shorter "
+                       "than the 1024-byte header"));
     }
     RETURN_IF_ERROR(ReadExactly(fd, header, sizeof(header), 0, field, path));
     // The header's values are the file's contents: named, never echoed.
@@ -109,8 +110,7 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
       return absl::InvalidArgumentError(
           absl::StrCat(Named(field, path),
                        ": llm.c shard header's token count (int32 at byte 8) does not "
-                       "match the file's size of ",
-                       file.size_bytes, " bytes (a shard of n tokens is 1024 + 2n bytes)"));
+                       "match the file's size (a shard of n tokens is 1024 + 2n bytes)"));
     }
     file.tokens = count;
     return file;
@@ -119,13 +119,14 @@ absl::StatusOr<TokenFile> CheckTokenFile(int fd, const struct stat& st, const st
   file.first_token_byte = 0;
   if (file.size_bytes % 2 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Named(field, path), " is ", file.size_bytes,
-                     " bytes: a raw uint16 token file (no llm.c magic) must have an even size"));
+        absl::StrCat(Named(field, path),
+                     " has an odd size: a raw uint16 token file (no llm.c "
+                     "magic) holds 2 bytes a token"));
   }
   if (file.size_bytes / 2 > kMaxTokensPerFile) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Named(field, path), " is ", file.size_bytes, " bytes: a raw token file holds at most ",
-        kMaxTokensPerFile, " tokens (", 2 * kMaxTokensPerFile, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Named(field, path), " is larger than ", 2 * kMaxTokensPerFile,
+                     " bytes: a raw token file holds at most ", kMaxTokensPerFile, " tokens"));
   }
   file.tokens = file.size_bytes / 2;
   return file;
@@ -266,16 +267,15 @@ absl::StatusOr<TokenBatches> TokenBatches::Open(const std::string& field,
     const std::string file_field = absl::StrCat(field, "[", i, "]");
     ASSIGN_OR_RETURN(TokenFile file, InspectTokenFile(file_field, paths[i]));
     if (file.tokens < window + 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Named(file_field, paths[i]), " holds ", file.tokens, " tokens, fewer than one window of ",
-          window + 1, " (world_size ", options.world_size, " x ", options.batch, " sequences x ",
-          options.context, " tokens, + 1 for the last target)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Named(file_field, paths[i]), " holds fewer tokens than one window of ",
+                       window + 1, " (world_size ", options.world_size, " x ", options.batch,
+                       " sequences x ", options.context, " tokens, + 1 for the last target)"));
     }
     if (options.shuffle && (file.tokens - 1) / window > kMaxShuffledWindowsPerShard) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Named(file_field, paths[i]), " has ", (file.tokens - 1) / window,
-                       " windows; shuffling allows at most ", kMaxShuffledWindowsPerShard,
-                       " per file (split it, or use larger micro-batches)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          Named(file_field, paths[i]), " has more windows than shuffling allows (",
+          kMaxShuffledWindowsPerShard, " per file): split it, or use larger micro-batches"));
     }
     files.push_back(std::move(file));
   }

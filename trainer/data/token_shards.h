@@ -67,7 +67,8 @@ struct TokenFile {
 // INVALID_ARGUMENT: not a regular file, a bad magic-bearing header (version, count < 1,
 // size != 1024 + 2 * count), an odd-sized or too large raw file. NOT_FOUND: missing.
 // PERMISSION_DENIED: a symbolic link (O_NOFOLLOW) or unreadable. Messages name the file (quoted,
-// cut short) and the numbers at fault that describe its size or header layout only.
+// cut short), the rule and its limit, never a number read or derived from the file (a header
+// value, its size, its token count): README "Job spec".
 absl::StatusOr<TokenFile> InspectTokenFile(const std::string& field, const std::string& path);
 
 struct TokenBatchOptions {
