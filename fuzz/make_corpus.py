@@ -56,6 +56,13 @@ def job_spec_corpus():
                                "beta2": 0.98},
                     lr_schedule={"kind": "warmup_cosine", "warmup_steps": 1, "min_lr": 0.001})
     write("job_spec_fuzzer", "training.json", json.dumps(training))
+    gpt = dict(minimal, world_size=2,
+               model={"gpt": {"vocab_size": 256, "context_length": 64, "layers": 2, "heads": 4,
+                              "width": 32}},
+               data={"tokens": {"files": ["/data/kjv/train_*.bin"], "shuffle": True}},
+               eval_tokens={"files": ["/data/kjv/val_000.bin"]}, eval_batches=4, eval_every=5,
+               sample={"prompt_text": "And God said", "max_new_tokens": 64, "top_k": 20})
+    write("job_spec_fuzzer", "gpt.json", json.dumps(gpt))
     huge = dict(minimal, model={"input_dim": 1 << 20, "hidden_dims": [1 << 20, 1 << 20],
                                 "output_dim": 1 << 20},
                 micro_batch_size=1 << 20, accumulation_steps=1 << 16)
