@@ -14,6 +14,7 @@
 #include "common/path_rules.h"
 #include "common/small_file.h"
 #include "common/status_macros.h"
+#include "common/token_file_pattern.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -104,7 +105,107 @@ std::vector<std::pair<const char*, const std::string*>> SpecPathFields(const v1:
           {"checkpoint_dir", &spec.checkpoint_dir()}};
 }
 
+absl::Status ValidateGpt(const v1::GptSpec& gpt) {
+  struct Bound {
+    const char* name;
+    int64_t value, max;
+  };
+  for (const Bound& bound : {Bound{"vocab_size", gpt.vocab_size(), kMaxGptVocabSize},
+                             Bound{"context_length", gpt.context_length(), kMaxGptContextLength},
+                             Bound{"layers", gpt.layers(), kMaxGptLayers},
+                             Bound{"width", gpt.width(), kMaxGptWidth}}) {
+    if (bound.value < 1 || bound.value > bound.max) {
+      return Invalid(absl::StrCat("model.gpt.", bound.name, " must be in [1, ", bound.max,
+                                  "], got ", bound.value));
+    }
+  }
+  if (gpt.heads() < 1 || gpt.width() % gpt.heads() != 0) {
+    return Invalid(absl::StrCat("model.gpt.heads must be >= 1 and divide model.gpt.width = ",
+                                gpt.width(), ", got ", gpt.heads()));
+  }
+  if (gpt.padded_vocab_size() != 0 && (gpt.padded_vocab_size() < gpt.vocab_size() ||
+                                       gpt.padded_vocab_size() > kMaxGptVocabSize)) {
+    return Invalid(absl::StrCat("model.gpt.padded_vocab_size must be 0 (= vocab_size) or in "
+                                "[vocab_size = ", gpt.vocab_size(), ", ", kMaxGptVocabSize,
+                                "], got ", gpt.padded_vocab_size()));
+  }
+  return absl::OkStatus();
+}
+
+// TokenData at `field` ("data.tokens", "eval_tokens").
+absl::Status ValidateTokenData(const v1::TokenData& tokens, const std::string& field) {
+  if (tokens.files_size() < 1 || tokens.files_size() > kMaxTokenFileEntries) {
+    return Invalid(absl::StrCat(field, ".files must name 1 to ", kMaxTokenFileEntries,
+                                " token files or patterns, got ", tokens.files_size()));
+  }
+  for (int i = 0; i < tokens.files_size(); ++i) {
+    RETURN_IF_ERROR(CheckTokenFileEntry(absl::StrCat(field, ".files[", i, "]"), tokens.files(i)));
+  }
+  if (tokens.shuffle_seed() < 0) {
+    return Invalid(absl::StrCat(field, ".shuffle_seed must be >= 0, got ", tokens.shuffle_seed()));
+  }
+  if (!tokens.shuffle() && tokens.shuffle_seed() != 0) {
+    return Invalid(absl::StrCat(field, ".shuffle_seed needs ", field, ".shuffle"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSample(const v1::SampleSpec& sample, const v1::GptSpec& gpt) {
+  if (sample.max_new_tokens() < 1 || sample.max_new_tokens() > kMaxSampleTokens) {
+    return Invalid(absl::StrCat("sample.max_new_tokens must be in [1, ", kMaxSampleTokens,
+                                "], got ", sample.max_new_tokens()));
+  }
+  if (!std::isfinite(sample.temperature()) || sample.temperature() <= 0) {
+    return Invalid(absl::StrCat("sample.temperature must be a finite number > 0 (default 1), got ",
+                                Num(sample.temperature())));
+  }
+  if (sample.top_k() < 0 || sample.top_k() > gpt.vocab_size()) {
+    return Invalid(absl::StrCat("sample.top_k must be in [0, model.gpt.vocab_size = ",
+                                gpt.vocab_size(), "] (0 = every token), got ", sample.top_k()));
+  }
+  if (sample.seed() < 0) {
+    return Invalid(absl::StrCat("sample.seed must be >= 0, got ", sample.seed()));
+  }
+  if (sample.prompt_tokens_size() > 0 && !sample.prompt_text().empty()) {
+    return Invalid("sample sets prompt_tokens or prompt_text, not both");
+  }
+  if (sample.prompt_tokens_size() == 0 && sample.prompt_text().empty()) {
+    return Invalid("sample needs a prompt: prompt_tokens (token ids) or prompt_text");
+  }
+  if (sample.prompt_tokens_size() > kMaxSampleTokens) {
+    return Invalid(absl::StrCat("sample.prompt_tokens may hold at most ", kMaxSampleTokens,
+                                " tokens, got ", sample.prompt_tokens_size()));
+  }
+  for (int i = 0; i < sample.prompt_tokens_size(); ++i) {
+    const int64_t token = sample.prompt_tokens(i);
+    if (token < 0 || token >= gpt.vocab_size()) {
+      return Invalid(absl::StrCat("sample.prompt_tokens[", i, "] must be in [0, vocab_size = ",
+                                  gpt.vocab_size(), "), got ", token));
+    }
+  }
+  if (static_cast<int64_t>(sample.prompt_text().size()) > kMaxSampleTokens) {
+    return Invalid(absl::StrCat("sample.prompt_text may hold at most ", kMaxSampleTokens,
+                                " bytes, got ", sample.prompt_text().size()));
+  }
+  // Its bytes are its tokens: every byte value must be a token id.
+  if (!sample.prompt_text().empty() && gpt.vocab_size() < 256) {
+    return Invalid(absl::StrCat("sample.prompt_text needs a byte-level vocabulary (model.gpt."
+                                "vocab_size >= 256: each byte is a token), got vocab_size ",
+                                gpt.vocab_size(), "; use prompt_tokens"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateModel(const v1::ModelSpec& model) {
+  if (model.has_gpt()) {
+    if (model.input_dim() != 0 || model.hidden_dims_size() != 0 || model.output_dim() != 0 ||
+        model.activation() != v1::ACTIVATION_UNSPECIFIED ||
+        model.norm() != v1::NORM_KIND_UNSPECIFIED) {
+      return Invalid("model.gpt replaces the MLP: model.input_dim, hidden_dims, output_dim, "
+                     "activation and norm must be unset");
+    }
+    return ValidateGpt(model.gpt());
+  }
   if (model.input_dim() <= 0 || model.input_dim() > kMaxLayerWidth) {
     return Invalid(absl::StrCat("model.input_dim must be in [1, ", kMaxLayerWidth, "], got ",
                                 model.input_dim()));
@@ -163,10 +264,12 @@ absl::Status ValidateData(const v1::DataSpec& data) {
         return Invalid("data.npy.shuffle_seed needs data.npy.shuffle");
       }
       return absl::OkStatus();
+    case v1::DataSpec::kTokens:
+      return ValidateTokenData(data.tokens(), "data.tokens");
     case v1::DataSpec::SOURCE_NOT_SET:
       break;
   }
-  return Invalid("data must set exactly one of data.synthetic or data.npy");
+  return Invalid("data must set exactly one of data.synthetic, data.npy or data.tokens");
 }
 
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& optimizer) {
@@ -321,11 +424,21 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
 }
 
 void ApplyJobSpecDefaults(v1::JobSpec* spec) {
-  if (spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
+  // model.gpt leaves the MLP's fields unset (ValidateJobSpec checks that they are).
+  const bool gpt = spec->model().has_gpt();
+  if (!gpt && spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
     spec->mutable_model()->set_activation(v1::RELU);
   }
-  if (spec->model().norm() == v1::NORM_KIND_UNSPECIFIED) spec->mutable_model()->set_norm(v1::NONE);
-  if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(v1::MSE);
+  if (!gpt && spec->model().norm() == v1::NORM_KIND_UNSPECIFIED) {
+    spec->mutable_model()->set_norm(v1::NONE);
+  }
+  if (spec->loss() == v1::LOSS_KIND_UNSPECIFIED) spec->set_loss(gpt ? v1::CROSS_ENTROPY : v1::MSE);
+  if (spec->has_eval_tokens() && spec->eval_batches() == 0) {
+    spec->set_eval_batches(kDefaultEvalBatches);
+  }
+  if (spec->has_sample() && spec->sample().temperature() == 0) {
+    spec->mutable_sample()->set_temperature(1.0);
+  }
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP16);
   if (spec->grad_comm_dtype() == v1::PRECISION_UNSPECIFIED) spec->set_grad_comm_dtype(v1::FP32);
   if (spec->telemetry_every() == 0) spec->set_telemetry_every(1);
@@ -388,6 +501,35 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("label_smoothing applies to loss cross_entropy only");
   }
   if (auto status = ValidateData(spec.data()); !status.ok()) return status;
+  const bool gpt = spec.model().has_gpt();
+  if (gpt && spec.loss() != v1::CROSS_ENTROPY) {
+    return Invalid(absl::StrCat("model.gpt trains with loss cross_entropy (its default), got ",
+                                v1::LossKind_Name(spec.loss())));
+  }
+  if (gpt != spec.data().has_tokens()) {
+    return Invalid(gpt ? "model.gpt needs data.tokens (token files)"
+                       : "data.tokens is for model.gpt (a language model)");
+  }
+  if (spec.has_eval_tokens()) {
+    if (!gpt) return Invalid("eval_tokens is for model.gpt (a language model)");
+    RETURN_IF_ERROR(ValidateTokenData(spec.eval_tokens(), "eval_tokens"));
+    if (spec.eval_tokens().shuffle()) {
+      return Invalid("eval_tokens.shuffle must be off: every evaluation reads the same batches");
+    }
+    if (spec.eval_batches() < 1 || spec.eval_batches() > kMaxEvalBatches) {
+      return Invalid(absl::StrCat("eval_batches must be in [1, ", kMaxEvalBatches, "] (default ",
+                                  kDefaultEvalBatches, "), got ", spec.eval_batches()));
+    }
+  } else if (spec.eval_batches() != 0) {
+    return Invalid("eval_batches needs eval_tokens");
+  }
+  if (gpt && spec.has_eval_data()) {
+    return Invalid("model.gpt evaluates on eval_tokens, not eval_data");
+  }
+  if (spec.has_sample()) {
+    if (!gpt) return Invalid("sample is for model.gpt (a language model)");
+    RETURN_IF_ERROR(ValidateSample(spec.sample(), spec.model().gpt()));
+  }
   if (spec.has_eval_data()) {
     if (spec.eval_data().features_path().empty() || spec.eval_data().targets_path().empty()) {
       return Invalid("eval_data.features_path and eval_data.targets_path must name .npy files");
@@ -400,8 +542,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid(absl::StrCat("eval_every must be in [0, ", kMaxSteps, "], got ",
                                 spec.eval_every()));
   }
-  if (spec.eval_every() > 0 && !spec.has_eval_data()) {
-    return Invalid("eval_every needs eval_data");
+  if (spec.eval_every() > 0 && !spec.has_eval_data() && !spec.has_eval_tokens()) {
+    return Invalid("eval_every needs eval_data (or eval_tokens for model.gpt)");
   }
   if (spec.micro_batch_size() < 1 || spec.micro_batch_size() > kMaxMicroBatch) {
     return Invalid(absl::StrCat("micro_batch_size must be in [1, ", kMaxMicroBatch, "], got ",
@@ -418,6 +560,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid(absl::StrCat("model.norm sync_batch_norm needs micro_batch_size * world_size "
                                 ">= 2 (batch statistics of one row are undefined), got ",
                                 spec.micro_batch_size(), " * ", spec.world_size()));
+  }
+  if (gpt && spec.micro_batch_size() >
+                 kMaxGptTokensPerMicroBatch / spec.model().gpt().context_length()) {
+    return Invalid(absl::StrCat("micro_batch_size * model.gpt.context_length must be at most ",
+                                kMaxGptTokensPerMicroBatch, " tokens, got ",
+                                spec.micro_batch_size(), " * ",
+                                spec.model().gpt().context_length()));
   }
   if (spec.accumulation_steps() < 1 || spec.accumulation_steps() > kMaxAccumulationSteps) {
     return Invalid(absl::StrCat("accumulation_steps must be in [1, ", kMaxAccumulationSteps,
@@ -486,7 +635,43 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid(absl::StrCat("max_restarts must be in [0, ", kMaxRestarts, "], got ",
                                 spec.max_restarts()));
   }
+  if (gpt && !kGptModelTrainable) {
+    return absl::UnimplementedError(
+        "model.gpt is valid but this build does not train it yet (issue #28)");
+  }
   return absl::OkStatus();
+}
+
+std::vector<SpecPath> SpecPaths(const v1::JobSpec& spec) {
+  std::vector<SpecPath> paths;
+  if (spec.data().has_npy()) {
+    paths.push_back({"data.npy.features_path", spec.data().npy().features_path(), false});
+    paths.push_back({"data.npy.targets_path", spec.data().npy().targets_path(), false});
+  }
+  if (spec.has_eval_data()) {
+    paths.push_back({"eval_data.features_path", spec.eval_data().features_path(), false});
+    paths.push_back({"eval_data.targets_path", spec.eval_data().targets_path(), false});
+  }
+  // Token files, patterns included: a pattern's wildcards lie in its last component
+  // (common/token_file_pattern.h), so the lexical check against the data roots holds for
+  // every file it can match.
+  for (const auto& [field, tokens] :
+       {std::pair<const char*, const v1::TokenData*>{"data.tokens.files", &spec.data().tokens()},
+        {"eval_tokens.files", &spec.eval_tokens()}}) {
+    for (int i = 0; i < tokens->files_size(); ++i) {
+      paths.push_back({absl::StrCat(field, "[", i, "]"), tokens->files(i), false});
+    }
+  }
+  if (!spec.init_checkpoint().empty()) {
+    paths.push_back({"init_checkpoint", spec.init_checkpoint(), false});
+  }
+  if (!spec.output_checkpoint().empty()) {
+    paths.push_back({"output_checkpoint", spec.output_checkpoint(), true});
+  }
+  if (!spec.checkpoint_dir().empty()) {
+    paths.push_back({"checkpoint_dir", spec.checkpoint_dir(), true});
+  }
+  return paths;
 }
 
 std::vector<int64_t> LayerWidths(const v1::ModelSpec& model) {

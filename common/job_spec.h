@@ -29,6 +29,22 @@ inline constexpr int kDefaultKeptCheckpoints = 3;
 inline constexpr int kMaxKeptCheckpoints = 1000;
 // JobSpec.grad_comm_lanes: at most comm/lane_plan.h's kMaxLanes communicators.
 inline constexpr uint32_t kMaxGradCommLanes = 8;
+// model.gpt (proto GptSpec) and its data (TokenData, SampleSpec): the bounds of issue #28.
+inline constexpr int64_t kMaxGptVocabSize = int64_t{1} << 20;
+inline constexpr int64_t kMaxGptContextLength = int64_t{1} << 16;
+inline constexpr int64_t kMaxGptLayers = 256;
+inline constexpr int64_t kMaxGptWidth = int64_t{1} << 16;
+// micro_batch_size * context_length: the token buffers of one micro-batch stay bounded (the
+// same bound as trainer/data/token_shards.h kMaxTokensPerMicroBatch).
+inline constexpr int64_t kMaxGptTokensPerMicroBatch = int64_t{1} << 24;
+inline constexpr int kMaxTokenFileEntries = 4096;  // TokenData.files
+inline constexpr int64_t kDefaultEvalBatches = 20;
+inline constexpr int64_t kMaxEvalBatches = 10000;
+inline constexpr int64_t kMaxSampleTokens = 4096;  // max_new_tokens, prompt_tokens, prompt_text
+// Until the GPT model is trained by this build (#28), a spec that passes every rule for
+// model.gpt is still refused (UNIMPLEMENTED) at the end of ValidateJobSpec; the model's commit
+// sets this to true.
+inline constexpr bool kGptModelTrainable = false;
 // torch.optim.Adam's defaults.
 inline constexpr double kDefaultAdamBeta1 = 0.9;
 inline constexpr double kDefaultAdamBeta2 = 0.999;
@@ -43,7 +59,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 inline constexpr size_t kMaxSpecJsonBytes = size_t{1} << 20;
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
-// Fills fields the user may leave out: activation (RELU), loss (MSE), precision (FP16),
+// Fills fields the user may leave out: activation (RELU) and norm (NONE) for the MLP, loss (MSE;
+// CROSS_ENTROPY for model.gpt), eval_batches (20, with eval_tokens), sample.temperature (1, with
+// sample), precision (FP16),
 // telemetry_every (1), progress_timeout_s (300), collective_timeout_s (60), every unset
 // loss_scaler field (PyTorch's defaults; enabled only for FP16), optimizer.kind (SGD) and, for
 // adam/adamw, the unset betas and eps (PyTorch's defaults). Idempotent.
@@ -52,6 +70,16 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec);
 // Checks every rule of a spec (after ApplyJobSpecDefaults). INVALID_ARGUMENT names the first
 // field at fault, the rule and the value, e.g. "model.hidden_dims[1] must be > 0, got 0".
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// A file or directory a spec names: its field ("data.tokens.files[2]"), the path (for token
+// files possibly a pattern in its last component) and whether the rank writes it. The
+// coordinator checks each against the workers' roots at submit.
+struct SpecPath {
+  std::string field;
+  std::string path;
+  bool write = false;
+};
+std::vector<SpecPath> SpecPaths(const v1::JobSpec& spec);
 
 // Layer widths [input_dim, hidden_dims..., output_dim].
 std::vector<int64_t> LayerWidths(const v1::ModelSpec& model);

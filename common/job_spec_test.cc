@@ -689,6 +689,266 @@ TEST(ValidateJobSpec, MaxRestarts_MustBeInRange) {
   ExpectInvalid(spec, "max_restarts must be in [0, 100], got -1");
 }
 
+// A valid language-model spec: model.gpt over token files.
+constexpr char kValidGptJson[] = R"({
+  "name": "lm", "world_size": 2, "device": "cpu",
+  "model": {"gpt": {"vocab_size": 256, "context_length": 64, "layers": 2, "heads": 4,
+                    "width": 32}},
+  "data": {"tokens": {"files": ["/data/text/train_*.bin", "/data/text/extra.bin"]}},
+  "eval_tokens": {"files": ["/data/text/val_000.bin"]},
+  "sample": {"prompt_text": "In the beginning", "max_new_tokens": 100, "top_k": 40},
+  "micro_batch_size": 8, "steps": 10, "precision": "fp32",
+  "optimizer": {"lr": 0.001, "kind": "adamw"}
+})";
+
+v1::JobSpec ValidGptSpec() {
+  auto spec = ParseJobSpecJson(kValidGptJson);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(&*spec);
+  return *spec;
+}
+
+// Every rule passed: OK once the model is trained (kGptModelTrainable), until then the one
+// refusal that says so.
+void ExpectValidGpt(const v1::JobSpec& spec) {
+  absl::Status status = ValidateJobSpec(spec);
+  if (kGptModelTrainable) {
+    EXPECT_TRUE(status.ok()) << status;
+  } else {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_NE(std::string(status.message()).find("does not train it yet"), std::string::npos)
+        << status;
+  }
+}
+
+TEST(ApplyJobSpecDefaults, Gpt_LeavesTheMlpUnset_CrossEntropyEvalBatchesTemperature) {
+  v1::JobSpec spec = ValidGptSpec();
+  EXPECT_EQ(spec.model().activation(), v1::ACTIVATION_UNSPECIFIED);
+  EXPECT_EQ(spec.model().norm(), v1::NORM_KIND_UNSPECIFIED);
+  EXPECT_EQ(spec.loss(), v1::CROSS_ENTROPY);
+  EXPECT_EQ(spec.eval_batches(), kDefaultEvalBatches);
+  EXPECT_EQ(spec.sample().temperature(), 1.0);
+  ExpectValidGpt(spec);
+  // Without eval_tokens no eval_batches default (it would then be refused).
+  spec.clear_eval_tokens();
+  spec.set_eval_batches(0);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.eval_batches(), 0);
+  ExpectValidGpt(spec);
+}
+
+TEST(ValidateJobSpec, Gpt_ShapeFieldsAreBounded) {
+  struct Case {
+    void (*apply)(v1::GptSpec*);
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GptSpec* g) { g->set_vocab_size(0); },
+       "model.gpt.vocab_size must be in [1, 1048576], got 0"},
+      {[](v1::GptSpec* g) { g->set_vocab_size((1 << 20) + 1); },
+       "model.gpt.vocab_size must be in [1, 1048576], got 1048577"},
+      {[](v1::GptSpec* g) { g->set_context_length(65537); },
+       "model.gpt.context_length must be in [1, 65536], got 65537"},
+      {[](v1::GptSpec* g) { g->set_context_length(-1); },
+       "model.gpt.context_length must be in [1, 65536], got -1"},
+      {[](v1::GptSpec* g) { g->set_layers(257); }, "model.gpt.layers must be in [1, 256], got 257"},
+      {[](v1::GptSpec* g) { g->set_layers(0); }, "model.gpt.layers must be in [1, 256], got 0"},
+      {[](v1::GptSpec* g) { g->set_width(65537); },
+       "model.gpt.width must be in [1, 65536], got 65537"},
+      {[](v1::GptSpec* g) { g->set_heads(0); },
+       "model.gpt.heads must be >= 1 and divide model.gpt.width = 32, got 0"},
+      {[](v1::GptSpec* g) { g->set_heads(5); },
+       "model.gpt.heads must be >= 1 and divide model.gpt.width = 32, got 5"},
+      {[](v1::GptSpec* g) { g->set_heads(64); },
+       "model.gpt.heads must be >= 1 and divide model.gpt.width = 32, got 64"},
+      {[](v1::GptSpec* g) { g->set_padded_vocab_size(255); },
+       "model.gpt.padded_vocab_size must be 0 (= vocab_size) or in [vocab_size = 256, 1048576], "
+       "got 255"},
+      {[](v1::GptSpec* g) { g->set_padded_vocab_size((1 << 20) + 1); },
+       "model.gpt.padded_vocab_size must be 0"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = ValidGptSpec();
+    c.apply(spec.mutable_model()->mutable_gpt());
+    ExpectInvalid(spec, c.message);
+  }
+  v1::JobSpec spec = ValidGptSpec();
+  spec.mutable_model()->mutable_gpt()->set_padded_vocab_size(320);
+  ExpectValidGpt(spec);
+  spec.mutable_model()->mutable_gpt()->set_heads(32);
+  ExpectValidGpt(spec);
+}
+
+TEST(ValidateJobSpec, Gpt_ReplacesTheMlpAndGoesWithTokensAndCrossEntropy) {
+  for (void (*apply)(v1::ModelSpec*) :
+       {+[](v1::ModelSpec* m) { m->set_input_dim(8); },
+        +[](v1::ModelSpec* m) { m->add_hidden_dims(4); },
+        +[](v1::ModelSpec* m) { m->set_output_dim(2); },
+        +[](v1::ModelSpec* m) { m->set_activation(v1::GELU); },
+        +[](v1::ModelSpec* m) { m->set_norm(v1::NONE); }}) {
+    v1::JobSpec spec = ValidGptSpec();
+    apply(spec.mutable_model());
+    ExpectInvalid(spec, "model.gpt replaces the MLP");
+  }
+  v1::JobSpec spec = ValidGptSpec();
+  spec.set_loss(v1::MSE);
+  ExpectInvalid(spec, "model.gpt trains with loss cross_entropy (its default), got MSE");
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_synthetic()->set_seed(1);
+  ExpectInvalid(spec, "model.gpt needs data.tokens");
+  // Tokens, eval_tokens and sample without model.gpt.
+  v1::JobSpec mlp = ValidSpec();
+  *mlp.mutable_data()->mutable_tokens() = ValidGptSpec().data().tokens();
+  ExpectInvalid(mlp, "data.tokens is for model.gpt");
+  mlp = ValidSpec();
+  *mlp.mutable_eval_tokens() = ValidGptSpec().eval_tokens();
+  ExpectInvalid(mlp, "eval_tokens is for model.gpt");
+  mlp = ValidSpec();
+  *mlp.mutable_sample() = ValidGptSpec().sample();
+  ExpectInvalid(mlp, "sample is for model.gpt");
+  spec = ValidGptSpec();
+  spec.mutable_eval_data()->set_features_path("/d/x.npy");
+  spec.mutable_eval_data()->set_targets_path("/d/y.npy");
+  ExpectInvalid(spec, "model.gpt evaluates on eval_tokens, not eval_data");
+}
+
+TEST(ValidateJobSpec, Gpt_MicroBatchTokensAreBounded) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.mutable_model()->mutable_gpt()->set_context_length(65536);
+  spec.set_micro_batch_size(256);
+  ExpectValidGpt(spec);
+  spec.set_micro_batch_size(257);
+  ExpectInvalid(spec, "micro_batch_size * model.gpt.context_length must be at most 16777216 "
+                      "tokens, got 257 * 65536");
+}
+
+TEST(ValidateJobSpec, TokenFiles_AreBoundedPathsOrLastComponentPatterns) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->clear_files();
+  ExpectInvalid(spec, "data.tokens.files must name 1 to 4096 token files or patterns, got 0");
+  for (int i = 0; i < 4097; ++i) spec.mutable_data()->mutable_tokens()->add_files("/d/a.bin");
+  ExpectInvalid(spec, "data.tokens.files must name 1 to 4096 token files or patterns, got 4097");
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->add_files("relative.bin");
+  ExpectInvalid(spec, "data.tokens.files[2] must be an absolute path");
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->add_files("/d/../etc/passwd");
+  ExpectInvalid(spec, "data.tokens.files[2]");
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->add_files("/d/*/a.bin");
+  ExpectInvalid(spec,
+                "data.tokens.files[2] may hold the wildcards * and ? in its last component only");
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->add_files("/d/a[0-9]*.bin");
+  ExpectInvalid(spec, "data.tokens.files[2]: a pattern's wildcards are * and ? only");
+  spec = ValidGptSpec();
+  spec.mutable_eval_tokens()->add_files("/d/?al_*.bin");
+  ExpectValidGpt(spec);
+  spec.mutable_eval_tokens()->add_files("/d/../x.bin");
+  ExpectInvalid(spec, "eval_tokens.files[2]");
+  // Shuffling: a seed needs shuffle; never for evaluation.
+  spec = ValidGptSpec();
+  spec.mutable_data()->mutable_tokens()->set_shuffle_seed(3);
+  ExpectInvalid(spec, "data.tokens.shuffle_seed needs data.tokens.shuffle");
+  spec.mutable_data()->mutable_tokens()->set_shuffle(true);
+  ExpectValidGpt(spec);
+  spec.mutable_data()->mutable_tokens()->set_shuffle_seed(-1);
+  ExpectInvalid(spec, "data.tokens.shuffle_seed must be >= 0, got -1");
+  spec = ValidGptSpec();
+  spec.mutable_eval_tokens()->set_shuffle(true);
+  ExpectInvalid(spec, "eval_tokens.shuffle must be off");
+}
+
+TEST(ValidateJobSpec, EvalBatchesAndEvalEvery_GoWithEvalTokens) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.set_eval_batches(10001);
+  ExpectInvalid(spec, "eval_batches must be in [1, 10000] (default 20), got 10001");
+  spec.set_eval_batches(-1);
+  ExpectInvalid(spec, "eval_batches must be in [1, 10000] (default 20), got -1");
+  spec.set_eval_batches(10000);
+  spec.set_eval_every(5);
+  ExpectValidGpt(spec);
+  spec.clear_eval_tokens();
+  ExpectInvalid(spec, "eval_batches needs eval_tokens");
+  spec.set_eval_batches(0);
+  ExpectInvalid(spec, "eval_every needs eval_data (or eval_tokens for model.gpt)");
+}
+
+TEST(ValidateJobSpec, Sample_FieldsAreBounded) {
+  struct Case {
+    void (*apply)(v1::SampleSpec*);
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::SampleSpec* s) { s->set_max_new_tokens(0); },
+       "sample.max_new_tokens must be in [1, 4096], got 0"},
+      {[](v1::SampleSpec* s) { s->set_max_new_tokens(4097); },
+       "sample.max_new_tokens must be in [1, 4096], got 4097"},
+      {[](v1::SampleSpec* s) { s->set_temperature(-0.5); },
+       "sample.temperature must be a finite number > 0 (default 1), got -0.5"},
+      {[](v1::SampleSpec* s) { s->set_temperature(std::nan("")); },
+       "sample.temperature must be a finite number > 0"},
+      {[](v1::SampleSpec* s) { s->set_temperature(INFINITY); },
+       "sample.temperature must be a finite number > 0"},
+      {[](v1::SampleSpec* s) { s->set_top_k(257); },
+       "sample.top_k must be in [0, model.gpt.vocab_size = 256] (0 = every token), got 257"},
+      {[](v1::SampleSpec* s) { s->set_top_k(-1); }, "sample.top_k must be in [0"},
+      {[](v1::SampleSpec* s) { s->set_seed(-1); }, "sample.seed must be >= 0, got -1"},
+      {[](v1::SampleSpec* s) { s->add_prompt_tokens(1); },
+       "sample sets prompt_tokens or prompt_text, not both"},
+      {[](v1::SampleSpec* s) { s->clear_prompt_text(); }, "sample needs a prompt"},
+      {[](v1::SampleSpec* s) { s->set_prompt_text(std::string(4097, 'a')); },
+       "sample.prompt_text may hold at most 4096 bytes, got 4097"},
+      {[](v1::SampleSpec* s) {
+         s->clear_prompt_text();
+         s->add_prompt_tokens(3);
+         s->add_prompt_tokens(256);
+       },
+       "sample.prompt_tokens[1] must be in [0, vocab_size = 256), got 256"},
+      {[](v1::SampleSpec* s) {
+         s->clear_prompt_text();
+         s->add_prompt_tokens(-1);
+       },
+       "sample.prompt_tokens[0] must be in [0, vocab_size = 256), got -1"},
+      {[](v1::SampleSpec* s) {
+         s->clear_prompt_text();
+         for (int i = 0; i < 4097; ++i) s->add_prompt_tokens(1);
+       },
+       "sample.prompt_tokens may hold at most 4096 tokens, got 4097"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = ValidGptSpec();
+    c.apply(spec.mutable_sample());
+    ExpectInvalid(spec, c.message);
+  }
+  // Text needs a byte-level vocabulary; token ids do not.
+  v1::JobSpec spec = ValidGptSpec();
+  spec.mutable_model()->mutable_gpt()->set_vocab_size(100);
+  spec.mutable_sample()->set_top_k(0);
+  ExpectInvalid(spec, "sample.prompt_text needs a byte-level vocabulary (model.gpt.vocab_size >= "
+                      "256: each byte is a token), got vocab_size 100");
+  spec.mutable_sample()->clear_prompt_text();
+  spec.mutable_sample()->add_prompt_tokens(99);
+  ExpectValidGpt(spec);
+  spec.mutable_model()->mutable_gpt()->set_vocab_size(50257);
+  spec.mutable_sample()->set_prompt_text("Hi");
+  spec.mutable_sample()->clear_prompt_tokens();
+  ExpectValidGpt(spec);
+}
+
+TEST(SpecPaths, TokenFilesAndPatterns_AreReadPathsNamedByIndex) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.set_output_checkpoint("/out/final.st");
+  std::vector<std::string> listed;
+  for (const SpecPath& path : SpecPaths(spec)) {
+    listed.push_back(absl::StrCat(path.field, "=", path.path, path.write ? " (write)" : ""));
+  }
+  EXPECT_EQ(listed, (std::vector<std::string>{"data.tokens.files[0]=/data/text/train_*.bin",
+                                              "data.tokens.files[1]=/data/text/extra.bin",
+                                              "eval_tokens.files[0]=/data/text/val_000.bin",
+                                              "output_checkpoint=/out/final.st (write)"}));
+}
+
 TEST(ParameterCount, CountsWeightsAndBiases) {
   v1::JobSpec spec = ValidSpec();  // 8 -> 4 -> 4 -> 2
   EXPECT_EQ(ParameterCount(spec.model()), 8 * 4 + 4 + 4 * 4 + 4 + 4 * 2 + 2);

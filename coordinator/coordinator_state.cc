@@ -50,35 +50,6 @@ int64_t SystemNowMs() {
 // Client-supplied identifiers echoed in errors are cut short (they may be megabytes).
 std::string Quote(const std::string& text) { return TruncateForError(text, 128); }
 
-// The path fields of a spec: (field, path, whether the rank writes it).
-struct SpecPath {
-  std::string field;
-  std::string path;
-  bool write = false;
-};
-
-std::vector<SpecPath> SpecPaths(const v1::JobSpec& spec) {
-  std::vector<SpecPath> paths;
-  if (spec.data().has_npy()) {
-    paths.push_back({"data.npy.features_path", spec.data().npy().features_path(), false});
-    paths.push_back({"data.npy.targets_path", spec.data().npy().targets_path(), false});
-  }
-  if (spec.has_eval_data()) {
-    paths.push_back({"eval_data.features_path", spec.eval_data().features_path(), false});
-    paths.push_back({"eval_data.targets_path", spec.eval_data().targets_path(), false});
-  }
-  if (!spec.init_checkpoint().empty()) {
-    paths.push_back({"init_checkpoint", spec.init_checkpoint(), false});
-  }
-  if (!spec.output_checkpoint().empty()) {
-    paths.push_back({"output_checkpoint", spec.output_checkpoint(), true});
-  }
-  if (!spec.checkpoint_dir().empty()) {
-    paths.push_back({"checkpoint_dir", spec.checkpoint_dir(), true});
-  }
-  return paths;
-}
-
 }  // namespace
 
 CoordinatorState::CoordinatorState(CoordinatorOptions options)

@@ -56,6 +56,13 @@ def job_spec_corpus():
                                "beta2": 0.98},
                     lr_schedule={"kind": "warmup_cosine", "warmup_steps": 1, "min_lr": 0.001})
     write("job_spec_fuzzer", "training.json", json.dumps(training))
+    gpt = dict(minimal, world_size=2,
+               model={"gpt": {"vocab_size": 256, "context_length": 64, "layers": 2, "heads": 4,
+                              "width": 32}},
+               data={"tokens": {"files": ["/data/kjv/train_*.bin"], "shuffle": True}},
+               eval_tokens={"files": ["/data/kjv/val_000.bin"]}, eval_batches=4, eval_every=5,
+               sample={"prompt_text": "And God said", "max_new_tokens": 64, "top_k": 20})
+    write("job_spec_fuzzer", "gpt.json", json.dumps(gpt))
     huge = dict(minimal, model={"input_dim": 1 << 20, "hidden_dims": [1 << 20, 1 << 20],
                                 "output_dim": 1 << 20},
                 micro_batch_size=1 << 20, accumulation_steps=1 << 16)
@@ -304,6 +311,27 @@ def coordinator_corpus():
     write("coordinator_state_fuzzer", "wrong_secrets_and_errors", s.data())
 
 
+# ---- token files (llm.c shards and raw uint16) ----
+
+def shard(tokens, magic=20240520, version=1, count=None):
+    header = struct.pack("<3i", magic, version, len(tokens) if count is None else count)
+    return header + bytes(1024 - len(header)) + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+def token_shard_corpus():
+    text = b"In the beginning God created the heaven and the earth. " * 3
+    write("token_shard_fuzzer", "shard_bytes", shard(list(text)))
+    write("token_shard_fuzzer", "shard_gpt2_ids", shard([50256, 464, 3290, 50000] * 20))
+    write("token_shard_fuzzer", "raw_bytes", struct.pack(f"<{len(text)}H", *text))
+    write("token_shard_fuzzer", "raw_out_of_byte_vocab", struct.pack("<40H", *range(240, 280)))
+    write("token_shard_fuzzer", "shard_bad_version", shard(list(text), version=2))
+    write("token_shard_fuzzer", "shard_count_too_high", shard(list(text), count=len(text) + 1))
+    write("token_shard_fuzzer", "shard_count_huge", shard(list(text), count=987654321))
+    write("token_shard_fuzzer", "shard_truncated_header", shard(list(text))[:600])
+    write("token_shard_fuzzer", "raw_odd", b"abc")
+    write("token_shard_fuzzer", "raw_tiny", b"ab")
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -312,6 +340,7 @@ def main():
     safetensors_corpus()
     checkpoint_corpus()
     coordinator_corpus()
+    token_shard_corpus()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ if ! [[ "$SECONDS_PER_FUZZER" =~ ^[0-9]+$ ]] || [ "$SECONDS_PER_FUZZER" -lt 1 ];
   exit 2
 fi
 FUZZERS=(${MPTRAIN_FUZZERS:-job_spec_fuzzer npy_fuzzer safetensors_fuzzer checkpoint_fuzzer
-                            coordinator_state_fuzzer})
+                            coordinator_state_fuzzer token_shard_fuzzer})
 # Keyed by the checkout's path, as Bazel's own default is: an output base shared by two
 # checkouts keeps runfiles links into the first one.
 OUTPUT_BASE="${MPTRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_mptrain_fuzz_$(pwd | md5sum | cut -c1-12)}"

@@ -20,6 +20,7 @@ PACKAGES=(
   python3-sklearn                           # the digits data set (scripts/make_digits.py)
   iproute2 util-linux                       # tests: simulated hosts (ip netns, unshare)
   systemd                                   # tests: systemd-analyze verify of scripts/systemd/
+  bible-kjv                                 # the KJV text (scripts/make_text_shards.py)
 )
 
 missing=()
