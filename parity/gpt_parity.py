@@ -182,10 +182,12 @@ def run_case(cluster, spec, case_dir):
 def main():
     from common import Cluster
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bin", required=True)
+    parser.add_argument("--bin")
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--spec", nargs="*", default=[])
+    parser.add_argument("--reference_only", action="store_true",
+                        help="run only PyTorch (no --bin needed): the cases' loss trajectories")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -197,6 +199,20 @@ def main():
     if not args.spec:
         for name in args.cases.split(","):
             jobs.append((name, write_case(name, CASES[name], os.path.join(out, name))))
+    if args.reference_only:
+        import gpt_reference as ref
+        for name, spec in jobs:
+            case_dir = os.path.join(out, name)
+            os.makedirs(case_dir, exist_ok=True)
+            prepare(spec, case_dir)
+            steps = ref.run_ranks(os.path.join(case_dir, "case.json"), case_dir,
+                                  spec["world_size"])
+            print(f"{name:<22} loss {steps[0]['loss']:.5f} -> {steps[-1]['loss']:.5f}, grad norm "
+                  f"{steps[0]['grad_norm']:.4f} -> {steps[-1]['grad_norm']:.4f}, eval "
+                  f"{steps[-1].get('eval_loss')}")
+        return 0
+    if not args.bin:
+        parser.error("--bin is needed (or --reference_only)")
     workers = max(spec["world_size"] for _, spec in jobs)
     cluster = Cluster(args.bin, out, gpus=0, roots_dir=out, cpu_workers=workers)
     failures = 0

@@ -55,9 +55,11 @@ The forward, op by op (B = bf16, F = fp32; "GEMM" = bf16 inputs and output, fp32
   x @ wte^T (logits)             GEMM: wte rounded to B, logits [B, T, Vp] in B
   cross-entropy                  F, on logits[..., :V] widened to F (autocast's fp32 list)
 Backward: autograd's mirror of that flow: a gradient enters each op in that op's output dtype
-and leaves in its input's. So the gradient into each GEMM's output is B and dX, dW, db are B
-GEMMs / sums (db: a B reduction of B values), each rounded to B, then widened to F at autocast's
-cast of the master weight and accumulated in F into .grad (micro-batches and ranks add in F);
+and leaves in its input's. So the gradient into each GEMM's output is B, and dX, dW (GEMMs)
+and db (the sum over rows, accumulated in F inside the kernel) are each rounded to B; dW and db
+are widened to F at autocast's cast of the master weight and accumulated in F into .grad
+(micro-batches add in F, DDP averages in F): every Linear's weight and bias gradient of one
+micro-batch is bf16-representable, while LayerNorm's, wpe's and wte's are not;
 the residual stream's gradient is F and is rounded to B where it enters a branch's B output;
 softmax's backward runs in F on its F output with the F-widened B gradient, its input gradient
 rounded to B; LayerNorm's backward is F; wte's gradient is the F embedding gradient plus the
