@@ -462,13 +462,19 @@ def expand_files(patterns):
     return files
 
 
-def micro_batches(tokens_spec, B, T, rank, world, count):
-    """count (x, y) pairs of int64 tensors [B, T] for this rank."""
+def micro_batches(tokens_spec, B, T, rank, world, count, vocab_size):
+    """count (x, y) pairs of int64 tensors [B, T] for this rank; an id >= vocab_size is an error
+    (one in [V, Vp) would otherwise select a padded row of wte)."""
     pairs = token_batches(expand_files(tokens_spec["files"]), B, T, rank, world, count,
                           shuffle=tokens_spec.get("shuffle", False),
                           seed=tokens_spec.get("shuffle_seed", 0))
-    return [(torch.as_tensor(np.asarray(x, dtype=np.int64)).view(B, T),
-             torch.as_tensor(np.asarray(y, dtype=np.int64)).view(B, T)) for x, y in pairs]
+    out = []
+    for x, y in pairs:
+        x, y = (torch.as_tensor(np.asarray(a, dtype=np.int64)).view(B, T) for a in (x, y))
+        if int(max(x.max(), y.max())) >= vocab_size:
+            raise ValueError(f"a token id >= vocab_size {vocab_size} in {tokens_spec['files']}")
+        out.append((x, y))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,11 +526,12 @@ def train(spec, device=torch.device("cpu"), perturb=0.0):
     autocast = autocast_for(precision, device)
     B, T = spec["micro_batch_size"], model.config.context_length
     accumulation, total = spec.get("accumulation_steps", 1), spec["steps"]
-    data = micro_batches(spec["data"]["tokens"], B, T, rank, world, total * accumulation)
+    V = model.config.vocab_size
+    data = micro_batches(spec["data"]["tokens"], B, T, rank, world, total * accumulation, V)
     evaluation = None
     if spec.get("eval_tokens"):
         evaluation = micro_batches(spec["eval_tokens"], B, T, rank, world,
-                                   spec.get("eval_batches", 20))
+                                   spec.get("eval_batches", 20), V)
 
     def evaluate():
         total_loss = torch.zeros((), dtype=torch.float64, device=device)
