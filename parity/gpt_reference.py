@@ -43,14 +43,16 @@ The forward, op by op (B = bf16, F = fp32; "GEMM" = bf16 inputs and output, fp32
   ln_1, ln_2, ln_f               F in, F out (run on x.float() with autocast disabled: autocast's
                                  fp32-list semantics); mean and variance in F
   c_attn, c_proj, c_fc, mlp.c_proj  GEMM: x and the fp32 master weight and bias each rounded to
-                                 B (autocast's cast, once per forward), output B
+                                 B (autocast's cast, once per forward); output = B rounding of
+                                 the F sum x.W^T + b (the bias added before the one rounding)
   q @ k^T                        GEMM (batched), output B
-  * (1/sqrt(hs))                 B: the B product rounded to B (computed in F from the B value
-                                 and the F scalar; exact when hs is a power of 4)
+  * (1/sqrt(hs))                 F product of the B score and the F scale, rounded to B (pinned:
+                                 1.13 would round the scale to B first; exact for hs = 4^n)
   masked_fill(-inf)              B
   softmax                        F: the B scores widened to F, softmax in F, output F
   att @ v                        GEMM: att rounded to B (autocast), v B, output B
-  GELU (tanh)                    B in, B out (on no list; computed in F, rounded to B)
+  GELU (tanh)                    B in, B out: computed in F from the B input, rounded once to B
+                                 (pinned: 1.13's bf16 kernel rounds intermediates)
   x + attn(...), x + mlp(...)    F + B -> F (type promotion: the B value widened exactly)
   x @ wte^T (logits)             GEMM: wte rounded to B, logits [B, T, Vp] in B
   cross-entropy                  F, on logits[..., :V] widened to F (autocast's fp32 list)
@@ -62,7 +64,8 @@ are widened to F at autocast's cast of the master weight and accumulated in F in
 micro-batch is bf16-representable, while LayerNorm's, wpe's and wte's are not;
 the residual stream's gradient is F and is rounded to B where it enters a branch's B output;
 softmax's backward runs in F on its F output with the F-widened B gradient, its input gradient
-rounded to B; LayerNorm's backward is F; wte's gradient is the F embedding gradient plus the
+rounded to B; the scale's and GELU's backward run in F on the widened B gradient (GELU's
+derivative at the widened B input), the result rounded to B; LayerNorm's backward is F; wte's gradient is the F embedding gradient plus the
 (B-rounded, widened) logits GEMM's weight gradient. Parameters, gradients, AdamW's moments and
 the update are F. GradScaler: disabled for bf16 and fp32 (CUDA fp16 runs use it).
 
@@ -142,11 +145,21 @@ def at_least_fp32(t):
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
+def in_fp32_rounded(op, t):
+    """op on a bf16/fp16 tensor computed in fp32 and rounded back to its dtype once (fp32 and
+    float64 as they are): PyTorch 1.13's own bf16 kernels round a python scalar to bf16 before
+    a multiply and round GELU's intermediates (40% of outputs differ by an ulp, measured), so
+    the reference pins llm.c's semantics: load as fp32, compute, store rounded."""
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return op(t.float()).to(t.dtype)
+    return op(t)
+
+
 def causal_attention(q, k, v):
     """q, k, v [B, H, T, hs] -> [B, H, T, hs]: softmax((q k^T) / sqrt(hs), causal) v, written
     out as nanoGPT's non-flash path; the softmax in (at least) fp32 (module docstring)."""
     T = q.size(-2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = in_fp32_rounded(lambda s: s * (1.0 / math.sqrt(k.size(-1))), q @ k.transpose(-2, -1))
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(causal.logical_not(), float("-inf"))
     att = F.softmax(at_least_fp32(att), dim=-1)
@@ -188,7 +201,7 @@ class Mlp(nn.Module):
         self.c_proj = nn.Linear(4 * config.width, config.width)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(in_fp32_rounded(lambda h: F.gelu(h, approximate="tanh"), self.c_fc(x)))
 
 
 class Block(nn.Module):

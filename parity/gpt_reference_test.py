@@ -106,6 +106,66 @@ def hf_forward_numpy(t, config, idx):
     return ln(x, "transformer.ln_f") @ t["transformer.wte.weight"].T
 
 
+def emulated_bf16_logits(model, idx):
+    """The module docstring's bf16 forward written with explicit roundings in fp32 arithmetic,
+    no autocast: what the C++ must compute. rb = round to bf16 (kept in fp32)."""
+    import torch.nn.functional as F
+
+    def rb(t):
+        return t.bfloat16().float()
+
+    def gemm(x, linear):
+        return rb(rb(x) @ rb(linear.weight).T + rb(linear.bias))
+
+    def ln(x, norm):
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, 1e-5)
+
+    c, t = model.config, model.transformer
+    B, T = idx.shape
+    hs = c.width // c.heads
+    with torch.no_grad():
+        x = t.wte.weight[idx] + t.wpe.weight[:T]
+        for block in t.h:
+            q, k, v = (a.view(B, T, c.heads, hs).transpose(1, 2)
+                       for a in gemm(ln(x, block.ln_1), block.attn.c_attn).split(c.width, dim=2))
+            scores = rb(rb(q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs)))
+            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+            y = rb(rb(torch.softmax(scores, dim=-1)) @ v).transpose(1, 2).reshape(B, T, c.width)
+            x = x + gemm(y, block.attn.c_proj)
+            h = rb(F.gelu(gemm(ln(x, block.ln_2), block.mlp.c_fc), approximate="tanh"))
+            x = x + gemm(h, block.mlp.c_proj)
+        return rb(rb(ln(x, t.ln_f)) @ rb(t.wte.weight).T)
+
+
+def test_bf16_flow():
+    # hs = 8: the scale 1/sqrt(8) is not a bf16 number, so its rounding point matters.
+    config = ref.GptConfig(vocab_size=64, padded_vocab_size=80, context_length=16, layers=2,
+                           heads=4, width=32)
+    model = ref.Gpt(config)
+    ref.init_gpt2(model, 5)
+    idx = torch.from_numpy(np.random.default_rng(2).integers(0, 64, (4, 16)))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx).float()
+    emulated = emulated_bf16_logits(model, idx)
+    differ = (logits != emulated).float().mean().item()
+    ulps = ((logits - emulated).abs() / emulated.abs().clamp(min=1e-3)).max().item() * 256
+    # The attention alone on scores of size ~1, where the scale's rounding point shows.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        att = ref.causal_attention(q, k, v).float()
+    scores = (q.float() @ k.float().transpose(-2, -1)).bfloat16().float()
+    scores = (scores * (1.0 / math.sqrt(8))).bfloat16().float()
+    scores = scores.masked_fill(~torch.ones(16, 16, dtype=torch.bool).tril(), float("-inf"))
+    expected = (torch.softmax(scores, -1).bfloat16().float() @ v.float()).bfloat16().float()
+    att_differ = (att != expected).float().mean().item()
+    check("(e) bf16 attention == its dtype flow emulated in fp32", att_differ < 0.005,
+          f"{att_differ:.2%} of {att.numel()} outputs differ")
+    check("(e) bf16 autocast forward == the docstring's dtype flow emulated in fp32", differ < 0.005,
+          f"{differ:.2%} of {logits.numel()} logits differ (GEMM summation order), worst "
+          f"{ulps:.2g} bf16 ulps")
+
+
 def test_hf_layout(tmp):
     config = ref.GptConfig(vocab_size=50, padded_vocab_size=64, context_length=12, layers=2,
                            heads=2, width=32)
@@ -269,6 +329,7 @@ def main():
     torch.set_num_threads(1)
     test_attention()
     test_hf_layout(tmp)
+    test_bf16_flow()
     test_loader(tmp)
     test_compare()
 
