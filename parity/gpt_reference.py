@@ -72,7 +72,9 @@ the update are F. GradScaler: disabled for bf16 and fp32 (CUDA fp16 runs use it)
 Training, per rank, as pytorch_reference.py: every optimizer step takes accumulation_steps
 micro-batches of micro_batch_size sequences from the token loader (token_batches.py, llm.c's
 DataLoader); each micro-batch's loss is divided by accumulation_steps before backward; all but
-the last run under DDP's no_sync (gloo on the CPU, gradients averaged over ranks); then the
+the last run under DDP's no_sync (gloo on the CPU, gradients averaged over ranks: measured on
+1.13, DDP multiplies each rank's fp32 gradient by fp32(1/W) and then gloo's ring sums the ranks'
+values in an order that depends on the element's chunk; exact for W = 2); then the
 gradients are unscaled, their global L2 norm taken (torch.nn.utils.clip_grad_norm_'s: the norm of
 the per-tensor norms) and, with max_grad_norm > 0, clipped; the optimizer (AdamW, Adam or SGD
 from pytorch_reference.make_optimizer, fused/foreach off) steps with nanoGPT's two parameter

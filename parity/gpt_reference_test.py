@@ -149,6 +149,17 @@ def test_bf16_flow():
     emulated = emulated_bf16_logits(model, idx)
     differ = (logits != emulated).float().mean().item()
     ulps = ((logits - emulated).abs() / emulated.abs().clamp(min=1e-3)).max().item() * 256
+    # Backward: a Linear's weight and bias gradients are bf16 GEMM / reduction outputs widened
+    # to fp32; LayerNorm's, wpe's and wte's (embedding + head) are fp32 sums.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.loss(model(idx), torch.roll(idx, -1, 1)).backward()
+    representable = {n: bool(torch.equal(p.grad.bfloat16().float(), p.grad))
+                     for n, p in model.named_parameters()}
+    linear = [n for n in representable if ".attn.c_" in n or ".mlp.c_" in n]
+    check("(e) bf16 backward: Linear gradients bf16-representable, the others not",
+          all(representable[n] for n in linear) and
+          not any(v for n, v in representable.items() if n not in linear),
+          f"{len(linear)} Linear tensors yes, {len(representable) - len(linear)} others no")
     # The attention alone on scores of size ~1, where the scale's rounding point shows.
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, 16, 8, generator=g).bfloat16() for _ in range(3))
