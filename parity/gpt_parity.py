@@ -26,11 +26,13 @@ sys.path.insert(0, HERE)
 from common import compare_steps, rel  # noqa: E402
 
 # From gpt_reference_test.py's perturbation check (f): PyTorch against itself, initial weights
-# nudged by 1e-7 (relative), 10 AdamW steps at lr 3e-3 moves the loss by <= ~1e-7 (fp32) /
-# 5e-5 (bf16) relative, the grad norm by 2e-7 / 7e-4 and the final parameters by 1e-6 / 3e-3;
-# the tolerances are >= 10x that (the test asserts it). Our side sums in other orders
-# everywhere (GEMMs, reductions), which that nudge models only roughly: a case that misses by
-# little is first compared against PyTorch's own spread (the project rule).
+# nudged by 1e-7 (relative), 10 AdamW steps at lr 3e-3 (the cases below), moves the loss by
+# 6e-8 (fp32) / 4e-5 (bf16) relative, the grad norm by 1e-7 / 1.4e-3 and the final parameters
+# by 8e-7 / 1.4e-3 (measured on Debian's 1.13); the tolerances are >= 10x that (the test
+# asserts it). Our side sums in other orders everywhere (GEMMs, reductions), which that nudge
+# models only roughly: a case that misses by little is first compared against PyTorch's own
+# spread (the project rule). lr 1e-2 triples the spread (AdamW turns near-zero gradient
+# elements' rounding into lr-sized steps): keep the cases' lr small.
 LOSS_TOL = {"fp32": 1e-5, "bf16": 5e-3}
 GRAD_NORM_TOL = {"fp32": 1e-5, "bf16": 2e-2}
 PARAM_TOL = {"fp32": 2e-5, "bf16": 3e-2}

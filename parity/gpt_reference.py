@@ -65,8 +65,9 @@ micro-batch is bf16-representable, while LayerNorm's, wpe's and wte's are not;
 the residual stream's gradient is F and is rounded to B where it enters a branch's B output;
 softmax's backward runs in F on its F output with the F-widened B gradient, its input gradient
 rounded to B; the scale's and GELU's backward run in F on the widened B gradient (GELU's
-derivative at the widened B input), the result rounded to B; LayerNorm's backward is F; wte's gradient is the F embedding gradient plus the
-(B-rounded, widened) logits GEMM's weight gradient. Parameters, gradients, AdamW's moments and
+derivative at the widened B input), the result rounded to B; LayerNorm's backward is F; wte's
+gradient is the F embedding gradient plus the (B-rounded, widened) logits GEMM's weight
+gradient. Parameters, gradients, AdamW's moments and
 the update are F. GradScaler: disabled for bf16 and fp32 (CUDA fp16 runs use it).
 
 Training, per rank, as pytorch_reference.py: every optimizer step takes accumulation_steps
@@ -368,7 +369,8 @@ def load_hf_tensors(model, tensors):
             if name == "transformer.wte.weight" and value.shape[0] == model.config.vocab_size:
                 value = torch.cat([value, value.new_zeros(p.shape[0] - value.shape[0], p.shape[1])])
             if tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {tuple(p.shape)}")
+                raise ValueError(
+                    f"{name}: shape {tuple(value.shape)}, the model has {tuple(p.shape)}")
             p.copy_(value)
 
 

@@ -172,7 +172,8 @@ def test_bf16_flow():
     att_differ = (att != expected).float().mean().item()
     check("(e) bf16 attention == its dtype flow emulated in fp32", att_differ < 0.005,
           f"{att_differ:.2%} of {att.numel()} outputs differ")
-    check("(e) bf16 autocast forward == the docstring's dtype flow emulated in fp32", differ < 0.005,
+    check("(e) bf16 autocast forward == the docstring's dtype flow emulated in fp32",
+          differ < 0.005,
           f"{differ:.2%} of {logits.numel()} logits differ (GEMM summation order), worst "
           f"{ulps:.2g} bf16 ulps")
 
@@ -255,8 +256,8 @@ def test_loader(tmp):
           concat and shifted and wraps, f"{len(one)} batches")
     if ref.token_batches is not ref._own_batches:
         same = all(np.array_equal(np.ravel(a[0]), b[0]) and np.array_equal(np.ravel(a[1]), b[1])
-                   for r in range(2) for a, b in
-                   zip(ref.token_batches(files, B, T, r, 2, 40), ref._own_batches(files, B, T, r, 2, 40)))
+                   for r in range(2) for a, b in zip(ref.token_batches(files, B, T, r, 2, 40),
+                                                     ref._own_batches(files, B, T, r, 2, 40)))
         check("(g) token_batches.py == gpt_reference's own cut", same, "40 batches x 2 ranks")
     else:
         print("note: parity/token_batches.py absent; gpt_reference uses its own loader")
@@ -324,10 +325,10 @@ def worst(a, b):
 
 
 def summary(a, b):
+    evals = [[s for s in run[0] if "eval_loss" in s] for run in (a, b)]
     return (f"loss {max_rel(a[0], b[0], 'loss'):.3g}, grad norm "
-            f"{max_rel(a[0], b[0], 'grad_norm'):.3g}, eval "
-            f"{max_rel([s for s in a[0] if 'eval_loss' in s], [s for s in b[0] if 'eval_loss' in s], 'eval_loss'):.3g}"
-            f", params {param_rel(a[1], b[1]):.3g}")
+            f"{max_rel(a[0], b[0], 'grad_norm'):.3g}, eval {max_rel(*evals, 'eval_loss'):.3g}, "
+            f"params {param_rel(a[1], b[1]):.3g}")
 
 
 def main():
