@@ -187,6 +187,7 @@ class Cluster:
                 steps[int(t["step"])] = {
                     "step": int(t["step"]),
                     "loss": float(t.get("loss", 0)),
+                    "grad_norm": float(t["grad_norm"]) if "grad_norm" in t else None,
                     "loss_scale": float(t.get("loss_scale", 0)),
                     "skipped": bool(t.get("skipped", False)),
                     "lr": float(t.get("lr", 0)),
