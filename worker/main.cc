@@ -1,7 +1,7 @@
 // worker: the daemon that runs ranks of training jobs on this machine.
 //
 //   worker --coordinator HOST:PORT --device cpu|cuda|auto [--slots N] [--host ADDRESS]
-//          [--data_root DIR]... [--output_root DIR]... [--tls_ca ca.pem] [--token_file F]
+//          --data_root DIR... --output_root DIR... [--tls_ca ca.pem] [--token_file F]
 //          [--fence_after_s SECONDS] [--port_range LO-HI]
 //
 // The same binary is the rank process: the daemon starts `worker --run_rank=FILE` per rank.
