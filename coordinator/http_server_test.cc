@@ -470,13 +470,13 @@ TEST_F(HttpServerTest, JobReads_OwnJobsOnly_ViewerSeesAll) {
   EXPECT_EQ(StatusOf(bob_metrics), 200);
   EXPECT_FALSE(absl::StrContains(bob_metrics, alices)) << bob_metrics;
   EXPECT_FALSE(absl::StrContains(bob_metrics, "alices-model")) << bob_metrics;
-  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job=\"", alices)));
+  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job_id=\"", alices)));
 
   const std::string viewer_list = Get("/api/jobs", as(kViewerToken));
   EXPECT_TRUE(absl::StrContains(viewer_list, alices)) << viewer_list;
   EXPECT_TRUE(absl::StrContains(viewer_list, bobs)) << viewer_list;
   EXPECT_TRUE(
-      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job=\"", alices)));
+      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job_id=\"", alices)));
 }
 
 }  // namespace

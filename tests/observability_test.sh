@@ -54,15 +54,15 @@ watch_pid=$!
 # 1. Metrics while it runs.
 for _ in $(seq 200); do
   curl -sf "$HTTP/metrics" >"$CLUSTER_DIR/metrics.txt" &&
-    grep -q "^mptrain_job_step{job=\"$job\"" "$CLUSTER_DIR/metrics.txt" && break
+    grep -q "^mptrain_job_step{job_id=\"$job\"" "$CLUSTER_DIR/metrics.txt" && break
   sleep 0.05
 done
 cp "$CLUSTER_DIR/metrics.txt" "$OUT/metrics.txt"
-grep -q "^mptrain_job_step{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+grep -q "^mptrain_job_step{job_id=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. /metrics has no step for the running job"
 grep -q '^mptrain_jobs{state="running"} 1$' "$CLUSTER_DIR/metrics.txt" || fail "1. no running job counted"
 grep -q '^# TYPE mptrain_job_skipped_steps_total counter$' "$CLUSTER_DIR/metrics.txt" &&
-  grep -q "^mptrain_job_skipped_steps_total{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+  grep -q "^mptrain_job_skipped_steps_total{job_id=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. no skipped-steps counter for the running job"
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics.txt" >"$CLUSTER_DIR/promtool.txt" 2>&1 ||
@@ -79,6 +79,18 @@ grep -q '^mptrain_rpcs_total{service="mptrain.v1.WorkerControl",method="ReportTe
   "$CLUSTER_DIR/metrics_after.txt" || fail "1. no RPC counts"
 grep -q '^mptrain_jobs_ended_total{state="succeeded"} 1$' "$CLUSTER_DIR/metrics_after.txt" ||
   fail "1. the ended job is not counted"
+# An ended job's final values stay scrapable for a while (a short job is seen at least once).
+grep -q "^mptrain_job_step{job_id=\"$job\",name=\"observed-job\"} 300$" "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. the ended job's final step is gone from /metrics"
+grep -q "^mptrain_job_ended_timestamp_seconds{job_id=\"$job\"" "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. no end time for the ended job"
+grep -q '^process_resident_memory_bytes [1-9]' "$CLUSTER_DIR/metrics_after.txt" &&
+  grep -q '^mptrain_build_info{version="' "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. no process_* or build_info metrics"
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$CLUSTER_DIR/metrics_after.txt" >"$CLUSTER_DIR/promtool_after.txt" 2>&1 ||
+    fail "1. promtool check metrics after the job: $(cat "$CLUSTER_DIR/promtool_after.txt")"
+fi
 telemetry=$(grep -c '"telemetry"' "$CLUSTER_DIR/watch.jsonl")
 echo "the job reported $telemetry telemetry records"
 
@@ -200,12 +212,12 @@ alices=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" submit "$CL
 as() { local who=$1; shift; curl -s --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
          --key "$pki/client.key" -H "Authorization: Bearer $(cat "$pki/$who.token")" "$@"; }
 for _ in $(seq 200); do
-  as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" && break
+  as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" && break
   sleep 0.05
 done
-as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" ||
   fail "5. alice's scrape has no series of her running job $alices"
-as viewer "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+as viewer "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" ||
   fail "5. the viewer's scrape has no series of alice's job"
 as bob "$SECURE/metrics" | grep -q "$alices\|alices-model" &&
   fail "5. bob's scrape shows alice's job"
