@@ -114,6 +114,54 @@ if command -v chromium >/dev/null; then
   grep -q "data-job=\"$job\"" "$CLUSTER_DIR/jobs.html" || fail "2. the jobs page does not list $job"
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers.html"
   grep -q 'data-worker="w1#' "$CLUSTER_DIR/workers.html" || fail "2. the workers page does not list w1"
+  # An fp16 job with skipped steps (an initial loss scale of 1e12 overflows fp16 until it has
+  # backed off): its NaN gradient norms must not blank the gradient-norm chart (uPlot's
+  # autoscale turns NaN on one value into a blank chart), its skipped steps are marked, and
+  # the loss-scale axis reads 1.0e12, not "1.10e+6M". Each chart box says in the DOM how many
+  # of its series have a drawn path on a finite scale (data-drawn; coordinator/web/charts.js).
+  chart_attr() {  # FILE CHART ATTRIBUTE
+    grep -o "<div[^>]*id=\"$2\"[^>]*>" "$1" | grep -o "$3=\"[^\"]*\"" | cut -d'"' -f2
+  }
+  sed -e 's/"observed-job"/"fp16-skips"/' -e 's/"fp32"/"fp16"/' -e 's/"steps": 300/"steps": 60/' \
+      -e 's/"world_size": 2/"world_size": 1/' \
+      -e 's/"seed": 3,/"seed": 3, "loss_scaler": {"init_scale": 1e12, "growth_interval": 10},/' \
+      "$CLUSTER_DIR/job.json" >"$CLUSTER_DIR/fp16.json"
+  fp16=$(ctl submit "$CLUSTER_DIR/fp16.json" | tail -n 1)
+  ctl watch "$fp16" >/dev/null
+  # Every record (a watch started after a 60-step job ended would show none of them).
+  ctl export "$fp16" --format=jsonl >"$CLUSTER_DIR/fp16_watch.jsonl"
+  skipped=$(grep -c '"skipped": *true' "$CLUSTER_DIR/fp16_watch.jsonl")
+  nan_norms=$(grep -c '"grad_norm": *"\(NaN\|Infinity\|-Infinity\)"' "$CLUSTER_DIR/fp16_watch.jsonl")
+  [ "$nan_norms" -gt 0 ] || fail "2. the fp16 job had no NaN/inf gradient norm: the check below checks nothing"
+  browse --dump-dom "$HTTP/job?id=$fp16" >"$CLUSTER_DIR/fp16.html"
+  browse --screenshot="$OUT/dashboard_job_fp16.png" "$HTTP/job?id=$fp16" >/dev/null
+  drawn=$(chart_attr "$CLUSTER_DIR/fp16.html" chart-grad_norm data-drawn)
+  marked=$(chart_attr "$CLUSTER_DIR/fp16.html" box-grad_norm data-skipped)
+  echo "2. fp16 job: $skipped skipped steps, $nan_norms non-finite gradient norms; gradient-norm chart: ${drawn:-no} series drawn, ${marked:-no} steps marked"
+  [ "${drawn:-0}" = 2 ] || fail "2. the gradient-norm chart of an fp16 job with skipped steps is blank (${drawn:-no} of 2 series drawn)"
+  [ "${marked:-0}" = "$skipped" ] || fail "2. ${marked:-no} skipped steps marked, $skipped skipped"
+  [ "$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss data-drawn)" = 1 ] || fail "2. the fp16 loss chart is blank"
+  [ "$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss_scale data-drawn)" = 2 ] || fail "2. the loss-scale chart is blank"
+  grep -q '<div class="chart" id="box-loss_scale" hidden' "$CLUSTER_DIR/job.html" &&
+    ! grep -q '<div class="chart" id="box-loss_scale" hidden' "$CLUSTER_DIR/fp16.html" ||
+    fail "2. the loss-scale chart is not shown for the fp16 job alone (fp32 has no loss scale)"
+  labels=$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss_scale data-y-labels)
+  echo "2. loss-scale axis: $labels"
+  case " $labels " in
+    *" 1.0e12 "*) case "$labels" in *e+*|*[0-9]e*[MkG]*) fail "2. loss-scale axis labels formatted twice: $labels" ;; esac ;;
+    *) fail "2. the loss-scale axis has no 1.0e12 label: ${labels:-none}" ;;
+  esac
+  # The overlay of both jobs: one chart, two series drawn; a metric neither has says so.
+  browse --dump-dom "$HTTP/compare?ids=$job,$fp16" >"$CLUSTER_DIR/compare.html"
+  browse --screenshot="$OUT/dashboard_compare.png" "$HTTP/compare?ids=$job,$fp16" >/dev/null
+  [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-loss data-series)" = 2 ] &&
+    [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-loss data-drawn)" = 2 ] ||
+    fail "2. the overlay of two jobs does not draw two loss series"
+  [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-grad_norm data-drawn)" = 2 ] ||
+    fail "2. the overlay's gradient-norm chart lost a series"
+  grep -q 'id="chart-eval_loss"[^>]*><div class="no-data' "$CLUSTER_DIR/compare.html" ||
+    fail "2. the overlay's eval-loss chart (no job evaluates) has no 'no data' note"
+  echo "2. overlay of $job and $fp16: two loss series drawn; eval loss: no data"
 else
   missing "part 2" chromium chromium
 fi
