@@ -3,7 +3,10 @@
 #   1. /metrics scraped while a CPU job runs passes `promtool check metrics` and shows the
 #      job's step and loss;
 #   2. the dashboard's pages load in headless Chromium (screenshots kept as test outputs), and
-#      the job page's loss curve has as many points as the job has telemetry records;
+#      the job page's loss curve has as many points as the job has telemetry records; an fp16
+#      job with skipped steps keeps its gradient-norm curve and a readable loss-scale axis; an
+#      fp32 job has no loss-scale chart; the compare page overlays two jobs; a running job's
+#      rank shows on the workers page, and its cancel needs the CSRF token;
 #   3. `trainctl export` (csv and jsonl) round-trips every telemetry record that `trainctl
 #      watch --output=json` streamed live;
 #   4. with TLS and tokens: HTTPS, 401 without a token, 403 for a worker's token, 200 for a
@@ -162,6 +165,32 @@ if command -v chromium >/dev/null; then
   grep -q 'id="chart-eval_loss"[^>]*><div class="no-data' "$CLUSTER_DIR/compare.html" ||
     fail "2. the overlay's eval-loss chart (no job evaluates) has no 'no data' note"
   echo "2. overlay of $job and $fp16: two loss series drawn; eval loss: no data"
+  # A running job: the workers page shows its rank on w1, its page a cancel button, which
+  # POSTs with the page's CSRF token (curl here, as the page's script does; without the token
+  # a browser-style request is refused).
+  sed -e 's/"steps": 60,/"steps": 100000000,/' -e 's/"fp16-skips"/"long-job"/' \
+    "$CLUSTER_DIR/fp16.json" >"$CLUSTER_DIR/long.json"
+  long=$(ctl submit "$CLUSTER_DIR/long.json" | tail -n 1)
+  for _ in $(seq 200); do
+    curl -sf "$HTTP/api/jobs/$long" | grep -q '"state": *"RUNNING"' && break
+    sleep 0.05
+  done
+  browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers_running.html"
+  grep -q "<td data-ranks=\"1\">$long rank 0</td>" "$CLUSTER_DIR/workers_running.html" ||
+    fail "2. the workers page does not show $long's rank on w1"
+  browse --dump-dom "$HTTP/job?id=$long" >"$CLUSTER_DIR/long.html"
+  grep -q '<button id="cancel">' "$CLUSTER_DIR/long.html" ||
+    fail "2. the running job's page has no cancel button"
+  grep -q '<button id="cancel" hidden' "$CLUSTER_DIR/fp16.html" ||
+    fail "2. the ended job's page offers a cancel"
+  cancel_url="$HTTP/api/jobs/$long/cancel"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Length: 0' "$cancel_url")" = 403 ] ||
+    fail "2. a cancel without the CSRF header was not refused"
+  csrf=$(curl -sf "$HTTP/api/csrf" | sed 's/.*"csrf_token": *"\([0-9a-f]*\)".*/\1/')
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Length: 0' \
+         -H "X-CSRF-Token: $csrf" "$cancel_url")" = 200 ] || fail "2. the cancel with its CSRF token failed"
+  ctl status "$long" | grep -q CANCELLED || fail "2. $long was not cancelled"
+  echo "2. running job: its rank on the workers page, a cancel button; cancel 403 without the CSRF token, 200 with it"
 else
   missing "part 2" chromium chromium
 fi
