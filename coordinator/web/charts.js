@@ -18,9 +18,10 @@ function compact(value) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "";
   const magnitude = Math.abs(value);
   if (magnitude === 0) return "0";
-  if (magnitude >= 1e9 || magnitude < 1e-3) return value.toExponential(1).replace("e+", "e");
-  // Number() of toPrecision's text drops an exponent it may print (999999 -> "1.00e+3" -> 1000).
-  if (magnitude >= 1e6) return `${Number((value / 1e6).toPrecision(3))}M`;
+  if (magnitude >= 999.5e6 || magnitude < 1e-3) return value.toExponential(1).replace("e+", "e");
+  // Number() of toPrecision's text drops an exponent it may print ("1.00e+3" -> 1000); what
+  // rounds to 1000k is 1M, to 1000M 1.0e9.
+  if (magnitude >= 999.5e3) return `${Number((value / 1e6).toPrecision(3))}M`;
   if (magnitude >= 1e4) return `${Number((value / 1e3).toPrecision(3))}k`;
   return String(Number(value.toPrecision(4)));
 }
