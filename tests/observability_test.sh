@@ -165,6 +165,22 @@ if command -v chromium >/dev/null; then
   grep -q 'id="chart-eval_loss"[^>]*><div class="no-data' "$CLUSTER_DIR/compare.html" ||
     fail "2. the overlay's eval-loss chart (no job evaluates) has no 'no data' note"
   echo "2. overlay of $job and $fp16: two loss series drawn; eval loss: no data"
+  # Rank notes on the job page: a file no job wrote where a checkpoint goes is left alone, and
+  # the rank says so (a RankNote warning), shown as text (never as markup).
+  mkdir -p "$CLUSTER_DIR/outputs/notes"
+  echo '<b id="injected">not a checkpoint</b>' >"$CLUSTER_DIR/outputs/notes/step-00000010.safetensors"
+  sed -e 's/"steps": 300,/"steps": 20, "checkpoint_every": 10, "checkpoint_dir": "'"${CLUSTER_DIR//\//\\/}"'\/outputs\/notes",/' \
+      -e 's/"world_size": 2/"world_size": 1/' -e 's/"observed-job"/"noted-job"/' \
+      "$CLUSTER_DIR/job.json" >"$CLUSTER_DIR/noted.json"
+  noted=$(ctl submit "$CLUSTER_DIR/noted.json" | tail -n 1)
+  ctl watch "$noted" >/dev/null
+  browse --dump-dom "$HTTP/job?id=$noted" >"$CLUSTER_DIR/noted.html"
+  grep -q '<div id="box-notes">' "$CLUSTER_DIR/noted.html" &&
+    grep -q '<li class="error">step [0-9]*, rank 0[^<]*checkpoint of step 10 not written' "$CLUSTER_DIR/noted.html" ||
+    fail "2. the job page does not show the rank's warning"
+  grep -q 'id="injected"' "$CLUSTER_DIR/noted.html" && fail "2. a file's bytes reached the page as markup"
+  grep -q '<div id="box-notes" hidden' "$CLUSTER_DIR/fp16.html" || fail "2. a job without notes shows a notes box"
+  echo "2. rank notes: $noted's warning shown on its page"
   # A running job: the workers page shows its rank on w1, its page a cancel button, which
   # POSTs with the page's CSRF token (curl here, as the page's script does; without the token
   # a browser-style request is refused).
