@@ -154,6 +154,17 @@ if command -v chromium >/dev/null; then
     *" 1.0e12 "*) case "$labels" in *e+*|*[0-9]e*[MkG]*) fail "2. loss-scale axis labels formatted twice: $labels" ;; esac ;;
     *) fail "2. the loss-scale axis has no 1.0e12 label: ${labels:-none}" ;;
   esac
+  # The same page on a log scale, smoothed, over training time (the settings a link carries):
+  # still drawn, NaN steps included.
+  browse --dump-dom "$HTTP/job?id=$fp16&log=1&smoothing=0.9&x=time" >"$CLUSTER_DIR/fp16_log.html"
+  for chart in chart-loss chart-grad_norm; do
+    [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" $chart data-log)" = 1 ] &&
+      [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" $chart data-x)" = "training time (s)" ] ||
+      fail "2. $chart is not on a log scale over training time with ?log=1&x=time"
+  done
+  [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" chart-grad_norm data-drawn)" = 2 ] &&
+    [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" chart-loss data-drawn)" = 1 ] ||
+    fail "2. a chart went blank on a log scale, smoothed, over training time"
   # The overlay of both jobs: one chart, two series drawn; a metric neither has says so.
   browse --dump-dom "$HTTP/compare?ids=$job,$fp16" >"$CLUSTER_DIR/compare.html"
   browse --screenshot="$OUT/dashboard_compare.png" "$HTTP/compare?ids=$job,$fp16" >/dev/null
@@ -302,17 +313,19 @@ cat >"$CLUSTER_DIR/alices.json" <<JSON
  "telemetry_every": 1}
 JSON
 alices=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" submit "$CLUSTER_DIR/alices.json" | tail -n 1)
+# (grep -c, not -q, reads the whole scrape: -q stops at the first match, and curl, still
+# writing, fails on the closed pipe, which pipefail turns into a failed check.)
 as() { local who=$1; shift; curl -s --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
          --key "$pki/client.key" -H "Authorization: Bearer $(cat "$pki/$who.token")" "$@"; }
 for _ in $(seq 200); do
-  as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" && break
+  as alice "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null && break
   sleep 0.05
 done
-as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" ||
+as alice "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null ||
   fail "5. alice's scrape has no series of her running job $alices"
-as viewer "$SECURE/metrics" | grep -q "^mptrain_job_step{job_id=\"$alices\"" ||
+as viewer "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null ||
   fail "5. the viewer's scrape has no series of alice's job"
-as bob "$SECURE/metrics" | grep -q "$alices\|alices-model" &&
+as bob "$SECURE/metrics" | grep -c "$alices\|alices-model" >/dev/null &&
   fail "5. bob's scrape shows alice's job"
 [ "$(as bob -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices")" = 404 ] ||
   fail "5. bob read alice's job"

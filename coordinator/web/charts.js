@@ -26,8 +26,24 @@ function compact(value) {
   return String(Number(value.toPrecision(4)));
 }
 
-// The page's chart settings, changed by its controls (chartControls below).
-const chartSettings = {log: false, smoothing: 0, x: "step"};
+// The page's chart settings: from the address (?log=1&smoothing=0.6&x=time, so that a view can
+// be linked to), then changed by its controls (chartControls below), which keep the address.
+const chartSettings = (() => {
+  const query = new URLSearchParams(window.location.search);
+  const smoothing = Number(query.get("smoothing"));
+  return {log: query.get("log") === "1",
+          smoothing: Number.isFinite(smoothing) ? Math.min(0.99, Math.max(0, smoothing)) : 0,
+          x: query.get("x") === "time" ? "time" : "step"};
+})();
+
+function keepSettingsInAddress() {
+  const query = new URLSearchParams(window.location.search);
+  const set = (key, value, unset) => (value === unset ? query.delete(key) : query.set(key, value));
+  set("log", chartSettings.log ? "1" : "", "");
+  set("smoothing", String(chartSettings.smoothing), "0");
+  set("x", chartSettings.x, "step");
+  window.history.replaceState(null, "", `${window.location.pathname}?${query}`);
+}
 
 // Exponential moving average as TensorBoard's smoothing: gaps stay gaps and do not reset it.
 function smooth(values, weight) {
@@ -78,6 +94,8 @@ function drawChart(name, x, lines, options = {}) {
     return line.points || line.raw ? values : smooth(values, chartSettings.smoothing);
   })];
   box.setAttribute("data-points", String(x.length));
+  box.setAttribute("data-x", xLabel);
+  box.setAttribute("data-log", log ? "1" : "0");
   box.setAttribute("data-series", String(lines.length));
   const hasData = data.slice(1).some(values => values.some(v => v !== null));
   let note = box.querySelector(".no-data");
@@ -134,19 +152,22 @@ window.addEventListener("resize", () => {
 function chartControls(redraw) {
   const bar = document.getElementById("chart-controls");
   if (!bar) return;
+  const changed = () => { keepSettingsInAddress(); redraw(); };
   const log = el("input", {type: "checkbox", id: "control-log"});
-  log.addEventListener("change", () => { chartSettings.log = log.checked; redraw(); });
+  log.checked = chartSettings.log;
+  log.addEventListener("change", () => { chartSettings.log = log.checked; changed(); });
   const smoothing = el("input", {type: "range", id: "control-smoothing", min: "0", max: "0.99",
-                                 step: "0.01", value: "0"});
-  const shown = el("span", {}, "0");
+                                 step: "0.01", value: String(chartSettings.smoothing)});
+  const shown = el("span", {}, String(chartSettings.smoothing));
   smoothing.addEventListener("input", () => {
     chartSettings.smoothing = Number(smoothing.value);
     shown.textContent = smoothing.value;
-    redraw();
+    changed();
   });
   const x = el("select", {id: "control-x"}, el("option", {value: "step"}, "step"),
                el("option", {value: "time"}, "training time"));
-  x.addEventListener("change", () => { chartSettings.x = x.value; redraw(); });
+  x.value = chartSettings.x;
+  x.addEventListener("change", () => { chartSettings.x = x.value; changed(); });
   bar.replaceChildren(el("label", {}, log, " log scale (loss, gradient norm)"),
                       el("label", {}, "smoothing ", smoothing, " ", shown),
                       el("label", {}, "x axis ", x));
