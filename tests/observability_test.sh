@@ -115,6 +115,8 @@ if command -v chromium >/dev/null; then
   [ "${points:-0}" = "$telemetry" ] || fail "2. loss curve points (${points:-none}) != telemetry records ($telemetry)"
   browse --dump-dom "$HTTP/" >"$CLUSTER_DIR/jobs.html"
   grep -q "data-job=\"$job\"" "$CLUSTER_DIR/jobs.html" || fail "2. the jobs page does not list $job"
+  grep -q "<input type=\"checkbox\" data-select=\"$job\">" "$CLUSTER_DIR/jobs.html" ||
+    fail "2. the jobs page has no box to tick $job for the compare page"
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers.html"
   grep -q 'data-worker="w1#' "$CLUSTER_DIR/workers.html" || fail "2. the workers page does not list w1"
   # An fp16 job with skipped steps (an initial loss scale of 1e12 overflows fp16 until it has
