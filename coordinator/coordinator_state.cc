@@ -612,17 +612,31 @@ CoordinatorState::Overview CoordinatorState::GetOverview(const JobReader& reader
   std::lock_guard<std::mutex> lock(mu_);
   Overview overview;
   const int64_t now = options_.now_ms();
-  for (const auto& [id, record] : jobs_) {
-    overview.jobs[record->state()] += 1;
-    if (!record->running() || !reader.MayRead(record->job())) continue;
-    v1::Job job = record->job();
+  auto trimmed = [](v1::Job job) {
     v1::JobSpec brief;
     brief.set_name(job.spec().name());
     brief.set_world_size(job.spec().world_size());
     brief.set_steps(job.spec().steps());
     *job.mutable_spec() = std::move(brief);
-    overview.running.push_back(std::move(job));
+    return job;
+  };
+  std::vector<const JobRecord*> ended;
+  for (const auto& [id, record] : jobs_) {
+    overview.jobs[record->state()] += 1;
+    if (!reader.MayRead(record->job())) continue;
+    if (record->running()) {
+      overview.running.push_back(trimmed(record->job()));
+    } else if (record->terminal() &&
+               now - record->job().finished_unix_ms() <= Overview::kEndedJobMetricsMs) {
+      ended.push_back(record.get());
+    }
   }
+  const size_t kept = std::min(ended.size(), Overview::kMaxEndedJobMetrics);
+  std::partial_sort(ended.begin(), ended.begin() + kept, ended.end(),
+                    [](const JobRecord* a, const JobRecord* b) {
+                      return a->job().finished_unix_ms() > b->job().finished_unix_ms();
+                    });
+  for (size_t i = 0; i < kept; ++i) overview.recently_ended.push_back(trimmed(ended[i]->job()));
   overview.queued = static_cast<int>(pending_.size());
   overview.queued_bytes = queued_bytes_;
   for (v1::Worker& worker : workers_.List()) {

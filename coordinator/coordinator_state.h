@@ -201,6 +201,12 @@ class CoordinatorState {
     // RUNNING jobs the reader may read, specs trimmed to name, world size, steps. (The counts
     // above and below are of every job: they name none.)
     std::vector<v1::Job> running;
+    // Jobs the reader may read that ended at most kEndedJobMetricsMs ago, newest first, at most
+    // kMaxEndedJobMetrics, trimmed as `running`: their final values stay scrapable for a while
+    // (a job shorter than the scrape interval would otherwise never be seen).
+    std::vector<v1::Job> recently_ended;
+    static constexpr int64_t kEndedJobMetricsMs = 10 * 60 * 1000;
+    static constexpr size_t kMaxEndedJobMetrics = 64;
     // Since this coordinator started.
     uint64_t submitted_total = 0;
     std::map<v1::JobState, uint64_t> ended_total;

@@ -1,5 +1,6 @@
 #include "coordinator/http_server.h"
 
+#include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
 #include <microhttpd.h>
@@ -31,6 +32,24 @@ namespace mptrain {
 namespace {
 
 constexpr char kCookie[] = "mptrain_token";
+// The header a state-changing request sent with the cookie (or with no token at all) must
+// carry, holding CsrfToken of the cookie's token: a page of another site can neither set a
+// custom header on a cross-origin request without a CORS preflight (which this server never
+// grants) nor compute the value without the token.
+constexpr char kCsrfHeader[] = "X-CSRF-Token";
+
+// SHA-256 of a label and the session's token, in hex: what GET /api/csrf hands the page (a
+// same-origin read; no other site may read the answer) and what a cancel must send back. It
+// needs no server secret, so it outlives a coordinator restart, and reveals nothing of the
+// token.
+std::string CsrfToken(absl::string_view session_token) {
+  const std::string input = absl::StrCat("mptrain-csrf-v1:", session_token);
+  unsigned char digest[32];
+  if (gnutls_hash_fast(GNUTLS_DIG_SHA256, input.data(), input.size(), digest) != 0) return "";
+  std::string hex;
+  for (unsigned char byte : digest) absl::StrAppendFormat(&hex, "%02x", byte);
+  return hex;
+}
 
 // What a request may make this server hold. libmicrohttpd reads a request's line and headers
 // into a fixed per-connection pool (a larger head is answered 431 or 414, or the connection
@@ -62,6 +81,7 @@ int HttpCode(const absl::Status& status) {
     case absl::StatusCode::kUnauthenticated: return MHD_HTTP_UNAUTHORIZED;
     case absl::StatusCode::kPermissionDenied: return MHD_HTTP_FORBIDDEN;
     case absl::StatusCode::kNotFound: return MHD_HTTP_NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition: return MHD_HTTP_CONFLICT;  // Already ended.
     default: return MHD_HTTP_INTERNAL_SERVER_ERROR;
   }
 }
@@ -234,7 +254,7 @@ void LogFromLibrary(void*, const char* format, va_list args) {
 // the connection table (locked).
 class HttpServer::Handler {
  public:
-  Handler(const CoordinatorState* state, const RpcMetrics* rpcs,
+  Handler(CoordinatorState* state, const RpcMetrics* rpcs,
           std::shared_ptr<const Authenticator> authenticator, bool tls,
           bool require_client_certificate, const HttpServerOptions& options)
       : state_(state),
@@ -278,8 +298,9 @@ class HttpServer::Handler {
   std::optional<Reply> Gate(MHD_Connection* connection, const Request& request) const;
   Reply Route(const Request& request) const;
   Reply Login(const Request& request) const;
+  Reply Cancel(const Request& request, const std::string& job_id) const;
 
-  const CoordinatorState* const state_;
+  CoordinatorState* const state_;
   const RpcMetrics* const rpcs_;
   const std::shared_ptr<const Authenticator> authenticator_;
   const bool tls_;
@@ -288,7 +309,7 @@ class HttpServer::Handler {
 };
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const HttpServerOptions& options, const CoordinatorState* state, const RpcMetrics* rpcs,
+    const HttpServerOptions& options, CoordinatorState* state, const RpcMetrics* rpcs,
     std::shared_ptr<const Authenticator> authenticator) {
   const size_t colon = options.listen.rfind(':');
   int port = -1;
@@ -529,14 +550,24 @@ Reply HttpServer::Handler::Route(const Request& request) const {
   const CallerIdentity caller = authenticator_->Identify(Authorization(request));
   const JobReader reader{caller.principal, caller.reads_all_jobs};
   if (path == "/login" && request.method == "POST") return Login(request);
+  const std::optional<std::string> cancelled = JobIdIn(path, "/cancel");
+  if (cancelled && request.method == "POST") return Cancel(request, *cancelled);
   if (!get) {
-    Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and POST /login)");
-    reply.headers.emplace_back("Allow", path == "/login" ? "GET, HEAD, POST" : "GET, HEAD");
+    Reply reply = Reply::Error(MHD_HTTP_METHOD_NOT_ALLOWED,
+                               "only GET (and POST /login, POST /api/jobs/ID/cancel)");
+    reply.headers.emplace_back("Allow", path == "/login" || cancelled ? "GET, HEAD, POST"
+                                                                      : "GET, HEAD");
     return reply;
+  }
+  if (path == "/api/csrf") {
+    const std::optional<std::string> token = request.Cookie(kCookie);
+    return Reply::Json(absl::StrCat("{\"csrf_token\": \"", CsrfToken(token.value_or("")),
+                                    "\"}"));
   }
   if (path == "/") return Asset("/jobs.html");
   if (path == "/job") return Asset("/job.html");
   if (path == "/workers") return Asset("/workers.html");
+  if (path == "/compare") return Asset("/compare.html");
   if (path == "/login") return Asset("/login.html");
   if (IsAssetPath(path)) return Asset(path);
   if (path == "/metrics") {
@@ -581,6 +612,38 @@ Reply HttpServer::Handler::Route(const Request& request) const {
     return Reply::Json(ToJson(workers));
   }
   return Reply::Error(MHD_HTTP_NOT_FOUND, "not found");
+}
+
+// The one route that changes state. The caller needs what gRPC's CancelJob needs (a user's
+// own job, an admin's any; a viewer may not; another's job is unknown, 404). A browser's
+// request (the cookie, or no tokens at all) must also carry kCsrfHeader and must not say it
+// comes from another site (Sec-Fetch-Site); a request with its own Authorization header is not
+// one a browser sends unasked. It waits for the store to write the cancellation before it
+// answers, as the gRPC call does.
+Reply HttpServer::Handler::Cancel(const Request& request, const std::string& job_id) const {
+  const std::string authorization = Authorization(request);
+  absl::Status allowed =
+      authenticator_->Authorize("/mptrain.v1.Coordinator/CancelJob", authorization);
+  if (!allowed.ok()) return Reply::Error(allowed);
+  const bool explicit_authorization =
+      request.Header(MHD_HTTP_HEADER_AUTHORIZATION).value_or("") != "";
+  if (!explicit_authorization) {
+    const std::string fetch_site = request.Header("Sec-Fetch-Site").value_or("same-origin");
+    if (fetch_site != "same-origin" && fetch_site != "none") {
+      return Reply::Error(MHD_HTTP_FORBIDDEN,
+                          "a cancel from another site's page is refused (Sec-Fetch-Site)");
+    }
+    const std::string expected = CsrfToken(request.Cookie(kCookie).value_or(""));
+    if (expected.empty() || request.Header(kCsrfHeader).value_or("") != expected) {
+      return Reply::Error(MHD_HTTP_FORBIDDEN,
+                          absl::StrCat("a cancel with the session cookie needs the ",
+                                       kCsrfHeader, " header of GET /api/csrf"));
+    }
+  }
+  const CallerIdentity caller = authenticator_->Identify(authorization);
+  auto state = state_->CancelJob(job_id, caller.principal, caller.admin);
+  if (!state.ok()) return Reply::Error(state.status());
+  return Reply::Json(absl::StrCat("{\"state\": \"", v1::JobState_Name(*state), "\"}"));
 }
 
 Reply HttpServer::Handler::Login(const Request& request) const {

@@ -51,8 +51,9 @@ class HttpServer {
  public:
   // INVALID_ARGUMENT: a malformed listen address. FAILED_PRECONDITION: off loopback without
   // TLS and tokens (and not insecure). UNAVAILABLE: the port cannot be bound.
+  // `state` is changed only by POST /api/jobs/ID/cancel (the dashboard's cancel button).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
-      const HttpServerOptions& options, const CoordinatorState* state, const RpcMetrics* rpcs,
+      const HttpServerOptions& options, CoordinatorState* state, const RpcMetrics* rpcs,
       std::shared_ptr<const Authenticator> authenticator);
   ~HttpServer();  // Stops serving.
 

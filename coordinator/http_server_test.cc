@@ -470,13 +470,89 @@ TEST_F(HttpServerTest, JobReads_OwnJobsOnly_ViewerSeesAll) {
   EXPECT_EQ(StatusOf(bob_metrics), 200);
   EXPECT_FALSE(absl::StrContains(bob_metrics, alices)) << bob_metrics;
   EXPECT_FALSE(absl::StrContains(bob_metrics, "alices-model")) << bob_metrics;
-  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job=\"", alices)));
+  EXPECT_TRUE(absl::StrContains(Get("/metrics", as(kUserToken)), absl::StrCat("job_id=\"", alices)));
 
   const std::string viewer_list = Get("/api/jobs", as(kViewerToken));
   EXPECT_TRUE(absl::StrContains(viewer_list, alices)) << viewer_list;
   EXPECT_TRUE(absl::StrContains(viewer_list, bobs)) << viewer_list;
   EXPECT_TRUE(
-      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job=\"", alices)));
+      absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job_id=\"", alices)));
+}
+
+}  // namespace
+}  // namespace mptrain
+
+namespace mptrain {
+namespace {
+
+// The body of an answer (after the blank line of its head).
+std::string BodyOf(const std::string& response) {
+  const size_t at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+// The dashboard's cancel button: a POST with gRPC CancelJob's rules (a user's own job, not a
+// viewer's, another's answered 404), and, from a browser (the session cookie), only with the
+// CSRF header that GET /api/csrf gives for that cookie and not from another site's page.
+TEST_F(HttpServerTest, Cancel_AsCancelJobWithTheCookiesCsrfToken) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("w1");
+  worker.set_device(v1::CPU);
+  worker.set_slots(4);
+  worker.set_incarnation(1);
+  ASSERT_TRUE(state_.RegisterWorker(worker).ok());
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = SmallJobSpec(1);
+  const std::string first = state_.SubmitJob(submit, "alice")->job_id();
+  const std::string second = state_.SubmitJob(submit, "alice")->job_id();
+  const std::string third = state_.SubmitJob(submit, "alice")->job_id();
+  Start(true);
+  auto post = [&](const std::string& job, const std::string& headers) {
+    return Get(absl::StrCat("/api/jobs/", job, "/cancel"),
+               absl::StrCat(headers, "Content-Length: 0\r\n"), "POST");
+  };
+  auto bearer = [](const char* token) {
+    return absl::StrCat("Authorization: Bearer ", token, "\r\n");
+  };
+  const std::string cookie = absl::StrCat("Cookie: mptrain_token=", kUserToken, "\r\n");
+
+  EXPECT_EQ(StatusOf(post(first, "")), 401);
+  EXPECT_EQ(StatusOf(post(first, bearer(kViewerToken))), 403) << "a viewer cancelled";
+  EXPECT_EQ(StatusOf(post(first, bearer(kBobToken))), 404) << "bob cancelled alice's job";
+  EXPECT_EQ(StatusOf(post(first, bearer(kWorkerToken))), 403);
+  // The cookie alone, or with a wrong token, or one made for another session: refused.
+  EXPECT_EQ(StatusOf(post(first, cookie)), 403);
+  EXPECT_EQ(StatusOf(post(first, cookie + "X-CSRF-Token: 00\r\n")), 403);
+  const std::string bobs_csrf =
+      BodyOf(Get("/api/csrf", absl::StrCat("Cookie: mptrain_token=", kBobToken, "\r\n")));
+  const std::string alices_csrf = BodyOf(Get("/api/csrf", cookie));
+  auto value_of = [](const std::string& json) {
+    const size_t start = json.find(": \"") + 3;
+    return json.substr(start, json.find('"', start) - start);
+  };
+  ASSERT_EQ(value_of(alices_csrf).size(), 64u) << alices_csrf;
+  EXPECT_NE(value_of(alices_csrf), value_of(bobs_csrf));
+  EXPECT_FALSE(absl::StrContains(alices_csrf, kUserToken)) << "the token itself was handed out";
+  EXPECT_EQ(StatusOf(post(first, cookie + "X-CSRF-Token: " + value_of(bobs_csrf) + "\r\n")), 403);
+  const std::string csrf_header = "X-CSRF-Token: " + value_of(alices_csrf) + "\r\n";
+  EXPECT_EQ(StatusOf(post(first, cookie + csrf_header + "Sec-Fetch-Site: cross-site\r\n")), 403);
+  EXPECT_EQ(state_.GetJob(first)->state(), v1::RUNNING) << "a refused cancel cancelled";
+
+  const std::string cancelled = post(first, cookie + csrf_header + "Sec-Fetch-Site: same-origin\r\n");
+  EXPECT_EQ(StatusOf(cancelled), 200) << cancelled;
+  EXPECT_TRUE(absl::StrContains(cancelled, "\"CANCELLED\"")) << cancelled;
+  EXPECT_EQ(state_.GetJob(first)->state(), v1::CANCELLED);
+  EXPECT_EQ(StatusOf(post(first, cookie + csrf_header)), 409) << "an ended job cancelled again";
+  // An API client's own Authorization header needs no CSRF token.
+  EXPECT_EQ(StatusOf(post(second, bearer(kUserToken))), 200);
+  EXPECT_EQ(state_.GetJob(second)->state(), v1::CANCELLED);
+  // Only POST changes anything.
+  EXPECT_EQ(StatusOf(Get(absl::StrCat("/api/jobs/", third, "/cancel"), bearer(kUserToken))), 404);
+  EXPECT_EQ(StatusOf(Get(absl::StrCat("/api/jobs/", third, "/cancel"),
+                         bearer(kUserToken) + "Content-Length: 0\r\n", "PUT")),
+            405);
+  EXPECT_NE(state_.GetJob(third)->state(), v1::CANCELLED);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "google/protobuf/descriptor.h"
+#include "coordinator/metrics_process.h"
 #include "coordinator/prometheus_text.h"
+#include "coordinator/worker_registry.h"
 
 namespace mptrain {
 namespace {
@@ -34,6 +36,19 @@ bool IsServedMethod(const std::string& full) {
   return descriptor != nullptr && descriptor->FindMethodByName(method) != nullptr;
 }
 
+// The build's version: MPTRAIN_VERSION where the build defines it (git describe), else
+// "unknown".
+#ifdef MPTRAIN_VERSION
+constexpr char kVersion[] = MPTRAIN_VERSION;
+#else
+constexpr char kVersion[] = "unknown";
+#endif
+#ifdef NDEBUG
+constexpr char kAssertions[] = "off";
+#else
+constexpr char kAssertions[] = "on";
+#endif
+
 }  // namespace
 
 void RpcMetrics::Record(const std::string& method, const std::string& code, double seconds) {
@@ -56,14 +71,17 @@ std::map<std::string, RpcMetrics::Method> RpcMetrics::Snapshot() const {
 std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcMetrics& rpcs) {
   PrometheusText text;
 
+  text.Family("mptrain_build_info", "Always 1; the labels name the coordinator's build.",
+              "gauge");
+  text.Sample({{"version", kVersion}, {"assertions", kAssertions}}, 1);
+  AppendProcessMetrics(text);
+
   text.Family("mptrain_jobs", "Jobs the coordinator holds, by state.", "gauge");
   for (v1::JobState state : {v1::PENDING, v1::RUNNING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     auto it = overview.jobs.find(state);
     text.Sample({{"state", Lower(v1::JobState_Name(state))}},
                 it == overview.jobs.end() ? 0 : it->second);
   }
-  text.Family("mptrain_queue_length", "Jobs waiting to be placed.", "gauge");
-  text.Sample({}, overview.queued);
   text.Family("mptrain_jobs_submitted_total", "Jobs submitted since the coordinator started.",
               "counter");
   text.Sample({}, static_cast<double>(overview.submitted_total));
@@ -74,7 +92,7 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
     text.Sample({{"state", Lower(v1::JobState_Name(state))}},
                 it == overview.ended_total.end() ? 0 : static_cast<double>(it->second));
   }
-  text.Family("mptrain_job_restarts_total",
+  text.Family("mptrain_jobs_restarted_total",
               "Restarts of jobs after failures (max_restarts) since the coordinator started.",
               "counter");
   text.Sample({}, static_cast<double>(overview.restarts_total));
@@ -97,8 +115,8 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
                 "gauge");
     for (const auto& line : overview.workers) {
       if (line.worker.state() != v1::ALIVE) continue;
-      text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()},
-                   {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
+      text.Sample({{"worker", WorkerRegistry::NameOfId(line.worker.worker_id())},
+                   {"host", line.worker.host()}, {"device", Lower(v1::DeviceKind_Name(line.worker.device()))}},
                   (line.worker.*slots)());
     }
   }
@@ -106,12 +124,21 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
               "Time since each live worker's last heartbeat.", "gauge");
   for (const auto& line : overview.workers) {
     if (line.worker.state() != v1::ALIVE) continue;
-    text.Sample({{"worker", line.worker.worker_id()}, {"host", line.worker.host()}},
+    text.Sample({{"worker", WorkerRegistry::NameOfId(line.worker.worker_id())},
+                 {"host", line.worker.host()}},
                 line.heartbeat_age_s);
   }
 
-  // Per running job: its latest telemetry record, and its latest evaluation (kept until the
-  // next one, so that the eval gauges do not vanish between evaluations).
+  // Per running job, and per job that ended in the last minutes (Overview::recently_ended, so
+  // that a short job is scraped at least once): its latest telemetry record, and its latest
+  // evaluation (kept until the next one, so that the eval gauges do not vanish between
+  // evaluations). Labelled job_id, not job: `job` is the scrape target's own label.
+  std::vector<const v1::Job*> jobs;
+  for (const v1::Job& job : overview.running) jobs.push_back(&job);
+  for (const v1::Job& job : overview.recently_ended) jobs.push_back(&job);
+  auto job_labels = [](const v1::Job& job) -> Labels {
+    return {{"job_id", job.job_id()}, {"name", job.spec().name()}};
+  };
   struct JobMetric {
     const char* name;
     const char* help;
@@ -119,9 +146,9 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
     double (*value)(const v1::Job&);
   };
   const JobMetric metrics[] = {
-      {"mptrain_job_step", "Latest optimizer step of a running job.", "gauge",
+      {"mptrain_job_step", "Latest optimizer step of a job.", "gauge",
        [](const v1::Job& j) { return static_cast<double>(j.latest_telemetry().step()); }},
-      {"mptrain_job_steps", "Optimizer steps a running job will take.", "gauge",
+      {"mptrain_job_steps", "Optimizer steps a job takes in all (JobSpec.steps).", "gauge",
        [](const v1::Job& j) { return static_cast<double>(j.spec().steps()); }},
       {"mptrain_job_loss", "Latest effective-batch loss, averaged over ranks.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().loss(); }},
@@ -136,16 +163,20 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
        [](const v1::Job& j) { return j.latest_telemetry().samples_per_second(); }},
       {"mptrain_job_step_time_seconds", "Latest optimizer step's wall time.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().step_time_ms() / 1000.0; }},
-      {"mptrain_job_restarts", "Restarts of a running job so far.", "gauge",
+      {"mptrain_job_restarts_total", "Restarts of a job after failures so far.", "counter",
        [](const v1::Job& j) { return static_cast<double>(j.restarts()); }},
       {"mptrain_job_learning_rate", "The learning rate of the latest step.", "gauge",
        [](const v1::Job& j) { return j.latest_telemetry().lr(); }},
   };
   for (const JobMetric& metric : metrics) {
     text.Family(metric.name, metric.help, metric.type);
-    for (const v1::Job& job : overview.running) {
-      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, metric.value(job));
-    }
+    for (const v1::Job* job : jobs) text.Sample(job_labels(*job), metric.value(*job));
+  }
+  text.Family("mptrain_job_ended_timestamp_seconds",
+              "When a job that ended in the last minutes ended (Unix time); absent while it runs.",
+              "gauge");
+  for (const v1::Job& job : overview.recently_ended) {
+    text.Sample(job_labels(job), job.finished_unix_ms() / 1000.0);
   }
   // Metrics a job has only when it computes them: training accuracy (classification; on every
   // record of such a job), and evaluation (JobSpec.eval_data; from the job's latest evaluation,
@@ -173,10 +204,10 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
   };
   for (const OptionalGauge& gauge : optional_gauges) {
     text.Family(gauge.name, gauge.help, "gauge");
-    for (const v1::Job& job : overview.running) {
-      const v1::TelemetryRecord& record = (job.*gauge.record)();
+    for (const v1::Job* job : jobs) {
+      const v1::TelemetryRecord& record = (job->*gauge.record)();
       if (!(record.*gauge.has)()) continue;
-      text.Sample({{"job", job.job_id()}, {"name", job.spec().name()}}, gauge.value(record));
+      text.Sample(job_labels(*job), gauge.value(record));
     }
   }
 

@@ -2,10 +2,12 @@
 
 // What the coordinator exposes at /metrics (Prometheus text format): RPCs by method and code
 // with latency histograms (RpcMetrics, fed by a gRPC interceptor), and a snapshot of the state
-// (jobs and workers by state, the queue, heartbeat ages, and per running job its latest
+// (jobs and workers by state, heartbeat ages, and per running or recently ended job its latest
 // telemetry: step, loss, grad norm, loss scale, skipped steps, samples/s, learning rate, and
-// its latest evaluation's step and metrics, kept until the next evaluation), labelled by job id
-// and name. Names: mptrain_ prefix, _total for counters, _seconds for durations.
+// its latest evaluation's step and metrics, kept until the next evaluation), labelled job_id
+// and name; workers labelled by name (stable across a daemon's restarts); the build
+// (mptrain_build_info) and the process (process_*). Names follow Prometheus' naming guide:
+// mptrain_ prefix, base units, _total for counters only, _seconds, _bytes.
 
 #include <array>
 #include <cstdint>

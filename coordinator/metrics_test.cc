@@ -1,5 +1,7 @@
 #include "coordinator/metrics.h"
 
+#include <chrono>
+
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -77,7 +79,7 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   job.mutable_latest_telemetry()->set_lr(0.0025);
   overview.running.push_back(job);
   const std::string text = RenderMetrics(overview, RpcMetrics());
-  EXPECT_TRUE(Contains(text, "mptrain_job_learning_rate{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.0025\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_learning_rate{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 0.0025\n"));
   for (const char* name : {"mptrain_job_eval_loss{", "mptrain_job_eval_accuracy{",
                            "mptrain_job_eval_step{", "mptrain_job_accuracy{"}) {
     EXPECT_FALSE(Contains(text, name)) << "a job that has not evaluated has no " << name;
@@ -85,18 +87,95 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"running\"} 1\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"failed\"} 2\n"));
   EXPECT_TRUE(Contains(text, "mptrain_jobs{state=\"pending\"} 0\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_queue_length 3\n"));
+  // The pending count is mptrain_jobs{state="pending"}; no second family says it again.
+  EXPECT_FALSE(Contains(text, "mptrain_queue_length"));
+  // `job` is the scrape target's label: a job's own is job_id.
+  EXPECT_FALSE(Contains(text, "{job=")) << text;
   EXPECT_TRUE(Contains(text, "mptrain_jobs_ended_total{state=\"failed\"} 2\n"));
   EXPECT_TRUE(Contains(text, "mptrain_workers{state=\"alive\"} 1\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_worker_free_slots{worker=\"w#1\",host=\"h1\",device=\"cpu\"} 2\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_worker_heartbeat_age_seconds{worker=\"w#1\",host=\"h1\"} 1.5\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_step{job=\"job-0007\",name=\"my \\\"run\\\"\"} 42\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_loss{job=\"job-0007\",name=\"my \\\"run\\\"\"} 0.125\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_free_slots{worker=\"w\",host=\"h1\",device=\"cpu\"} 2\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_heartbeat_age_seconds{worker=\"w\",host=\"h1\"} 1.5\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_step{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 42\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_loss{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 0.125\n"));
   // It only goes up: a counter, named as one.
   EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_skipped_steps_total counter\n"));
-  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps_total{job=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_skipped_steps_total{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 3\n"));
   EXPECT_FALSE(Contains(text, "mptrain_job_skipped_steps{"));
   EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_loss_scale gauge\n"));
+  // Restarts: the coordinator's count and each job's, each a counter with its own name.
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_jobs_restarted_total counter\n"));
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_job_restarts_total counter\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_job_restarts_total{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 0\n"));
+  EXPECT_FALSE(Contains(text, "mptrain_job_restarts{"));
+  EXPECT_FALSE(Contains(text, "# TYPE mptrain_job_restarts gauge"));
+}
+
+TEST(RenderMetrics, BuildInfoAndProcessMetrics) {
+  const std::string text = RenderMetrics(CoordinatorState::Overview(), RpcMetrics());
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_build_info gauge\nmptrain_build_info{version=\""));
+  for (const char* family :
+       {"process_cpu_seconds_total ", "process_resident_memory_bytes ", "process_open_fds ",
+        "process_start_time_seconds ", "process_virtual_memory_bytes "}) {
+    EXPECT_TRUE(Contains(text, std::string("\n") + family)) << family << " missing:\n" << text;
+  }
+  // Values as /proc says, not placeholders: this test process has stdin..stderr open and
+  // some memory resident, and it started before now.
+  auto value = [&](const std::string& family) {
+    const size_t at = text.find("\n" + family + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + family.size() + 2));
+  };
+  EXPECT_GE(value("process_open_fds"), 3);
+  EXPECT_GT(value("process_resident_memory_bytes"), 1e6);
+  EXPECT_GT(value("process_start_time_seconds"), 1.7e9);
+  EXPECT_LE(value("process_start_time_seconds"),
+            std::chrono::duration<double>(
+                std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+// A job that ends between two scrapes is still scraped: its final values stay for
+// kEndedJobMetricsMs, then go; only kMaxEndedJobMetrics of them, the newest.
+TEST(RenderMetrics, EndedJobsStayForMinutes_ThenGo_Bounded) {
+  int64_t now_ms = 1'000'000;
+  CoordinatorOptions options;
+  options.now_ms = [&] { return now_ms; };
+  CoordinatorState state(options);
+  v1::SubmitJobRequest submit;
+  v1::JobSpec* spec = submit.mutable_spec();
+  spec->set_name("short");
+  spec->set_world_size(1);
+  spec->set_device(v1::CPU);
+  spec->mutable_model()->set_input_dim(4);
+  spec->mutable_model()->set_output_dim(2);
+  spec->mutable_data()->mutable_synthetic()->set_seed(0);
+  spec->set_micro_batch_size(2);
+  spec->set_accumulation_steps(1);
+  spec->set_steps(10);
+  spec->mutable_optimizer()->set_lr(0.1);
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < CoordinatorState::Overview::kMaxEndedJobMetrics + 2; ++i) {
+    auto submitted = state.SubmitJob(submit);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ids.push_back(submitted->job_id());
+    now_ms += 1;
+    ASSERT_TRUE(state.CancelJob(ids.back()).ok());
+  }
+  auto metrics = [&] { return RenderMetrics(state.GetOverview(), RpcMetrics()); };
+  auto has = [&](const std::string& text, const std::string& id) {
+    return Contains(text, "mptrain_job_step{job_id=\"" + id + "\",name=\"short\"} 0\n");
+  };
+  std::string text = metrics();
+  EXPECT_TRUE(has(text, ids.back())) << text;
+  EXPECT_TRUE(Contains(text, "mptrain_job_ended_timestamp_seconds{job_id=\"" + ids.back() +
+                                 "\",name=\"short\"} "));
+  EXPECT_TRUE(has(text, ids[2]));
+  EXPECT_FALSE(has(text, ids[0])) << "more than kMaxEndedJobMetrics ended jobs kept";
+  EXPECT_FALSE(has(text, ids[1]));
+  now_ms += CoordinatorState::Overview::kEndedJobMetricsMs - 10;
+  EXPECT_TRUE(has(metrics(), ids.back()));
+  now_ms += 20;
+  text = metrics();
+  EXPECT_FALSE(has(text, ids.back())) << "an ended job's series outlived kEndedJobMetricsMs";
+  EXPECT_FALSE(Contains(text, "mptrain_job_step{"));
 }
 
 // The digits example's cadence, through the coordinator state: telemetry every 50 steps,
@@ -145,7 +224,7 @@ TEST(RenderMetrics, EvaluationStaysBetweenEvaluations_AndIsAbsentBeforeTheFirst)
     ASSERT_TRUE(state.ReportTelemetry(request).ok());
   };
   auto metrics = [&] { return RenderMetrics(state.GetOverview(), RpcMetrics()); };
-  const std::string labels = "{job=\"" + job + "\",name=\"digits\"} ";
+  const std::string labels = "{job_id=\"" + job + "\",name=\"digits\"} ";
 
   report(50, -1, 0);
   std::string text = metrics();

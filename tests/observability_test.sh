@@ -3,7 +3,10 @@
 #   1. /metrics scraped while a CPU job runs passes `promtool check metrics` and shows the
 #      job's step and loss;
 #   2. the dashboard's pages load in headless Chromium (screenshots kept as test outputs), and
-#      the job page's loss curve has as many points as the job has telemetry records;
+#      the job page's loss curve has as many points as the job has telemetry records; an fp16
+#      job with skipped steps keeps its gradient-norm curve and a readable loss-scale axis; an
+#      fp32 job has no loss-scale chart; the compare page overlays two jobs; a running job's
+#      rank shows on the workers page, and its cancel needs the CSRF token;
 #   3. `trainctl export` (csv and jsonl) round-trips every telemetry record that `trainctl
 #      watch --output=json` streamed live;
 #   4. with TLS and tokens: HTTPS, 401 without a token, 403 for a worker's token, 200 for a
@@ -54,15 +57,15 @@ watch_pid=$!
 # 1. Metrics while it runs.
 for _ in $(seq 200); do
   curl -sf "$HTTP/metrics" >"$CLUSTER_DIR/metrics.txt" &&
-    grep -q "^mptrain_job_step{job=\"$job\"" "$CLUSTER_DIR/metrics.txt" && break
+    grep -q "^mptrain_job_step{job_id=\"$job\"" "$CLUSTER_DIR/metrics.txt" && break
   sleep 0.05
 done
 cp "$CLUSTER_DIR/metrics.txt" "$OUT/metrics.txt"
-grep -q "^mptrain_job_step{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+grep -q "^mptrain_job_step{job_id=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. /metrics has no step for the running job"
 grep -q '^mptrain_jobs{state="running"} 1$' "$CLUSTER_DIR/metrics.txt" || fail "1. no running job counted"
 grep -q '^# TYPE mptrain_job_skipped_steps_total counter$' "$CLUSTER_DIR/metrics.txt" &&
-  grep -q "^mptrain_job_skipped_steps_total{job=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
+  grep -q "^mptrain_job_skipped_steps_total{job_id=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. no skipped-steps counter for the running job"
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics.txt" >"$CLUSTER_DIR/promtool.txt" 2>&1 ||
@@ -79,6 +82,18 @@ grep -q '^mptrain_rpcs_total{service="mptrain.v1.WorkerControl",method="ReportTe
   "$CLUSTER_DIR/metrics_after.txt" || fail "1. no RPC counts"
 grep -q '^mptrain_jobs_ended_total{state="succeeded"} 1$' "$CLUSTER_DIR/metrics_after.txt" ||
   fail "1. the ended job is not counted"
+# An ended job's final values stay scrapable for a while (a short job is seen at least once).
+grep -q "^mptrain_job_step{job_id=\"$job\",name=\"observed-job\"} 300$" "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. the ended job's final step is gone from /metrics"
+grep -q "^mptrain_job_ended_timestamp_seconds{job_id=\"$job\"" "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. no end time for the ended job"
+grep -q '^process_resident_memory_bytes [1-9]' "$CLUSTER_DIR/metrics_after.txt" &&
+  grep -q '^mptrain_build_info{version="' "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. no process_* or build_info metrics"
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$CLUSTER_DIR/metrics_after.txt" >"$CLUSTER_DIR/promtool_after.txt" 2>&1 ||
+    fail "1. promtool check metrics after the job: $(cat "$CLUSTER_DIR/promtool_after.txt")"
+fi
 telemetry=$(grep -c '"telemetry"' "$CLUSTER_DIR/watch.jsonl")
 echo "the job reported $telemetry telemetry records"
 
@@ -100,8 +115,111 @@ if command -v chromium >/dev/null; then
   [ "${points:-0}" = "$telemetry" ] || fail "2. loss curve points (${points:-none}) != telemetry records ($telemetry)"
   browse --dump-dom "$HTTP/" >"$CLUSTER_DIR/jobs.html"
   grep -q "data-job=\"$job\"" "$CLUSTER_DIR/jobs.html" || fail "2. the jobs page does not list $job"
+  grep -q "<input type=\"checkbox\" data-select=\"$job\">" "$CLUSTER_DIR/jobs.html" ||
+    fail "2. the jobs page has no box to tick $job for the compare page"
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers.html"
   grep -q 'data-worker="w1#' "$CLUSTER_DIR/workers.html" || fail "2. the workers page does not list w1"
+  # An fp16 job with skipped steps (an initial loss scale of 1e12 overflows fp16 until it has
+  # backed off): its NaN gradient norms must not blank the gradient-norm chart (uPlot's
+  # autoscale turns NaN on one value into a blank chart), its skipped steps are marked, and
+  # the loss-scale axis reads 1.0e12, not "1.10e+6M". Each chart box says in the DOM how many
+  # of its series have a drawn path on a finite scale (data-drawn; coordinator/web/charts.js).
+  chart_attr() {  # FILE CHART ATTRIBUTE
+    grep -o "<div[^>]*id=\"$2\"[^>]*>" "$1" | grep -o "$3=\"[^\"]*\"" | cut -d'"' -f2
+  }
+  sed -e 's/"observed-job"/"fp16-skips"/' -e 's/"fp32"/"fp16"/' -e 's/"steps": 300/"steps": 60/' \
+      -e 's/"world_size": 2/"world_size": 1/' \
+      -e 's/"seed": 3,/"seed": 3, "loss_scaler": {"init_scale": 1e12, "growth_interval": 10},/' \
+      "$CLUSTER_DIR/job.json" >"$CLUSTER_DIR/fp16.json"
+  fp16=$(ctl submit "$CLUSTER_DIR/fp16.json" | tail -n 1)
+  ctl watch "$fp16" >/dev/null
+  # Every record (a watch started after a 60-step job ended would show none of them).
+  ctl export "$fp16" --format=jsonl >"$CLUSTER_DIR/fp16_watch.jsonl"
+  skipped=$(grep -c '"skipped": *true' "$CLUSTER_DIR/fp16_watch.jsonl")
+  nan_norms=$(grep -c '"grad_norm": *"\(NaN\|Infinity\|-Infinity\)"' "$CLUSTER_DIR/fp16_watch.jsonl")
+  [ "$nan_norms" -gt 0 ] || fail "2. the fp16 job had no NaN/inf gradient norm: the check below checks nothing"
+  browse --dump-dom "$HTTP/job?id=$fp16" >"$CLUSTER_DIR/fp16.html"
+  browse --screenshot="$OUT/dashboard_job_fp16.png" "$HTTP/job?id=$fp16" >/dev/null
+  drawn=$(chart_attr "$CLUSTER_DIR/fp16.html" chart-grad_norm data-drawn)
+  marked=$(chart_attr "$CLUSTER_DIR/fp16.html" box-grad_norm data-skipped)
+  echo "2. fp16 job: $skipped skipped steps, $nan_norms non-finite gradient norms; gradient-norm chart: ${drawn:-no} series drawn, ${marked:-no} steps marked"
+  [ "${drawn:-0}" = 2 ] || fail "2. the gradient-norm chart of an fp16 job with skipped steps is blank (${drawn:-no} of 2 series drawn)"
+  [ "${marked:-0}" = "$skipped" ] || fail "2. ${marked:-no} skipped steps marked, $skipped skipped"
+  [ "$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss data-drawn)" = 1 ] || fail "2. the fp16 loss chart is blank"
+  [ "$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss_scale data-drawn)" = 2 ] || fail "2. the loss-scale chart is blank"
+  grep -q '<div class="chart" id="box-loss_scale" hidden' "$CLUSTER_DIR/job.html" &&
+    ! grep -q '<div class="chart" id="box-loss_scale" hidden' "$CLUSTER_DIR/fp16.html" ||
+    fail "2. the loss-scale chart is not shown for the fp16 job alone (fp32 has no loss scale)"
+  labels=$(chart_attr "$CLUSTER_DIR/fp16.html" chart-loss_scale data-y-labels)
+  echo "2. loss-scale axis: $labels"
+  case " $labels " in
+    *" 1.0e12 "*) case "$labels" in *e+*|*[0-9]e*[MkG]*) fail "2. loss-scale axis labels formatted twice: $labels" ;; esac ;;
+    *) fail "2. the loss-scale axis has no 1.0e12 label: ${labels:-none}" ;;
+  esac
+  # The same page on a log scale, smoothed, over training time (the settings a link carries):
+  # still drawn, NaN steps included.
+  browse --dump-dom "$HTTP/job?id=$fp16&log=1&smoothing=0.9&x=time" >"$CLUSTER_DIR/fp16_log.html"
+  for chart in chart-loss chart-grad_norm; do
+    [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" $chart data-log)" = 1 ] &&
+      [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" $chart data-x)" = "training time (s)" ] ||
+      fail "2. $chart is not on a log scale over training time with ?log=1&x=time"
+  done
+  [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" chart-grad_norm data-drawn)" = 2 ] &&
+    [ "$(chart_attr "$CLUSTER_DIR/fp16_log.html" chart-loss data-drawn)" = 1 ] ||
+    fail "2. a chart went blank on a log scale, smoothed, over training time"
+  # The overlay of both jobs: one chart, two series drawn; a metric neither has says so.
+  browse --dump-dom "$HTTP/compare?ids=$job,$fp16" >"$CLUSTER_DIR/compare.html"
+  browse --screenshot="$OUT/dashboard_compare.png" "$HTTP/compare?ids=$job,$fp16" >/dev/null
+  [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-loss data-series)" = 2 ] &&
+    [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-loss data-drawn)" = 2 ] ||
+    fail "2. the overlay of two jobs does not draw two loss series"
+  [ "$(chart_attr "$CLUSTER_DIR/compare.html" chart-grad_norm data-drawn)" = 2 ] ||
+    fail "2. the overlay's gradient-norm chart lost a series"
+  grep -q 'id="chart-eval_loss"[^>]*><div class="no-data' "$CLUSTER_DIR/compare.html" ||
+    fail "2. the overlay's eval-loss chart (no job evaluates) has no 'no data' note"
+  echo "2. overlay of $job and $fp16: two loss series drawn; eval loss: no data"
+  # Rank notes on the job page: a file no job wrote where a checkpoint goes is left alone, and
+  # the rank says so (a RankNote warning), shown as text (never as markup).
+  mkdir -p "$CLUSTER_DIR/outputs/notes"
+  echo '<b id="injected">not a checkpoint</b>' >"$CLUSTER_DIR/outputs/notes/step-00000010.safetensors"
+  sed -e 's/"steps": 300,/"steps": 20, "checkpoint_every": 10, "checkpoint_dir": "'"${CLUSTER_DIR//\//\\/}"'\/outputs\/notes",/' \
+      -e 's/"world_size": 2/"world_size": 1/' -e 's/"observed-job"/"noted-job"/' \
+      "$CLUSTER_DIR/job.json" >"$CLUSTER_DIR/noted.json"
+  noted=$(ctl submit "$CLUSTER_DIR/noted.json" | tail -n 1)
+  ctl watch "$noted" >/dev/null
+  browse --dump-dom "$HTTP/job?id=$noted" >"$CLUSTER_DIR/noted.html"
+  grep -q '<div id="box-notes">' "$CLUSTER_DIR/noted.html" &&
+    grep -q '<li class="error">step [0-9]*, rank 0[^<]*checkpoint of step 10 not written' "$CLUSTER_DIR/noted.html" ||
+    fail "2. the job page does not show the rank's warning"
+  grep -q 'id="injected"' "$CLUSTER_DIR/noted.html" && fail "2. a file's bytes reached the page as markup"
+  grep -q '<div id="box-notes" hidden' "$CLUSTER_DIR/fp16.html" || fail "2. a job without notes shows a notes box"
+  echo "2. rank notes: $noted's warning shown on its page"
+  # A running job: the workers page shows its rank on w1, its page a cancel button, which
+  # POSTs with the page's CSRF token (curl here, as the page's script does; without the token
+  # a browser-style request is refused).
+  sed -e 's/"steps": 60,/"steps": 100000000,/' -e 's/"fp16-skips"/"long-job"/' \
+    "$CLUSTER_DIR/fp16.json" >"$CLUSTER_DIR/long.json"
+  long=$(ctl submit "$CLUSTER_DIR/long.json" | tail -n 1)
+  for _ in $(seq 200); do
+    curl -sf "$HTTP/api/jobs/$long" | grep -q '"state": *"RUNNING"' && break
+    sleep 0.05
+  done
+  browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers_running.html"
+  grep -q "<td data-ranks=\"1\">$long rank 0</td>" "$CLUSTER_DIR/workers_running.html" ||
+    fail "2. the workers page does not show $long's rank on w1"
+  browse --dump-dom "$HTTP/job?id=$long" >"$CLUSTER_DIR/long.html"
+  grep -q '<button id="cancel">' "$CLUSTER_DIR/long.html" ||
+    fail "2. the running job's page has no cancel button"
+  grep -q '<button id="cancel" hidden' "$CLUSTER_DIR/fp16.html" ||
+    fail "2. the ended job's page offers a cancel"
+  cancel_url="$HTTP/api/jobs/$long/cancel"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Length: 0' "$cancel_url")" = 403 ] ||
+    fail "2. a cancel without the CSRF header was not refused"
+  csrf=$(curl -sf "$HTTP/api/csrf" | sed 's/.*"csrf_token": *"\([0-9a-f]*\)".*/\1/')
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Length: 0' \
+         -H "X-CSRF-Token: $csrf" "$cancel_url")" = 200 ] || fail "2. the cancel with its CSRF token failed"
+  ctl status "$long" | grep -q CANCELLED || fail "2. $long was not cancelled"
+  echo "2. running job: its rank on the workers page, a cancel button; cancel 403 without the CSRF token, 200 with it"
 else
   missing "part 2" chromium chromium
 fi
@@ -197,17 +315,19 @@ cat >"$CLUSTER_DIR/alices.json" <<JSON
  "telemetry_every": 1}
 JSON
 alices=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" submit "$CLUSTER_DIR/alices.json" | tail -n 1)
+# (grep -c, not -q, reads the whole scrape: -q stops at the first match, and curl, still
+# writing, fails on the closed pipe, which pipefail turns into a failed check.)
 as() { local who=$1; shift; curl -s --cacert "$pki/ca.pem" --cert "$pki/client.pem" \
          --key "$pki/client.key" -H "Authorization: Bearer $(cat "$pki/$who.token")" "$@"; }
 for _ in $(seq 200); do
-  as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" && break
+  as alice "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null && break
   sleep 0.05
 done
-as alice "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+as alice "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null ||
   fail "5. alice's scrape has no series of her running job $alices"
-as viewer "$SECURE/metrics" | grep -q "^mptrain_job_step{job=\"$alices\"" ||
+as viewer "$SECURE/metrics" | grep -c "^mptrain_job_step{job_id=\"$alices\"" >/dev/null ||
   fail "5. the viewer's scrape has no series of alice's job"
-as bob "$SECURE/metrics" | grep -q "$alices\|alices-model" &&
+as bob "$SECURE/metrics" | grep -c "$alices\|alices-model" >/dev/null &&
   fail "5. bob's scrape shows alice's job"
 [ "$(as bob -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices")" = 404 ] ||
   fail "5. bob read alice's job"

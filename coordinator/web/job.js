@@ -1,77 +1,94 @@
-// One job: its summary, live curves of its telemetry (uPlot), placement and failures. New
-// telemetry is fetched every second as the events after the last one seen.
+// One job: its summary, live curves of its telemetry (charts.js), placement, failures and rank
+// notes, and a cancel button. New events are fetched every second, those after the last seen.
 "use strict";
 
 const jobId = new URLSearchParams(window.location.search).get("id") || "";
-const series = {step: [], loss: [], grad_norm: [], loss_scale: [], skipped: [],
-                samples_per_second: [], lr: [], eval_step: [], eval_loss: [], eval_accuracy: []};
+const records = [];  // Telemetry, in the order of the events.
+const notes = [];    // Rank notes (warnings, samples), the newest kMaxNotes.
+const kMaxNotes = 256;
 let lastSequence = 0;
 let finished = false;
-const charts = {};
+let currentJob = null;
 
-// Axis labels short enough for the axis: 65536 -> 65.5k, 0.00012 -> 1.2e-4.
-function compact(value) {
-  if (value === null || value === undefined) return "";
-  const magnitude = Math.abs(value);
-  if (magnitude >= 1e6) return `${(value / 1e6).toPrecision(3)}M`;
-  if (magnitude >= 1e4) return `${(value / 1e3).toPrecision(3)}k`;
-  if (magnitude !== 0 && magnitude < 1e-3) return value.toExponential(1);
-  return String(Number(value.toPrecision(4)));
-}
-const yAxis = {size: 64, values: (u, values) => values.map(compact)};
-
-function chart(name, labels, data, options = {}) {
-  const box = document.getElementById(`chart-${name}`);
-  box.setAttribute("data-points", String(data[0].length));
-  if (charts[name]) { charts[name].setData(data); return; }
-  const colors = ["#1a66d2", "#c62828", "#1e8a3c"];
-  charts[name] = new uPlot({
-    width: Math.max(420, box.clientWidth || 460), height: 220,
-    scales: {x: {time: false}, ...(options.scales || {})},
-    axes: [{label: "step"}, ...(options.axes || [{}]).map(axis => ({...yAxis, ...axis}))],
-    series: [{label: "step"}, ...labels.map((label, i) => ({
-      label, stroke: colors[i % colors.length], width: 1.5,
-      ...(options.points && options.points[i] ? {paths: () => null, points: {show: true, size: 7, fill: colors[1]}} : {}),
-      ...(options.series && options.series[i] ? options.series[i] : {}),
-    }))],
-  }, data, box);
-}
-
-function addTelemetry(record) {
-  series.step.push(Number(record.step || 0));
-  const value = key => (record[key] === undefined ? 0 : Number(record[key]));
-  for (const key of ["loss", "grad_norm", "loss_scale", "samples_per_second", "lr"]) {
-    series[key].push(value(key));
-  }
-  series.skipped.push(record.skipped ? value("loss_scale") : null);
-  if (record.eval_loss !== undefined || record.eval_accuracy !== undefined) {
-    series.eval_step.push(Number(record.step || 0));
-    series.eval_loss.push(value("eval_loss"));
-    series.eval_accuracy.push(value("eval_accuracy"));
-  }
+// The loss scale matters only where a scaler runs: fp16 by default, bf16 when asked.
+function scalesLoss(spec) {
+  const precision = spec.precision || "PRECISION_UNSPECIFIED";
+  const enabled = (spec.loss_scaler || {}).enabled;
+  if (precision === "FP32") return false;
+  if (precision === "BF16") return enabled === true;
+  return enabled !== false;
 }
 
 function drawCharts() {
-  chart("loss", ["loss"], [series.step, series.loss]);
-  chart("grad_norm", ["grad norm"], [series.step, series.grad_norm]);
-  chart("loss_scale", ["loss scale", "skipped"], [series.step, series.loss_scale, series.skipped],
-        {points: [false, true], scales: {y: {distr: 3}}});
-  chart("samples_per_second", ["samples/s"], [series.step, series.samples_per_second]);
-  if (series.lr.some(v => v !== 0)) {
-    document.getElementById("box-lr").hidden = false;
-    chart("lr", ["lr"], [series.step, series.lr]);
+  const c = telemetryColumns(records);
+  const x = xColumn(c);
+  const log = chartSettings.log;
+  const hasEval = c.eval_loss.some(v => v !== null);
+  drawChart("loss", x, [{label: "train loss", values: c.loss},
+                        ...(hasEval ? [{label: "eval loss", values: c.eval_loss, spanGaps: true}] : [])],
+            {log});
+  // Skipped steps marked at the top of the finite values (their own norm is inf or NaN).
+  const finiteNorms = c.grad_norm.filter(v => v !== null && (!log || v > 0));
+  const top = finiteNorms.length > 0 ? Math.max(...finiteNorms) : 1;
+  const anySkipped = c.skipped.some(Boolean);
+  drawChart("grad_norm", x, [{label: "grad norm", values: c.grad_norm},
+                             ...(anySkipped ? [{label: "skipped step", points: true, color: "#c62828",
+                                               values: c.skipped.map(s => (s ? top : null))}] : [])],
+            {log});
+  document.getElementById("box-grad_norm").setAttribute("data-skipped",
+                                                        String(c.skipped.filter(Boolean).length));
+  const spec = (currentJob || {}).spec || {};
+  const lossScaleBox = document.getElementById("box-loss_scale");
+  lossScaleBox.hidden = !scalesLoss(spec);
+  if (!lossScaleBox.hidden) {
+    drawChart("loss_scale", x, [{label: "loss scale", values: c.loss_scale, raw: true},
+                                {label: "skipped", points: true, color: "#c62828",
+                                 values: c.skipped.map((s, i) => (s ? c.loss_scale[i] : null))}],
+              {log: true});
   }
-  if (series.eval_step.length > 0) {
-    document.getElementById("box-eval").hidden = false;
-    chart("eval", ["eval loss", "eval accuracy"],
-          [series.eval_step, series.eval_loss, series.eval_accuracy],
-          {scales: {acc: {range: [0, 1]}}, axes: [{}, {scale: "acc", side: 1, grid: {show: false}}],
-           series: [{}, {scale: "acc"}]});
+  // Accuracy on an axis fitted to its values (97.5% -> 99.7% is not flat).
+  const hasAccuracy = c.accuracy.some(v => v !== null) || c.eval_accuracy.some(v => v !== null);
+  document.getElementById("box-accuracy").hidden = !hasAccuracy;
+  if (hasAccuracy) {
+    drawChart("accuracy", x, [{label: "train accuracy", values: c.accuracy},
+                              {label: "eval accuracy", values: c.eval_accuracy, spanGaps: true}]);
+  }
+  drawChart("step_time", x, [{label: "step time (ms)", values: c.step_time_ms}]);
+  drawChart("samples_per_second", x, [{label: "samples/s", values: c.samples_per_second}]);
+  const hasLr = c.lr.some(v => v !== null && v !== 0);
+  document.getElementById("box-lr").hidden = !hasLr;
+  if (hasLr) drawChart("lr", x, [{label: "lr", values: c.lr, raw: true}]);
+}
+
+function showNotes() {
+  document.getElementById("notes").replaceChildren(...notes.map(note => el("li",
+    {class: note.kind === "WARNING" ? "error" : ""},
+    `step ${note.step || 0}, rank ${note.rank || 0}${note.attempt ? ` (attempt ${note.attempt})` : ""}` +
+    `${note.kind === "SAMPLE" ? ", sample" : ""}: ${note.text || ""}`)));
+  document.getElementById("box-notes").hidden = notes.length === 0;
+}
+
+// POST /api/jobs/ID/cancel with the session's CSRF token (GET /api/csrf, readable by this
+// origin only), which the coordinator checks against the session cookie.
+async function cancelJob() {
+  if (!window.confirm(`Cancel ${jobId}?`)) return;
+  try {
+    const {csrf_token: token} = await getJson("/api/csrf");
+    const response = await fetch(`/api/jobs/${encodeURIComponent(jobId)}/cancel`,
+      {method: "POST", credentials: "same-origin", headers: {"X-CSRF-Token": token}});
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    showError(null);
+    refresh();
+  } catch (error) {
+    showError(error);
   }
 }
 
 function showJob(job) {
+  currentJob = job;
   const spec = job.spec || {};
+  document.getElementById("cancel").hidden = !["PENDING", "RUNNING"].includes(job.state);
   document.getElementById("title").textContent = `${job.job_id} · ${spec.name || ""}`;
   const telemetry = job.latest_telemetry || {};
   const facts = [
@@ -107,12 +124,17 @@ async function refresh() {
       const events = body.events || [];
       for (const event of events) {
         lastSequence = Math.max(lastSequence, Number(event.sequence || 0));
-        if (event.telemetry) addTelemetry(event.telemetry);
+        if (event.telemetry) records.push(event.telemetry);
+        if (event.note) {
+          notes.push(event.note);
+          if (notes.length > kMaxNotes) notes.shift();
+        }
       }
       finished = Boolean(body.finished);
       if (events.length < 10000) break;
     }
     drawCharts();
+    showNotes();
     document.body.setAttribute("data-loaded", finished ? "finished" : "live");
     showError(null);
   } catch (error) {
@@ -120,5 +142,7 @@ async function refresh() {
   }
 }
 
+chartControls(drawCharts);
+document.getElementById("cancel").addEventListener("click", cancelJob);
 refresh();
 setInterval(refresh, 1000);

@@ -1,5 +1,27 @@
-// The jobs page: every job the coordinator holds, refreshed every 2 s.
+// The jobs page: every job the coordinator holds, refreshed every 2 s. Ticked jobs (kept
+// across refreshes) open together on the compare page: their curves on one chart.
 "use strict";
+
+const selected = new Set();
+const kMaxCompared = 8;
+
+function showCompareLink() {
+  const link = document.getElementById("compare");
+  const ids = [...selected].slice(0, kMaxCompared);
+  link.href = `/compare?ids=${ids.map(encodeURIComponent).join(",")}`;
+  link.hidden = ids.length < 2;
+  link.textContent = `compare ${ids.length} jobs`;
+}
+
+function selectCell(jobId) {
+  const box = el("input", {type: "checkbox", "data-select": jobId});
+  box.checked = selected.has(jobId);
+  box.addEventListener("change", () => {
+    if (box.checked) selected.add(jobId); else selected.delete(jobId);
+    showCompareLink();
+  });
+  return el("td", {}, box);
+}
 
 async function refresh() {
   try {
@@ -14,7 +36,7 @@ async function refresh() {
     const rows = jobs.reverse().map(job => {
       const spec = job.spec || {};
       const step = (job.latest_telemetry || {}).step || 0;
-      return el("tr", {"data-job": job.job_id},
+      return el("tr", {"data-job": job.job_id}, selectCell(job.job_id),
         el("td", {}, el("a", {href: `/job?id=${encodeURIComponent(job.job_id)}`}, job.job_id)),
         el("td", {}, spec.name || ""), stateCell(job.state),
         progressCell(Number(step), Number(spec.steps || 0)),
