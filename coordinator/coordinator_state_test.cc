@@ -479,7 +479,9 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
     v1::TelemetryRecord* record = telemetry.add_records();
     record->set_step(step);
     record->set_loss(1.0 / step);
+    record->set_unix_ms(42);  // A rank's clock: the coordinator's stands instead.
   }
+  const int64_t recorded_at = now_ms_.load();
   auto abort = state_->ReportTelemetry(telemetry);
   ASSERT_TRUE(abort.ok());
   EXPECT_FALSE(abort->abort());
@@ -502,6 +504,8 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_EQ(batch->events[1].telemetry().step(), 2);
   EXPECT_EQ(batch->events[1].telemetry().loss(), 0.5) << "the first record of a step stands";
   EXPECT_EQ(batch->events[1].telemetry().attempt(), 1) << "stamped with the attempt that ran it";
+  EXPECT_EQ(batch->events[1].telemetry().unix_ms(), recorded_at)
+      << "stamped with the coordinator's time of recording (exports' wall-clock column)";
   EXPECT_EQ(batch->events[2].telemetry().step(), 3);
   EXPECT_EQ(batch->events[3].state_change().state(), v1::SUCCEEDED);
   EXPECT_LT(batch->events[0].sequence(), batch->events[1].sequence());
