@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "client/format.h"
 #include "common/job_spec.h"
@@ -383,6 +384,7 @@ int ListCommand(const CommandContext& context, const ListOptions& options) {
   v1::ListJobsRequest request;
   request.set_state(options.state);
   request.set_page_size(kListPageSize);
+  request.mutable_label_selector()->insert(options.labels.begin(), options.labels.end());
   std::vector<v1::Job> jobs;
   while (true) {
     v1::ListJobsResponse page;
@@ -463,6 +465,45 @@ int CancelCommand(const CommandContext& context, const std::vector<std::string>&
                  << "\n";
   }
   return exit_code;
+}
+
+bool ParseLabelSelector(const std::string& text, std::map<std::string, std::string>* labels,
+                        std::string* error) {
+  for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t equals = pair.find('=');
+    if (equals == absl::string_view::npos) {
+      *error = "a selector is KEY=VALUE[,KEY=VALUE...]";
+      return false;
+    }
+    (*labels)[std::string(pair.substr(0, equals))] = std::string(pair.substr(equals + 1));
+  }
+  return true;
+}
+
+int CancelSelectedCommand(const CommandContext& context,
+                          const std::map<std::string, std::string>& labels) {
+  std::vector<std::string> job_ids;
+  for (v1::JobState state : {v1::PENDING, v1::RUNNING}) {
+    v1::ListJobsRequest request;
+    request.set_state(state);
+    request.set_page_size(kListPageSize);
+    request.mutable_label_selector()->insert(labels.begin(), labels.end());
+    while (true) {
+      v1::ListJobsResponse page;
+      grpc::ClientContext rpc;
+      SetDeadline(context, &rpc);
+      grpc::Status status = context.stub->ListJobs(&rpc, request, &page);
+      if (!status.ok()) return ReportRpcError(context, "cancel", status);
+      for (const v1::Job& job : page.jobs()) job_ids.push_back(job.job_id());
+      if (page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+  }
+  if (job_ids.empty() && context.format == OutputFormat::kTable) {
+    *context.out << "No pending or running job has those labels.\n";
+    return 0;
+  }
+  return CancelCommand(context, job_ids);
 }
 
 int WorkersCommand(const CommandContext& context) {

@@ -5,6 +5,7 @@
 // success, 1 when the coordinator refused or the job did not succeed, 2 for usage errors.
 
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct ListOptions {
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // UNSPECIFIED: every state.
   int64_t limit = 0;                                // > 0: at most this many, after sorting.
   JobSort sort = JobSort::kNewest;
+  std::map<std::string, std::string> labels;  // Only jobs with every one of these labels.
 };
 // The jobs, fetched a page at a time, then sorted (ties in submission order) and cut to
 // `limit`. Table: FormatJobTable ("No jobs." for none); JSON: one ListJobsResponse object
@@ -50,6 +52,13 @@ int ListCommand(const CommandContext& context, const ListOptions& options);
 // Cancels each job in turn, whatever became of the others; exit 1 if any was refused. JSON:
 // {"jobs": [{"job_id", "state", "error"}, ...]} in the order given.
 int CancelCommand(const CommandContext& context, const std::vector<std::string>& job_ids);
+// Cancels every pending or running job that has all of `labels` (`cancel -l team=vision`);
+// none matching is not an error. Output as CancelCommand's.
+int CancelSelectedCommand(const CommandContext& context,
+                          const std::map<std::string, std::string>& labels);
+// "team=vision,env=prod" as a map; false (and `error` set) for a pair without '='.
+bool ParseLabelSelector(const std::string& text, std::map<std::string, std::string>* labels,
+                        std::string* error);
 int WorkersCommand(const CommandContext& context);
 // The last part of a rank's output (stdout and stderr) as its worker shipped it (JSON: one
 // GetRankLogResponse object a line, every field present); with

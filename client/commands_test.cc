@@ -5,6 +5,7 @@
 #include <fstream>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -376,9 +377,19 @@ class JobsCoordinator final : public v1::Coordinator::Service {
     }
   }
   std::vector<std::string> cancelled;
+  std::vector<std::map<std::string, std::string>> selectors;  // Of each ListJobs with one.
 
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override {
+    if (!request->label_selector().empty()) {
+      // The selected jobs: job-0003 and job-0004 wait, none runs.
+      selectors.emplace_back(request->label_selector().begin(), request->label_selector().end());
+      if (request->state() == v1::PENDING) {
+        *response->add_jobs() = jobs_[2];
+        *response->add_jobs() = jobs_[3];
+      }
+      return grpc::Status::OK;
+    }
     const size_t from = request->page_token().empty() ? 0 : std::stoul(request->page_token());
     for (size_t i = from; i < jobs_.size() && i < from + 2; ++i) *response->add_jobs() = jobs_[i];
     if (from + 2 < jobs_.size()) response->set_next_page_token(std::to_string(from + 2));
@@ -514,6 +525,30 @@ TEST_F(JobsTest, Export_Csv_NanIsNan) {
   EXPECT_EQ(ExportCommand(Context(), "job-0001", ExportFormat::kCsv), 0) << err_.str();
   EXPECT_EQ(out_.str().find("-nan"), std::string::npos) << out_.str();
   EXPECT_NE(out_.str().find(",nan,"), std::string::npos) << out_.str();
+}
+
+TEST(ParseLabelSelector, PairsOrAnError) {
+  std::map<std::string, std::string> labels;
+  std::string error;
+  ASSERT_TRUE(ParseLabelSelector("team=vision,env=", &labels, &error));
+  EXPECT_EQ(labels, (std::map<std::string, std::string>{{"team", "vision"}, {"env", ""}}));
+  EXPECT_FALSE(ParseLabelSelector("team", &labels, &error));
+  EXPECT_NE(error.find("KEY=VALUE"), std::string::npos);
+}
+
+TEST_F(JobsTest, List_SendsTheSelector) {
+  ListOptions options;
+  options.labels = {{"team", "vision"}};
+  EXPECT_EQ(ListCommand(Context(), options), 0);
+  ASSERT_EQ(coordinator_.selectors.size(), 1u);
+  EXPECT_EQ(coordinator_.selectors[0], options.labels);
+}
+
+// `cancel -l team=vision`: the pending and running jobs the coordinator selects, each cancelled.
+TEST_F(JobsTest, CancelSelected_CancelsThePendingAndRunningJobsWithTheLabels) {
+  EXPECT_EQ(CancelSelectedCommand(Context(), {{"team", "vision"}}), 0) << err_.str();
+  EXPECT_EQ(coordinator_.selectors.size(), 2u) << "pending, then running";
+  EXPECT_EQ(coordinator_.cancelled, (std::vector<std::string>{"job-0003", "job-0004"}));
 }
 
 }  // namespace

@@ -112,6 +112,12 @@ std::string FormatJobDetail(const v1::Job& job) {
   absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
   absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
   if (!job.owner().empty()) absl::StrAppend(&out, "owner:      ", job.owner(), "\n");
+  if (!spec.labels().empty()) {
+    std::vector<std::string> labels;  // Sorted: a map's order is not.
+    for (const auto& [key, value] : spec.labels()) labels.push_back(absl::StrCat(key, "=", value));
+    std::sort(labels.begin(), labels.end());
+    absl::StrAppend(&out, "labels:     ", absl::StrJoin(labels, ", "), "\n");
+  }
   if (job.submitted_unix_ms() > 0) {
     absl::StrAppend(&out, "submitted:  ", FormatUnixMs(job.submitted_unix_ms()), "\n");
   }

@@ -47,6 +47,8 @@ ABSL_FLAG(std::string, format, "",
 ABSL_FLAG(int32_t, rank, 0, "logs: which rank");
 ABSL_FLAG(int32_t, attempt, 0, "logs: which attempt (0 = the newest)");
 ABSL_FLAG(bool, follow, false, "logs: keep printing what the rank writes until the job ends");
+ABSL_FLAG(std::string, selector, "",
+          "list, cancel: only jobs with these labels, KEY=VALUE[,KEY=VALUE...] (-l)");
 ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs, after sorting (0 = all)");
 
 ABSL_DECLARE_FLAG(std::string, tls_ca);
@@ -64,8 +66,9 @@ constexpr char kUsage[] =
     "  submit FILE [--wait] [--request_id ID]\n"
     "  status ID\n"
     "  watch ID\n"
-    "  list [--state STATE] [--sort newest|oldest|name|state|owner] [--limit N]\n"
-    "  cancel ID...\n"
+    "  list [--state STATE] [-l KEY=VALUE,...] [--sort newest|oldest|name|state|owner]\n"
+    "       [--limit N]\n"
+    "  cancel ID... | cancel -l KEY=VALUE,...\n"
     "  workers\n"
     "  export ID [--format csv|jsonl]\n"
     "  logs ID [--rank R] [--attempt A] [--follow]\n"
@@ -96,12 +99,15 @@ const std::map<std::string, std::string>& VerbHelp() {
        "  Live telemetry until the job ends (a progress line on a terminal); exit 0 only if it\n"
        "  SUCCEEDED. JSON: one WatchJobEvent a line.\n"},
       {"list",
-       "trainctl list [--state STATE] [--sort newest|oldest|name|state|owner] [--limit N]\n"
-       "  Jobs, newest first by default, with owner, age, run time and the reason a job waits\n"
+       "trainctl list [--state STATE] [-l KEY=VALUE,...] [--sort newest|oldest|name|state|owner]\n"
+       "              [--limit N]\n"
+       "  Jobs (with -l: those with every label given), newest first by default, with owner, age, run time and the reason a job waits\n"
        "  or failed. JSON: {\"jobs\": [Job, ...], \"next_page_token\": \"\"}.\n"},
       {"cancel",
        "trainctl cancel ID...\n"
-       "  Cancels each job; exit 1 if any was refused.\n"
+       "trainctl cancel -l KEY=VALUE,...\n"
+       "  Cancels each job (with -l: every pending or running one with those labels); exit 1\n"
+       "  if any was refused.\n"
        "  JSON: {\"jobs\": [{\"job_id\", \"state\", \"error\"}, ...]}.\n"},
       {"workers",
        "trainctl workers\n"
@@ -221,7 +227,7 @@ int ConfigCommand(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   mptrain::CommandLineOptions options;
   options.usage = kUsage;
-  options.short_flags = {{"o", "output"}};
+  options.short_flags = {{"o", "output"}, {"l", "selector"}};
   options.verb_help = [](const std::vector<std::string>& positional) -> std::string {
     if (positional.size() < 2) return "";
     auto verb = VerbHelp().find(positional[1]);
@@ -317,8 +323,17 @@ int main(int argc, char** argv) {
     return mptrain::SubmitCommand(context, args[2], absl::GetFlag(FLAGS_wait),
                                   absl::GetFlag(FLAGS_request_id));
   }
+  std::map<std::string, std::string> selector;
+  std::string selector_error;
+  if (!mptrain::ParseLabelSelector(absl::GetFlag(FLAGS_selector), &selector, &selector_error)) {
+    return Usage("-l/--selector: " + selector_error);
+  }
   if (command == "cancel") {
-    if (args.size() < 3) return Usage("cancel takes one or more job IDs");
+    if (!selector.empty()) {
+      if (args.size() != 2) return Usage("cancel takes job IDs or -l KEY=VALUE, not both");
+      return mptrain::CancelSelectedCommand(context, selector);
+    }
+    if (args.size() < 3) return Usage("cancel takes one or more job IDs (or -l KEY=VALUE)");
     return mptrain::CancelCommand(context, {args.begin() + 2, args.end()});
   }
   if (command == "status" || command == "watch") {
@@ -336,6 +351,7 @@ int main(int argc, char** argv) {
       return Usage("--sort must be newest, oldest, name, state or owner");
     }
     list.limit = absl::GetFlag(FLAGS_limit);
+    list.labels = selector;
     if (list.limit < 0) return Usage("--limit must be >= 0");
     return mptrain::ListCommand(context, list);
   }

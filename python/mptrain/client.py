@@ -169,9 +169,10 @@ class Client:
         """The Job as a dict (state, times, placement, progress, latest telemetry, ...)."""
         return to_dict(self._call("GetJob", pb.GetJobRequest(job_id=job_id)).job)
 
-    def list(self, state=None):
-        """Every job (or those in `state`, e.g. "running"), newest first."""
-        request = pb.ListJobsRequest(page_size=500)
+    def list(self, state=None, labels=None):
+        """Every job (or those in `state`, e.g. "running", with every one of `labels`, a
+        dict), newest first."""
+        request = pb.ListJobsRequest(page_size=500, label_selector=labels or {})
         if state:
             request.state = pb.JobState.Value(state.upper())
         jobs = []

@@ -106,8 +106,13 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.client.list()[0]["job_id"], job, "newest first")
 
     def test_cancel_several_pending_jobs(self):
-        waiting = dict(SPEC, world_size=4, name="too-wide")  # 1 slot: both wait.
+        waiting = dict(SPEC, world_size=4, name="too-wide",  # 1 slot: both wait.
+                       labels={"suite": "cancel", "Team": "vision"})
         first, second = self.client.submit(waiting), self.client.submit(waiting)
+        self.assertEqual([job["job_id"] for job in self.client.list(labels={"suite": "cancel"})],
+                         [second, first])
+        self.assertEqual(self.client.status(first)["spec"]["labels"],
+                         {"suite": "cancel", "Team": "vision"})
         self.assertIn("needs 4 cpu slots", self.client.status(first)["pending_reason"])
         self.assertEqual(self.client.cancel(first, second),
                          {first: "CANCELLED", second: "CANCELLED"})
