@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "client/format.h"
 #include "common/job_spec.h"
 #include "common/secrets.h"
+#include "nlohmann/json.hpp"
 
 namespace mptrain {
 namespace {
@@ -88,7 +91,8 @@ class ProgressLine {
     if (seconds < 5400) return absl::StrFormat("%.0f min", seconds / 60);
     return absl::StrFormat("%.1f h", seconds / 3600);
   }
-  // Steps per second over the last ~10 s of arrivals. Records come in batches (a rank sends
+  // Steps per second over the last ~30 s of arrivals (10 s made the ETA jump between 19 s
+  // and 2 min from one step to the next). Records come in batches (a rank sends
   // every 0.5 s; a watch opens with the job's history at once): a batch counts as its last
   // step at its arrival, so the rate spans whole batches. Until arrivals span 1.5 s, the
   // rate is the step time's.
@@ -100,7 +104,7 @@ class ProgressLine {
     } else {
       arrivals_.emplace_back(now, record.step());
     }
-    while (arrivals_.size() > 2 && now - arrivals_[1].first >= std::chrono::seconds(10)) {
+    while (arrivals_.size() > 2 && now - arrivals_[1].first >= std::chrono::seconds(30)) {
       arrivals_.pop_front();
     }
     const double span = std::chrono::duration<double>(now - arrivals_.front().first).count();
@@ -168,8 +172,11 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
         error = snapshot ? event.snapshot().error() : event.state_change().error();
         state_shown = true;
         if (context.format == OutputFormat::kTable) {
+          // A snapshot's error too where the job has ended (a watch of a FAILED job says
+          // why); a running one's snapshot error is an earlier attempt's.
+          const bool ended = last == v1::FAILED || last == v1::CANCELLED;
           *context.out << job_id << " " << ShortState(last)
-                       << (snapshot || error.empty() ? "" : ": " + error) << "\n";
+                       << ((snapshot && !ended) || error.empty() ? "" : ": " + error) << "\n";
         }
         break;
       }
@@ -269,6 +276,28 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
   }
 }
 
+// A job that waits at once (no live worker of its kind, more ranks than slots, all busy) is
+// said so on stderr, with the coordinator's reason: a job that cannot run must not look as if
+// it were about to.
+void WarnIfCannotStart(const CommandContext& context, const std::string& job_id,
+                       const v1::JobSpec& spec) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::GetJobResponse response;
+  grpc::ClientContext rpc;
+  SetDeadline(context, &rpc);
+  if (!context.stub->GetJob(&rpc, request, &response).ok()) return;  // The id still prints.
+  const v1::Job& job = response.job();
+  if (job.state() != v1::PENDING || job.pending_reason().empty()) return;
+  *context.err << "trainctl: " << job_id << " cannot start now: " << job.pending_reason()
+               << (spec.queue_timeout_s() > 0
+                       ? absl::StrFormat(" (it fails if not placed within queue_timeout_s %g)",
+                                         spec.queue_timeout_s())
+                       : std::string(" (it waits until it can be placed; queue_timeout_s "
+                                     "makes it fail instead)"))
+               << "\n";
+}
+
 }  // namespace
 
 // A submit is sent this many times while the coordinator is UNAVAILABLE or the answer does not
@@ -302,6 +331,7 @@ int SubmitCommand(const CommandContext& context, const std::string& spec_file, b
     std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
   }
   if (!status.ok()) return ReportRpcError(context, "submit " + spec_file, status);
+  if (response.state() == v1::PENDING) WarnIfCannotStart(context, response.job_id(), *spec);
   if (context.format == OutputFormat::kJson && !wait) {
     *context.out << ToJson(response) << "\n";
   }
@@ -335,48 +365,145 @@ int WatchCommand(const CommandContext& context, const std::string& job_id) {
   return exit_code;
 }
 
-int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit) {
-  // Page by page (each answer stays small however many jobs there are), up to `limit` jobs.
+bool ParseJobSort(const std::string& name, JobSort* sort) {
+  static const std::pair<const char*, JobSort> kSorts[] = {
+      {"newest", JobSort::kNewest}, {"oldest", JobSort::kOldest}, {"name", JobSort::kName},
+      {"state", JobSort::kState},   {"owner", JobSort::kOwner}};
+  for (const auto& [spelling, value] : kSorts) {
+    if (name == spelling) {
+      *sort = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+int ListCommand(const CommandContext& context, const ListOptions& options) {
+  // Every page first (each answer stays small however many jobs there are: the coordinator
+  // bounds how many it keeps), then sorted here: the coordinator pages oldest first.
   v1::ListJobsRequest request;
-  request.set_state(state);
+  request.set_state(options.state);
+  request.set_page_size(kListPageSize);
+  request.mutable_label_selector()->insert(options.labels.begin(), options.labels.end());
   std::vector<v1::Job> jobs;
-  int64_t listed = 0;
   while (true) {
-    request.set_page_size(
-        static_cast<int>(limit > 0 ? std::min<int64_t>(kListPageSize, limit - listed)
-                                   : kListPageSize));
     v1::ListJobsResponse page;
     grpc::ClientContext rpc;
     SetDeadline(context, &rpc);
     grpc::Status status = context.stub->ListJobs(&rpc, request, &page);
     if (!status.ok()) return ReportRpcError(context, "list", status);
-    for (v1::Job& job : *page.mutable_jobs()) {
-      ++listed;
-      if (context.format == OutputFormat::kJson) {
-        *context.out << ToJson(job, false) << "\n";  // One job a line: any number of them.
-      } else {
-        jobs.push_back(std::move(job));
-      }
-    }
-    if (page.next_page_token().empty() || (limit > 0 && listed >= limit)) break;
+    for (v1::Job& job : *page.mutable_jobs()) jobs.push_back(std::move(job));
+    if (page.next_page_token().empty()) break;
     request.set_page_token(page.next_page_token());
   }
-  if (context.format == OutputFormat::kTable) *context.out << FormatJobTable(jobs);
+  // Submission order is the pages' order (ids are numbered): a stable sort keeps it as the
+  // tie-break of every key.
+  auto newest_first = [](const v1::Job& a, const v1::Job& b) {
+    return a.submitted_unix_ms() > b.submitted_unix_ms();
+  };
+  switch (options.sort) {
+    case JobSort::kNewest:
+      std::reverse(jobs.begin(), jobs.end());
+      std::stable_sort(jobs.begin(), jobs.end(), newest_first);
+      break;
+    case JobSort::kOldest:
+      break;
+    case JobSort::kName:
+      std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+        return a.spec().name() < b.spec().name();
+      });
+      break;
+    case JobSort::kState:
+      std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+        return a.state() < b.state();
+      });
+      break;
+    case JobSort::kOwner:
+      std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+        return a.owner() < b.owner();
+      });
+      break;
+  }
+  if (options.limit > 0 && static_cast<int64_t>(jobs.size()) > options.limit) {
+    jobs.resize(options.limit);
+  }
+  if (context.format == OutputFormat::kJson) {
+    v1::ListJobsResponse all;  // {"jobs": [...], "next_page_token": ""}: one shape.
+    for (v1::Job& job : jobs) *all.add_jobs() = std::move(job);
+    *context.out << ToJson(all) << "\n";
+    return 0;
+  }
+  *context.out << FormatJobTable(jobs, context.now_unix_ms());
   return 0;
 }
 
-int CancelCommand(const CommandContext& context, const std::string& job_id) {
-  v1::CancelJobRequest request;
-  request.set_job_id(job_id);
-  v1::CancelJobResponse response;
-  grpc::ClientContext rpc;
-  SetDeadline(context, &rpc);
-  grpc::Status status = context.stub->CancelJob(&rpc, request, &response);
-  if (!status.ok()) return ReportRpcError(context, "cancel " + job_id, status);
-  *context.out << (context.format == OutputFormat::kJson
-                       ? ToJson(response) + "\n"
-                       : job_id + " " + ShortState(response.state()) + "\n");
-  return 0;
+int CancelCommand(const CommandContext& context, const std::vector<std::string>& job_ids) {
+  // Each id is tried, whatever became of the others; exit 1 if any was refused.
+  nlohmann::json results = nlohmann::json::array();
+  int exit_code = 0;
+  for (const std::string& job_id : job_ids) {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    v1::CancelJobResponse response;
+    grpc::ClientContext rpc;
+    SetDeadline(context, &rpc);
+    grpc::Status status = context.stub->CancelJob(&rpc, request, &response);
+    if (!status.ok()) {
+      exit_code = ReportRpcError(context, "cancel " + job_id, status);
+      results.push_back({{"job_id", job_id}, {"state", ""}, {"error", status.error_message()}});
+      continue;
+    }
+    results.push_back(
+        {{"job_id", job_id}, {"state", ShortState(response.state())}, {"error", ""}});
+    if (context.format == OutputFormat::kTable) {
+      *context.out << job_id << " " << ShortState(response.state()) << "\n";
+    }
+  }
+  if (context.format == OutputFormat::kJson) {
+    *context.out << nlohmann::json{{"jobs", results}}.dump(
+                        2, ' ', false, nlohmann::json::error_handler_t::replace)
+                 << "\n";
+  }
+  return exit_code;
+}
+
+bool ParseLabelSelector(const std::string& text, std::map<std::string, std::string>* labels,
+                        std::string* error) {
+  for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t equals = pair.find('=');
+    if (equals == absl::string_view::npos) {
+      *error = "a selector is KEY=VALUE[,KEY=VALUE...]";
+      return false;
+    }
+    (*labels)[std::string(pair.substr(0, equals))] = std::string(pair.substr(equals + 1));
+  }
+  return true;
+}
+
+int CancelSelectedCommand(const CommandContext& context,
+                          const std::map<std::string, std::string>& labels) {
+  std::vector<std::string> job_ids;
+  for (v1::JobState state : {v1::PENDING, v1::RUNNING}) {
+    v1::ListJobsRequest request;
+    request.set_state(state);
+    request.set_page_size(kListPageSize);
+    request.mutable_label_selector()->insert(labels.begin(), labels.end());
+    while (true) {
+      v1::ListJobsResponse page;
+      grpc::ClientContext rpc;
+      SetDeadline(context, &rpc);
+      grpc::Status status = context.stub->ListJobs(&rpc, request, &page);
+      if (!status.ok()) return ReportRpcError(context, "cancel", status);
+      for (const v1::Job& job : page.jobs()) job_ids.push_back(job.job_id());
+      if (page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+  }
+  if (job_ids.empty() && context.format == OutputFormat::kTable) {
+    *context.out << "No pending or running job has those labels.\n";
+    return 0;
+  }
+  return CancelCommand(context, job_ids);
 }
 
 int WorkersCommand(const CommandContext& context) {
@@ -393,6 +520,14 @@ int WorkersCommand(const CommandContext& context) {
 
 namespace {
 
+// "nan", "inf", "-inf" as pandas and numpy read them (printf gives "-nan" for a NaN whose sign
+// bit is set, which they do not).
+std::string CsvNumber(double value, const absl::FormatSpec<double>& format) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return absl::StrFormat(format, value);
+}
+
 // A CSV cell: numbers as they print; text quoted when it needs it.
 std::string CsvField(const google::protobuf::Message& message,
                      const google::protobuf::FieldDescriptor* field) {
@@ -402,8 +537,8 @@ std::string CsvField(const google::protobuf::Message& message,
   if (field->has_presence() && !reflection->HasField(message, field)) return "";
   using Type = google::protobuf::FieldDescriptor::CppType;
   switch (field->cpp_type()) {
-    case Type::CPPTYPE_DOUBLE: return absl::StrFormat("%.17g", reflection->GetDouble(message, field));
-    case Type::CPPTYPE_FLOAT: return absl::StrFormat("%.9g", reflection->GetFloat(message, field));
+    case Type::CPPTYPE_DOUBLE: return CsvNumber(reflection->GetDouble(message, field), "%.17g");
+    case Type::CPPTYPE_FLOAT: return CsvNumber(reflection->GetFloat(message, field), "%.9g");
     case Type::CPPTYPE_INT64: return absl::StrCat(reflection->GetInt64(message, field));
     case Type::CPPTYPE_INT32: return absl::StrCat(reflection->GetInt32(message, field));
     case Type::CPPTYPE_UINT64: return absl::StrCat(reflection->GetUInt64(message, field));
@@ -504,13 +639,25 @@ int LogsCommand(const CommandContext& context, const std::string& job_id, int ra
                    << " bytes of rank " << rank << "'s output are no longer kept\n";
       announced_gap = true;
     }
-    *context.out << response.data();
+    if (context.format == OutputFormat::kJson) {
+      // One GetRankLogResponse a line: {"data": ..., "start_offset": ..., "complete": ...}.
+      *context.out << ToJson(response, /*multiline=*/false) << "\n";
+    } else {
+      *context.out << response.data();
+    }
     context.out->flush();
     request.set_attempt(response.attempt());
     request.set_after_offset(response.end_offset());
     if (!follow || response.complete()) return 0;
     if (response.data().empty()) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+int64_t CommandContext::now_unix_ms() const {
+  if (fixed_now_unix_ms > 0) return fixed_now_unix_ms;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace mptrain

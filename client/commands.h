@@ -5,7 +5,9 @@
 // success, 1 when the coordinator refused or the job did not succeed, 2 for usage errors.
 
 #include <iostream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "proto/mptrain.grpc.pb.h"
 
@@ -25,18 +27,41 @@ struct CommandContext {
   // server does to a plaintext client, or mutual TLS to a client without a certificate):
   // which flag may be missing.
   std::string closed_connection_hint;
+  // The clock of AGE and DURATION columns (tests set it).
+  int64_t fixed_now_unix_ms = 0;
+  int64_t now_unix_ms() const;
 };
 
 int SubmitCommand(const CommandContext& context, const std::string& spec_file, bool wait,
                   const std::string& request_id);
 int StatusCommand(const CommandContext& context, const std::string& job_id);
 int WatchCommand(const CommandContext& context, const std::string& job_id);
-// Every job (or those in `state`, unless UNSPECIFIED), oldest first, fetched a page at a time;
-// at most `limit` when > 0. JSON output is one job a line.
-int ListCommand(const CommandContext& context, v1::JobState state, int64_t limit);
-int CancelCommand(const CommandContext& context, const std::string& job_id);
+enum class JobSort { kNewest, kOldest, kName, kState, kOwner };
+// "newest", "oldest", "name", "state", "owner"; false for anything else.
+bool ParseJobSort(const std::string& name, JobSort* sort);
+struct ListOptions {
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // UNSPECIFIED: every state.
+  int64_t limit = 0;                                // > 0: at most this many, after sorting.
+  JobSort sort = JobSort::kNewest;
+  std::map<std::string, std::string> labels;  // Only jobs with every one of these labels.
+};
+// The jobs, fetched a page at a time, then sorted (ties in submission order) and cut to
+// `limit`. Table: FormatJobTable ("No jobs." for none); JSON: one ListJobsResponse object
+// {"jobs": [...], "next_page_token": ""}.
+int ListCommand(const CommandContext& context, const ListOptions& options);
+// Cancels each job in turn, whatever became of the others; exit 1 if any was refused. JSON:
+// {"jobs": [{"job_id", "state", "error"}, ...]} in the order given.
+int CancelCommand(const CommandContext& context, const std::vector<std::string>& job_ids);
+// Cancels every pending or running job that has all of `labels` (`cancel -l team=vision`);
+// none matching is not an error. Output as CancelCommand's.
+int CancelSelectedCommand(const CommandContext& context,
+                          const std::map<std::string, std::string>& labels);
+// "team=vision,env=prod" as a map; false (and `error` set) for a pair without '='.
+bool ParseLabelSelector(const std::string& text, std::map<std::string, std::string>* labels,
+                        std::string* error);
 int WorkersCommand(const CommandContext& context);
-// The last part of a rank's output (stdout and stderr) as its worker shipped it; with
+// The last part of a rank's output (stdout and stderr) as its worker shipped it (JSON: one
+// GetRankLogResponse object a line, every field present); with
 // `follow`, then what it writes next, until its process or the job ends. A rank with no output
 // yet is waited for while its job has not ended; of an ended job, that is an error (exit 1).
 // `attempt` 0: the newest.

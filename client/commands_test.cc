@@ -4,6 +4,8 @@
 #include <deque>
 #include <fstream>
 #include <future>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -171,6 +173,7 @@ class HistoryCoordinator final : public v1::Coordinator::Service {
     v1::JobState snapshot_state = v1::RUNNING;
     std::vector<v1::WatchJobEvent> live;
     grpc::Status end = grpc::Status::OK;
+    std::string snapshot_error;
   };
   std::vector<v1::WatchJobEvent> history;
   std::deque<Stream> streams;
@@ -195,6 +198,7 @@ class HistoryCoordinator final : public v1::Coordinator::Service {
     snapshot.set_sequence(stream.snapshot_sequence);
     snapshot.mutable_snapshot()->set_job_id("job-0001");
     snapshot.mutable_snapshot()->set_state(stream.snapshot_state);
+    snapshot.mutable_snapshot()->set_error(stream.snapshot_error);
     snapshot.mutable_snapshot()->mutable_spec()->set_steps(3);
     writer->Write(snapshot);
     for (const v1::WatchJobEvent& event : stream.live) writer->Write(event);
@@ -345,6 +349,206 @@ TEST_F(FollowTest, Watch_StartsFromTheSnapshot) {
   EXPECT_EQ(WatchCommand(Context(), "job-0001"), 0) << err_.str();
   EXPECT_EQ(Lines("step"), 1) << out_.str();
   EXPECT_EQ(coordinator_.history_calls, 0);
+}
+
+// A watch of a job that had already FAILED printed only "job-0001 FAILED", not why.
+TEST_F(FollowTest, Watch_OfAFailedJob_PrintsTheReason) {
+  HistoryCoordinator::Stream stream;
+  stream.snapshot_sequence = 9;
+  stream.snapshot_state = v1::FAILED;
+  stream.snapshot_error = "rank 1 exited with status 3";
+  coordinator_.streams.push_back(stream);
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 1);
+  EXPECT_NE(out_.str().find("job-0001 FAILED: rank 1 exited with status 3"), std::string::npos)
+      << out_.str();
+}
+
+// Jobs for list (paged two at a time, oldest first, as the coordinator pages), cancel (job-0002
+// is not the caller's), submit (the job waits: no worker can take it) and export (a NaN).
+class JobsCoordinator final : public v1::Coordinator::Service {
+ public:
+  JobsCoordinator() {
+    for (int i = 1; i <= 5; ++i) {
+      v1::Job job;
+      job.set_job_id(absl::StrCat("job-000", i));
+      job.mutable_spec()->set_name(absl::StrCat("n", 6 - i));
+      job.set_submitted_unix_ms(1000 * i);
+      jobs_.push_back(job);
+    }
+  }
+  std::vector<std::string> cancelled;
+  std::vector<std::map<std::string, std::string>> selectors;  // Of each ListJobs with one.
+
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override {
+    if (!request->label_selector().empty()) {
+      // The selected jobs: job-0003 and job-0004 wait, none runs.
+      selectors.emplace_back(request->label_selector().begin(), request->label_selector().end());
+      if (request->state() == v1::PENDING) {
+        *response->add_jobs() = jobs_[2];
+        *response->add_jobs() = jobs_[3];
+      }
+      return grpc::Status::OK;
+    }
+    const size_t from = request->page_token().empty() ? 0 : std::stoul(request->page_token());
+    for (size_t i = from; i < jobs_.size() && i < from + 2; ++i) *response->add_jobs() = jobs_[i];
+    if (from + 2 < jobs_.size()) response->set_next_page_token(std::to_string(from + 2));
+    return grpc::Status::OK;
+  }
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                         v1::CancelJobResponse* response) override {
+    if (request->job_id() == "job-0002") {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown job id job-0002");
+    }
+    cancelled.push_back(request->job_id());
+    response->set_state(v1::CANCELLED);
+    return grpc::Status::OK;
+  }
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
+                         v1::SubmitJobResponse* response) override {
+    response->set_job_id("job-0006");
+    response->set_state(v1::PENDING);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::GetJobResponse* response) override {
+    response->mutable_job()->set_job_id(request->job_id());
+    response->mutable_job()->set_state(v1::PENDING);
+    response->mutable_job()->set_pending_reason("needs 3 cpu slots; 2 exist");
+    return grpc::Status::OK;
+  }
+  grpc::Status GetJobEvents(grpc::ServerContext*, const v1::GetJobEventsRequest* request,
+                            v1::GetJobEventsResponse* response) override {
+    if (request->after_sequence() == 0) {
+      v1::WatchJobEvent* event = response->add_events();
+      event->set_sequence(1);
+      event->mutable_telemetry()->set_step(1);
+      event->mutable_telemetry()->set_grad_norm(-std::numeric_limits<double>::quiet_NaN());
+    }
+    response->set_finished(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::vector<v1::Job> jobs_;
+};
+
+class JobsTest : public ::testing::Test {
+ protected:
+  JobsTest() {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&coordinator_);
+    server_ = builder.BuildAndStart();
+    stub_ = v1::Coordinator::NewStub(server_->InProcessChannel({}));
+  }
+  ~JobsTest() override { server_->Shutdown(); }
+  CommandContext Context(OutputFormat format = OutputFormat::kTable) {
+    CommandContext context;
+    context.stub = stub_.get();
+    context.out = &out_;
+    context.err = &err_;
+    context.format = format;
+    context.fixed_now_unix_ms = 10'000;
+    return context;
+  }
+  // The job ids in the order `out_` shows them.
+  std::vector<std::string> Ids() {
+    std::vector<std::string> ids;
+    const std::string text = out_.str();
+    for (size_t at = text.find("job-"); at != std::string::npos; at = text.find("job-", at + 1)) {
+      ids.push_back(text.substr(at, 8));
+    }
+    return ids;
+  }
+
+  JobsCoordinator coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::ostringstream out_, err_;
+};
+
+// `list --limit 1` returned job-0001, the oldest.
+TEST_F(JobsTest, List_NewestFirstByDefault_LimitAfterSorting) {
+  ListOptions options;
+  options.limit = 2;
+  EXPECT_EQ(ListCommand(Context(), options), 0);
+  EXPECT_EQ(Ids(), (std::vector<std::string>{"job-0005", "job-0004"})) << out_.str();
+}
+
+TEST_F(JobsTest, List_SortByName_AndOldest) {
+  ListOptions options;
+  options.sort = JobSort::kName;  // n1 is job-0005.
+  EXPECT_EQ(ListCommand(Context(), options), 0);
+  EXPECT_EQ(Ids(), (std::vector<std::string>{"job-0005", "job-0004", "job-0003", "job-0002",
+                                             "job-0001"}));
+  out_.str("");
+  options.sort = JobSort::kOldest;
+  EXPECT_EQ(ListCommand(Context(), options), 0);
+  EXPECT_EQ(Ids(), (std::vector<std::string>{"job-0001", "job-0002", "job-0003", "job-0004",
+                                             "job-0005"}));
+}
+
+TEST_F(JobsTest, List_Json_IsOneObjectWithEveryJob) {
+  EXPECT_EQ(ListCommand(Context(OutputFormat::kJson), ListOptions()), 0);
+  const std::string json = out_.str();
+  EXPECT_EQ(json.rfind("{", 0), 0u) << json;
+  EXPECT_NE(json.find("\"jobs\": ["), std::string::npos) << json;
+  EXPECT_EQ(Ids().size(), 5u) << json;
+}
+
+TEST_F(JobsTest, Cancel_SeveralIds_EachTried_ExitOneIfAnyRefused) {
+  EXPECT_EQ(CancelCommand(Context(), {"job-0001", "job-0002", "job-0003"}), 1);
+  EXPECT_EQ(coordinator_.cancelled, (std::vector<std::string>{"job-0001", "job-0003"}));
+  EXPECT_NE(out_.str().find("job-0001 CANCELLED\njob-0003 CANCELLED\n"), std::string::npos)
+      << out_.str();
+  EXPECT_NE(err_.str().find("cancel job-0002 failed: NOT_FOUND"), std::string::npos)
+      << err_.str();
+}
+
+// A job no worker can run was accepted silently and waited forever.
+TEST_F(JobsTest, Submit_OfAJobThatCannotStartNow_SaysWhy) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/pending_spec.json");
+  std::ofstream(path) << R"({"name": "t", "world_size": 3, "device": "cpu",
+    "model": {"input_dim": 4, "hidden_dims": [], "output_dim": 2},
+    "data": {"synthetic": {"seed": 0}}, "micro_batch_size": 2, "steps": 3,
+    "queue_timeout_s": 30})";
+  EXPECT_EQ(SubmitCommand(Context(), path, /*wait=*/false, ""), 0) << err_.str();
+  EXPECT_EQ(out_.str(), "job-0006\n") << "the id alone stays on stdout";
+  EXPECT_NE(err_.str().find("job-0006 cannot start now: needs 3 cpu slots; 2 exist (it fails "
+                            "if not placed within queue_timeout_s 30)"),
+            std::string::npos)
+      << err_.str();
+}
+
+// printf gave "-nan" (a NaN with its sign bit set), which pandas and numpy do not read.
+TEST_F(JobsTest, Export_Csv_NanIsNan) {
+  EXPECT_EQ(ExportCommand(Context(), "job-0001", ExportFormat::kCsv), 0) << err_.str();
+  EXPECT_EQ(out_.str().find("-nan"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find(",nan,"), std::string::npos) << out_.str();
+}
+
+TEST(ParseLabelSelector, PairsOrAnError) {
+  std::map<std::string, std::string> labels;
+  std::string error;
+  ASSERT_TRUE(ParseLabelSelector("team=vision,env=", &labels, &error));
+  EXPECT_EQ(labels, (std::map<std::string, std::string>{{"team", "vision"}, {"env", ""}}));
+  EXPECT_FALSE(ParseLabelSelector("team", &labels, &error));
+  EXPECT_NE(error.find("KEY=VALUE"), std::string::npos);
+}
+
+TEST_F(JobsTest, List_SendsTheSelector) {
+  ListOptions options;
+  options.labels = {{"team", "vision"}};
+  EXPECT_EQ(ListCommand(Context(), options), 0);
+  ASSERT_EQ(coordinator_.selectors.size(), 1u);
+  EXPECT_EQ(coordinator_.selectors[0], options.labels);
+}
+
+// `cancel -l team=vision`: the pending and running jobs the coordinator selects, each cancelled.
+TEST_F(JobsTest, CancelSelected_CancelsThePendingAndRunningJobsWithTheLabels) {
+  EXPECT_EQ(CancelSelectedCommand(Context(), {{"team", "vision"}}), 0) << err_.str();
+  EXPECT_EQ(coordinator_.selectors.size(), 2u) << "pending, then running";
+  EXPECT_EQ(coordinator_.cancelled, (std::vector<std::string>{"job-0003", "job-0004"}));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/resource_estimate.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -28,10 +29,19 @@ std::string Device(v1::DeviceKind kind) {
 
 }  // namespace
 
+std::string FormatUnixMs(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
 std::string ToJson(const google::protobuf::Message& message, bool multiline) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = multiline;
   options.preserve_proto_field_names = true;
+  // Every field, defaults too (rank 0's `rank`, `lr: 0`, `skipped: false`): one shape per
+  // message, so that `jq '.placement[].rank'` never meets a missing key. NaN and infinities
+  // are protobuf's JSON strings "NaN", "Infinity", "-Infinity".
+  options.always_print_primitive_fields = true;
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(message, &json, options);
   if (!json.empty() && json.back() == '\n') json.pop_back();
@@ -58,18 +68,40 @@ std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
 
 std::string ShortState(v1::JobState state) { return v1::JobState_Name(state); }
 
-std::string FormatJobTable(const std::vector<v1::Job>& jobs) {
-  std::vector<std::vector<std::string>> rows = {
-      {"JOB", "NAME", "STATE", "DEVICE", "RANKS", "STEP", "LOSS", "ERROR"}};
+std::string FormatDuration(int64_t ms) {
+  if (ms < 0) ms = 0;
+  const int64_t seconds = ms / 1000;
+  if (seconds < 120) return absl::StrCat(seconds, "s");
+  if (seconds < 2 * 3600) return absl::StrCat(seconds / 60, "m");
+  if (seconds < 2 * 86400) return absl::StrCat(seconds / 3600, "h");
+  return absl::StrCat(seconds / 86400, "d");
+}
+
+std::string FormatJobTable(const std::vector<v1::Job>& jobs, int64_t now_unix_ms) {
+  if (jobs.empty()) return "No jobs.\n";
+  std::vector<std::vector<std::string>> rows = {{"JOB", "NAME", "OWNER", "STATE", "DEVICE",
+                                                 "RANKS", "STEP", "LOSS", "AGE", "DURATION",
+                                                 "REASON"}};
   for (const v1::Job& job : jobs) {
     int64_t step = 0;
     for (const auto& progress : job.progress()) step = std::max(step, progress.step());
-    rows.push_back({job.job_id(), job.spec().name(), ShortState(job.state()),
+    // How long it ran (or has been running); "-" while it waits.
+    std::string duration = "-";
+    if (job.started_unix_ms() > 0) {
+      const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms() : now_unix_ms;
+      duration = FormatDuration(end - job.started_unix_ms());
+    }
+    rows.push_back({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                    job.owner().empty() ? "-" : job.owner(), ShortState(job.state()),
                     Device(job.spec().device()), absl::StrCat(job.spec().world_size()),
                     absl::StrCat(step, "/", job.spec().steps()),
                     job.has_latest_telemetry() ? absl::StrFormat("%.6f", job.latest_telemetry().loss())
                                                : "-",
-                    job.error()});
+                    job.submitted_unix_ms() > 0
+                        ? FormatDuration(now_unix_ms - job.submitted_unix_ms())
+                        : "-",
+                    duration,
+                    job.state() == v1::PENDING ? job.pending_reason() : job.error()});
   }
   return FormatTable(rows);
 }
@@ -80,6 +112,27 @@ std::string FormatJobDetail(const v1::Job& job) {
   absl::StrAppend(&out, "job:        ", job.job_id(), " (", spec.name(), ")\n");
   absl::StrAppend(&out, "state:      ", ShortState(job.state()), "\n");
   if (!job.owner().empty()) absl::StrAppend(&out, "owner:      ", job.owner(), "\n");
+  if (!spec.labels().empty()) {
+    std::vector<std::string> labels;  // Sorted: a map's order is not.
+    for (const auto& [key, value] : spec.labels()) labels.push_back(absl::StrCat(key, "=", value));
+    std::sort(labels.begin(), labels.end());
+    absl::StrAppend(&out, "labels:     ", absl::StrJoin(labels, ", "), "\n");
+  }
+  if (job.submitted_unix_ms() > 0) {
+    absl::StrAppend(&out, "submitted:  ", FormatUnixMs(job.submitted_unix_ms()), "\n");
+  }
+  if (job.started_unix_ms() > 0) {
+    absl::StrAppend(&out, "started:    ", FormatUnixMs(job.started_unix_ms()), "\n");
+  }
+  if (job.finished_unix_ms() > 0) {
+    absl::StrAppend(&out, "finished:   ", FormatUnixMs(job.finished_unix_ms()),
+                    job.started_unix_ms() > 0
+                        ? absl::StrCat(" (ran ", FormatDuration(job.finished_unix_ms() -
+                                                                 job.started_unix_ms()),
+                                       ")")
+                        : "",
+                    "\n");
+  }
   if (!job.pending_reason().empty()) {
     absl::StrAppend(&out, "waiting:    ", job.pending_reason(), "\n");
   }
@@ -140,7 +193,8 @@ std::string FormatJobDetail(const v1::Job& job) {
       const v1::RankProgress* progress =
           placement.rank() < job.progress_size() ? &job.progress(placement.rank()) : nullptr;
       rows.push_back({absl::StrCat(placement.rank()), placement.worker_id(), placement.host(),
-                      absl::StrCat(placement.device_index()),
+                      // A CPU rank has no device index: "-", not a 0 read as GPU 0.
+                      spec.device() == v1::CPU ? "-" : absl::StrCat(placement.device_index()),
                       progress ? absl::StrCat(progress->step()) : "-",
                       progress && !progress->parameter_checksum().empty()
                           ? progress->parameter_checksum()

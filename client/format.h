@@ -17,7 +17,13 @@ std::string ToJson(const google::protobuf::Message& message, bool multiline = tr
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
 
 std::string ShortState(v1::JobState state);
-std::string FormatJobTable(const std::vector<v1::Job>& jobs);
+// JOB NAME OWNER STATE DEVICE RANKS STEP LOSS AGE DURATION REASON (a pending job's reason, an
+// ended one's error), in the order given; "No jobs." for none.
+std::string FormatJobTable(const std::vector<v1::Job>& jobs, int64_t now_unix_ms);
+// "1m", "3h": the age and run time columns.
+std::string FormatDuration(int64_t ms);
+// "2026-12-02 02:10:08 UTC".
+std::string FormatUnixMs(int64_t unix_ms);
 std::string FormatJobDetail(const v1::Job& job);
 std::string FormatWorkerTable(const std::vector<v1::Worker>& workers);
 // One line per telemetry record, as `trainctl watch` prints it.

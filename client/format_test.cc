@@ -1,5 +1,6 @@
 #include "client/format.h"
 
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -92,6 +93,66 @@ TEST(FormatJobDetail, ShowsTheLastEvaluationBetweenEvaluations) {
   EXPECT_NE(text.find("evaluated:  step    100  eval_loss 0.250000  eval_acc 0.8750\n"),
             std::string::npos)
       << text;
+}
+
+// Defaults were dropped: rank 0's placement had no "rank", so `jq '.placement[].rank'` gave
+// null, and `lr: 0`, `skipped: false` disappeared.
+TEST(ToJson, EveryFieldIsPresent_DefaultsToo) {
+  v1::Job job;
+  job.set_job_id("job-0001");
+  job.add_placement()->set_worker_id("w0");  // Rank 0, device 0: all defaults.
+  const std::string json = ToJson(job, false);
+  EXPECT_NE(json.find(R"("placement":[{"rank":0,"worker_id":"w0","host":"","device_index":0})"),
+            std::string::npos)
+      << json;
+  v1::TelemetryRecord record;
+  const std::string telemetry = ToJson(record, false);
+  EXPECT_NE(telemetry.find(R"("lr":0)"), std::string::npos) << telemetry;
+  EXPECT_NE(telemetry.find(R"("skipped":false)"), std::string::npos) << telemetry;
+}
+
+TEST(FormatJobTable, NoJobs_SaysSo) { EXPECT_EQ(FormatJobTable({}, 0), "No jobs.\n"); }
+
+TEST(FormatJobTable, ShowsOwnerAgeDurationAndThePendingReason) {
+  v1::Job waiting;
+  waiting.set_job_id("job-0002");
+  waiting.set_owner("alice");
+  waiting.set_state(v1::PENDING);
+  waiting.set_pending_reason("needs 3 cpu slots; the workers have 2");
+  waiting.set_submitted_unix_ms(10'000'000'000 - 90'000);
+  v1::Job done;
+  done.set_job_id("job-0001");
+  done.set_state(v1::SUCCEEDED);
+  done.set_submitted_unix_ms(10'000'000'000 - 7'200'000);
+  done.set_started_unix_ms(10'000'000'000 - 7'200'000);
+  done.set_finished_unix_ms(10'000'000'000 - 7'200'000 + 300'000);
+  const std::string table = FormatJobTable({waiting, done}, 10'000'000'000);
+  for (const char* part : {"OWNER", "AGE", "DURATION", "REASON", "alice", "90s",
+                           "needs 3 cpu slots; the workers have 2", "2h", "5m"}) {
+    EXPECT_NE(table.find(part), std::string::npos) << part << " not in:\n" << table;
+  }
+}
+
+// A CPU rank's DEVICE column read `0`, as if it ran on GPU 0; and no times were shown.
+TEST(FormatJobDetail, CpuRanksHaveNoDeviceIndex_TimesAreShown) {
+  v1::Job job;
+  job.set_job_id("job-0003");
+  job.set_state(v1::RUNNING);
+  job.mutable_spec()->set_device(v1::CPU);
+  job.set_submitted_unix_ms(1'700'000'000'000);
+  job.set_started_unix_ms(1'700'000'001'000);
+  v1::RankPlacement* placement = job.add_placement();
+  placement->set_worker_id("w0");
+  placement->set_host("h0");
+  const std::string detail = FormatJobDetail(job);
+  EXPECT_NE(detail.find("submitted:  2023-11-14 22:13:20 UTC"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("started:    2023-11-14 22:13:21 UTC"), std::string::npos) << detail;
+  const size_t row = detail.find("w0");
+  ASSERT_NE(row, std::string::npos) << detail;
+  const std::string line = detail.substr(row, detail.find('\n', row) - row);
+  const std::vector<std::string> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  ASSERT_GE(cells.size(), 3u) << line;
+  EXPECT_EQ(cells[2], "-") << "the DEVICE of a CPU rank: " << line;
 }
 
 }  // namespace

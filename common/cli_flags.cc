@@ -7,14 +7,20 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
+#include <algorithm>
+
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/build_version.h"
 
 namespace mptrain {
 namespace {
@@ -128,30 +134,176 @@ ExpandedArguments ExpandFlagFiles(const std::vector<std::string>& args) {
   return expanded;
 }
 
-std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage) {
-  absl::SetProgramUsageMessage(
-      absl::StrCat(usage, "\n(--help lists every flag; --flagfile=F reads flags from F)"));
-  // absl's --help lists the flags of a file named after the program only: ours are in main.cc
-  // and the libraries, so every flag outside absl's own is listed.
-  absl::FlagsUsageConfig config;
-  auto ours = [](absl::string_view file) { return !absl::StrContains(file, "absl/"); };
-  config.contains_help_flags = ours;
-  config.contains_helpshort_flags = ours;
-  absl::SetFlagsUsageConfig(config);
+namespace {
 
-  ExpandedArguments expanded = ExpandFlagFiles(std::vector<std::string>(argv, argv + argc));
-  if (!expanded.error.empty()) {
-    std::cerr << (argc > 0 ? argv[0] : "mptrain") << ": " << expanded.error << "\n";
-    std::exit(1);
-  }
-  for (const std::string& arg : expanded.args) {
-    if (arg == "--") break;
-    if (absl::StartsWith(arg, "--fromenv") || absl::StartsWith(arg, "--tryfromenv")) {
-      std::cerr << argv[0] << ": " << arg
-                << " is not supported: pass the flags on the command line or in a --flagfile\n";
-      std::exit(1);
+bool IsOurs(absl::string_view file) { return !absl::StrContains(file, "absl/"); }
+
+// A flag's name fit to be repeated in an error: a command line may hold what a flag file
+// held, and that is never echoed beyond a short name of flag characters.
+std::string ShownName(absl::string_view name) {
+  const bool plain = !name.empty() && name.size() <= 64 &&
+                     std::all_of(name.begin(), name.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                     });
+  return plain ? absl::StrCat("--", name) : std::string("a flag (name not shown)");
+}
+
+std::string ValueKind(const absl::CommandLineFlag& flag) {
+  if (flag.IsOfType<bool>()) return "true or false";
+  if (flag.IsOfType<int32_t>() || flag.IsOfType<int64_t>()) return "an integer";
+  if (flag.IsOfType<uint32_t>() || flag.IsOfType<uint64_t>()) return "an integer >= 0";
+  if (flag.IsOfType<double>() || flag.IsOfType<float>()) return "a number";
+  return "a value of its kind";
+}
+
+struct Walked {
+  std::vector<std::string> positional;
+  std::string problem;  // Empty: fine.
+};
+
+// Walks `args` (normalized, program first) as absl will, setting each flag's value so that
+// a bad one is found here, with exit code 2, rather than by absl (exit 1, the value echoed).
+Walked WalkFlags(const std::vector<std::string>& args, bool set_values) {
+  Walked walked;
+  if (args.empty()) return walked;
+  walked.positional.push_back(args[0]);
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      walked.positional.insert(walked.positional.end(), args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      walked.positional.push_back(arg);
+      continue;
+    }
+    const size_t equals = arg.find('=');
+    std::string name = arg.substr(2, equals == std::string::npos ? std::string::npos : equals - 2);
+    std::optional<std::string> value;
+    if (equals != std::string::npos) value = arg.substr(equals + 1);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && !value) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        flag = negated;
+        value = "false";
+      }
+    }
+    if (flag == nullptr) {
+      walked.problem = absl::StrCat("unknown flag ", ShownName(name));
+      return walked;
+    }
+    if (!value && flag->IsOfType<bool>()) value = "true";
+    if (!value) {
+      if (i + 1 >= args.size()) {
+        walked.problem = absl::StrCat(ShownName(name), " needs a value");
+        return walked;
+      }
+      value = args[++i];
+    }
+    std::string ignored;
+    if (set_values && !flag->ParseFrom(*value, &ignored)) {
+      walked.problem = absl::StrCat(ShownName(name), ": the value must be ", ValueKind(*flag));
+      return walked;
     }
   }
+  return walked;
+}
+
+}  // namespace
+
+std::string VersionLine(const std::string& program) {
+#ifdef NDEBUG
+  constexpr char kKind[] = "release build";
+#else
+  constexpr char kKind[] = "debug build: assertions on";
+#endif
+  return absl::StrCat(program, " ", BuildVersion(), " (", kKind, ")");
+}
+
+std::string FlagListing() {
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (IsOurs(flag->Filename()) && !flag->IsRetired()) flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](auto* a, auto* b) { return a->Name() < b->Name(); });
+  std::string out;
+  for (const absl::CommandLineFlag* flag : flags) {
+    const std::string default_value = flag->DefaultValue();
+    absl::StrAppend(&out, "  --", flag->Name(),
+                    default_value.empty() ? std::string() : "=" + default_value, "\n      ",
+                    flag->Help(), "\n");
+  }
+  return out;
+}
+
+std::string CheckFlags(const std::vector<std::string>& args) {
+  return WalkFlags(args, /*set_values=*/true).problem;
+}
+
+std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage) {
+  CommandLineOptions options;
+  options.usage = usage;
+  return ParseFlags(argc, argv, options);
+}
+
+std::vector<std::string> ParseFlags(int argc, char** argv, const CommandLineOptions& options) {
+  const std::string program = argc > 0 && argv[0] != nullptr ? argv[0] : "mptrain";
+  const std::string name = program.substr(program.rfind('/') + 1);
+  absl::SetProgramUsageMessage(
+      absl::StrCat(options.usage, "\n(--help lists every flag; --flagfile=F reads flags from F)"));
+  // absl's own --help (not reached: handled below) would list the flags of a file named after
+  // the program only: ours are in main.cc and the libraries.
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsOurs;
+  config.contains_helpshort_flags = IsOurs;
+  config.version_string = [name] { return VersionLine(name) + "\n"; };
+  absl::SetFlagsUsageConfig(config);
+  auto usage_error = [&](const std::string& problem) {
+    std::cerr << name << ": " << problem << " (" << name << " --help tells the usage)\n";
+    std::exit(2);
+  };
+
+  ExpandedArguments expanded = ExpandFlagFiles(std::vector<std::string>(argv, argv + argc));
+  if (!expanded.error.empty()) usage_error(expanded.error);
+  bool help = false;
+  bool version = false;
+  for (std::string& arg : expanded.args) {
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
+    const size_t equals = std::min(arg.find('='), arg.size());
+    auto alias = options.short_flags.find(arg.substr(2, equals - 2));
+    if (alias != options.short_flags.end()) arg = "--" + alias->second + arg.substr(equals);
+    if (arg == "--h" || arg == "--help" || arg == "--helpfull" || arg == "--helpshort" ||
+        absl::StartsWith(arg, "--help=")) {
+      help = true;
+    }
+    if (arg == "--version") version = true;
+    if (absl::StartsWith(arg, "--fromenv") || absl::StartsWith(arg, "--tryfromenv")) {
+      usage_error(absl::StrCat(arg.substr(0, equals),
+                               " is not supported: pass the flags on the command line or in a "
+                               "--flagfile"));
+    }
+  }
+  if (help) {
+    // The positional arguments name the verb; values are not checked (help always works).
+    const Walked walked = WalkFlags(expanded.args, /*set_values=*/false);
+    const std::string verb = options.verb_help ? options.verb_help(walked.positional) : "";
+    if (!verb.empty()) {
+      std::cout << verb;
+    } else {
+      std::cout << "usage: " << options.usage << "\n\nflags:\n" << FlagListing();
+    }
+    std::cout.flush();
+    std::exit(0);
+  }
+  if (version) {
+    std::cout << VersionLine(name) << "\n";
+    std::exit(0);
+  }
+  const std::string problem = CheckFlags(expanded.args);
+  if (!problem.empty()) usage_error(problem);
   Parsed() = expanded.args;
   std::vector<char*> pointers;
   for (std::string& arg : expanded.args) pointers.push_back(arg.data());

@@ -83,5 +83,26 @@ TEST(CliFlags, BadFlagFiles_AreRefusedNamingTheFileAndLine) {
       << error;
 }
 
+TEST(CheckFlags, UnknownFlagsAndBadValues_AreNamed_ValuesNeverEchoed) {
+  EXPECT_EQ(CheckFlags({"prog", "--nosuch_flag=1"}), "unknown flag --nosuch_flag");
+  // A name that is not a flag's (a flag file's line, say) is not repeated.
+  EXPECT_EQ(CheckFlags({"prog", "--SECRET:HASH=1"}), "unknown flag a flag (name not shown)");
+  EXPECT_EQ(CheckFlags({"prog", "--flagfile"}), "--flagfile needs a value");
+  EXPECT_EQ(CheckFlags({"prog", "positional", "--", "--anything"}), "");
+}
+
+TEST(FlagListing, ListsOurFlags_NotAbsls) {
+  const std::string listing = FlagListing();
+  EXPECT_EQ(listing.find("--flagfile"), std::string::npos) << listing;
+  EXPECT_EQ(listing.find("--helpfull"), std::string::npos) << listing;
+}
+
+TEST(VersionLine, NamesTheProgramAndTheBuildsVersion) {
+  const std::string line = VersionLine("trainctl");
+  EXPECT_EQ(line.rfind("trainctl ", 0), 0u) << line;
+  EXPECT_EQ(line.find("NDEBUG not #defined"), std::string::npos) << line;
+  EXPECT_NE(line.find(" build"), std::string::npos) << line;
+}
+
 }  // namespace
 }  // namespace mptrain

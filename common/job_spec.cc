@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/path_rules.h"
@@ -472,8 +474,36 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   }
 }
 
+absl::Status ValidateLabels(const google::protobuf::Map<std::string, std::string>& labels,
+                            const std::string& field) {
+  constexpr size_t kMaxLabelBytes = 63;
+  if (labels.size() > static_cast<size_t>(kMaxLabels)) {
+    return Invalid(absl::StrCat(field, ": at most ", kMaxLabels, " labels, got ", labels.size()));
+  }
+  auto label_text = [](const std::string& text) {
+    return std::all_of(text.begin(), text.end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+             c == '-';
+    });
+  };
+  for (const auto& [key, value] : labels) {
+    if (key.empty() || key.size() > kMaxLabelBytes || !label_text(key) ||
+        !absl::ascii_isalnum(static_cast<unsigned char>(key[0]))) {
+      return Invalid(absl::StrCat(field, ": a key is 1 to ", kMaxLabelBytes,
+                                  " of letters, digits, '.', '_' and '-', starting with a "
+                                  "letter or digit"));
+    }
+    if (value.size() > kMaxLabelBytes || !label_text(value)) {
+      return Invalid(absl::StrCat(field, "[", key, "]: a value is 0 to ", kMaxLabelBytes,
+                                  " of letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(RefuseUnknownFields(spec, "spec"));
+  RETURN_IF_ERROR(ValidateLabels(spec.labels(), "labels"));
   // One character rule for the name and every path (common/path_rules.h); the echo is bounded
   // and escaped there.
   RETURN_IF_ERROR(CheckNameSyntax("name", spec.name()));

@@ -71,6 +71,13 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec);
 // field at fault, the rule and the value, e.g. "model.hidden_dims[1] must be > 0, got 0".
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// JobSpec.labels' rules (at most kMaxLabels; keys 1-63, values 0-63 characters of
+// [A-Za-z0-9._-], a key starting with a letter or digit), for `field` ("labels",
+// "label_selector"). INVALID_ARGUMENT names the field and the rule, never the text.
+constexpr int kMaxLabels = 16;
+absl::Status ValidateLabels(const google::protobuf::Map<std::string, std::string>& labels,
+                            const std::string& field);
+
 // A file or directory a spec names: its field ("data.tokens.files[2]"), the path (for token
 // files possibly a pattern in its last component) and whether the rank writes it. The
 // coordinator checks each against the workers' roots at submit.

@@ -156,6 +156,27 @@ TEST(ValidateJobSpec, Name_MustBeSimple) {
   ExpectInvalid(spec, "name must be");
 }
 
+TEST(ValidateJobSpec, Labels_AreBoundedInNumberLengthAndCharacters_NeverEchoed) {
+  v1::JobSpec spec = ValidSpec();
+  (*spec.mutable_labels())["team"] = "vision";
+  (*spec.mutable_labels())["run.id"] = "";
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  for (int i = 0; i < kMaxLabels; ++i) (*spec.mutable_labels())[absl::StrCat("k", i)] = "v";
+  ExpectInvalid(spec, "labels: at most 16 labels, got 18");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"SECRET key", "v"}, {"", "v"}, {"-SECRET", "v"}, {std::string(64, 'k'), "v"},
+      {"k", "SECRET\nvalue"}, {"k", std::string(64, 'v')}};
+  for (const auto& [key, value] : bad) {
+    v1::JobSpec labelled = ValidSpec();
+    (*labelled.mutable_labels())[key] = value;
+    const absl::Status status = ValidateJobSpec(labelled);
+    ASSERT_FALSE(status.ok()) << key;
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("labels"), std::string::npos) << status;
+    EXPECT_EQ(status.message().find("SECRET"), std::string::npos) << status;
+  }
+}
+
 // The names: none may read as an option or a directory; no name is fine.
 TEST(ValidateJobSpec, Name_OptionOrDirectoryLookalike_IsRefused) {
   for (const char* name : {"-rf", ".", "..", "a\nb", "a\xe2\x80\xae" "b"}) {

@@ -529,11 +529,23 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
        !absl::SimpleAtoi(request.page_token(), &after))) {
     return absl::InvalidArgumentError("page_token is malformed: pass next_page_token back as is");
   }
+  if (absl::Status selector = ValidateLabels(request.label_selector(), "label_selector");
+      !selector.ok()) {
+    return selector;
+  }
+  auto selected = [&request](const v1::Job& job) {
+    for (const auto& [key, value] : request.label_selector()) {
+      auto label = job.spec().labels().find(key);
+      if (label == job.spec().labels().end() || label->second != value) return false;
+    }
+    return true;
+  };
   Read read(this, view);
   v1::ListJobsResponse response;
   for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
     const v1::Job& job = jobs_.at(it->second)->job();
     if (request.state() != v1::JOB_STATE_UNSPECIFIED && job.state() != request.state()) continue;
+    if (!selected(job)) continue;
     if (!reader.MayRead(job)) continue;
     if (response.jobs_size() == page_size) {
       response.set_next_page_token(std::to_string(std::prev(it)->first));
@@ -548,6 +560,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorState::ListJobs(
     brief.set_device(job.spec().device());
     brief.set_steps(job.spec().steps());
     brief.set_precision(job.spec().precision());
+    *brief.mutable_labels() = job.spec().labels();  // Bounded: 16 of 63 + 63 bytes.
     *listed->mutable_spec() = std::move(brief);
   }
   return response;

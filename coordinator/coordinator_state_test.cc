@@ -479,7 +479,9 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
     v1::TelemetryRecord* record = telemetry.add_records();
     record->set_step(step);
     record->set_loss(1.0 / step);
+    record->set_unix_ms(42);  // A rank's clock: the coordinator's stands instead.
   }
+  const int64_t recorded_at = now_ms_.load();
   auto abort = state_->ReportTelemetry(telemetry);
   ASSERT_TRUE(abort.ok());
   EXPECT_FALSE(abort->abort());
@@ -502,6 +504,8 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_EQ(batch->events[1].telemetry().step(), 2);
   EXPECT_EQ(batch->events[1].telemetry().loss(), 0.5) << "the first record of a step stands";
   EXPECT_EQ(batch->events[1].telemetry().attempt(), 1) << "stamped with the attempt that ran it";
+  EXPECT_EQ(batch->events[1].telemetry().unix_ms(), recorded_at)
+      << "stamped with the coordinator's time of recording (exports' wall-clock column)";
   EXPECT_EQ(batch->events[2].telemetry().step(), 3);
   EXPECT_EQ(batch->events[3].state_change().state(), v1::SUCCEEDED);
   EXPECT_LT(batch->events[0].sequence(), batch->events[1].sequence());
@@ -509,6 +513,41 @@ TEST_F(CoordinatorStateTest, Telemetry_IsRecorded_AndWatchSeesOrderedEventsToThe
   EXPECT_TRUE(batch->finished);
   // After the end, telemetry from a straggler is answered with abort.
   EXPECT_TRUE(state_->ReportTelemetry(telemetry)->abort());
+}
+
+TEST_F(CoordinatorStateTest, ListJobs_LabelSelector_ListsOnlyJobsWithEveryLabel) {
+  auto submit = [this](std::map<std::string, std::string> labels) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = Spec(1);
+    request.mutable_spec()->mutable_labels()->insert(labels.begin(), labels.end());
+    auto response = state_->SubmitJob(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response->job_id();
+  };
+  const std::string vision = submit({{"team", "vision"}, {"env", "prod"}});
+  submit({{"team", "speech"}});
+  const std::string vision_dev = submit({{"team", "vision"}, {"env", "dev"}});
+  auto listed = [this](std::map<std::string, std::string> selector) {
+    v1::ListJobsRequest request;
+    request.mutable_label_selector()->insert(selector.begin(), selector.end());
+    std::vector<std::string> ids;
+    absl::StatusOr<v1::ListJobsResponse> response = state_->ListJobs(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    for (const v1::Job& job : response->jobs()) ids.push_back(job.job_id());
+    return ids;
+  };
+  EXPECT_EQ(listed({{"team", "vision"}}), (std::vector<std::string>{vision, vision_dev}));
+  EXPECT_EQ(listed({{"team", "vision"}, {"env", "prod"}}), std::vector<std::string>{vision});
+  EXPECT_TRUE(listed({{"team", "audio"}}).empty());
+  EXPECT_EQ(listed({}).size(), 3u);
+  v1::ListJobsRequest page;
+  page.mutable_label_selector()->insert({"team", "vision"});
+  EXPECT_EQ(state_->ListJobs(page)->jobs(0).spec().labels().at("env"), "prod")
+      << "a listing shows the labels";
+  v1::ListJobsRequest bad;
+  (*bad.mutable_label_selector())["SECRET key"] = "x";
+  EXPECT_EQ(state_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_->ListJobs(bad).status().message().find("SECRET"), std::string::npos);
 }
 
 TEST_F(CoordinatorStateTest, NewJob_WakesOnlyThePollsOfItsWorkers) {

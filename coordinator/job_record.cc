@@ -298,6 +298,8 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
     // record is part of the stored job, so this holds across coordinator restarts. The steps a
     // restart runs again from its checkpoint are recorded again, with their attempt.
     telemetry.set_attempt(attempt_);
+    // When the coordinator recorded it (a rank's own clock is not trusted, nor set).
+    telemetry.set_unix_ms(now);
     if (job_.has_latest_telemetry() && job_.latest_telemetry().attempt() == attempt_ &&
         telemetry.step() <= job_.latest_telemetry().step()) {
       continue;

@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus chromium fonts-dejavu-core curl  # tests: promtool, dashboard screenshots, HTTP
   python3-torch python3-numpy               # the proof against PyTorch in CI (parity/)
   python3-sklearn                           # the digits data set (scripts/make_digits.py)
+  python3-grpcio python3-protobuf python3-pandas  # the Python client (python/) and its test
   iproute2 util-linux                       # tests: simulated hosts (ip netns, unshare)
   systemd                                   # tests: systemd-analyze verify of scripts/systemd/
   bible-kjv                                 # the KJV text (scripts/make_text_shards.py)
