@@ -74,7 +74,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
                    MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
-                   MakeOptimizer(config.optimizer, backend, table.total()));
+                   MakeOptimizer(config.optimizer, backend, table.total(), DecaySpansOf(table)));
   LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
   std::unique_ptr<Evaluator> evaluator;
   if (config.eval.enabled()) {
