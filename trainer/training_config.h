@@ -20,12 +20,25 @@ inline bool IsBatchNorm(NormKind norm) {
   return norm == NormKind::kBatchNorm || norm == NormKind::kSyncBatchNorm;
 }
 
+// A GPT-2 language model (proto GptSpec, trainer/model/gpt_model.h); layers == 0: none.
+struct GptConfig {
+  int64_t vocab_size = 0;         // V: token ids are in [0, V).
+  int64_t padded_vocab_size = 0;  // Vp >= V: wte's rows (llm.c's padding).
+  int64_t context_length = 0;     // T: tokens per sequence, and wpe's rows.
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t width = 0;              // C
+  bool enabled() const { return layers > 0; }
+};
+
 struct ModelConfig {
   // Layer widths [input_dim, hidden..., output_dim]: Linear(widths[i], widths[i + 1]) with the
   // activation between consecutive layers.
   std::vector<int64_t> widths;
   ActivationKind activation = ActivationKind::kRelu;
   NormKind norm = NormKind::kNone;
+  // When enabled, the model is this GPT and widths, activation and norm are unused.
+  GptConfig gpt;
 
   int64_t input_dim() const { return widths.front(); }
   int64_t output_dim() const { return widths.back(); }
