@@ -52,7 +52,7 @@ struct LossConfig {
 };
 
 struct DataConfig {
-  enum class Source { kSynthetic, kNpy };
+  enum class Source { kSynthetic, kNpy, kTokens };
   Source source = Source::kSynthetic;
   // kSynthetic: rank r draws one fixed batch from synthetic_seed + r.
   int64_t synthetic_seed = 0;
@@ -64,6 +64,9 @@ struct DataConfig {
   // (trainer/data/sampler.h) instead of contiguous shards walked in order.
   bool shuffle = false;
   uint64_t shuffle_seed = 0;
+  // kTokens (model.gpt): the token files in order, already expanded and confined by the
+  // worker (trainer/data/token_shards.h); shuffle and shuffle_seed as TokenData's.
+  std::vector<std::string> token_files;
 };
 
 // Held-out data evaluated every `every` steps (0: after the last step only) when not empty.
@@ -71,7 +74,11 @@ struct EvalConfig {
   std::string features_path;
   std::string targets_path;
   int64_t every = 0;
-  bool enabled() const { return !features_path.empty(); }
+  // A language model's held-out tokens: eval_batches micro-batches of every rank from the
+  // start of these files (never shuffled).
+  std::vector<std::string> token_files;
+  int64_t batches = 20;
+  bool enabled() const { return !features_path.empty() || !token_files.empty(); }
 };
 
 enum class OptimizerType { kSgd, kAdam, kAdamW };
