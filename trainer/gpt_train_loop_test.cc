@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "common/resource_estimate.h"
 #include "gtest/gtest.h"
 #include "io/safetensors.h"
 #include "tests/fake_collectives.h"
@@ -140,6 +141,37 @@ TEST(GptTraining, ResumedRunEndsBitIdentical_CheckpointInHuggingFaceLayout) {
   ASSERT_EQ(resumed_observer.records.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(resumed_observer.records[i].loss, full_observer.records[3 + i].loss) << i;
+  }
+}
+
+// Admission's estimate (common/resource_estimate.cc) follows what a GPT rank allocates: at
+// least every byte the CPU backend handed out, within a quarter more (its fixed workspace
+// aside).
+TEST(GptTraining, MemoryEstimateCoversTheAllocations) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    TrainingConfig config = TinyGpt(dtype);
+    config.steps = 1;
+    CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+    RecordingObserver observer;
+    ASSERT_TRUE(RunTraining(config, 0, &backend, &observer).ok());
+    v1::JobSpec spec;
+    v1::GptSpec* gpt = spec.mutable_model()->mutable_gpt();
+    gpt->set_vocab_size(config.model.gpt.vocab_size);
+    gpt->set_padded_vocab_size(config.model.gpt.padded_vocab_size);
+    gpt->set_context_length(config.model.gpt.context_length);
+    gpt->set_layers(config.model.gpt.layers);
+    gpt->set_heads(config.model.gpt.heads);
+    gpt->set_width(config.model.gpt.width);
+    spec.set_micro_batch_size(config.micro_batch_size);
+    spec.set_accumulation_steps(config.accumulation_steps);
+    spec.set_precision(dtype == DType::kF32 ? v1::FP32 : v1::BF16);
+    spec.set_device(v1::CPU);
+    spec.mutable_optimizer()->set_kind(v1::ADAMW);
+    const RankMemoryEstimate estimate = EstimateRankMemory(spec);
+    const double counted = static_cast<double>(estimate.total - estimate.workspace);
+    const double allocated = static_cast<double>(backend.allocated_bytes());
+    EXPECT_GE(counted, allocated) << estimate.Describe();
+    EXPECT_LE(counted, 1.25 * allocated) << estimate.Describe();
   }
 }
 

@@ -39,6 +39,7 @@ absl::StatusOr<Tensor> CpuBackend::Allocate(DType dtype, int64_t rows, int64_t c
   auto memory = std::make_unique<double[]>((count + 1) / 2 + 1);  // Zero-initialised.
   Tensor tensor{memory.get(), dtype, rows, cols, 4};
   allocations_.push_back(std::move(memory));
+  allocated_bytes_ += count * 4;
   return tensor;
 }
 

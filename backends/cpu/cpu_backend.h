@@ -80,11 +80,15 @@ class CpuBackend final : public Backend {
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
+  // Bytes of the tensors Allocate handed out so far (what admission estimates:
+  // common/resource_estimate.h).
+  int64_t allocated_bytes() const { return allocated_bytes_; }
 
  private:
   std::unique_ptr<Collective> collective_;
   std::deque<std::unique_ptr<double[]>> allocations_;
   std::deque<std::unique_ptr<StepState>> step_states_;
+  int64_t allocated_bytes_ = 0;
   std::vector<float> scratch_;
   std::vector<float> attention_scratch_;  // [3, T, T]: per (sequence, head) of attention
   StepStats stats_ring_[kStatsSlots];
