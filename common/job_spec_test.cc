@@ -709,16 +709,32 @@ v1::JobSpec ValidGptSpec() {
 }
 
 // Every rule passed: OK once the model is trained (kGptModelTrainable), until then the one
-// refusal that says so.
+// refusal that says so. A spec with `sample` passed every rule of it and is then refused as
+// not implemented yet (job_spec.cc).
 void ExpectValidGpt(const v1::JobSpec& spec) {
   absl::Status status = ValidateJobSpec(spec);
-  if (kGptModelTrainable) {
+  if (kGptModelTrainable && spec.has_sample()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_NE(std::string(status.message()).find("sample"), std::string::npos) << status;
+    v1::JobSpec without = spec;
+    without.clear_sample();
+    EXPECT_TRUE(ValidateJobSpec(without).ok()) << ValidateJobSpec(without);
+  } else if (kGptModelTrainable) {
     EXPECT_TRUE(status.ok()) << status;
   } else {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_NE(std::string(status.message()).find("does not train it yet"), std::string::npos)
         << status;
   }
+}
+
+TEST(ValidateJobSpec, Gpt_CudaIsRefusedUntilItsKernelsExist) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.clear_sample();
+  spec.set_device(v1::CUDA);
+  absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(std::string(status.message()).find("device cpu"), std::string::npos) << status;
 }
 
 TEST(ApplyJobSpecDefaults, Gpt_LeavesTheMlpUnset_CrossEntropyEvalBatchesTemperature) {
