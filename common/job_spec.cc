@@ -640,13 +640,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         "model.gpt is valid but this build does not train it yet (issue #28)");
   }
   // The GPT's primitives have CPU implementations only (trainer/backend.h: the CUDA backend
-  // answers UNIMPLEMENTED), and sampling is not written yet: refused here rather than failing
-  // in a rank or being silently ignored.
+  // answers UNIMPLEMENTED): refused here rather than failing in a rank.
   if (gpt && spec.device() == v1::CUDA) {
     return absl::UnimplementedError("model.gpt trains on device cpu only in this build");
-  }
-  if (gpt && spec.has_sample()) {
-    return absl::UnimplementedError("sample (text generation) is not implemented in this build");
   }
   return absl::OkStatus();
 }

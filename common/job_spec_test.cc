@@ -709,17 +709,10 @@ v1::JobSpec ValidGptSpec() {
 }
 
 // Every rule passed: OK once the model is trained (kGptModelTrainable), until then the one
-// refusal that says so. A spec with `sample` passed every rule of it and is then refused as
-// not implemented yet (job_spec.cc).
+// refusal that says so.
 void ExpectValidGpt(const v1::JobSpec& spec) {
   absl::Status status = ValidateJobSpec(spec);
-  if (kGptModelTrainable && spec.has_sample()) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
-    EXPECT_NE(std::string(status.message()).find("sample"), std::string::npos) << status;
-    v1::JobSpec without = spec;
-    without.clear_sample();
-    EXPECT_TRUE(ValidateJobSpec(without).ok()) << ValidateJobSpec(without);
-  } else if (kGptModelTrainable) {
+  if (kGptModelTrainable) {
     EXPECT_TRUE(status.ok()) << status;
   } else {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;

@@ -14,6 +14,7 @@
 #include "trainer/evaluator.h"
 #include "trainer/gradient_communicator.h"
 #include "trainer/loss/loss.h"
+#include "trainer/model/gpt_sampler.h"
 #include "trainer/model/make_model.h"
 #include "trainer/model/model.h"
 #include "trainer/optim/optimizer.h"
@@ -132,6 +133,17 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     ASSIGN_OR_RETURN(evaluator,
                      Evaluator::Create(backend, eval_shard, eval_shard.total_rows, batch));
   }
+  // Rank 0 writes a sample after each evaluation and after the last step.
+  std::optional<GptSampler> sampler;
+  if (rank == 0 && gpt.enabled() && config.sample.enabled) {
+    ASSIGN_OR_RETURN(sampler, GptSampler::Create(backend, gpt, config.sample));
+  }
+  auto write_sample = [&](int64_t step) -> absl::Status {
+    if (!sampler.has_value()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<int64_t> tokens, sampler->Generate(model.get(), step));
+    observer->OnSample(step, sampler->Describe(tokens));
+    return absl::OkStatus();
+  };
   auto evaluation_step = [&](int64_t step) {
     return evaluator != nullptr &&
            ((config.eval.every > 0 && step % config.eval.every == 0) || step == config.steps);
@@ -377,6 +389,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
       if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
       ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(model.get(), loss.get()));
+      RETURN_IF_ERROR(write_sample(step));
       // The evaluation went through the model's host-side caches (its low-precision input
       // copy now holds evaluation data, which a training forward casts again): the next step
       // is recorded afresh, as it would be issued op by op.
@@ -397,6 +410,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     }
   }
   while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
+  // After the last step (its evaluation wrote one when there is one).
+  if (!evaluation_step(config.steps)) RETURN_IF_ERROR(write_sample(config.steps));
 
   TrainingResult result;
   result.parameters.resize(table.total());

@@ -114,12 +114,25 @@ struct LossScalerConfig {
   int64_t growth_interval = 2000;
 };
 
+// Text generation after each evaluation and at the end (rank 0; proto SampleSpec,
+// trainer/model/gpt_sampler.h).
+struct SampleConfig {
+  bool enabled = false;
+  std::vector<int64_t> prompt;  // Token ids (prompt_text's bytes when byte_level).
+  bool byte_level = false;      // The prompt was text: the sample is shown as text.
+  int64_t max_new_tokens = 0;
+  double temperature = 1;
+  int64_t top_k = 0;  // 0: every token.
+  uint64_t seed = 0;
+};
+
 struct TrainingConfig {
   int world_size = 1;
   ModelConfig model;
   LossConfig loss;
   DataConfig data;
   EvalConfig eval;
+  SampleConfig sample;
   int64_t micro_batch_size = 1;
   int64_t accumulation_steps = 1;
   int64_t steps = 1;  // Optimizer steps.

@@ -71,6 +71,17 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     config.eval.batches = spec.eval_batches();
     config.eval.every = spec.eval_every();
   }
+  if (spec.has_sample()) {
+    const v1::SampleSpec& sample = spec.sample();
+    config.sample.enabled = true;
+    config.sample.prompt.assign(sample.prompt_tokens().begin(), sample.prompt_tokens().end());
+    for (unsigned char byte : sample.prompt_text()) config.sample.prompt.push_back(byte);
+    config.sample.byte_level = !sample.prompt_text().empty();
+    config.sample.max_new_tokens = sample.max_new_tokens();
+    config.sample.temperature = sample.temperature();
+    config.sample.top_k = sample.top_k();
+    config.sample.seed = static_cast<uint64_t>(sample.seed());
+  }
   config.micro_batch_size = spec.micro_batch_size();
   config.accumulation_steps = spec.accumulation_steps();
   config.steps = spec.steps();
