@@ -26,9 +26,7 @@ class TimingObserver : public TrainingObserver {
     last_ = std::chrono::steady_clock::now();
   }
   bool ShouldStop() override { return false; }
-  double SecondsAfterFirst() const {
-    return std::chrono::duration<double>(last_ - first_).count();
-  }
+  double SecondsAfterFirst() const { return std::chrono::duration<double>(last_ - first_).count(); }
 
  private:
   std::chrono::steady_clock::time_point first_, last_;
@@ -52,13 +50,20 @@ int Main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* value = argv[i + 1];
-    if (flag == "--tokens") config.data.token_files = {value};
-    else if (flag == "--layers") config.model.gpt.layers = std::atoll(value);
-    else if (flag == "--width") config.model.gpt.width = std::atoll(value);
-    else if (flag == "--heads") config.model.gpt.heads = std::atoll(value);
-    else if (flag == "--context") config.model.gpt.context_length = std::atoll(value);
-    else if (flag == "--batch") config.micro_batch_size = std::atoll(value);
-    else if (flag == "--steps") config.steps = std::atoll(value);
+    if (flag == "--tokens")
+      config.data.token_files = {value};
+    else if (flag == "--layers")
+      config.model.gpt.layers = std::atoll(value);
+    else if (flag == "--width")
+      config.model.gpt.width = std::atoll(value);
+    else if (flag == "--heads")
+      config.model.gpt.heads = std::atoll(value);
+    else if (flag == "--context")
+      config.model.gpt.context_length = std::atoll(value);
+    else if (flag == "--batch")
+      config.micro_batch_size = std::atoll(value);
+    else if (flag == "--steps")
+      config.steps = std::atoll(value);
     else if (flag == "--precision") {
       config.compute_dtype = std::strcmp(value, "bf16") == 0 ? DType::kBF16 : DType::kF32;
     } else {

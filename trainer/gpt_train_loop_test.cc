@@ -3,13 +3,13 @@
 // (wte cut to V rows, Conv1D matrices transposed in the file) ends bit-identical to an
 // uninterrupted one.
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <sys/stat.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "common/resource_estimate.h"
@@ -29,9 +29,7 @@ class RecordingObserver : public TrainingObserver {
   }
   bool ShouldStop() override { return false; }
   void OnWarning(const std::string& text) override { warnings.push_back(text); }
-  void OnSample(int64_t step, const std::string& text) override {
-    samples.push_back({step, text});
-  }
+  void OnSample(int64_t step, const std::string& text) override { samples.push_back({step, text}); }
   std::vector<StepTelemetry> records;
   std::vector<std::pair<int64_t, std::string>> samples;
   std::vector<std::string> warnings;
@@ -126,10 +124,8 @@ TEST(GptTraining, ResumedRunEndsBitIdentical_CheckpointInHuggingFaceLayout) {
   absl::StatusOr<TensorMap> file = ReadSafetensors(step3);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->at("transformer.wte.weight").shape, (std::vector<int64_t>{8, 16}));
-  EXPECT_EQ(file->at("transformer.h.0.attn.c_attn.weight").shape,
-            (std::vector<int64_t>{16, 48}));
-  EXPECT_EQ(file->at("transformer.h.1.mlp.c_proj.weight").shape,
-            (std::vector<int64_t>{64, 16}));
+  EXPECT_EQ(file->at("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{16, 48}));
+  EXPECT_EQ(file->at("transformer.h.1.mlp.c_proj.weight").shape, (std::vector<int64_t>{64, 16}));
 
   RecordingObserver resumed_observer;
   config.overwrite_output = true;

@@ -59,8 +59,8 @@ TEST_F(LanguageModelOpsTest, EmbeddingForward_SumsTokenAndPositionRows) {
   Tensor ids = Make(DType::kF32, 4, 1, {2, 0, 1, 1});  // Two sequences of 2.
   Tensor out = *backend_.Allocate(DType::kF32, 4, 2);
   ASSERT_TRUE(backend_.EmbeddingForward(ids, wte, wpe, 2, out).ok());
-  EXPECT_EQ(Read(out), (std::vector<float>{20.5f, 21.25f, 1.5f, 2.25f, 10.5f, 11.25f, 11.5f,
-                                           12.25f}));
+  EXPECT_EQ(Read(out),
+            (std::vector<float>{20.5f, 21.25f, 1.5f, 2.25f, 10.5f, 11.25f, 11.5f, 12.25f}));
 }
 
 TEST_F(LanguageModelOpsTest, EmbeddingForward_RefusesIdsOutsideTheTable) {
@@ -74,8 +74,9 @@ TEST_F(LanguageModelOpsTest, EmbeddingForward_RefusesIdsOutsideTheTable) {
     EXPECT_NE(status.message().find("row 1"), std::string::npos) << status;
   }
   // A sequence longer than wpe.
-  EXPECT_FALSE(backend_.EmbeddingForward(Make(DType::kF32, 3, 1, {0, 0, 0}), wte, wpe, 3,
-                                         *backend_.Allocate(DType::kF32, 3, 1))
+  EXPECT_FALSE(backend_
+                   .EmbeddingForward(Make(DType::kF32, 3, 1, {0, 0, 0}), wte, wpe, 3,
+                                     *backend_.Allocate(DType::kF32, 3, 1))
                    .ok());
 }
 
@@ -86,7 +87,7 @@ TEST_F(LanguageModelOpsTest, EmbeddingBackward_ScatterAddsTokensAndSumsPositions
   Tensor dwpe = Make(DType::kF32, 3, 1, {100, 100, 100});
   ASSERT_TRUE(backend_.EmbeddingBackward(ids, dout, 2, dwte, dwpe, false, true).ok());
   EXPECT_EQ(Read(dwte), (std::vector<float>{102, 100, 113}));  // Added to (the tied LM head's).
-  EXPECT_EQ(Read(dwpe), (std::vector<float>{5, 10, 0}));      // Written; position 2 unused.
+  EXPECT_EQ(Read(dwpe), (std::vector<float>{5, 10, 0}));       // Written; position 2 unused.
   ASSERT_TRUE(backend_.EmbeddingBackward(ids, dout, 2, dwte, dwpe, true, false).ok());
   EXPECT_EQ(Read(dwte), (std::vector<float>{2, 0, 13}));
   EXPECT_EQ(Read(dwpe), (std::vector<float>{10, 20, 0}));
@@ -97,8 +98,7 @@ TEST(GeluTanhTest, MatchesTheFormulaAndItsDerivative) {
     auto gelu = [](double v) {
       return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     };
-    EXPECT_NEAR(ActivationForward(ActivationKind::kGeluTanh, static_cast<float>(x)), gelu(x),
-                1e-6)
+    EXPECT_NEAR(ActivationForward(ActivationKind::kGeluTanh, static_cast<float>(x)), gelu(x), 1e-6)
         << x;
     const double h = 1e-4;
     const double derivative = (gelu(x + h) - gelu(x - h)) / (2 * h);
@@ -122,7 +122,8 @@ std::vector<double> ReferenceAttention(const std::vector<double>& qkv, int64_t B
         for (int64_t u = 0; u <= t; ++u) {
           double dot = 0;
           for (int64_t d = 0; d < hs; ++d) {
-            dot += qkv[(b * T + t) * 3 * C + h * hs + d] * qkv[(b * T + u) * 3 * C + C + h * hs + d];
+            dot +=
+                qkv[(b * T + t) * 3 * C + h * hs + d] * qkv[(b * T + u) * 3 * C + C + h * hs + d];
           }
           s[u] = dot / std::sqrt(static_cast<double>(hs));
           max = std::max(max, s[u]);
@@ -201,7 +202,8 @@ TEST_F(LanguageModelOpsTest, CausalAttention_Bf16RoundsAtTheDocumentedPoints) {
     }
     for (int64_t d = 0; d < C; ++d) {
       float acc = 0;
-      for (int64_t u = 0; u <= t; ++u) acc += RoundToBF16(p[t * T + u]) * values[u * 3 * C + 2 * C + d];
+      for (int64_t u = 0; u <= t; ++u)
+        acc += RoundToBF16(p[t * T + u]) * values[u * 3 * C + 2 * C + d];
       EXPECT_EQ(out[t * C + d], RoundToBF16(acc)) << t << "," << d;
     }
   }
@@ -228,9 +230,9 @@ TEST_F(LanguageModelOpsTest, LinearForward_WithoutBias) {
   ASSERT_TRUE(backend_.LinearForward(x, w, Tensor{}, ActivationKind::kNone, y, y).ok());
   EXPECT_EQ(Read(y), (std::vector<float>{3, 1}));
   Tensor dw = *backend_.Allocate(DType::kF32, 2, 2);
-  ASSERT_TRUE(backend_.LinearBackward(x, w, Make(DType::kF32, 1, 2, {1, 1}), Tensor{}, dw,
-                                      Tensor{}, true)
-                  .ok());
+  ASSERT_TRUE(
+      backend_.LinearBackward(x, w, Make(DType::kF32, 1, 2, {1, 1}), Tensor{}, dw, Tensor{}, true)
+          .ok());
   EXPECT_EQ(Read(dw), (std::vector<float>{1, 2, 1, 2}));
 }
 

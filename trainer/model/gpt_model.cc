@@ -33,7 +33,8 @@ void AddLayerNorm(ParameterTable* table, const std::string& name, int64_t width)
 
 absl::Status CheckConfig(const GptConfig& config) {
   auto positive = [](int64_t v) { return v > 0; };
-  if (!positive(config.vocab_size)) return absl::InvalidArgumentError("model.gpt.vocab_size must be positive");
+  if (!positive(config.vocab_size))
+    return absl::InvalidArgumentError("model.gpt.vocab_size must be positive");
   if (config.padded_vocab_size < config.vocab_size) {
     return absl::InvalidArgumentError("model.gpt.padded_vocab_size is below vocab_size");
   }
@@ -94,26 +95,28 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
   model->lnf_b_ = offset("transformer.ln_f.bias");
   for (int64_t l = 0; l < config.layers; ++l) {
     auto at = [&](const char* rest) { return offset(BlockName(l, rest)); };
-    model->offsets_.push_back(
-        {at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
-         at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
-         at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"),
-         at("mlp.c_proj.bias")});
+    model->offsets_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"),
+                               at("attn.c_attn.bias"), at("attn.c_proj.weight"),
+                               at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
+                               at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"),
+                               at("mlp.c_proj.bias")});
   }
   const int64_t n = table.total();
   ASSIGN_OR_RETURN(model->params_, backend->Allocate(DType::kF32, 1, n));
   ASSIGN_OR_RETURN(model->params_low_, backend->Allocate(compute_dtype, 1, n));
   // LayerNorms' and the embeddings' gradients are fp32: every micro-batch adds into the fp32
   // gradients (no deferred low-precision rows).
-  ASSIGN_OR_RETURN(model->accumulator_,
-                   GradientAccumulator::Create(backend, n, compute_dtype,
-                                               model->params_low_.element_bytes,
-                                               accumulation_steps, /*deferred_budget_bytes=*/0));
+  ASSIGN_OR_RETURN(
+      model->accumulator_,
+      GradientAccumulator::Create(backend, n, compute_dtype, model->params_low_.element_bytes,
+                                  accumulation_steps, /*deferred_budget_bytes=*/0));
   const int64_t N = micro_batch_size * config.context_length, C = config.width;
   const int64_t T = config.context_length, H = config.heads, V = config.vocab_size;
   const bool fp32 = compute_dtype == DType::kF32;
   auto f32 = [&](int64_t rows, int64_t cols) { return backend->Allocate(DType::kF32, rows, cols); };
-  auto low = [&](int64_t rows, int64_t cols) { return backend->Allocate(compute_dtype, rows, cols); };
+  auto low = [&](int64_t rows, int64_t cols) {
+    return backend->Allocate(compute_dtype, rows, cols);
+  };
   ASSIGN_OR_RETURN(model->encoded_, f32(N, C));
   for (int64_t l = 0; l < config.layers; ++l) {
     Block b;
@@ -174,12 +177,12 @@ std::vector<float> GptModel::InitialParameters(uint64_t seed) const {
     const std::string& name = spec.name;
     const bool layer_norm = name.find(".ln_") != std::string::npos;
     if (layer_norm) {
-      std::fill_n(first, spec.numel, name.size() > 7 && name.substr(name.size() - 7) == ".weight"
-                                         ? 1.0f
-                                         : 0.0f);
+      std::fill_n(first, spec.numel,
+                  name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? 1.0f : 0.0f);
     } else if (spec.shape.size() == 2) {
       const bool residual = name.find("c_proj.weight") != std::string::npos;
-      for (int64_t i = 0; i < spec.numel; ++i) first[i] = normal(residual ? residual_std : kInitStd);
+      for (int64_t i = 0; i < spec.numel; ++i)
+        first[i] = normal(residual ? residual_std : kInitStd);
     }  // Biases stay 0.
   }
   return flat;
@@ -200,8 +203,8 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
   const int64_t V = config_.vocab_size;
   const int64_t rows = x.rows;
   if (x.cols != 1 || rows < T || rows % T != 0 || rows > batch_ * T) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptModel::Forward: the token ids must be [k * ", T, ", 1] for k in 1..", batch_));
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::Forward: the token ids must be [k * ",
+                                                   T, ", 1] for k in 1..", batch_));
   }
   rows_ = rows;
   ids_ = x;
@@ -254,7 +257,8 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
   const int64_t T = config_.context_length, C = config_.width, H = config_.heads;
   const int64_t V = config_.vocab_size, Vp = config_.padded_vocab_size;
   if (rows_ != batch_ * T) {
-    return absl::FailedPreconditionError("GptModel::Backward needs a forward pass of a whole batch");
+    return absl::FailedPreconditionError(
+        "GptModel::Backward needs a forward pass of a whole batch");
   }
   const bool last = micro_batch + 1 == accumulator_.accumulation_steps();
   if (!last) observer = nullptr;
@@ -281,33 +285,30 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     const Tensor block_in = l == 0 ? encoded_ : blocks_[l - 1].out;
     // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype.
     RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
-    RETURN_IF_ERROR(backend_->LinearBackward(b.fc_gelu, View(w, o.fc_proj_w, C, 4 * C),
-                                             d_branch_, d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
+    RETURN_IF_ERROR(backend_->LinearBackward(b.fc_gelu, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
+                                             d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
                                              View(g, o.fc_proj_b, 1, C), ow));
-    RETURN_IF_ERROR(backend_->ActivationBackward(ActivationKind::kGeluTanh, b.fc_pre, d_fc_gelu_,
-                                                 d_fc_pre_));
+    RETURN_IF_ERROR(
+        backend_->ActivationBackward(ActivationKind::kGeluTanh, b.fc_pre, d_fc_gelu_, d_fc_pre_));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln2_low, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),
                                              View(g, o.fc_b, 1, 4 * C), ow));
-    RETURN_IF_ERROR(backend_->LayerNormBackward(d_ln_low_, b.mid, b.ln2_stats,
-                                                View(params_, o.ln2_w, 1, C), d_ln_in_,
-                                                View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C),
-                                                ow));
+    RETURN_IF_ERROR(
+        backend_->LayerNormBackward(d_ln_low_, b.mid, b.ln2_stats, View(params_, o.ln2_w, 1, C),
+                                    d_ln_in_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), ow));
     RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
     // The attention branch.
     RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
-    RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_,
-                                             d_att_, View(g, o.attn_proj_w, C, C),
+    RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_, d_att_,
+                                             View(g, o.attn_proj_w, C, C),
                                              View(g, o.attn_proj_b, 1, C), ow));
-    RETURN_IF_ERROR(
-        backend_->CausalAttentionBackward(b.qkv, b.probs, d_att_, batch_, H, d_qkv_));
+    RETURN_IF_ERROR(backend_->CausalAttentionBackward(b.qkv, b.probs, d_att_, batch_, H, d_qkv_));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln1_low, View(w, o.attn_w, 3 * C, C), d_qkv_,
                                              d_ln_low_, View(g, o.attn_w, 3 * C, C),
                                              View(g, o.attn_b, 1, 3 * C), ow));
-    RETURN_IF_ERROR(backend_->LayerNormBackward(d_ln_low_, block_in, b.ln1_stats,
-                                                View(params_, o.ln1_w, 1, C), d_ln_in_,
-                                                View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C),
-                                                ow));
+    RETURN_IF_ERROR(
+        backend_->LayerNormBackward(d_ln_low_, block_in, b.ln1_stats, View(params_, o.ln1_w, 1, C),
+                                    d_ln_in_, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C), ow));
     RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
     RETURN_IF_ERROR(ready(2 + l));
   }

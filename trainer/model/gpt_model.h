@@ -44,8 +44,7 @@ class GptModel final : public Model {
   // Allocates the parameters, gradients and the activations of one micro-batch of
   // `micro_batch_size` sequences of config.context_length tokens. INVALID_ARGUMENT naming the
   // field for a configuration that does not describe a GPT.
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(Backend* backend,
-                                                          const GptConfig& config,
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(Backend* backend, const GptConfig& config,
                                                           DType compute_dtype,
                                                           int64_t micro_batch_size,
                                                           int64_t accumulation_steps);
@@ -72,7 +71,7 @@ class GptModel final : public Model {
   // sequences (fewer only for evaluation). INVALID_ARGUMENT for an id outside [0, V).
   absl::Status Forward(Tensor x, bool x_unchanged, bool training) override;
   Tensor output() const override { return logits_.RowSlice(0, rows_); }  // [rows, V]
-  Tensor output_grad() const override { return d_logits_; }               // [B·T, V]
+  Tensor output_grad() const override { return d_logits_; }              // [B·T, V]
   absl::Status Backward(int64_t micro_batch, LayerGradientObserver* observer) override;
 
   const GptConfig& config() const { return config_; }
@@ -87,9 +86,9 @@ class GptModel final : public Model {
     Tensor att_proj;                 // [N, C] c_proj's output
     Tensor mid;                      // [N, C] f32: x + att_proj
     Tensor ln2, ln2_stats, ln2_low;
-    Tensor fc_pre, fc_gelu;          // [N, 4C] c_fc's output, after GELU
-    Tensor fc_proj;                  // [N, C]
-    Tensor out;                      // [N, C] f32: mid + fc_proj (the next block's x)
+    Tensor fc_pre, fc_gelu;  // [N, 4C] c_fc's output, after GELU
+    Tensor fc_proj;          // [N, C]
+    Tensor out;              // [N, C] f32: mid + fc_proj (the next block's x)
   };
   // Offsets of one block's parameters in the flat buffer.
   struct BlockOffsets {
@@ -125,12 +124,12 @@ class GptModel final : public Model {
   Tensor lnf_, lnf_stats_, lnf_low_;
   Tensor logits_, d_logits_;  // [N, V] compute dtype
   // Backward scratch, shared by the blocks.
-  Tensor d_resid_;   // [N, C] f32: the residual stream's gradient
-  Tensor d_branch_;  // [N, C]: it rounded where it enters a branch's output
-  Tensor d_ln_low_;  // [N, C]: the gradient of a LayerNorm's cast output
-  Tensor d_ln_in_;   // [N, C] f32: a LayerNorm's input gradient
-  Tensor d_att_;     // [N, C]
-  Tensor d_qkv_;     // [N, 3C]
+  Tensor d_resid_;               // [N, C] f32: the residual stream's gradient
+  Tensor d_branch_;              // [N, C]: it rounded where it enters a branch's output
+  Tensor d_ln_low_;              // [N, C]: the gradient of a LayerNorm's cast output
+  Tensor d_ln_in_;               // [N, C] f32: a LayerNorm's input gradient
+  Tensor d_att_;                 // [N, C]
+  Tensor d_qkv_;                 // [N, 3C]
   Tensor d_fc_gelu_, d_fc_pre_;  // [N, 4C]
   int64_t rows_ = 0;
 };

@@ -76,7 +76,8 @@ class GptGradientTest : public ::testing::Test {
     params_.resize(model_->table().total());
     for (float& p : params_) p = normal(rng);
     for (const ParameterSpec& spec : model_->table().parameters()) {
-      if (spec.name.find("ln_") != std::string::npos && spec.name.find("weight") != std::string::npos) {
+      if (spec.name.find("ln_") != std::string::npos &&
+          spec.name.find("weight") != std::string::npos) {
         for (int64_t i = 0; i < spec.numel; ++i) params_[spec.offset + i] += 1.0f;
       }
     }
