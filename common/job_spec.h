@@ -44,7 +44,7 @@ inline constexpr int64_t kMaxSampleTokens = 4096;  // max_new_tokens, prompt_tok
 // Until the GPT model is trained by this build (#28), a spec that passes every rule for
 // model.gpt is still refused (UNIMPLEMENTED) at the end of ValidateJobSpec; the model's commit
 // sets this to true.
-inline constexpr bool kGptModelTrainable = false;
+inline constexpr bool kGptModelTrainable = true;
 // torch.optim.Adam's defaults.
 inline constexpr double kDefaultAdamBeta1 = 0.9;
 inline constexpr double kDefaultAdamBeta2 = 0.999;

@@ -742,6 +742,15 @@ void ExpectValidGpt(const v1::JobSpec& spec) {
   }
 }
 
+TEST(ValidateJobSpec, Gpt_CudaIsRefusedUntilItsKernelsExist) {
+  v1::JobSpec spec = ValidGptSpec();
+  spec.clear_sample();
+  spec.set_device(v1::CUDA);
+  absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(std::string(status.message()).find("device cpu"), std::string::npos) << status;
+}
+
 TEST(ApplyJobSpecDefaults, Gpt_LeavesTheMlpUnset_CrossEntropyEvalBatchesTemperature) {
   v1::JobSpec spec = ValidGptSpec();
   EXPECT_EQ(spec.model().activation(), v1::ACTIVATION_UNSPECIFIED);

@@ -43,7 +43,63 @@ std::string RankMemoryEstimate::Describe() const {
                          FormatBytes(optimizer), FormatBytes(activations), FormatBytes(workspace));
 }
 
+namespace {
+
+// model.gpt: what trainer/model/gpt_model.cc (GptModel::Create), the cross-entropy's scratch,
+// the token micro-batches and the evaluator allocate, buffer by buffer (keep in step with them).
+RankMemoryEstimate EstimateGptRankMemory(const v1::JobSpec& spec) {
+  const v1::GptSpec& gpt = spec.model().gpt();
+  const double V = static_cast<double>(gpt.vocab_size());
+  const double Vp = std::max(V, static_cast<double>(gpt.padded_vocab_size()));
+  const double T = static_cast<double>(gpt.context_length());
+  const double L = static_cast<double>(gpt.layers());
+  const double H = static_cast<double>(gpt.heads());
+  const double C = static_cast<double>(gpt.width());
+  const double B = static_cast<double>(spec.micro_batch_size());
+  const double N = B * T;
+  const double n = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  // The compute dtype's element: 2 bytes on the GPU; the CPU backend keeps low-precision
+  // values in 4-byte floats. Under fp32 the ln outputs' casts are the f32 tensors themselves.
+  const bool fp32 = spec.precision() == v1::FP32;
+  const double e = spec.device() == v1::CUDA && !fp32 ? 2 : 4;
+  const double cast = fp32 ? 0 : 1;
+  const double per_block = N * C * 4 * 4                    // ln1, mid, ln2, out (f32)
+                           + 2 * N * 2 * 4                  // two LayerNorms' row statistics
+                           + N * C * e * (2 * cast + 3 + 1 + 1 + 4 + 4 + 1)  // casts, qkv, att,
+                                                            // att_proj, fc_pre, fc_gelu, fc_proj
+                           + B * H * T * T * 4;             // softmax probabilities (f32)
+  const double activations =
+      N * C * 4                                   // embeddings
+      + L * per_block                             //
+      + N * C * 4 + N * 2 * 4 + cast * N * C * e  // ln_f, its statistics and cast
+      + 2 * N * V * e                             // logits and their gradient
+      + N * C * (4 + 4) + N * C * e * (1 + 1 + 1 + 3 + 4 + 4)  // backward scratch
+      + 4 * N * V * 4                             // the cross-entropy's f32 scratch
+      + 2 * 2 * N * 4                             // ids and targets, training and eval
+      + 2 * 4;                                    // the evaluator's sums
+  const double workspace =
+      spec.device() == v1::CUDA
+          ? kCudaWorkspaceBytes
+          : kCpuWorkspaceBytes + 4 * std::max(V * C, 4 * C * C) + 2 * T * T * 4;
+  const bool compressed = spec.grad_comm_dtype() == v1::FP16 || spec.grad_comm_dtype() == v1::BF16;
+  const double wire = compressed ? n * (spec.device() == v1::CUDA ? 2 : 4) : 0;
+  const v1::OptimizerKind kind = spec.optimizer().kind();
+  const double state_buffers = kind == v1::ADAM || kind == v1::ADAMW ? 2 : 1;
+  RankMemoryEstimate estimate;
+  estimate.parameters = Saturate(n * (4 + e));
+  estimate.gradients = Saturate((n + 2) * 4 + wire);
+  estimate.optimizer = Saturate(n * 4 * state_buffers);
+  estimate.activations = Saturate(activations);
+  estimate.workspace = Saturate(workspace);
+  estimate.total = Saturate(n * (4 + e) + (n + 2) * 4 + wire + n * 4 * state_buffers +
+                            activations + workspace);
+  return estimate;
+}
+
+}  // namespace
+
 RankMemoryEstimate EstimateRankMemory(const v1::JobSpec& spec) {
+  if (spec.model().has_gpt()) return EstimateGptRankMemory(spec);
   // Doubles: a hostile spec (three layers 2^20 wide) is ~10^13 bytes, far from double's limits,
   // and nothing here can overflow.
   const std::vector<int64_t> widths = LayerWidths(spec.model());

@@ -9,8 +9,11 @@ how far training moved them.
   /usr/bin/python3 parity/gpt_parity.py --bin DIR --out DIR [--cases a,b] [--spec FILE ...]
 
 --spec runs a JobSpec file of your own (model.gpt, data.tokens; init_checkpoint is written when
-missing); else the built-in CASES, whose token files are written under --out. Not in CI yet:
-our GPT does not exist. compare_gpt() is the comparison, testable alone (gpt_reference_test.py).
+missing); else the built-in CASES, whose token files are written under --out. In CI as
+//parity:gpt_parity_test (every case). compare_gpt() is the comparison, testable alone
+(gpt_reference_test.py). Measured (2 cores): fp32 cases within 1.2e-7 loss / 1.6e-7 grad norm /
+8.3e-7 parameters; bf16 within 4.4e-5 / 4.7e-4 / 2.1e-3, the size of PyTorch's own spread
+under a 1e-7 nudge (above).
 """
 import argparse
 import json

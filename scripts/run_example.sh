@@ -9,19 +9,28 @@
 #   bash scripts/run_example.sh --digits   # the second example: examples/digits.json (a
 #                                          # classifier of handwritten digits to >= 97% test
 #                                          # accuracy; data from scripts/make_digits.py)
+#   bash scripts/run_example.sh --gpt      # the language model: examples/gpt_bible.json (a
+#                                          # byte-level GPT on the KJV Bible, CPU workers; fails
+#                                          # unless the final validation loss is below
+#                                          # GPT_MAX_EVAL_LOSS nats, default below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEVICE=auto
 SECURE=0
 DIGITS=0
+GPT=0
+# The GPT example's promise, in nats per byte (bits per byte = nats / ln 2): the unigram
+# entropy of the training bytes is 3.02 nats (4.36 bits); see README "Language models".
+GPT_MAX_EVAL_LOSS=${GPT_MAX_EVAL_LOSS:-2.3}
 for arg in "$@"; do
   case "$arg" in
     --cpu) DEVICE=cpu ;;
     --cuda) DEVICE=cuda ;;
     --secure) SECURE=1 ;;
     --digits) DIGITS=1 ;;
-    *) echo "usage: $0 [--cpu|--cuda] [--secure] [--digits]" >&2; exit 2 ;;
+    --gpt) GPT=1; DEVICE=cpu ;;
+    *) echo "usage: $0 [--cpu|--cuda] [--secure] [--digits|--gpt]" >&2; exit 2 ;;
   esac
 done
 
@@ -70,6 +79,16 @@ if [ "$DIGITS" = 1 ]; then
     sed 's/"device": "cpu"/"device": "cuda"/' examples/digits.json >"$SPEC"
   fi
 fi
+if [ "$GPT" = 1 ]; then
+  # Byte-level shards of the KJV Bible under /tmp/mptrain-bible (the paths the spec names), a
+  # data root of the workers. The GPT trains on CPU workers only in this build.
+  PYTHON=/usr/bin/python3
+  if ! "$PYTHON" -c 'import numpy' 2>/dev/null; then PYTHON=python3; fi
+  "$PYTHON" scripts/make_text_shards.py /tmp/mptrain-bible
+  WORKER_ARGS=(--device=cpu --slots=1 --data_root=/tmp/mptrain-bible)
+  SPEC=${GPT_SPEC:-examples/gpt_bible.json}
+  GPUS=0
+fi
 echo "run_example: $GPUS GPU(s) visible: running $SPEC"
 
 source scripts/lib/local_cluster.sh
@@ -102,6 +121,18 @@ if [ "$STATUS" -eq 0 ] && [ "$DIGITS" = 1 ]; then
     echo "run_example: test accuracy $ACCURACY (>= 0.97)"
   else
     echo "run_example: test accuracy ${ACCURACY:-missing}, below 0.97" >&2
+    STATUS=1
+  fi
+fi
+if [ "$STATUS" -eq 0 ] && [ "$GPT" = 1 ]; then
+  # The last evaluation's loss on the held-out 5% of the text.
+  LOSS=$("$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" status "$JOB" |
+    grep -o 'eval_loss [0-9.]*' | tail -n 1 | cut -d' ' -f2)
+  if awk -v l="${LOSS:-99}" -v m="$GPT_MAX_EVAL_LOSS" 'BEGIN { exit !(l < m) }'; then
+    echo "run_example: validation loss $LOSS nats/byte ($(awk -v l="$LOSS" \
+      'BEGIN { printf "%.3f", l / log(2) }') bits/byte; below $GPT_MAX_EVAL_LOSS)"
+  else
+    echo "run_example: validation loss ${LOSS:-missing}, not below $GPT_MAX_EVAL_LOSS" >&2
     STATUS=1
   fi
 fi

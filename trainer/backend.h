@@ -122,7 +122,8 @@ class Backend {
   virtual absl::Status GatherRows(Tensor src, Tensor indices, Tensor dst) = 0;
 
   // Autocast Linear: pre = round(x · wᵀ + b), y = round(act(pre)), products accumulated in
-  // fp32. x [M, K], w [N, K], b [1, N], pre and y [M, N], all in the compute dtype. With
+  // fp32. x [M, K], w [N, K], b [1, N] (or empty: no bias, the GPT's LM head), pre and y
+  // [M, N], all in the compute dtype. With
   // kNone or kRelu, pre may alias y (ReLU commutes with rounding, and its derivative is taken
   // from the output, as PyTorch's threshold_backward does).
   virtual absl::Status LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act, Tensor pre,
@@ -225,6 +226,37 @@ class Backend {
   virtual absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
                                          Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
                                          bool overwrite_grads);
+
+  // ---- Language models (trainer/model/gpt_model.cc; dtypes as parity/gpt_reference.py) ----
+  // The defaults return UNIMPLEMENTED naming the op, for a backend without them.
+  //
+  // out = round_out(f32(a) + f32(b)), elementwise (the residual stream: F + B -> F). out may
+  // alias a or b.
+  virtual absl::Status Add(Tensor a, Tensor b, Tensor out);
+  // Token + position embedding in fp32: out[r] = wte[ids[r]] + wpe[r mod seq_len]. ids [R, 1]
+  // f32 holding token ids in [0, wte.rows) (INVALID_ARGUMENT naming the row otherwise), R a
+  // multiple of seq_len <= wpe.rows; wte [Vp, C], wpe [T, C], out [R, C], all f32.
+  virtual absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
+                                        Tensor out);
+  // Its backward, f32: dwte_acc[ids[r]] += dout[r] in row order (added to, or, with
+  // `overwrite_wte`, written over: rows no id names become 0); dwpe_acc[t] = Σ_b dout[b·T + t]
+  // added to dwpe_acc, or written with `overwrite_wpe`.
+  virtual absl::Status EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len,
+                                         Tensor dwte_acc, Tensor dwpe_acc, bool overwrite_wte,
+                                         bool overwrite_wpe);
+  // Causal self-attention over the packed qkv [B·T, 3C] (q, k, v side by side, head h at
+  // columns h·hs..(h+1)·hs−1 of each; hs = C / heads), in the compute dtype of qkv:
+  //   s = round(q·kᵀ) (fp32 sums), s = round(f32(s) · (1/sqrt(hs))), masked above the diagonal,
+  //   p = softmax(f32(s)) in fp32 into probs [B·H·T, T] (row (b·H + h)·T + t; 0 where masked),
+  //   y = round(round(p) · v) into y [B·T, C] (heads side by side).
+  virtual absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads,
+                                              Tensor probs, Tensor y);
+  // Its backward (autograd's mirror of that flow): with a = round(p), da = round(dy · vᵀ),
+  // dv = round(aᵀ · dy), ds = round(p ⊙ (f32(da) − Σ_row f32(da) ⊙ p)),
+  // ds = round(f32(ds) · (1/sqrt(hs))), dq = round(ds · k), dk = round(dsᵀ · q), written into
+  // dqkv [B·T, 3C] (qkv's dtype). dy [B·T, C].
+  virtual absl::Status CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy, int64_t batch,
+                                               int64_t heads, Tensor dqkv);
 
   // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
   // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):

@@ -4,7 +4,8 @@
 
 namespace mptrain {
 
-enum class ActivationKind { kNone, kRelu, kGelu };
+// kGelu: torch.nn.GELU() (erf); kGeluTanh: GELU(approximate='tanh'), GPT-2's gelu_new.
+enum class ActivationKind { kNone, kRelu, kGelu, kGeluTanh };
 
 // Element types. Host rounding to them lives in precision.h.
 enum class DType { kF32, kF16, kBF16 };

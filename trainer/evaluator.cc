@@ -28,8 +28,34 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(Backend* backend,
   return evaluator;
 }
 
+absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::CreateForTokens(Backend* backend,
+                                                                      TokenMicroBatches tokens,
+                                                                      int64_t batches,
+                                                                      int64_t tokens_per_batch) {
+  if (batches < 1) return absl::InvalidArgumentError("eval_batches must be positive");
+  std::unique_ptr<Evaluator> evaluator(new Evaluator());
+  evaluator->backend_ = backend;
+  evaluator->tokens_.emplace(std::move(tokens));
+  evaluator->token_batches_ = batches;
+  evaluator->total_rows_ = batches * tokens_per_batch * backend->collective()->world_size();
+  ASSIGN_OR_RETURN(evaluator->sums_, backend->Allocate(DType::kF32, 1, 2));
+  return evaluator;
+}
+
+absl::Status Evaluator::RunTokens(Model* model, Loss* loss) {
+  RETURN_IF_ERROR(tokens_->Rewind());
+  for (int64_t i = 0; i < token_batches_; ++i) {
+    Tensor x, y;
+    RETURN_IF_ERROR(tokens_->Next(&x, &y));
+    RETURN_IF_ERROR(model->Forward(x, /*x_unchanged=*/false, /*training=*/false));
+    RETURN_IF_ERROR(loss->Evaluate(model->output(), y, sums_));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EvalResult> Evaluator::Run(Model* model, Loss* loss) {
   RETURN_IF_ERROR(backend_->Zero(sums_));
+  if (tokens_.has_value()) RETURN_IF_ERROR(RunTokens(model, loss));
   for (int64_t first = 0; first < rows_; first += batch_) {
     const int64_t rows = std::min(batch_, rows_ - first);
     RETURN_IF_ERROR(model->Forward(features_.RowSlice(first, rows), /*x_unchanged=*/false,

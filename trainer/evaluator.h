@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
+#include "trainer/data/token_micro_batches.h"
 #include "trainer/loss/loss.h"
 #include "trainer/model/model.h"
 #include "trainer/rank_data.h"
@@ -26,11 +28,19 @@ class Evaluator {
   // `shard`: this rank's rows; `total_rows`: the whole set's (all ranks).
   static absl::StatusOr<std::unique_ptr<Evaluator>> Create(Backend* backend, const RankData& shard,
                                                            int64_t total_rows, int64_t batch);
+  // A language model's: `batches` micro-batches of `tokens` (this rank's, never shuffled) from
+  // their start at every evaluation; the mean over every rank's B·T·batches positions.
+  static absl::StatusOr<std::unique_ptr<Evaluator>> CreateForTokens(Backend* backend,
+                                                                    TokenMicroBatches tokens,
+                                                                    int64_t batches,
+                                                                    int64_t tokens_per_batch);
   // Every rank must call it at the same step (it allreduces).
   absl::StatusOr<EvalResult> Run(Model* model, Loss* loss);
 
  private:
   Evaluator() = default;
+  // Sums the language model's batches into sums_.
+  absl::Status RunTokens(Model* model, Loss* loss);
 
   Backend* backend_ = nullptr;
   Tensor features_, targets_;  // This rank's rows (absent when it has none).
@@ -38,6 +48,8 @@ class Evaluator {
   int64_t rows_ = 0;
   int64_t total_rows_ = 0;
   int64_t batch_ = 0;
+  std::optional<TokenMicroBatches> tokens_;
+  int64_t token_batches_ = 0;
 };
 
 }  // namespace mptrain

@@ -91,4 +91,25 @@ absl::Status Backend::LayerNormBackward(Tensor, Tensor, Tensor, Tensor, Tensor, 
   return NoNorm(*this, "LayerNormBackward");
 }
 
+namespace {
+absl::Status NoLanguageModelOp(const Backend& backend, const char* op) {
+  return absl::UnimplementedError(absl::StrCat("the ", backend.Name(), " backend has no ", op,
+                                               " (model.gpt)"));
+}
+}  // namespace
+
+absl::Status Backend::Add(Tensor, Tensor, Tensor) { return NoLanguageModelOp(*this, "Add"); }
+absl::Status Backend::EmbeddingForward(Tensor, Tensor, Tensor, int64_t, Tensor) {
+  return NoLanguageModelOp(*this, "EmbeddingForward");
+}
+absl::Status Backend::EmbeddingBackward(Tensor, Tensor, int64_t, Tensor, Tensor, bool, bool) {
+  return NoLanguageModelOp(*this, "EmbeddingBackward");
+}
+absl::Status Backend::CausalAttentionForward(Tensor, int64_t, int64_t, Tensor, Tensor) {
+  return NoLanguageModelOp(*this, "CausalAttentionForward");
+}
+absl::Status Backend::CausalAttentionBackward(Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) {
+  return NoLanguageModelOp(*this, "CausalAttentionBackward");
+}
+
 }  // namespace mptrain

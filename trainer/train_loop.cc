@@ -14,6 +14,7 @@
 #include "trainer/evaluator.h"
 #include "trainer/gradient_communicator.h"
 #include "trainer/loss/loss.h"
+#include "trainer/model/gpt_sampler.h"
 #include "trainer/model/make_model.h"
 #include "trainer/model/model.h"
 #include "trainer/optim/optimizer.h"
@@ -29,6 +30,47 @@ absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& confi
                                                      const Model& model) {
   if (config.init_checkpoint.empty()) return model.InitialParameters(config.seed);
   return ReadInitialParameters(config.init_checkpoint, model.table());
+}
+
+TokenBatchOptions TokenOptions(const TrainingConfig& config, int rank, int world_size,
+                               bool eval) {
+  TokenBatchOptions options;
+  options.batch = config.micro_batch_size;
+  options.context = config.model.gpt.context_length;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.vocab_size = config.model.gpt.vocab_size;
+  options.shuffle = !eval && config.data.shuffle;
+  options.shuffle_seed = config.data.shuffle_seed;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainingConfig& config,
+                                                             Backend* backend, int rank,
+                                                             int world_size) {
+  if (config.model.gpt.enabled()) {
+    if (config.data.source != DataConfig::Source::kTokens) {
+      return absl::InvalidArgumentError("model.gpt trains on data.tokens");
+    }
+    ASSIGN_OR_RETURN(TokenBatches tokens,
+                     TokenBatches::Open("data.tokens.files", config.data.token_files,
+                                        TokenOptions(config, rank, world_size, /*eval=*/false)));
+    ASSIGN_OR_RETURN(TokenMicroBatches batches,
+                     TokenMicroBatches::Create(backend, std::move(tokens)));
+    return std::unique_ptr<BatchSource>(new TokenMicroBatches(std::move(batches)));
+  }
+  if (config.data.source == DataConfig::Source::kTokens) {
+    return absl::InvalidArgumentError("data.tokens needs model.gpt");
+  }
+  ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
+  Shuffling shuffling;
+  shuffling.enabled = config.data.shuffle;
+  shuffling.seed = config.data.shuffle_seed;
+  shuffling.rank = rank;
+  shuffling.world_size = world_size;
+  ASSIGN_OR_RETURN(MicroBatches micro_batches,
+                   MicroBatches::Create(backend, data, config.micro_batch_size, shuffling));
+  return std::unique_ptr<BatchSource>(new MicroBatches(std::move(micro_batches)));
 }
 
 }  // namespace
@@ -63,25 +105,45 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
   ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, *model));
   RETURN_IF_ERROR(backend->Upload(initial.data(), model->params()));
-  ASSIGN_OR_RETURN(RankData data, LoadRankData(config, rank, world_size));
-  Shuffling shuffling;
-  shuffling.enabled = config.data.shuffle;
-  shuffling.seed = config.data.shuffle_seed;
-  shuffling.rank = rank;
-  shuffling.world_size = world_size;
-  ASSIGN_OR_RETURN(MicroBatches micro_batches,
-                   MicroBatches::Create(backend, data, batch, shuffling));
+  const GptConfig& gpt = config.model.gpt;
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> micro_batches,
+                   MakeBatchSource(config, backend, rank, world_size));
+  // A language model's loss is over the B·T positions of a micro-batch, V classes each.
+  const int64_t rows_per_micro_batch = gpt.enabled() ? batch * gpt.context_length : batch;
+  ModelConfig loss_model = config.model;
+  if (gpt.enabled()) loss_model.widths = {1, gpt.vocab_size};
   ASSIGN_OR_RETURN(std::unique_ptr<Loss> loss,
-                   MakeLoss(config.loss, config.model, backend, dtype, batch, accumulation));
+                   MakeLoss(config.loss, loss_model, backend, dtype, rows_per_micro_batch,
+                            accumulation));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
-                   MakeOptimizer(config.optimizer, backend, table.total()));
+                   MakeOptimizer(config.optimizer, backend, table.total(), DecaySpansOf(table)));
   LrSchedule lr_schedule(config.lr_schedule, config.optimizer.lr, config.steps);
   std::unique_ptr<Evaluator> evaluator;
-  if (config.eval.enabled()) {
+  if (config.eval.enabled() && gpt.enabled()) {
+    ASSIGN_OR_RETURN(TokenBatches eval_tokens,
+                     TokenBatches::Open("eval_tokens.files", config.eval.token_files,
+                                        TokenOptions(config, rank, world_size, /*eval=*/true)));
+    ASSIGN_OR_RETURN(TokenMicroBatches eval_batches,
+                     TokenMicroBatches::Create(backend, std::move(eval_tokens)));
+    ASSIGN_OR_RETURN(evaluator,
+                     Evaluator::CreateForTokens(backend, std::move(eval_batches),
+                                                config.eval.batches, rows_per_micro_batch));
+  } else if (config.eval.enabled()) {
     ASSIGN_OR_RETURN(RankData eval_shard, LoadEvalShard(config, rank, world_size));
     ASSIGN_OR_RETURN(evaluator,
                      Evaluator::Create(backend, eval_shard, eval_shard.total_rows, batch));
   }
+  // Rank 0 writes a sample after each evaluation and after the last step.
+  std::optional<GptSampler> sampler;
+  if (rank == 0 && gpt.enabled() && config.sample.enabled) {
+    ASSIGN_OR_RETURN(sampler, GptSampler::Create(backend, gpt, config.sample));
+  }
+  auto write_sample = [&](int64_t step) -> absl::Status {
+    if (!sampler.has_value()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<int64_t> tokens, sampler->Generate(model.get(), step));
+    observer->OnSample(step, sampler->Describe(tokens));
+    return absl::OkStatus();
+  };
   auto evaluation_step = [&](int64_t step) {
     return evaluator != nullptr &&
            ((config.eval.every > 0 && step % config.eval.every == 0) || step == config.steps);
@@ -131,7 +193,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     model->RestoreProgress(resumed.step, accumulation);
     initial_state = resumed.step_state;
     first_step = resumed.step + 1;
-    micro_batches.SeekToStep(resumed.step, accumulation);
+    RETURN_IF_ERROR(micro_batches->SeekTo(resumed.step, accumulation));
   }
   ASSIGN_OR_RETURN(StepStateBuffer step_state, backend->AllocateStepState(initial_state));
   RETURN_IF_ERROR(model->RefreshLowPrecisionWeights());
@@ -142,7 +204,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   auto write_checkpoint = [&](int64_t step) -> absl::Status {
     TrainingCheckpoint checkpoint;
     checkpoint.step = step;
-    checkpoint.data_cursor = micro_batches.cursor();
+    checkpoint.data_cursor = micro_batches->cursor();
     checkpoint.parameters.resize(table.total());
     RETURN_IF_ERROR(backend->Download(model->params(), checkpoint.parameters.data()));
     for (const OptimizerSlot& slot : optimizer->slots()) {
@@ -200,7 +262,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   };
   std::deque<Pending> pending;
   ASSIGN_OR_RETURN(double previous_ms, backend->NowMs());
-  const double samples_per_step = static_cast<double>(world_size) * batch * accumulation;
+  // Samples: sequences' positions for a language model (tokens/s), rows for the MLP.
+  const double samples_per_step =
+      static_cast<double>(world_size) * rows_per_micro_batch * accumulation;
   auto emit_oldest = [&]() -> absl::Status {
     Pending oldest = pending.front();
     pending.pop_front();
@@ -236,7 +300,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       record.has_accuracy = true;
       const double correct = std::nearbyint(static_cast<double>(stats.state.last_correct) *
                                             world_size);
-      record.accuracy = correct / (static_cast<double>(batch * accumulation) * world_size);
+      record.accuracy =
+          correct / (static_cast<double>(rows_per_micro_batch * accumulation) * world_size);
     }
     if (evaluation != evaluations.end()) {
       record.has_eval = true;
@@ -263,8 +328,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
         RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
       }
       Tensor x, y;
-      RETURN_IF_ERROR(micro_batches.Next(&x, &y));
-      RETURN_IF_ERROR(model->Forward(x, micro_batches.in_place(), /*training=*/true));
+      RETURN_IF_ERROR(micro_batches->Next(&x, &y));
+      RETURN_IF_ERROR(model->Forward(x, micro_batches->in_place(), /*training=*/true));
       // loss / A, times the current scale (read on the device), seeds the backward pass.
       RETURN_IF_ERROR(
           loss->Backward(model->output(), y, step_state, model->metrics(), model->output_grad()));
@@ -293,16 +358,16 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   constexpr int64_t kStagingBudgetBytes = int64_t{256} << 20;
   const bool record_steps =
       config.record_steps && backend->CanRecordSteps() && model->StepIsReplayable() &&
-      micro_batches.StagingBytes(accumulation) <= kStagingBudgetBytes;
+      micro_batches->StagingBytes(accumulation) <= kStagingBudgetBytes;
   bool recorded = false;
   int64_t replayed_steps = 0;
   auto record_and_replay = [&](double lr) -> absl::Status {
     ++replayed_steps;
-    RETURN_IF_ERROR(micro_batches.Stage(accumulation));
+    RETURN_IF_ERROR(micro_batches->Stage(accumulation));
     if (recorded) {
       absl::Status replayed = backend->ReplayStep(lr);
       // The replay read the staged micro-batches: none is left for a later Next().
-      if (replayed.ok()) micro_batches.DropStaged();
+      if (replayed.ok()) micro_batches->DropStaged();
       if (replayed.code() != absl::StatusCode::kFailedPrecondition) return replayed;
     }
     RETURN_IF_ERROR(backend->BeginStepRecording());
@@ -324,6 +389,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
       if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
       ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(model.get(), loss.get()));
+      RETURN_IF_ERROR(write_sample(step));
       // The evaluation went through the model's host-side caches (its low-precision input
       // copy now holds evaluation data, which a training forward casts again): the next step
       // is recorded afresh, as it would be issued op by op.
@@ -344,6 +410,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     }
   }
   while (!pending.empty()) RETURN_IF_ERROR(emit_oldest());
+  // After the last step (its evaluation wrote one when there is one).
+  if (!evaluation_step(config.steps)) RETURN_IF_ERROR(write_sample(config.steps));
 
   TrainingResult result;
   result.parameters.resize(table.total());

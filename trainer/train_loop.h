@@ -55,6 +55,9 @@ class TrainingObserver {
   // Something went wrong that does not stop training (older checkpoints that could not be
   // removed): for the rank's log.
   virtual void OnWarning(const std::string& message) {}
+  // Rank 0, a language model's generated text (SampleConfig) after the step's evaluation or
+  // the last step: for the job's events.
+  virtual void OnSample(int64_t step, const std::string& text) {}
 };
 
 struct TrainingResult {

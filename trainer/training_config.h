@@ -20,12 +20,25 @@ inline bool IsBatchNorm(NormKind norm) {
   return norm == NormKind::kBatchNorm || norm == NormKind::kSyncBatchNorm;
 }
 
+// A GPT-2 language model (proto GptSpec, trainer/model/gpt_model.h); layers == 0: none.
+struct GptConfig {
+  int64_t vocab_size = 0;         // V: token ids are in [0, V).
+  int64_t padded_vocab_size = 0;  // Vp >= V: wte's rows (llm.c's padding).
+  int64_t context_length = 0;     // T: tokens per sequence, and wpe's rows.
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t width = 0;              // C
+  bool enabled() const { return layers > 0; }
+};
+
 struct ModelConfig {
   // Layer widths [input_dim, hidden..., output_dim]: Linear(widths[i], widths[i + 1]) with the
   // activation between consecutive layers.
   std::vector<int64_t> widths;
   ActivationKind activation = ActivationKind::kRelu;
   NormKind norm = NormKind::kNone;
+  // When enabled, the model is this GPT and widths, activation and norm are unused.
+  GptConfig gpt;
 
   int64_t input_dim() const { return widths.front(); }
   int64_t output_dim() const { return widths.back(); }
@@ -39,7 +52,7 @@ struct LossConfig {
 };
 
 struct DataConfig {
-  enum class Source { kSynthetic, kNpy };
+  enum class Source { kSynthetic, kNpy, kTokens };
   Source source = Source::kSynthetic;
   // kSynthetic: rank r draws one fixed batch from synthetic_seed + r.
   int64_t synthetic_seed = 0;
@@ -51,6 +64,9 @@ struct DataConfig {
   // (trainer/data/sampler.h) instead of contiguous shards walked in order.
   bool shuffle = false;
   uint64_t shuffle_seed = 0;
+  // kTokens (model.gpt): the token files in order, already expanded and confined by the
+  // worker (trainer/data/token_shards.h); shuffle and shuffle_seed as TokenData's.
+  std::vector<std::string> token_files;
 };
 
 // Held-out data evaluated every `every` steps (0: after the last step only) when not empty.
@@ -58,7 +74,11 @@ struct EvalConfig {
   std::string features_path;
   std::string targets_path;
   int64_t every = 0;
-  bool enabled() const { return !features_path.empty(); }
+  // A language model's held-out tokens: eval_batches micro-batches of every rank from the
+  // start of these files (never shuffled).
+  std::vector<std::string> token_files;
+  int64_t batches = 20;
+  bool enabled() const { return !features_path.empty() || !token_files.empty(); }
 };
 
 enum class OptimizerType { kSgd, kAdam, kAdamW };
@@ -94,12 +114,25 @@ struct LossScalerConfig {
   int64_t growth_interval = 2000;
 };
 
+// Text generation after each evaluation and at the end (rank 0; proto SampleSpec,
+// trainer/model/gpt_sampler.h).
+struct SampleConfig {
+  bool enabled = false;
+  std::vector<int64_t> prompt;  // Token ids (prompt_text's bytes when byte_level).
+  bool byte_level = false;      // The prompt was text: the sample is shown as text.
+  int64_t max_new_tokens = 0;
+  double temperature = 1;
+  int64_t top_k = 0;  // 0: every token.
+  uint64_t seed = 0;
+};
+
 struct TrainingConfig {
   int world_size = 1;
   ModelConfig model;
   LossConfig loss;
   DataConfig data;
   EvalConfig eval;
+  SampleConfig sample;
   int64_t micro_batch_size = 1;
   int64_t accumulation_steps = 1;
   int64_t steps = 1;  // Optimizer steps.

@@ -31,6 +31,16 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     case v1::SYNC_BATCH_NORM: config.model.norm = NormKind::kSyncBatchNorm; break;
     default: config.model.norm = NormKind::kNone; break;
   }
+  if (spec.model().has_gpt()) {
+    const v1::GptSpec& gpt = spec.model().gpt();
+    config.model.gpt.vocab_size = gpt.vocab_size();
+    config.model.gpt.padded_vocab_size =
+        gpt.padded_vocab_size() != 0 ? gpt.padded_vocab_size() : gpt.vocab_size();
+    config.model.gpt.context_length = gpt.context_length();
+    config.model.gpt.layers = gpt.layers();
+    config.model.gpt.heads = gpt.heads();
+    config.model.gpt.width = gpt.width();
+  }
   config.loss.type =
       spec.loss() == v1::CROSS_ENTROPY ? LossType::kCrossEntropy : LossType::kMse;
   config.loss.label_smoothing = spec.label_smoothing();
@@ -40,6 +50,12 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     config.data.targets_path = spec.data().npy().targets_path();
     config.data.shuffle = spec.data().npy().shuffle();
     config.data.shuffle_seed = static_cast<uint64_t>(spec.data().npy().shuffle_seed());
+  } else if (spec.data().has_tokens()) {
+    config.data.source = DataConfig::Source::kTokens;
+    config.data.token_files.assign(spec.data().tokens().files().begin(),
+                                   spec.data().tokens().files().end());
+    config.data.shuffle = spec.data().tokens().shuffle();
+    config.data.shuffle_seed = static_cast<uint64_t>(spec.data().tokens().shuffle_seed());
   } else {
     config.data.source = DataConfig::Source::kSynthetic;
     config.data.synthetic_seed = spec.data().synthetic().seed();
@@ -48,6 +64,23 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
     config.eval.features_path = spec.eval_data().features_path();
     config.eval.targets_path = spec.eval_data().targets_path();
     config.eval.every = spec.eval_every();
+  }
+  if (spec.has_eval_tokens()) {
+    config.eval.token_files.assign(spec.eval_tokens().files().begin(),
+                                   spec.eval_tokens().files().end());
+    config.eval.batches = spec.eval_batches();
+    config.eval.every = spec.eval_every();
+  }
+  if (spec.has_sample()) {
+    const v1::SampleSpec& sample = spec.sample();
+    config.sample.enabled = true;
+    config.sample.prompt.assign(sample.prompt_tokens().begin(), sample.prompt_tokens().end());
+    for (unsigned char byte : sample.prompt_text()) config.sample.prompt.push_back(byte);
+    config.sample.byte_level = !sample.prompt_text().empty();
+    config.sample.max_new_tokens = sample.max_new_tokens();
+    config.sample.temperature = sample.temperature();
+    config.sample.top_k = sample.top_k();
+    config.sample.seed = static_cast<uint64_t>(sample.seed());
   }
   config.micro_batch_size = spec.micro_batch_size();
   config.accumulation_steps = spec.accumulation_steps();

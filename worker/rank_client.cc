@@ -221,17 +221,26 @@ void TelemetryReporter::OnWarning(const std::string& message) {
   spdlog::warn("{}", message);  // The rank's log: the worker's, and trainctl logs.
   // And the job's events (trainctl watch, the dashboard), bounded while the coordinator is away.
   std::lock_guard<std::mutex> lock(mu_);
+  AddNote(v1::RankNote::WARNING, step_, message);
+}
+
+void TelemetryReporter::OnSample(int64_t step, const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  AddNote(v1::RankNote::SAMPLE, step, text);
+}
+
+void TelemetryReporter::AddNote(v1::RankNote::Kind kind, int64_t step, const std::string& text) {
   if (notes_.size() >= size_t{kMaxNotesPerAttempt}) return;
   v1::RankNote note;
-  note.set_kind(v1::RankNote::WARNING);
-  note.set_step(step_);
+  note.set_kind(kind);
+  note.set_step(step);
   // Cut at a character boundary (a proto string must be valid UTF-8).
-  size_t end = std::min(message.size(), kMaxNoteBytes);
-  while (end < message.size() && end > 0 &&
-         (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) {
+  size_t end = std::min(text.size(), kMaxNoteBytes);
+  while (end < text.size() && end > 0 &&
+         (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
     --end;
   }
-  note.set_text(message.substr(0, end));
+  note.set_text(text.substr(0, end));
   notes_.push_back(std::move(note));
 }
 

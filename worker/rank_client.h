@@ -59,6 +59,8 @@ class TelemetryReporter final : public TrainingObserver {
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
   void OnWarning(const std::string& message) override;
+  // A generated text: a SAMPLE note, bounded as the warnings are.
+  void OnSample(int64_t step, const std::string& text) override;
   int64_t AcknowledgedCheckpointStep() override;
   // Sends what is queued and stops the thread.
   void Flush();
@@ -74,6 +76,7 @@ class TelemetryReporter final : public TrainingObserver {
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<v1::TelemetryRecord> queued_;
+  void AddNote(v1::RankNote::Kind kind, int64_t step, const std::string& text);
   std::vector<v1::RankNote> notes_;  // Warnings for the job's events, sent with the next report.
   int64_t step_ = 0;
   int64_t checkpoint_step_ = 0;

@@ -28,6 +28,7 @@
 #include "trainer/backend_registry.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
+#include "trainer/data/token_file_list.h"
 #include "trainer/training_config_from_spec.h"
 #include "io/safetensors.h"
 #include "worker/path_policy.h"
@@ -169,6 +170,25 @@ absl::Status ConfinePaths(const RankProcessOptions& options, const v1::Assignmen
                             eval->mutable_features_path()));
     RETURN_IF_ERROR(confine(policy->CheckRead("eval_data.targets_path", eval->targets_path()),
                             eval->mutable_targets_path()));
+  }
+  // Token files: patterns expanded on this host, every file (and pattern directory) through
+  // the policy; the spec then lists the resolved files.
+  auto confine_tokens = [&](const std::string& field, v1::TokenData* tokens) -> absl::Status {
+    const std::vector<std::string> entries(tokens->files().begin(), tokens->files().end());
+    ASSIGN_OR_RETURN(std::vector<std::string> files,
+                     ExpandTokenFiles(field, entries,
+                                      [&](const std::string& f, const std::string& p) {
+                                        return policy->CheckRead(f, p);
+                                      }));
+    tokens->clear_files();
+    for (std::string& file : files) tokens->add_files(std::move(file));
+    return absl::OkStatus();
+  };
+  if (spec->data().has_tokens()) {
+    RETURN_IF_ERROR(confine_tokens("data.tokens.files", spec->mutable_data()->mutable_tokens()));
+  }
+  if (spec->has_eval_tokens()) {
+    RETURN_IF_ERROR(confine_tokens("eval_tokens.files", spec->mutable_eval_tokens()));
   }
   if (!spec->init_checkpoint().empty()) {
     RETURN_IF_ERROR(confine(policy->CheckRead("init_checkpoint", spec->init_checkpoint()),

@@ -39,6 +39,7 @@ absl::StatusOr<Tensor> CpuBackend::Allocate(DType dtype, int64_t rows, int64_t c
   auto memory = std::make_unique<double[]>((count + 1) / 2 + 1);  // Zero-initialised.
   Tensor tensor{memory.get(), dtype, rows, cols, 4};
   allocations_.push_back(std::move(memory));
+  allocated_bytes_ += count * 4;
   return tensor;
 }
 
@@ -108,7 +109,8 @@ absl::Status CpuBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
 absl::Status CpuBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                        Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;
-  if (w.cols != k || b.numel() != n || y.rows != m || y.cols != n || pre.numel() != y.numel()) {
+  if (w.cols != k || (!b.empty() && b.numel() != n) || y.rows != m || y.cols != n ||
+      pre.numel() != y.numel()) {
     return absl::InvalidArgumentError(absl::StrCat("LinearForward: shapes x[", m, ",", k, "] w[",
                                                    w.rows, ",", w.cols, "] y[", y.rows, ",",
                                                    y.cols, "] do not match"));
@@ -116,13 +118,13 @@ absl::Status CpuBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationK
   // pre = x · wᵀ with fp32 accumulation, then + b and one rounding, as the GEMM epilogue does.
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, F(x), k, F(w), k, 0.0f,
               F(pre), n);
-  const float* bias = F(b);
+  const float* bias = b.empty() ? nullptr : F(b);
   float* p = F(pre);
   float* out = F(y);
   for (int64_t row = 0; row < m; ++row) {
     for (int64_t col = 0; col < n; ++col) {
       const int64_t i = row * n + col;
-      p[i] = RoundTo(pre.dtype, p[i] + bias[col]);
+      p[i] = RoundTo(pre.dtype, bias == nullptr ? p[i] : p[i] + bias[col]);
       out[i] = RoundTo(y.dtype, mptrain::ActivationForward(act, p[i]));
     }
   }
@@ -144,7 +146,8 @@ absl::Status CpuBackend::ActivationBackward(ActivationKind act, Tensor pre, Tens
 absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                                         Tensor db_acc, bool overwrite_grads) {
   const int64_t m = x.rows, k = x.cols, n = w.rows, ld = dy.ld();
-  if (dy.rows != m || dy.cols != n || dw_acc.numel() != n * k || db_acc.numel() != n) {
+  if (dy.rows != m || dy.cols != n || dw_acc.numel() != n * k ||
+      (!db_acc.empty() && db_acc.numel() != n)) {
     return absl::InvalidArgumentError("LinearBackward: shapes do not match");
   }
   if (!dx.empty() && ld != n) {
@@ -170,6 +173,7 @@ absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx
   for (int64_t i = 0; i < n * k; ++i) {
     dw[i] = (overwrite_grads ? 0.0f : dw[i]) + RoundTo(dy.dtype, scratch_[i]);
   }
+  if (db_acc.empty()) return absl::OkStatus();  // No bias (the LM head).
   float* db = F(db_acc);
   const float* g = F(dy);
   for (int64_t col = 0; col < n; ++col) {
@@ -431,6 +435,226 @@ absl::Status CpuBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats
   for (int64_t c = 0; c < cols; ++c) {
     dw[c] = (overwrite_grads ? 0.0f : dw[c]) + static_cast<float>(dweight[c]);
     db[c] = (overwrite_grads ? 0.0f : db[c]) + static_cast<float>(dbias[c]);
+  }
+  return absl::OkStatus();
+}
+
+// ---- Language models ----
+
+absl::Status CpuBackend::Add(Tensor a, Tensor b, Tensor out) {
+  RETURN_IF_ERROR(CheckSameSize("Add", a, b));
+  RETURN_IF_ERROR(CheckSameSize("Add", a, out));
+  const float* x = F(a);
+  const float* y = F(b);
+  float* z = F(out);
+  for (int64_t i = 0; i < out.numel(); ++i) z[i] = RoundTo(out.dtype, x[i] + y[i]);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// ids [R, 1] with R a multiple of seq_len in 1..positions, rows of `cols` columns.
+absl::Status CheckEmbeddingShapes(const char* op, Tensor ids, int64_t seq_len, int64_t vocab_rows,
+                                  int64_t positions, int64_t cols, Tensor rows) {
+  if (ids.cols != 1 || seq_len < 1 || seq_len > positions || ids.rows % seq_len != 0 ||
+      rows.rows != ids.rows || rows.cols != cols || vocab_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": shapes do not match"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> TokenId(const char* op, const float* ids, int64_t row,
+                                int64_t vocab_rows) {
+  const float id = ids[row];
+  if (!(id >= 0 && id < static_cast<float>(vocab_rows)) || id != std::floor(id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the token id of row ", row, " is not in [0, ", vocab_rows, ")"));
+  }
+  return static_cast<int64_t>(id);
+}
+
+}  // namespace
+
+absl::Status CpuBackend::EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
+                                          Tensor out) {
+  RETURN_IF_ERROR(CheckEmbeddingShapes("EmbeddingForward", ids, seq_len, wte.rows, wpe.rows,
+                                       wte.cols, out));
+  if (wpe.cols != wte.cols) return absl::InvalidArgumentError("EmbeddingForward: widths differ");
+  const int64_t cols = out.cols;
+  for (int64_t r = 0; r < ids.rows; ++r) {
+    ASSIGN_OR_RETURN(const int64_t id, TokenId("EmbeddingForward", F(ids), r, wte.rows));
+    const float* token = F(wte) + id * cols;
+    const float* position = F(wpe) + (r % seq_len) * cols;
+    float* row = F(out) + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] = token[c] + position[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len,
+                                           Tensor dwte_acc, Tensor dwpe_acc, bool overwrite_wte,
+                                           bool overwrite_wpe) {
+  RETURN_IF_ERROR(CheckEmbeddingShapes("EmbeddingBackward", ids, seq_len, dwte_acc.rows,
+                                       dwpe_acc.rows, dwte_acc.cols, dout));
+  if (dwpe_acc.cols != dwte_acc.cols) {
+    return absl::InvalidArgumentError("EmbeddingBackward: widths differ");
+  }
+  const int64_t cols = dout.cols;
+  // Every id is checked before anything is written.
+  for (int64_t r = 0; r < ids.rows; ++r) {
+    RETURN_IF_ERROR(TokenId("EmbeddingBackward", F(ids), r, dwte_acc.rows).status());
+  }
+  if (overwrite_wte) RETURN_IF_ERROR(Zero(dwte_acc));
+  for (int64_t r = 0; r < ids.rows; ++r) {
+    float* token = F(dwte_acc) + static_cast<int64_t>(F(ids)[r]) * cols;
+    const float* g = F(dout) + r * cols;
+    for (int64_t c = 0; c < cols; ++c) token[c] += g[c];
+  }
+  // Positions beyond seq_len (a shorter context than wpe's) get no gradient.
+  if (overwrite_wpe) RETURN_IF_ERROR(Zero(dwpe_acc));
+  for (int64_t t = 0; t < seq_len; ++t) {
+    float* position = F(dwpe_acc) + t * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      float sum = 0.0f;
+      for (int64_t r = t; r < ids.rows; r += seq_len) sum += F(dout)[r * cols + c];
+      position[c] += sum;
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+struct AttentionShape {
+  int64_t seq = 0, width = 0, head = 0;
+};
+
+absl::StatusOr<AttentionShape> CheckAttentionShapes(const char* op, Tensor qkv, int64_t batch,
+                                                    int64_t heads, Tensor probs, Tensor y) {
+  if (batch < 1 || heads < 1 || qkv.rows % batch != 0 || qkv.cols % 3 != 0 ||
+      (qkv.cols / 3) % heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": qkv does not split into ", batch,
+                                                   " sequences of ", heads, " heads"));
+  }
+  AttentionShape shape{qkv.rows / batch, qkv.cols / 3, qkv.cols / 3 / heads};
+  if (probs.rows != batch * heads * shape.seq || probs.cols != shape.seq || y.rows != qkv.rows ||
+      y.cols != shape.width || probs.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": shapes do not match"));
+  }
+  return shape;
+}
+
+void RoundMatrix(DType dtype, float* data, int64_t rows, int64_t cols, int64_t ld) {
+  if (dtype == DType::kF32) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) data[r * ld + c] = RoundTo(dtype, data[r * ld + c]);
+  }
+}
+
+}  // namespace
+
+absl::Status CpuBackend::CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads,
+                                                Tensor probs, Tensor y) {
+  ASSIGN_OR_RETURN(const AttentionShape shape,
+                   CheckAttentionShapes("CausalAttentionForward", qkv, batch, heads, probs, y));
+  const int64_t T = shape.seq, C = shape.width, hs = shape.head;
+  const DType dtype = qkv.dtype;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  attention_scratch_.resize(2 * T * T);
+  float* scores = attention_scratch_.data();
+  float* rounded = scores + T * T;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* base = F(qkv) + b * T * 3 * C;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* q = base + h * hs;
+      const float* k = base + C + h * hs;
+      const float* v = base + 2 * C + h * hs;
+      // s = q · kᵀ (fp32 sums), rounded; then the scale in fp32, rounded.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, 3 * C, k, 3 * C,
+                  0.0f, scores, T);
+      float* p = F(probs) + (b * heads + h) * T * T;
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = scores + t * T;
+        float max = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          row[s] = RoundTo(dtype, RoundTo(dtype, row[s]) * scale);
+          max = std::max(max, row[s]);
+        }
+        float sum = 0.0f;
+        for (int64_t s = 0; s <= t; ++s) {
+          p[t * T + s] = std::exp(row[s] - max);
+          sum += p[t * T + s];
+        }
+        const float inverse = 1.0f / sum;
+        for (int64_t s = 0; s < T; ++s) {
+          p[t * T + s] = s <= t ? p[t * T + s] * inverse : 0.0f;
+          rounded[t * T + s] = RoundTo(dtype, p[t * T + s]);
+        }
+      }
+      // y = round(p) · v, rounded.
+      float* out = F(y) + b * T * C + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, rounded, T, v,
+                  3 * C, 0.0f, out, C);
+      RoundMatrix(y.dtype, out, T, hs, C);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy,
+                                                 int64_t batch, int64_t heads, Tensor dqkv) {
+  ASSIGN_OR_RETURN(const AttentionShape shape,
+                   CheckAttentionShapes("CausalAttentionBackward", qkv, batch, heads, probs, dy));
+  if (dqkv.rows != qkv.rows || dqkv.cols != qkv.cols) {
+    return absl::InvalidArgumentError("CausalAttentionBackward: dqkv does not match qkv");
+  }
+  const int64_t T = shape.seq, C = shape.width, hs = shape.head;
+  const DType dtype = dqkv.dtype;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  attention_scratch_.resize(2 * T * T);
+  float* rounded = attention_scratch_.data();
+  float* d_att = rounded + T * T;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* base = F(qkv) + b * T * 3 * C;
+    float* d_base = F(dqkv) + b * T * 3 * C;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* q = base + h * hs;
+      const float* k = base + C + h * hs;
+      const float* v = base + 2 * C + h * hs;
+      const float* g = F(dy) + b * T * C + h * hs;
+      const float* p = F(probs) + (b * heads + h) * T * T;
+      for (int64_t i = 0; i < T * T; ++i) rounded[i] = RoundTo(dtype, p[i]);
+      // da = dy · vᵀ, dv = round(p)ᵀ · dy, each rounded.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C, v, 3 * C, 0.0f,
+                  d_att, T);
+      float* dv = d_base + 2 * C + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, rounded, T, g, C,
+                  0.0f, dv, 3 * C);
+      RoundMatrix(dtype, dv, T, hs, 3 * C);
+      // Softmax's backward in fp32 on its fp32 output, then the scale's: d_att becomes ds.
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = d_att + t * T;
+        const float* prow = p + t * T;
+        float dot = 0.0f;
+        for (int64_t s = 0; s <= t; ++s) {
+          row[s] = RoundTo(dtype, row[s]);
+          dot += row[s] * prow[s];
+        }
+        for (int64_t s = 0; s < T; ++s) {
+          row[s] = s <= t ? RoundTo(dtype, RoundTo(dtype, prow[s] * (row[s] - dot)) * scale)
+                          : 0.0f;
+        }
+      }
+      // dq = ds · k, dk = dsᵀ · q, each rounded.
+      float* dq = d_base + h * hs;
+      float* dk = d_base + C + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, d_att, T, k, 3 * C,
+                  0.0f, dq, 3 * C);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, d_att, T, q, 3 * C,
+                  0.0f, dk, 3 * C);
+      RoundMatrix(dtype, dq, T, hs, 3 * C);
+      RoundMatrix(dtype, dk, T, hs, 3 * C);
+    }
   }
   return absl::OkStatus();
 }

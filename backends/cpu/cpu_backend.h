@@ -48,6 +48,15 @@ class CpuBackend final : public Backend {
   absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight, Tensor dx,
                                  Tensor dweight_acc, Tensor dbias_acc,
                                  bool overwrite_grads) override;
+  absl::Status Add(Tensor a, Tensor b, Tensor out) override;
+  absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
+                                Tensor out) override;
+  absl::Status EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len, Tensor dwte_acc,
+                                 Tensor dwpe_acc, bool overwrite_wte, bool overwrite_wpe) override;
+  absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads, Tensor probs,
+                                      Tensor y) override;
+  absl::Status CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy, int64_t batch,
+                                       int64_t heads, Tensor dqkv) override;
   absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
                                 float seed_divisor, Tensor out) override;
   absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
@@ -71,12 +80,17 @@ class CpuBackend final : public Backend {
   absl::StatusOr<StepStats> ReadStats(int slot) override;
   absl::StatusOr<double> NowMs() override;
   Collective* collective() override { return collective_.get(); }
+  // Bytes of the tensors Allocate handed out so far (what admission estimates:
+  // common/resource_estimate.h).
+  int64_t allocated_bytes() const { return allocated_bytes_; }
 
  private:
   std::unique_ptr<Collective> collective_;
   std::deque<std::unique_ptr<double[]>> allocations_;
   std::deque<std::unique_ptr<StepState>> step_states_;
+  int64_t allocated_bytes_ = 0;
   std::vector<float> scratch_;
+  std::vector<float> attention_scratch_;  // [3, T, T]: per (sequence, head) of attention
   StepStats stats_ring_[kStatsSlots];
 };
 

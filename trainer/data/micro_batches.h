@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
+#include "trainer/data/batch_source.h"
 #include "trainer/rank_data.h"
 
 namespace mptrain {
@@ -22,33 +23,37 @@ struct Shuffling {
   int world_size = 1;
 };
 
-class MicroBatches {
+class MicroBatches final : public BatchSource {
  public:
   // `data`: the rank's shard, or all rows when shuffling.
   static absl::StatusOr<MicroBatches> Create(Backend* backend, const RankData& data,
                                              int64_t batch, const Shuffling& shuffling = {});
 
   // The next micro-batch, [batch, input_dim] and [batch, target columns] f32.
-  absl::Status Next(Tensor* x, Tensor* y);
+  absl::Status Next(Tensor* x, Tensor* y) override;
 
   // Every micro-batch is the same unmodified tensor.
-  bool in_place() const { return !shuffling_.enabled && features_.rows == batch_; }
+  bool in_place() const override { return !shuffling_.enabled && features_.rows == batch_; }
 
   // Copies (or gathers) the next `count` micro-batches now, each into a buffer of its own; the
   // next `count` calls of Next() return those buffers and issue no work. A step recorded as a
   // CUDA graph reads its micro-batches from them: the same tensors every step, their contents
   // staged before each replay (train_loop.cc), which reads them without calling Next(): the
   // batches of an earlier Stage() are replaced. In-place data needs none: does nothing.
-  absl::Status Stage(int64_t count);
+  absl::Status Stage(int64_t count) override;
   // The staged micro-batches were read without Next() (by a replayed step): forgets them.
-  void DropStaged() { staged_ = served_ = 0; }
+  void DropStaged() override { staged_ = served_ = 0; }
   // The memory Stage(count) holds, in bytes (0 for in-place data).
-  int64_t StagingBytes(int64_t count) const;
+  int64_t StagingBytes(int64_t count) const override;
 
   // Shard order: the next row; shuffled: the offset in the current epoch.
-  int64_t cursor() const;
+  int64_t cursor() const override;
   // Where the stream is after `steps_done` optimizer steps of `accumulation` micro-batches.
   void SeekToStep(int64_t steps_done, int64_t accumulation);
+  absl::Status SeekTo(int64_t steps_done, int64_t accumulation) override {
+    SeekToStep(steps_done, accumulation);
+    return absl::OkStatus();
+  }
 
  private:
   absl::Status IndicesOfEpoch(int64_t epoch, Tensor* indices);

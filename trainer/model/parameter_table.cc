@@ -40,17 +40,73 @@ absl::Status CopyExpected(const std::string& name, const std::vector<int64_t>& s
   return absl::OkStatus();
 }
 
+// A parameter from its checkpoint tensor: transposed back, or its leading rows with the rest
+// 0, as its spec says.
+absl::Status CopyParameter(const ParameterSpec& spec, bool missing_ok, const TensorMap& tensors,
+                           const std::string& source, std::vector<float>* flat) {
+  if (spec.checkpoint_rows > 0) {
+    auto it = tensors.find(spec.name);
+    if (it != tensors.end() && it->second.shape == spec.shape) {  // Every row: as it is.
+      return CopyExpected(spec.name, spec.shape, spec.offset, false, tensors, source, flat);
+    }
+    if (it != tensors.end() && it->second.shape != spec.checkpoint_shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": tensor ", spec.name, " has neither the model's shape ",
+          DescribeShape(spec.checkpoint_shape()), " nor its padded shape ",
+          DescribeShape(spec.shape)));
+    }
+    std::fill_n(flat->begin() + spec.offset, spec.numel, 0.0f);
+    return CopyExpected(spec.name, spec.checkpoint_shape(), spec.offset, missing_ok, tensors,
+                        source, flat);
+  }
+  if (!spec.transposed_in_checkpoint) {
+    return CopyExpected(spec.name, spec.shape, spec.offset, missing_ok, tensors, source, flat);
+  }
+  std::vector<float> stored(spec.numel);
+  const std::vector<int64_t> shape = spec.checkpoint_shape();
+  auto it = tensors.find(spec.name);
+  if (it == tensors.end() && missing_ok) return absl::OkStatus();
+  if (absl::Status copied = CopyExpected(spec.name, shape, 0, false, tensors, source, &stored);
+      !copied.ok()) {
+    return copied;
+  }
+  // stored [in, out] -> buffer [out, in].
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    for (int64_t o = 0; o < shape[1]; ++o) {
+      (*flat)[spec.offset + o * shape[0] + i] = stored[i * shape[1] + o];
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<int64_t> ParameterSpec::checkpoint_shape() const {
+  std::vector<int64_t> stored = shape;
+  if (transposed_in_checkpoint && stored.size() == 2) std::swap(stored[0], stored[1]);
+  if (checkpoint_rows > 0 && !stored.empty()) stored[0] = checkpoint_rows;
+  return stored;
+}
 
 const ParameterSpec& ParameterTable::Add(std::string name, std::vector<int64_t> shape,
                                          bool weight_decay, std::optional<float> default_value) {
   ParameterSpec spec;
   spec.name = std::move(name);
-  spec.numel = Elements(shape);
   spec.shape = std::move(shape);
-  spec.offset = total_;
   spec.weight_decay = weight_decay;
   spec.default_value = default_value;
+  return Add(std::move(spec));
+}
+
+const ParameterSpec& ParameterTable::Add(ParameterSpec spec) {
+  spec.numel = Elements(spec.shape);
+  spec.offset = total_;
+  // One conversion at a time (no parameter needs both); a transposed one is a matrix, and a
+  // cut one keeps at most its rows.
+  if (spec.transposed_in_checkpoint && (spec.shape.size() != 2 || spec.checkpoint_rows > 0)) {
+    spec.transposed_in_checkpoint = false;
+  }
+  if (spec.shape.empty() || spec.checkpoint_rows >= spec.shape[0]) spec.checkpoint_rows = 0;
   total_ += spec.numel;
   parameters_.push_back(std::move(spec));
   return parameters_.back();
@@ -86,8 +142,20 @@ TensorMap ParameterTable::ToTensors(const std::vector<float>& flat) const {
   TensorMap tensors;
   for (const ParameterSpec& spec : parameters_) {
     NamedTensor tensor;
-    tensor.shape = spec.shape;
-    tensor.values.assign(flat.begin() + spec.offset, flat.begin() + spec.offset + spec.numel);
+    tensor.shape = spec.checkpoint_shape();
+    const auto first = flat.begin() + spec.offset;
+    if (spec.transposed_in_checkpoint) {
+      // buffer [out, in] -> stored [in, out].
+      const int64_t out = spec.shape[0], in = spec.shape[1];
+      tensor.values.resize(spec.numel);
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) tensor.values[i * out + o] = first[o * in + i];
+      }
+    } else {
+      int64_t count = spec.numel;
+      if (spec.checkpoint_rows > 0) count = spec.numel / spec.shape[0] * spec.checkpoint_rows;
+      tensor.values.assign(first, first + count);
+    }
     tensors[spec.name] = std::move(tensor);
   }
   return tensors;
@@ -104,8 +172,7 @@ absl::StatusOr<std::vector<float>> ParameterTable::FromTensors(const TensorMap& 
   }
   for (const ParameterSpec& spec : parameters_) {
     const bool missing_ok = use_defaults && spec.default_value.has_value();
-    if (absl::Status copied =
-            CopyExpected(spec.name, spec.shape, spec.offset, missing_ok, tensors, source, &flat);
+    if (absl::Status copied = CopyParameter(spec, missing_ok, tensors, source, &flat);
         !copied.ok()) {
       return copied;
     }

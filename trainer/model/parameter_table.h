@@ -23,9 +23,19 @@ namespace mptrain {
 
 struct ParameterSpec {
   std::string name;             // "layers.0.weight", "transformer.h.3.attn.c_attn.weight", ...
-  std::vector<int64_t> shape;   // As stored in a checkpoint.
+  // As the flat buffer holds it (row-major); a checkpoint holds checkpoint_shape().
+  std::vector<int64_t> shape;
   int64_t offset = 0;           // Of its first element in the flat buffer.
   int64_t numel = 0;
+  // A 2-D parameter whose checkpoint tensor is the transpose of the buffer's matrix: the
+  // buffer holds nn.Linear's [out, in] (what the GEMMs read), Hugging Face's GPT-2 files hold
+  // Conv1D's [in, out].
+  bool transposed_in_checkpoint = false;
+  // > 0: a checkpoint holds only the first checkpoint_rows rows (the GPT's wte cut to the
+  // vocabulary, its padded rows never observable); a file holding every row is taken as it is,
+  // and a file holding checkpoint_rows leaves the other rows 0.
+  int64_t checkpoint_rows = 0;
+  std::vector<int64_t> checkpoint_shape() const;
   // AdamW's decay group: nanoGPT decays 2-D weights and embeddings, not biases or norms; the
   // MLP (torch.optim over model.parameters()) decays every parameter.
   bool weight_decay = true;
@@ -54,6 +64,9 @@ class ParameterTable {
   // Appends a parameter after the last one; returns its spec (offset filled in).
   const ParameterSpec& Add(std::string name, std::vector<int64_t> shape, bool weight_decay = true,
                            std::optional<float> default_value = std::nullopt);
+  // The same, for a spec whose checkpoint form differs (transposed_in_checkpoint,
+  // checkpoint_rows); offset and numel are filled in.
+  const ParameterSpec& Add(ParameterSpec spec);
   // Closes the group of the parameters added since the last call (or the start).
   void EndGroup();
   const BufferSpec& AddBuffer(std::string name, std::vector<int64_t> shape, bool variance = false);

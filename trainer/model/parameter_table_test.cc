@@ -69,3 +69,63 @@ TEST(ParameterTable, Buffers_VariancesAtOrBelowMinusEpsAreRefused) {
 
 }  // namespace
 }  // namespace mptrain
+
+namespace mptrain {
+namespace {
+
+ParameterTable ConvertingTable() {
+  ParameterTable table;
+  ParameterSpec wte;
+  wte.name = "wte";
+  wte.shape = {3, 2};  // Vp = 3 rows, a checkpoint holds V = 2.
+  wte.checkpoint_rows = 2;
+  table.Add(wte);
+  ParameterSpec conv;
+  conv.name = "c_attn.weight";
+  conv.shape = {3, 2};  // [out, in] in the buffer; [in, out] = [2, 3] in a checkpoint.
+  conv.transposed_in_checkpoint = true;
+  table.Add(conv);
+  table.EndGroup();
+  return table;
+}
+
+TEST(ParameterTable, CheckpointForms_TransposeAndCutRows) {
+  const ParameterTable table = ConvertingTable();
+  EXPECT_EQ(table.total(), 12);
+  EXPECT_EQ(table.parameters()[0].checkpoint_shape(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(table.parameters()[1].checkpoint_shape(), (std::vector<int64_t>{2, 3}));
+  // wte rows {0, 1}, {2, 3}, {4, 5} (padded); the matrix rows (out) {6, 7}, {8, 9}, {10, 11}.
+  std::vector<float> flat(12);
+  for (int i = 0; i < 12; ++i) flat[i] = static_cast<float>(i);
+  const TensorMap tensors = table.ToTensors(flat);
+  EXPECT_EQ(tensors.at("wte").shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(tensors.at("wte").values, (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(tensors.at("c_attn.weight").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(tensors.at("c_attn.weight").values, (std::vector<float>{6, 8, 10, 7, 9, 11}));
+  // Read back: the matrix transposed back, the padded rows 0.
+  absl::StatusOr<std::vector<float>> read = table.FromTensors(tensors, "ckpt");
+  ASSERT_TRUE(read.ok()) << read.status();
+  std::vector<float> expected = flat;
+  expected[4] = expected[5] = 0;
+  EXPECT_EQ(*read, expected);
+  // A file holding every row of wte is taken as it is.
+  TensorMap padded = tensors;
+  padded["wte"].shape = {3, 2};
+  padded["wte"].values = {0, 1, 2, 3, 4, 5};
+  read = table.FromTensors(padded, "ckpt");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, flat);
+  // Any other shape is refused, naming both the model's forms and not the file's.
+  TensorMap wrong = tensors;
+  wrong["wte"].shape = {1, 4};
+  absl::Status status = table.FromTensors(wrong, "ckpt").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("[2, 2]"), std::string::npos) << status;
+  EXPECT_EQ(status.message().find("[1, 4]"), std::string::npos) << status;
+  wrong = tensors;
+  wrong["c_attn.weight"].shape = {3, 2};  // The buffer's own shape is not the checkpoint's.
+  EXPECT_FALSE(table.FromTensors(wrong, "ckpt").ok());
+}
+
+}  // namespace
+}  // namespace mptrain

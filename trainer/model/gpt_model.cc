@@ -1,0 +1,327 @@
+#include "trainer/model/gpt_model.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mptrain {
+namespace {
+
+constexpr double kInitStd = 0.02;
+
+std::string BlockName(int64_t layer, const char* rest) {
+  return absl::StrCat("transformer.h.", layer, ".", rest);
+}
+
+// A weight matrix: nn.Linear's [out, in] in the buffer, Conv1D's [in, out] in a checkpoint.
+void AddLinear(ParameterTable* table, const std::string& name, int64_t in, int64_t out) {
+  ParameterSpec weight;
+  weight.name = name + ".weight";
+  weight.shape = {out, in};
+  weight.transposed_in_checkpoint = true;
+  table->Add(std::move(weight));
+  table->Add(name + ".bias", {out}, /*weight_decay=*/false);
+}
+
+void AddLayerNorm(ParameterTable* table, const std::string& name, int64_t width) {
+  table->Add(name + ".weight", {width}, /*weight_decay=*/false);
+  table->Add(name + ".bias", {width}, /*weight_decay=*/false);
+}
+
+absl::Status CheckConfig(const GptConfig& config) {
+  auto positive = [](int64_t v) { return v > 0; };
+  if (!positive(config.vocab_size))
+    return absl::InvalidArgumentError("model.gpt.vocab_size must be positive");
+  if (config.padded_vocab_size < config.vocab_size) {
+    return absl::InvalidArgumentError("model.gpt.padded_vocab_size is below vocab_size");
+  }
+  if (!positive(config.context_length) || !positive(config.layers) || !positive(config.heads) ||
+      !positive(config.width)) {
+    return absl::InvalidArgumentError(
+        "model.gpt: context_length, layers, heads and width must be positive");
+  }
+  if (config.width % config.heads != 0) {
+    return absl::InvalidArgumentError("model.gpt.width must be a multiple of model.gpt.heads");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ParameterTable GptParameterTable(const GptConfig& config) {
+  const int64_t C = config.width;
+  ParameterTable table;
+  ParameterSpec wte;
+  wte.name = "transformer.wte.weight";
+  wte.shape = {std::max(config.padded_vocab_size, config.vocab_size), C};
+  wte.checkpoint_rows = config.vocab_size;
+  table.Add(std::move(wte));
+  table.EndGroup();
+  table.Add("transformer.wpe.weight", {config.context_length, C});
+  table.EndGroup();
+  for (int64_t l = 0; l < config.layers; ++l) {
+    AddLayerNorm(&table, BlockName(l, "ln_1"), C);
+    AddLinear(&table, BlockName(l, "attn.c_attn"), C, 3 * C);
+    AddLinear(&table, BlockName(l, "attn.c_proj"), C, C);
+    AddLayerNorm(&table, BlockName(l, "ln_2"), C);
+    AddLinear(&table, BlockName(l, "mlp.c_fc"), C, 4 * C);
+    AddLinear(&table, BlockName(l, "mlp.c_proj"), 4 * C, C);
+    table.EndGroup();
+  }
+  AddLayerNorm(&table, "transformer.ln_f", C);
+  table.EndGroup();
+  return table;
+}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
+                                                           const GptConfig& config,
+                                                           DType compute_dtype,
+                                                           int64_t micro_batch_size,
+                                                           int64_t accumulation_steps) {
+  RETURN_IF_ERROR(CheckConfig(config));
+  if (micro_batch_size < 1) return absl::InvalidArgumentError("micro_batch_size must be positive");
+  GptConfig padded = config;
+  if (padded.padded_vocab_size == 0) padded.padded_vocab_size = padded.vocab_size;
+  std::unique_ptr<GptModel> model(new GptModel(backend, padded, compute_dtype));
+  const ParameterTable& table = model->table_;
+  auto offset = [&](const std::string& name) { return table.Find(name)->offset; };
+  model->batch_ = micro_batch_size;
+  model->wte_ = offset("transformer.wte.weight");
+  model->wpe_ = offset("transformer.wpe.weight");
+  model->lnf_w_ = offset("transformer.ln_f.weight");
+  model->lnf_b_ = offset("transformer.ln_f.bias");
+  for (int64_t l = 0; l < config.layers; ++l) {
+    auto at = [&](const char* rest) { return offset(BlockName(l, rest)); };
+    model->offsets_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"),
+                               at("attn.c_attn.bias"), at("attn.c_proj.weight"),
+                               at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
+                               at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"),
+                               at("mlp.c_proj.bias")});
+  }
+  const int64_t n = table.total();
+  ASSIGN_OR_RETURN(model->params_, backend->Allocate(DType::kF32, 1, n));
+  ASSIGN_OR_RETURN(model->params_low_, backend->Allocate(compute_dtype, 1, n));
+  // LayerNorms' and the embeddings' gradients are fp32: every micro-batch adds into the fp32
+  // gradients (no deferred low-precision rows).
+  ASSIGN_OR_RETURN(
+      model->accumulator_,
+      GradientAccumulator::Create(backend, n, compute_dtype, model->params_low_.element_bytes,
+                                  accumulation_steps, /*deferred_budget_bytes=*/0));
+  const int64_t N = micro_batch_size * config.context_length, C = config.width;
+  const int64_t T = config.context_length, H = config.heads, V = config.vocab_size;
+  const bool fp32 = compute_dtype == DType::kF32;
+  auto f32 = [&](int64_t rows, int64_t cols) { return backend->Allocate(DType::kF32, rows, cols); };
+  auto low = [&](int64_t rows, int64_t cols) {
+    return backend->Allocate(compute_dtype, rows, cols);
+  };
+  ASSIGN_OR_RETURN(model->encoded_, f32(N, C));
+  for (int64_t l = 0; l < config.layers; ++l) {
+    Block b;
+    ASSIGN_OR_RETURN(b.ln1, f32(N, C));
+    ASSIGN_OR_RETURN(b.ln1_stats, f32(N, 2));
+    b.ln1_low = b.ln1;
+    if (!fp32) {
+      ASSIGN_OR_RETURN(b.ln1_low, low(N, C));
+    }
+    ASSIGN_OR_RETURN(b.qkv, low(N, 3 * C));
+    ASSIGN_OR_RETURN(b.probs, f32(micro_batch_size * H * T, T));
+    ASSIGN_OR_RETURN(b.att, low(N, C));
+    ASSIGN_OR_RETURN(b.att_proj, low(N, C));
+    ASSIGN_OR_RETURN(b.mid, f32(N, C));
+    ASSIGN_OR_RETURN(b.ln2, f32(N, C));
+    ASSIGN_OR_RETURN(b.ln2_stats, f32(N, 2));
+    b.ln2_low = b.ln2;
+    if (!fp32) {
+      ASSIGN_OR_RETURN(b.ln2_low, low(N, C));
+    }
+    ASSIGN_OR_RETURN(b.fc_pre, low(N, 4 * C));
+    ASSIGN_OR_RETURN(b.fc_gelu, low(N, 4 * C));
+    ASSIGN_OR_RETURN(b.fc_proj, low(N, C));
+    ASSIGN_OR_RETURN(b.out, f32(N, C));
+    model->blocks_.push_back(b);
+  }
+  ASSIGN_OR_RETURN(model->lnf_, f32(N, C));
+  ASSIGN_OR_RETURN(model->lnf_stats_, f32(N, 2));
+  model->lnf_low_ = model->lnf_;
+  if (!fp32) {
+    ASSIGN_OR_RETURN(model->lnf_low_, low(N, C));
+  }
+  ASSIGN_OR_RETURN(model->logits_, low(N, V));
+  ASSIGN_OR_RETURN(model->d_logits_, low(N, V));
+  ASSIGN_OR_RETURN(model->d_resid_, f32(N, C));
+  ASSIGN_OR_RETURN(model->d_branch_, low(N, C));
+  ASSIGN_OR_RETURN(model->d_ln_low_, low(N, C));
+  ASSIGN_OR_RETURN(model->d_ln_in_, f32(N, C));
+  ASSIGN_OR_RETURN(model->d_att_, low(N, C));
+  ASSIGN_OR_RETURN(model->d_qkv_, low(N, 3 * C));
+  ASSIGN_OR_RETURN(model->d_fc_gelu_, low(N, 4 * C));
+  ASSIGN_OR_RETURN(model->d_fc_pre_, low(N, 4 * C));
+  return model;
+}
+
+std::vector<float> GptModel::InitialParameters(uint64_t seed) const {
+  std::vector<float> flat(table_.total(), 0.0f);
+  std::mt19937_64 generator(seed);
+  auto unit = [&] { return (static_cast<double>(generator() >> 11) + 0.5) * 0x1.0p-53; };
+  auto normal = [&](double std) {
+    // Box-Muller, one value per pair of uniforms (in (0, 1): the log is finite).
+    const double radius = std::sqrt(-2.0 * std::log(unit()));
+    return static_cast<float>(std * radius * std::cos(2.0 * M_PI * unit()));
+  };
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  for (const ParameterSpec& spec : table_.parameters()) {
+    float* first = flat.data() + spec.offset;
+    const std::string& name = spec.name;
+    const bool layer_norm = name.find(".ln_") != std::string::npos;
+    if (layer_norm) {
+      std::fill_n(first, spec.numel,
+                  name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? 1.0f : 0.0f);
+    } else if (spec.shape.size() == 2) {
+      const bool residual = name.find("c_proj.weight") != std::string::npos;
+      for (int64_t i = 0; i < spec.numel; ++i)
+        first[i] = normal(residual ? residual_std : kInitStd);
+    }  // Biases stay 0.
+  }
+  return flat;
+}
+
+absl::Status GptModel::RefreshLowPrecisionWeights() {
+  if (compute_dtype_ == DType::kF32) return absl::OkStatus();
+  return backend_->Cast(params_, params_low_);
+}
+
+absl::Status GptModel::CastForLinear(Tensor f32, Tensor low) {
+  if (compute_dtype_ == DType::kF32) return absl::OkStatus();  // low is f32 itself.
+  return backend_->Cast(f32, low);
+}
+
+absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/) {
+  const int64_t T = config_.context_length, C = config_.width, H = config_.heads;
+  const int64_t V = config_.vocab_size;
+  const int64_t rows = x.rows;
+  if (x.cols != 1 || rows < T || rows % T != 0 || rows > batch_ * T) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::Forward: the token ids must be [k * ",
+                                                   T, ", 1] for k in 1..", batch_));
+  }
+  rows_ = rows;
+  ids_ = x;
+  const int64_t sequences = rows / T;
+  const Tensor w = Weights();
+  auto slice = [rows](Tensor t) { return t.RowSlice(0, rows); };
+  // wte's first V rows only: an id in [V, Vp) is refused as any other outside the vocabulary.
+  RETURN_IF_ERROR(backend_->EmbeddingForward(x, View(params_, wte_, V, C),
+                                             View(params_, wpe_, T, C), T, slice(encoded_)));
+  Tensor residual = slice(encoded_);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const BlockOffsets& o = offsets_[l];
+    RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, o.ln1_w, 1, C),
+                                               View(params_, o.ln1_b, 1, C), kLayerNormEps,
+                                               slice(b.ln1_stats), slice(b.ln1)));
+    RETURN_IF_ERROR(CastForLinear(slice(b.ln1), slice(b.ln1_low)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln1_low), View(w, o.attn_w, 3 * C, C),
+                                            View(w, o.attn_b, 1, 3 * C), ActivationKind::kNone,
+                                            slice(b.qkv), slice(b.qkv)));
+    RETURN_IF_ERROR(backend_->CausalAttentionForward(
+        slice(b.qkv), sequences, H, b.probs.RowSlice(0, sequences * H * T), slice(b.att)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.att), View(w, o.attn_proj_w, C, C),
+                                            View(w, o.attn_proj_b, 1, C), ActivationKind::kNone,
+                                            slice(b.att_proj), slice(b.att_proj)));
+    RETURN_IF_ERROR(backend_->Add(residual, slice(b.att_proj), slice(b.mid)));
+    RETURN_IF_ERROR(backend_->LayerNormForward(slice(b.mid), View(params_, o.ln2_w, 1, C),
+                                               View(params_, o.ln2_b, 1, C), kLayerNormEps,
+                                               slice(b.ln2_stats), slice(b.ln2)));
+    RETURN_IF_ERROR(CastForLinear(slice(b.ln2), slice(b.ln2_low)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln2_low), View(w, o.fc_w, 4 * C, C),
+                                            View(w, o.fc_b, 1, 4 * C), ActivationKind::kGeluTanh,
+                                            slice(b.fc_pre), slice(b.fc_gelu)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.fc_gelu), View(w, o.fc_proj_w, C, 4 * C),
+                                            View(w, o.fc_proj_b, 1, C), ActivationKind::kNone,
+                                            slice(b.fc_proj), slice(b.fc_proj)));
+    RETURN_IF_ERROR(backend_->Add(slice(b.mid), slice(b.fc_proj), slice(b.out)));
+    residual = slice(b.out);
+  }
+  RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, lnf_w_, 1, C),
+                                             View(params_, lnf_b_, 1, C), kLayerNormEps,
+                                             slice(lnf_stats_), slice(lnf_)));
+  RETURN_IF_ERROR(CastForLinear(slice(lnf_), slice(lnf_low_)));
+  // The LM head over the first V rows of wte only (module comment).
+  return backend_->LinearForward(slice(lnf_low_), View(w, wte_, V, C), Tensor{},
+                                 ActivationKind::kNone, slice(logits_), slice(logits_));
+}
+
+absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* observer) {
+  const int64_t T = config_.context_length, C = config_.width, H = config_.heads;
+  const int64_t V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  if (rows_ != batch_ * T) {
+    return absl::FailedPreconditionError(
+        "GptModel::Backward needs a forward pass of a whole batch");
+  }
+  const bool last = micro_batch + 1 == accumulator_.accumulation_steps();
+  if (!last) observer = nullptr;
+  const GradientAccumulator::Target target = accumulator_.For(micro_batch);
+  const Tensor g = target.flat;
+  const bool ow = target.overwrite;
+  const Tensor w = Weights();
+  const size_t groups = table_.groups().size();  // wte, wpe, blocks, ln_f
+  auto ready = [&](size_t group) {
+    return observer == nullptr ? absl::OkStatus() : observer->LayerReady(group);
+  };
+  // The LM head: d x_f = round(d_logits · wte), d wte[:V] += round(d_logitsᵀ · ln_f(x)).
+  if (ow && Vp > V) RETURN_IF_ERROR(backend_->Zero(View(g, wte_ + V * C, Vp - V, C)));
+  RETURN_IF_ERROR(backend_->LinearBackward(lnf_low_, View(w, wte_, V, C), d_logits_, d_ln_low_,
+                                           View(g, wte_, V, C), Tensor{}, ow));
+  const Tensor last_out = blocks_.back().out;
+  RETURN_IF_ERROR(backend_->LayerNormBackward(d_ln_low_, last_out, lnf_stats_,
+                                              View(params_, lnf_w_, 1, C), d_resid_,
+                                              View(g, lnf_w_, 1, C), View(g, lnf_b_, 1, C), ow));
+  RETURN_IF_ERROR(ready(groups - 1));
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const Block& b = blocks_[l];
+    const BlockOffsets& o = offsets_[l];
+    const Tensor block_in = l == 0 ? encoded_ : blocks_[l - 1].out;
+    // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype.
+    RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
+    RETURN_IF_ERROR(backend_->LinearBackward(b.fc_gelu, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
+                                             d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
+                                             View(g, o.fc_proj_b, 1, C), ow));
+    RETURN_IF_ERROR(
+        backend_->ActivationBackward(ActivationKind::kGeluTanh, b.fc_pre, d_fc_gelu_, d_fc_pre_));
+    RETURN_IF_ERROR(backend_->LinearBackward(b.ln2_low, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
+                                             d_ln_low_, View(g, o.fc_w, 4 * C, C),
+                                             View(g, o.fc_b, 1, 4 * C), ow));
+    RETURN_IF_ERROR(
+        backend_->LayerNormBackward(d_ln_low_, b.mid, b.ln2_stats, View(params_, o.ln2_w, 1, C),
+                                    d_ln_in_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), ow));
+    RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
+    // The attention branch.
+    RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
+    RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_, d_att_,
+                                             View(g, o.attn_proj_w, C, C),
+                                             View(g, o.attn_proj_b, 1, C), ow));
+    RETURN_IF_ERROR(backend_->CausalAttentionBackward(b.qkv, b.probs, d_att_, batch_, H, d_qkv_));
+    RETURN_IF_ERROR(backend_->LinearBackward(b.ln1_low, View(w, o.attn_w, 3 * C, C), d_qkv_,
+                                             d_ln_low_, View(g, o.attn_w, 3 * C, C),
+                                             View(g, o.attn_b, 1, 3 * C), ow));
+    RETURN_IF_ERROR(
+        backend_->LayerNormBackward(d_ln_low_, block_in, b.ln1_stats, View(params_, o.ln1_w, 1, C),
+                                    d_ln_in_, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C), ow));
+    RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
+    RETURN_IF_ERROR(ready(2 + l));
+  }
+  // The embeddings: wte adds to the LM head's gradient (tied); wpe is written on the first
+  // micro-batch.
+  RETURN_IF_ERROR(backend_->EmbeddingBackward(ids_, d_resid_, T, View(g, wte_, V, C),
+                                              View(g, wpe_, T, C), /*overwrite_wte=*/false, ow));
+  RETURN_IF_ERROR(ready(1));
+  RETURN_IF_ERROR(ready(0));
+  if (last && observer == nullptr) {
+    return accumulator_.Finalize(0, table_.total() + GradientAccumulator::kMetricSlots);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mptrain

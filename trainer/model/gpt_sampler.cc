@@ -1,0 +1,90 @@
+#include "trainer/model/gpt_sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "trainer/data/token_shards.h"
+
+namespace mptrain {
+
+absl::StatusOr<GptSampler> GptSampler::Create(Backend* backend, const GptConfig& gpt,
+                                              const SampleConfig& sample) {
+  if (sample.prompt.empty() || sample.max_new_tokens < 1 || !(sample.temperature > 0)) {
+    return absl::InvalidArgumentError("sample: needs a prompt, max_new_tokens and temperature");
+  }
+  for (int64_t id : sample.prompt) {
+    if (id < 0 || id >= gpt.vocab_size) {
+      return absl::InvalidArgumentError("sample: a prompt token is outside the vocabulary");
+    }
+  }
+  GptSampler sampler(backend, gpt, sample);
+  ASSIGN_OR_RETURN(sampler.ids_, backend->Allocate(DType::kF32, gpt.context_length, 1));
+  sampler.host_ids_.resize(gpt.context_length);
+  sampler.logits_.resize(gpt.context_length * gpt.vocab_size);
+  return sampler;
+}
+
+absl::StatusOr<std::vector<int64_t>> GptSampler::Generate(Model* model, int64_t step) {
+  const int64_t T = gpt_.context_length, V = gpt_.vocab_size;
+  std::vector<int64_t> tokens = sample_.prompt;
+  SplitMix64 random(sample_.seed + static_cast<uint64_t>(step));
+  std::vector<double> weights(V);
+  std::vector<int64_t> order(V);
+  for (int64_t i = 0; i < sample_.max_new_tokens; ++i) {
+    const int64_t length = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
+    std::fill(host_ids_.begin(), host_ids_.end(), 0.0f);
+    for (int64_t t = 0; t < length; ++t) {
+      host_ids_[t] = static_cast<float>(tokens[tokens.size() - length + t]);
+    }
+    RETURN_IF_ERROR(backend_->Upload(host_ids_.data(), ids_));
+    RETURN_IF_ERROR(model->Forward(ids_, /*x_unchanged=*/false, /*training=*/false));
+    RETURN_IF_ERROR(backend_->Download(model->output(), logits_.data()));
+    const float* row = logits_.data() + (length - 1) * V;
+    int64_t next = 0;
+    if (sample_.top_k == 1) {
+      next = std::max_element(row, row + V) - row;  // The first maximum.
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t keep = sample_.top_k > 0 ? std::min(sample_.top_k, V) : V;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+      const double top = row[order[0]] / sample_.temperature;
+      std::fill(weights.begin(), weights.end(), 0.0);
+      double sum = 0;
+      for (int64_t k = 0; k < keep; ++k) {
+        const double w = std::exp(row[order[k]] / sample_.temperature - top);
+        weights[order[k]] = w;
+        sum += w;
+      }
+      const double u = static_cast<double>(random.Next() >> 11) * 0x1.0p-53 * sum;
+      double cumulative = 0;
+      next = order[0];
+      for (int64_t id = 0; id < V; ++id) {
+        if (weights[id] == 0) continue;
+        cumulative += weights[id];
+        next = id;
+        if (u < cumulative) break;
+      }
+    }
+    tokens.push_back(next);
+  }
+  return tokens;
+}
+
+std::string GptSampler::Describe(const std::vector<int64_t>& tokens) const {
+  std::string text;
+  for (int64_t id : tokens) {
+    if (sample_.byte_level) {
+      const bool printable = (id >= 0x20 && id < 0x7f) || id == '\n';
+      text.push_back(printable ? static_cast<char>(id) : '?');
+    } else {
+      absl::StrAppend(&text, text.empty() ? "" : " ", id);
+    }
+  }
+  return text;
+}
+
+}  // namespace mptrain

@@ -1,0 +1,44 @@
+#pragma once
+
+// Text generation from a GPT (SampleConfig): the prompt continued one token at a time, each
+// from the logits at the last position of a forward over the last context_length tokens
+// (shorter contexts are padded with id 0 after their end: the attention is causal, so the
+// padding changes no logit at or before the last real position). top_k 1: greedy (the first
+// maximal logit). Otherwise: logits / temperature in double, the top_k largest kept (ties to
+// the lower id; 0 keeps all), softmax, and a draw u = (SplitMix64(seed + step).Next() >> 11)
+// · 2^-53 against the cumulative probabilities in id order. Evaluation mode: nothing is
+// updated, and the caller's next training forward recomputes every activation.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainer/backend.h"
+#include "trainer/model/model.h"
+#include "trainer/training_config.h"
+
+namespace mptrain {
+
+class GptSampler {
+ public:
+  static absl::StatusOr<GptSampler> Create(Backend* backend, const GptConfig& gpt,
+                                           const SampleConfig& sample);
+  // The prompt and its continuation as token ids.
+  absl::StatusOr<std::vector<int64_t>> Generate(Model* model, int64_t step);
+  // As the job's events show it: a byte-level prompt's bytes (outside printable ASCII as '?':
+  // a note is UTF-8), else the ids separated by spaces.
+  std::string Describe(const std::vector<int64_t>& tokens) const;
+
+ private:
+  GptSampler(Backend* backend, GptConfig gpt, SampleConfig sample)
+      : backend_(backend), gpt_(std::move(gpt)), sample_(std::move(sample)) {}
+
+  Backend* backend_;
+  GptConfig gpt_;
+  SampleConfig sample_;
+  Tensor ids_;  // [T, 1] f32
+  std::vector<float> host_ids_, logits_;
+};
+
+}  // namespace mptrain
