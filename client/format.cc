@@ -158,12 +158,23 @@ std::string FormatJobDetail(const v1::Job& job) {
     absl::StrAppend(&out, "checkpoint: step ", job.latest_checkpoint_step(), " at ",
                     job.latest_checkpoint_path(), "\n");
   }
-  std::vector<std::string> widths;
-  widths.push_back(absl::StrCat(spec.model().input_dim()));
-  for (int64_t hidden : spec.model().hidden_dims()) widths.push_back(absl::StrCat(hidden));
-  widths.push_back(absl::StrCat(spec.model().output_dim()));
-  absl::StrAppend(&out, "model:      MLP ", absl::StrJoin(widths, "->"), ", ",
-                  Precision(spec), ", ", spec.world_size(), " x ", Device(spec.device()), "\n");
+  std::string model;
+  if (spec.model().has_gpt()) {
+    const v1::GptSpec& gpt = spec.model().gpt();
+    model = absl::StrCat("GPT ", gpt.layers(), " layers x ", gpt.width(), " wide, ", gpt.heads(),
+                         " heads, context ", gpt.context_length(), ", vocab ", gpt.vocab_size());
+    if (gpt.padded_vocab_size() > gpt.vocab_size()) {
+      absl::StrAppend(&model, " (padded to ", gpt.padded_vocab_size(), ")");
+    }
+  } else {
+    std::vector<std::string> widths;
+    widths.push_back(absl::StrCat(spec.model().input_dim()));
+    for (int64_t hidden : spec.model().hidden_dims()) widths.push_back(absl::StrCat(hidden));
+    widths.push_back(absl::StrCat(spec.model().output_dim()));
+    model = absl::StrCat("MLP ", absl::StrJoin(widths, "->"));
+  }
+  absl::StrAppend(&out, "model:      ", model, ", ", Precision(spec), ", ", spec.world_size(),
+                  " x ", Device(spec.device()), "\n");
   absl::StrAppend(&out, "schedule:   ", spec.steps(), " steps x ", spec.accumulation_steps(),
                   " micro-batches of ", spec.micro_batch_size(), " per rank\n");
   // The loss, the optimizer and the learning-rate schedule, in the spec's own words.

@@ -57,6 +57,25 @@ TEST(FormatJobDetail, ShowsErrorPlacementAndChecksums) {
   EXPECT_NE(text.find("training:   mse, sgd lr 0"), std::string::npos) << text;
 }
 
+TEST(FormatJobDetail, AGptJobShowsItsShapeNotAnEmptyMlp) {
+  v1::Job job;
+  job.set_job_id("job-0009");
+  job.mutable_spec()->set_world_size(2);
+  v1::GptSpec* gpt = job.mutable_spec()->mutable_model()->mutable_gpt();
+  gpt->set_vocab_size(50257);
+  gpt->set_padded_vocab_size(50304);
+  gpt->set_context_length(1024);
+  gpt->set_layers(12);
+  gpt->set_heads(12);
+  gpt->set_width(768);
+  const std::string text = FormatJobDetail(job);
+  EXPECT_NE(text.find("GPT 12 layers x 768 wide, 12 heads, context 1024, vocab 50257 (padded to "
+                      "50304)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("MLP"), std::string::npos) << text;
+}
+
 TEST(FormatJobDetail, ShowsLossOptimizerAndSchedule) {
   v1::Job job;
   job.mutable_spec()->set_loss(v1::CROSS_ENTROPY);

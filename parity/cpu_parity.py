@@ -148,6 +148,17 @@ def compare_final(case, ours_tensors, torch_tensors, problems):
 
 
 def run_torch(case_dir, timeout=600, world=2):
+    """The reference's ranks; once more on another port when the one chosen was taken between
+    free_port() and PyTorch's bind (other tests' ranks pick ports at the same time)."""
+    for attempt in range(3):
+        try:
+            return _run_torch_once(case_dir, timeout, world)
+        except RuntimeError as error:
+            if "Address already in use" not in str(error) or attempt == 2:
+                raise
+
+
+def _run_torch_once(case_dir, timeout, world):
     here = os.path.dirname(os.path.abspath(__file__))
     port = str(free_port())
     processes = []

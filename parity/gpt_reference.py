@@ -645,7 +645,17 @@ def free_port():
 
 def run_ranks(case_path, out_dir, world, timeout=600, extra=()):
     """`world` processes of this file's `train` (gloo, env:// on a free loopback port); raises
-    with the ranks' logs when one fails. Their outputs land in out_dir."""
+    with the ranks' logs when one fails. Their outputs land in out_dir. Once more on another
+    port when the one chosen was taken before PyTorch bound it (other tests pick ports too)."""
+    for attempt in range(3):
+        try:
+            return _run_ranks_once(case_path, out_dir, world, timeout, extra)
+        except RuntimeError as error:
+            if "Address already in use" not in str(error) or attempt == 2:
+                raise
+
+
+def _run_ranks_once(case_path, out_dir, world, timeout, extra):
     os.makedirs(out_dir, exist_ok=True)
     port, processes = str(free_port()), []
     for rank in range(world):
