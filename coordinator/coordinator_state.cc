@@ -57,7 +57,8 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
       policy_(options_.heartbeat_timeout_ms),
       workers_(WorkerRegistry::Options{options_.heartbeat_timeout_ms,
                                        options_.lost_worker_retention_ms,
-                                       options_.max_lost_workers}) {
+                                       options_.max_lost_workers,
+                                       options_.max_live_workers}) {
   if (!options_.now_ms) options_.now_ms = SystemNowMs;
   started_ms_ = options_.now_ms();
   if (options_.store != nullptr) writer_ = std::make_unique<StoreWriter>(options_.store);
@@ -578,6 +579,15 @@ std::vector<v1::Worker> CoordinatorState::ListWorkers() const {
   return workers_.List();
 }
 
+void CoordinatorState::DescribeRefusals(v1::ListWorkersResponse* response) const {
+  std::lock_guard<std::mutex> lock(mu_);  // Memory as it is: nothing here is stored.
+  auto capacity = workers_.RefusedTotals().find("capacity");
+  response->set_registrations_refused_for_capacity(
+      capacity == workers_.RefusedTotals().end() ? 0 : capacity->second);
+  response->set_max_live_workers(options_.max_live_workers);
+  response->set_last_refusal(workers_.last_refusal());
+}
+
 absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
     const std::string& job_id, const JobReader& reader) const {
   Read read(this);
@@ -633,6 +643,10 @@ CoordinatorState::Overview CoordinatorState::GetOverview(const JobReader& reader
   overview.ended_total = ended_total_;
   overview.restarts_total = restarts_total_;
   overview.store_write_failures_total = writer_ == nullptr ? 0 : writer_->failures();
+  overview.worker_registrations_refused_total = workers_.RefusedTotals();
+  overview.max_live_workers = options_.max_live_workers;
+  overview.workers_refused_recently = workers_.RecentlyRefusedForCapacity();
+  overview.last_worker_refusal = workers_.last_refusal();
   return overview;
 }
 
@@ -752,6 +766,9 @@ absl::StatusOr<std::set<std::string>> CoordinatorState::Rank0Workers(
 }
 
 void CoordinatorState::TrySchedule() {
+  // Registrations come thousands a second at start-up: with nothing queued, a pass must not
+  // walk the worker table at all.
+  if (pending_.empty()) return;
   // First-in first-out among the jobs that can be placed now: a job that must wait for slots
   // (or for workers that do not exist yet) does not hold back the jobs behind it.
   // With thousands of workers and queued jobs, a pass must not cost workers x jobs: free slots

@@ -55,6 +55,9 @@ namespace mptrain {
 
 struct CoordinatorOptions {
   int64_t heartbeat_timeout_ms = 10'000;
+  // Live workers at once (--max_live_workers); a registration past it is refused with a retry
+  // delay.
+  int max_live_workers = kDefaultMaxLiveWorkers;
   // Telemetry records and watch events kept per job; older ones are dropped.
   size_t max_events_per_job = 10'000;
   // Returns milliseconds since the Unix epoch; tests replace it.
@@ -206,6 +209,10 @@ class CoordinatorState {
     std::map<v1::JobState, uint64_t> ended_total;
     uint64_t restarts_total = 0;
     uint64_t store_write_failures_total = 0;
+    std::map<std::string, uint64_t> worker_registrations_refused_total;  // By reason.
+    int max_live_workers = 0;
+    size_t workers_refused_recently = 0;  // Distinct ones, for capacity, lately.
+    std::string last_worker_refusal;
   };
   Overview GetOverview(const JobReader& reader = {}) const;
 
@@ -219,6 +226,9 @@ class CoordinatorState {
   // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
   // ALREADY_EXISTS: a live worker holds the name (it frees when that worker is lost or
   // deregisters). `principal` is the caller's. The answer carries the worker secret.
+  // The refusals part of ListWorkers' answer (counts, limit, the last refusal).
+  void DescribeRefusals(v1::ListWorkersResponse* response) const;
+
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request, const std::string& principal = "anonymous");
   // NOT_FOUND: unknown worker, lost worker or stale incarnation.

@@ -25,7 +25,9 @@ namespace {
 
 class CoordinatorStateTest : public ::testing::Test {
  protected:
-  CoordinatorStateTest() {
+  CoordinatorStateTest() { state_ = std::make_unique<CoordinatorState>(Options()); }
+
+  CoordinatorOptions Options() {
     CoordinatorOptions options;
     options.heartbeat_timeout_ms = 10'000;
     options.now_ms = [this] { return now_ms_.load(); };
@@ -33,7 +35,7 @@ class CoordinatorStateTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(notified_mu_);
       notified_.insert(keys.begin(), keys.end());
     };
-    state_ = std::make_unique<CoordinatorState>(options);
+    return options;
   }
 
   bool Notified(const std::string& key) {
@@ -1211,19 +1213,59 @@ TEST_F(CoordinatorStateTest, RegisterWorker_TooManySlotsOrDevices_InvalidArgumen
   EXPECT_TRUE(state_->RegisterWorker(request).ok());
 }
 
-TEST_F(CoordinatorStateTest, RegisterWorker_PastTheLiveWorkerLimit_ResourceExhausted) {
+TEST_F(CoordinatorStateTest, RegisterWorker_PastTheLiveWorkerLimit_RefusedWithARetryDelay) {
+  CoordinatorOptions options = Options();
+  options.max_live_workers = 3;
+  state_ = std::make_unique<CoordinatorState>(options);
   const std::string first = Register("w0", 1);
-  for (int i = 1; i < kMaxLiveWorkers; ++i) Register(absl::StrCat("w", i), 1);
+  Register("w1", 1);
+  Register("w2", 1);
   v1::RegisterWorkerRequest request;
   request.set_host("127.0.0.1");
   request.set_device(v1::CPU);
-  request.set_slots(1);
+  request.set_slots(2);
   request.set_name("one-too-many");
   auto refused = state_->RegisterWorker(request);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
-  // A worker leaving makes room.
+  EXPECT_NE(refused.status().message().find("--max_live_workers 3"), std::string::npos)
+      << refused.status();
+  // A fifth of the 10 s heartbeat timeout: about when room may free.
+  EXPECT_EQ(WorkerRegistry::RetryAfterOf(refused.status()), 2'000);
+  EXPECT_EQ(state_->RegisterWorker(request).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  CoordinatorState::Overview overview = state_->GetOverview();
+  EXPECT_EQ(overview.worker_registrations_refused_total["capacity"], 2u);
+  EXPECT_EQ(overview.workers_refused_recently, 1u) << "the same worker, twice";
+  EXPECT_NE(overview.last_worker_refusal.find("one-too-many"), std::string::npos);
+  v1::ListWorkersResponse listed;  // What trainctl workers shows.
+  state_->DescribeRefusals(&listed);
+  EXPECT_EQ(listed.registrations_refused_for_capacity(), 2u);
+  EXPECT_EQ(listed.max_live_workers(), 3);
+  EXPECT_NE(listed.last_refusal().find("one-too-many: the coordinator has 3 live workers"),
+            std::string::npos)
+      << listed.last_refusal();
+  // A job that needs the refused worker's slots says why it waits.
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = Spec(4);
+  auto job = state_->SubmitJob(submit);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto pending = state_->GetJob(job->job_id());
+  ASSERT_TRUE(pending.ok());
+  EXPECT_NE(pending->pending_reason().find("; 1 worker refused for capacity lately"),
+            std::string::npos)
+      << pending->pending_reason();
+  // A worker leaving makes room; the refused one gets in and takes the job.
   ASSERT_TRUE(Deregister(first, "test").ok());
   EXPECT_TRUE(state_->RegisterWorker(request).ok());
+  EXPECT_EQ(StateOf(job->job_id()), v1::RUNNING);
+}
+
+// The default limit is sized for clusters of tens of thousands (it was a fixed 4,096), and
+// registration finds a name's records without a walk of the table.
+TEST_F(CoordinatorStateTest, RegisterWorker_TenThousandWorkers_AllRegister) {
+  for (int i = 0; i < 10'000; ++i) Register(absl::StrCat("w", i), 1);
+  EXPECT_EQ(state_->ListWorkers().size(), 10'000u);
+  EXPECT_EQ(state_->GetOverview().worker_registrations_refused_total["capacity"], 0u);
 }
 
 // A job's ranks each carry its spec: a worker's poll answer is cut at 2 MiB of assignments
