@@ -60,6 +60,13 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
                                        options_.max_lost_workers,
                                        options_.max_live_workers}) {
   if (!options_.now_ms) options_.now_ms = SystemNowMs;
+  if (!options_.monotonic_ms) {
+    options_.monotonic_ms = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+  }
   started_ms_ = options_.now_ms();
   if (options_.store != nullptr) writer_ = std::make_unique<StoreWriter>(options_.store);
 }
@@ -705,8 +712,20 @@ void CoordinatorState::EndJob(JobRecord* record, v1::JobState state, const std::
   // Not this job: callers still hold it. Older ones go at the next housekeeping pass.
 }
 
-void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool restartable) {
+std::string CoordinatorState::BlameRecentStall(const std::string& error) const {
+  if (last_stall_ended_ms_ == 0 ||
+      options_.now_ms() - last_stall_ended_ms_ > options_.heartbeat_timeout_ms) {
+    return error;
+  }
+  return absl::StrFormat(
+      "the coordinator did not run for %.1f s (stopped or starved: its clock jumped between two "
+      "liveness checks), so its workers heard nothing from it; then %s",
+      last_stall_ms_ / 1000.0, error);
+}
+
+void CoordinatorState::FailJob(JobRecord* record, const std::string& cause, bool restartable) {
   if (record->terminal()) return;
+  const std::string error = BlameRecentStall(cause);
   const FailurePolicy::Decision decision = policy_.Decide(*record, error, restartable);
   record->TakeConsequence();
   record->AddFailure(decision.error);
@@ -988,6 +1007,20 @@ void CoordinatorState::CheckLiveness() {
 bool CoordinatorState::CheckLivenessLocked() {
   Mutation mutation(this);
   const int64_t now = options_.now_ms();
+  const int64_t monotonic = options_.monotonic_ms();
+  const int64_t interval_ms = workers_.heartbeat_interval_ms();
+  if (last_check_monotonic_ms_ >= 0 && monotonic - last_check_monotonic_ms_ > interval_ms) {
+    // The silence was ours: what the workers sent meanwhile is still queued. Read it first.
+    last_stall_ms_ = monotonic - last_check_monotonic_ms_;
+    last_stall_ended_ms_ = now;
+    stall_grace_until_ms_ = now + interval_ms;
+    spdlog::warn(
+        "the coordinator did not run for {:.1f} s (stopped or starved); no worker is declared "
+        "lost for the next {:.1f} s while what they sent meanwhile is read",
+        last_stall_ms_ / 1000.0, interval_ms / 1000.0);
+  }
+  last_check_monotonic_ms_ = monotonic;
+  if (now < stall_grace_until_ms_) return false;
   bool changed = false;
   for (auto& [worker, silent_ms] : workers_.Silent(now)) {
     MarkWorkerLost(worker, absl::StrFormat("worker %s (%s) lost: no heartbeat for %.1f s",

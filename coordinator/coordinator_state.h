@@ -62,6 +62,9 @@ struct CoordinatorOptions {
   size_t max_events_per_job = 10'000;
   // Returns milliseconds since the Unix epoch; tests replace it.
   std::function<int64_t()> now_ms;
+  // A monotonic clock in milliseconds (steady_clock when unset): a jump of it between two
+  // liveness checks is a stall of the coordinator itself (a stopped process, a paused VM).
+  std::function<int64_t()> monotonic_ms;
   // Job-scoped key-value store bounds (per job; freed when the attempt ends).
   size_t max_kv_keys_per_job = 10'000;
   size_t max_kv_bytes_per_job = 64 << 20;
@@ -321,6 +324,13 @@ class CoordinatorState {
 
   // Marks workers silent past the heartbeat timeout as LOST and fails their jobs. The server
   // calls it periodically; tests call it after moving the fake clock.
+  //
+  // When the coordinator itself did not run for more than a heartbeat interval between two
+  // checks (its monotonic clock jumped: a stopped process, a paused VM, a starved machine),
+  // the silence was its own: the heartbeats that queued meanwhile are read first, and nobody
+  // is declared lost (nor a job failed for silence) for one heartbeat interval after it
+  // resumed. A job failing within a heartbeat timeout after the stall names the stall first
+  // (its workers may have self-fenced because of it).
   void CheckLiveness();
 
 
@@ -462,6 +472,14 @@ class CoordinatorState {
   CoordinatorOptions options_;
   FailurePolicy policy_;
   mutable std::mutex mu_;
+  // The coordinator's own stalls (CheckLiveness): when it last checked (monotonic), until when
+  // (Unix ms) workers get their grace, and the last stall (its length, when it ended).
+  int64_t last_check_monotonic_ms_ = -1;
+  int64_t stall_grace_until_ms_ = 0;
+  int64_t last_stall_ms_ = 0;
+  int64_t last_stall_ended_ms_ = 0;
+  // The error of a job failing now, with the coordinator's recent stall named first.
+  std::string BlameRecentStall(const std::string& error) const;
   WorkerRegistry workers_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.

@@ -31,6 +31,8 @@ class CoordinatorStateTest : public ::testing::Test {
     CoordinatorOptions options;
     options.heartbeat_timeout_ms = 10'000;
     options.now_ms = [this] { return now_ms_.load(); };
+    // Its own: a test that moves now_ms_ is no stall of the coordinator unless it says so.
+    options.monotonic_ms = [this] { return monotonic_ms_.load(); };
     options.notify = [this](const std::vector<std::string>& keys) {
       std::lock_guard<std::mutex> lock(notified_mu_);
       notified_.insert(keys.begin(), keys.end());
@@ -178,6 +180,7 @@ class CoordinatorStateTest : public ::testing::Test {
   std::mutex notified_mu_;
   std::set<std::string> notified_;  // Keys the state asked to wake.
   std::atomic<int64_t> now_ms_{1'000'000};
+  std::atomic<int64_t> monotonic_ms_{0};
   std::unique_ptr<CoordinatorState> state_;
 };
 
@@ -550,6 +553,59 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
 // declared lost) says so with the exits of the ranks it stopped, and the job names it — before,
 // a fenced rank looked like a crash ("exited with code 143") or its "stopped" report, a
 // consequence, was all the job had.
+// The coordinator stopped for 20 s (SIGSTOP, a paused VM): its workers' heartbeats queued
+// meanwhile. Before, the first check after it resumed marked every worker lost ("no heartbeat
+// for 20.0 s") and blamed a worker for the jobs whose ranks had self-fenced because of it.
+TEST_F(CoordinatorStateTest, CoordinatorStall_WorkersGetAGrace_AndTheJobNamesTheStall) {
+  std::string job = Submit(2);
+  std::string worker = Register("w", 2);
+  std::string dead = Register("dead", 1);  // Dead for real: it never heartbeats again.
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  state_->CheckLiveness();
+  now_ms_ += 20'000;
+  monotonic_ms_ += 20'000;
+  state_->CheckLiveness();  // The first check after the stall: nothing read yet.
+  for (const v1::Worker& listed : state_->ListWorkers()) {
+    EXPECT_EQ(listed.state(), v1::ALIVE) << listed.worker_id() << " declared lost at once";
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+  ASSERT_TRUE(Heartbeat(worker).ok());  // What queued is read.
+  // Its rank self-fenced while the coordinator was stopped.
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_rank(1);
+  exit.set_attempt(1);
+  exit.set_exit_code(143);
+  exit.set_worker_secret(worker_secrets_[worker]);
+  exit.set_stop_reason("its worker self-fenced: no answer from the coordinator for 10.1 s");
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  v1::Job failed = *state_->GetJob(job);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error().find("the coordinator did not run for 20.0 s"), 0u) << failed.error();
+  EXPECT_EQ(failed.error().find("lost"), std::string::npos) << failed.error();
+  // After one interval (2 s at a 10 s timeout) the silent one is lost, the other is not.
+  now_ms_ += 1'000;
+  monotonic_ms_ += 1'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(state_->GetOverview().workers.size(), 2u);
+  now_ms_ += 1'100;
+  monotonic_ms_ += 1'100;
+  state_->CheckLiveness();
+  for (const v1::Worker& listed : state_->ListWorkers()) {
+    EXPECT_EQ(listed.state(), listed.worker_id() == dead ? v1::LOST : v1::ALIVE)
+        << listed.worker_id();
+  }
+  // Long after the stall, a failure is no longer blamed on it.
+  now_ms_ += 20'000;
+  monotonic_ms_ += 1'000;
+  std::string later = Submit(1);
+  ASSERT_TRUE(Heartbeat(worker).ok());
+  ASSERT_EQ(StateOf(later), v1::RUNNING);
+  ReportExit(worker, later, 0, 1, 9);
+  EXPECT_EQ(state_->GetJob(later)->error().find("the coordinator did not run"), std::string::npos);
+}
+
 TEST_F(CoordinatorStateTest, SelfFencedRanks_TheJobNamesTheFence) {
   const std::string fence = "its worker self-fenced: no answer from the coordinator for 10.1 s";
   auto exit_with_reason = [&](const std::string& worker, const std::string& job, int rank) {
