@@ -1465,6 +1465,35 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
   return response;
 }
 
+std::optional<std::string> CoordinatorState::PartitionError(const JobRecord& record,
+                                                            int rank) const {
+  auto worker_of = [&](int r) -> const WorkerRecord* {
+    for (const v1::RankPlacement& placement : record.job().placement()) {
+      if (placement.rank() == r) return workers_.Find(placement.worker_id());
+    }
+    return nullptr;
+  };
+  // Alive: it heartbeats (within two intervals), so neither end is gone; the link between is.
+  auto heartbeating = [&](const WorkerRecord* worker) {
+    return worker != nullptr && worker->alive() &&
+           options_.now_ms() - worker->info.last_heartbeat_unix_ms() <=
+               2 * workers_.heartbeat_interval_ms();
+  };
+  const WorkerRecord* own = worker_of(rank);
+  if (!heartbeating(own)) return std::nullopt;
+  for (int peer : FailurePolicy::WaitedFor(record.job().progress(rank).error())) {
+    if (!FailurePolicy::NameEachOther(record, rank, peer)) continue;
+    const WorkerRecord* other = worker_of(peer);
+    if (!heartbeating(other) || other == own) continue;
+    return absl::StrCat("a partition between ", record.DescribeRank(rank), " and ",
+                        record.DescribeRank(peer), ": each timed out waiting for the other "
+                        "while both workers heartbeat (hosts ", own->info.host(), " and ",
+                        other->info.host(), " cannot reach each other); ",
+                        TruncateForError(record.job().progress(rank).error(), 1024));
+  }
+  return std::nullopt;
+}
+
 absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultRequest& request) {
   Mutation mutation(this);
   JobRecord* record = FindJob(request.job_id());
@@ -1487,6 +1516,11 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
     const std::string error = absl::StrCat(record->DescribeRank(request.rank()), " failed: ",
                                            TruncateForError(request.error(), 4096));
     if (request.collective_failure()) {
+      if (std::optional<std::string> partition = PartitionError(*record, request.rank())) {
+        FailJob(record, *partition);
+        effects_.schedule = true;
+        return absl::OkStatus();
+      }
       record->HoldConsequence(error, policy_.ConsequenceDeadline(options_.now_ms()));
       return absl::OkStatus();
     }

@@ -478,6 +478,9 @@ class CoordinatorState {
   int64_t stall_grace_until_ms_ = 0;
   int64_t last_stall_ms_ = 0;
   int64_t last_stall_ended_ms_ = 0;
+  // Why the job fails at once when `rank`'s collective failure and a peer's name each other
+  // while both their workers heartbeat: a partition between their hosts (FailurePolicy).
+  std::optional<std::string> PartitionError(const JobRecord& record, int rank) const;
   // The error of a job failing now, with the coordinator's recent stall named first.
   std::string BlameRecentStall(const std::string& error) const;
   WorkerRegistry workers_;

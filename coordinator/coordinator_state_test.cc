@@ -553,6 +553,76 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
 // declared lost) says so with the exits of the ranks it stopped, and the job names it — before,
 // a fenced rank looked like a crash ("exited with code 143") or its "stopped" report, a
 // consequence, was all the job had.
+// Two ranks that each timed out waiting for the other while both workers heartbeat: a
+// partition between their hosts, named at once (before, the job waited a heartbeat timeout
+// more for a cause that never comes: 70 s at the defaults).
+TEST_F(CoordinatorStateTest, CollectiveFailuresNamingEachOther_BothWorkersAlive_PartitionAtOnce) {
+  std::string job = Submit(2);
+  std::string w1 = Register("w1", 1);
+  std::string w2 = Register("w2", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  auto report = [&](int rank, int peer) {
+    v1::ReportRankResultRequest failure;
+    failure.set_job_id(job);
+    failure.set_rank(rank);
+    failure.set_attempt(1);
+    failure.set_error(absl::StrCat("DEADLINE_EXCEEDED: collective allreduce timed out after 5 s: "
+                                   "rank ", rank, " on h (10.0.0.", rank, ") waited for rank ",
+                                   peer, " on h (10.0.0.", peer, ")"));
+    failure.set_collective_failure(true);
+    failure.set_rank_secret(RankSecret(job, rank));
+    ASSERT_TRUE(state_->ReportRankResult(failure).ok());
+  };
+  report(0, 1);
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "one side alone may be a consequence";
+  now_ms_ += 1'000;
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  ASSERT_TRUE(Heartbeat(w2).ok());
+  report(1, 0);
+  v1::Job failed = *state_->GetJob(job);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error().find("a partition between rank 1 on worker " + w2 +
+                                " (127.0.0.1) and rank 0 on worker " + w1 + " (127.0.0.1)"),
+            0u)
+      << failed.error();
+
+}
+
+// A worker that stopped heartbeating may be the cause (it is being lost): the failures wait.
+TEST_F(CoordinatorStateTest, CollectiveFailuresNamingEachOther_OneWorkerSilent_HeldBack) {
+  std::string job = Submit(2);
+  std::string w1 = Register("w1", 1);
+  Register("w2", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  now_ms_ += 4'100;  // Two intervals (2 s each) and more without w2's heartbeat.
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  for (int rank : {0, 1}) {
+    v1::ReportRankResultRequest failure;
+    failure.set_job_id(job);
+    failure.set_rank(rank);
+    failure.set_attempt(1);
+    failure.set_error(absl::StrCat("collective allreduce timed out after 5 s: rank ", rank,
+                                   " on h waited for rank ", 1 - rank, " on h"));
+    failure.set_collective_failure(true);
+    failure.set_rank_secret(RankSecret(job, rank));
+    ASSERT_TRUE(state_->ReportRankResult(failure).ok());
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+}
+
+TEST(FailurePolicyWaitedForTest, ParsesTheRanksOfACollectiveTimeout) {
+  EXPECT_EQ(FailurePolicy::WaitedFor("collective allreduce timed out after 60 s: rank 0 on h1 "
+                                     "(10.0.0.2) waited for rank 1 on h2 (10.0.0.3), rank 3 "
+                                     "on h4 (10.0.0.5) (gloo: recv)"),
+            (std::vector<int>{1, 3}));
+  EXPECT_TRUE(FailurePolicy::WaitedFor("connection reset").empty());
+  EXPECT_TRUE(FailurePolicy::WaitedFor("waited for its peers").empty());
+  EXPECT_TRUE(FailurePolicy::WaitedFor("waited for rank 99999999999999").size() <= 1);
+  std::string many = "waited for rank 1";
+  for (int i = 0; i < 100; ++i) many += ", rank 1";
+  EXPECT_EQ(FailurePolicy::WaitedFor(many).size(), size_t{FailurePolicy::kMaxWaitedFor});
+}
+
 // The coordinator stopped for 20 s (SIGSTOP, a paused VM): its workers' heartbeats queued
 // meanwhile. Before, the first check after it resumed marked every worker lost ("no heartbeat
 // for 20.0 s") and blamed a worker for the jobs whose ranks had self-fenced because of it.
