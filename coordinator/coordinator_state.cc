@@ -793,7 +793,8 @@ void CoordinatorState::TrySchedule() {
   // With thousands of workers and queued jobs, a pass must not cost workers x jobs: free slots
   // are counted once per device kind (a job needing more waits without a look at the
   // workers), and a reason is worked out once per kind of job.
-  std::map<v1::DeviceKind, int> free_slots = workers_.FreeSlotsByDevice();
+  // Counted per kind when a queued job of that kind is first looked at.
+  std::map<v1::DeviceKind, int> free_slots;
   std::map<std::tuple<v1::DeviceKind, int, int64_t>, std::string> reasons;
   auto reason_for = [&](const v1::JobSpec& spec, int64_t memory) -> const std::string& {
     auto key = std::make_tuple(spec.device(), spec.world_size(), memory);
@@ -815,7 +816,11 @@ void CoordinatorState::TrySchedule() {
       continue;
     }
     std::optional<std::vector<RankSlot>> placement;
-    if (free_slots[spec.device()] >= spec.world_size()) {
+    auto free = free_slots.find(spec.device());
+    if (free == free_slots.end()) {
+      free = free_slots.emplace(spec.device(), workers_.FreeSlots(spec.device())).first;
+    }
+    if (free->second >= spec.world_size()) {
       placement = PlaceRanks(
           spec.world_size(), workers_.Candidates(spec.device(), record->rank_memory_bytes()),
           *rank0_workers,

@@ -196,6 +196,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   worker.info.set_principal(principal);
   const WorkerRecord& stored = workers_[worker_id] = std::move(worker);
   ids_by_name_[name].insert(worker_id);
+  live_by_device_[request.device()].insert(worker_id);
   ++live_workers_;
   spdlog::info("worker {} registered: host {}, {} {} slot(s){}", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()),
@@ -241,7 +242,10 @@ const WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) const {
 
 std::map<std::string, std::vector<int>> WorkerRegistry::MarkLost(
     WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now) {
-  if (worker->alive()) --live_workers_;
+  if (worker->alive()) {
+    --live_workers_;
+    live_by_device_[worker->info.device()].erase(worker->info.worker_id());
+  }
   worker->info.set_state(v1::LOST);
   worker->lost_at_ms = now;
   lost_.push_back(worker->info.worker_id());
@@ -354,10 +358,10 @@ void WorkerRegistry::ReleaseExited(const std::string& job_id, int attempt,
 std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
                                                     int64_t rank_memory_bytes) const {
   std::vector<WorkerSlots> candidates;
-  for (const auto& [id, worker] : workers_) {
-    if (!worker.alive() || worker.info.device() != device || worker.awaiting_first_poll) {
-      continue;
-    }
+  for (const WorkerRecord* live : Live(device)) {
+    const WorkerRecord& worker = *live;
+    const std::string& id = worker.info.worker_id();
+    if (worker.awaiting_first_poll) continue;
     WorkerSlots slots{id, {}, worker.machine()};
     for (int slot = 0; slot < worker.info.slots(); ++slot) {
       const int64_t capacity = worker.SlotMemory(slot);
@@ -503,10 +507,19 @@ std::string WorkerRegistry::SlotsReason(v1::DeviceKind device, int world_size,
 
 std::vector<const WorkerRecord*> WorkerRegistry::Live(v1::DeviceKind device) const {
   std::vector<const WorkerRecord*> live;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.alive() && worker.info.device() == device) live.push_back(&worker);
-  }
+  auto ids = live_by_device_.find(device);
+  if (ids == live_by_device_.end()) return live;
+  live.reserve(ids->second.size());
+  for (const std::string& id : ids->second) live.push_back(Find(id));
   return live;
+}
+
+int WorkerRegistry::FreeSlots(v1::DeviceKind device) const {
+  int free = 0;
+  for (const WorkerRecord* worker : Live(device)) {
+    if (!worker->awaiting_first_poll) free += worker->free_slots();
+  }
+  return free;
 }
 
 std::vector<v1::Worker> WorkerRegistry::List() const {

@@ -153,6 +153,8 @@ class WorkerRegistry {
   // Free slots of live workers that may take ranks now, per device kind (an upper bound for
   // any one job: some may be too small for it).
   std::map<v1::DeviceKind, int> FreeSlotsByDevice() const;
+  // The same for one kind: walks only that kind's live workers.
+  int FreeSlots(v1::DeviceKind device) const;
   // The largest memory a slot of a live `device` worker offers (INT64_MAX: one does not say;
   // -1: no live worker of that kind).
   int64_t LargestSlotMemory(v1::DeviceKind device) const;
@@ -195,6 +197,9 @@ class WorkerRegistry {
   // a walk of the table.
   std::map<std::string, std::set<std::string>> ids_by_name_;
   int live_workers_ = 0;  // Records in state ALIVE, kept as they change.
+  // Live worker ids per device kind: a pass for CUDA jobs never walks CPU workers (with CUDA
+  // jobs queued, each registration of a CPU worker used to walk the whole table).
+  std::map<v1::DeviceKind, std::set<std::string>> live_by_device_;
   int64_t next_worker_number_ = 1;
   std::map<std::string, uint64_t> refused_totals_;
   std::map<std::string, int64_t> refused_names_;  // Name -> its last capacity refusal.
