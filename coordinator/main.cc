@@ -233,7 +233,13 @@ int main(int argc, char** argv) {
   RaiseDescriptorLimit(connection_limits.max_connections);
   mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
                                                   watch_limits);
-  mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
+  // Every live worker holds one poll open: the bound grows with --max_live_workers (before, a
+  // fixed 16,384 turned away the polls of the workers past it), plus the default's room for
+  // ranks' key-value reads and retries.
+  mptrain::CallLimits long_poll_limits = mptrain::kDefaultLongPollLimits;
+  long_poll_limits.total = options.max_live_workers + mptrain::kDefaultLongPollLimits.total;
+  mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator,
+                                               long_poll_limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
