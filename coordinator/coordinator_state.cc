@@ -713,7 +713,10 @@ void CoordinatorState::EndJob(JobRecord* record, v1::JobState state, const std::
 }
 
 std::string CoordinatorState::BlameRecentStall(const std::string& error) const {
-  if (last_stall_ended_ms_ == 0 ||
+  // A short stall (a tick late on a loaded machine) only delays loss detection; one of half
+  // the timeout or more may have made workers fence their ranks (a worker's last answer may
+  // have come an interval or two before it began): that one is named.
+  if (last_stall_ended_ms_ == 0 || last_stall_ms_ < options_.heartbeat_timeout_ms / 2 ||
       options_.now_ms() - last_stall_ended_ms_ > options_.heartbeat_timeout_ms) {
     return error;
   }

@@ -329,8 +329,8 @@ class CoordinatorState {
   // checks (its monotonic clock jumped: a stopped process, a paused VM, a starved machine),
   // the silence was its own: the heartbeats that queued meanwhile are read first, and nobody
   // is declared lost (nor a job failed for silence) for one heartbeat interval after it
-  // resumed. A job failing within a heartbeat timeout after the stall names the stall first
-  // (its workers may have self-fenced because of it).
+  // resumed. A job failing within a heartbeat timeout after a stall of half the timeout or
+  // more names the stall first (its workers may have self-fenced because of it).
   void CheckLiveness();
 
 
