@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load benchmark of one coordinator (CPU only, loopback). For each worker count (default 1000
 # and 10000) it starts a fresh coordinator on 127.0.0.1 with a 30 s heartbeat timeout (so the
-# workers heartbeat every 10 s), runs bench/coordinator_load against it (simulated workers:
+# workers heartbeat every 6 s, the fifth of it the coordinator answers), runs bench/coordinator_load against it (simulated workers:
 # register, heartbeat, one long-poll each; 4 users: submit, get, list, watch, cancel) for 30 s
 # after registration and 5 s of warm-up, prints the latency table and the coordinator's CPU,
 # threads and RSS, and stops the coordinator. Exits 1 when a run failed (an RPC kind above 1%

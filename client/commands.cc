@@ -515,6 +515,12 @@ int WorkersCommand(const CommandContext& context) {
   *context.out << (context.format == OutputFormat::kJson
                        ? ToJson(response) + "\n"
                        : FormatWorkerTable({response.workers().begin(), response.workers().end()}));
+  if (context.format != OutputFormat::kJson && response.registrations_refused_for_capacity() > 0) {
+    // Daemons the coordinator turned away are not in the table: say that they exist.
+    *context.out << response.registrations_refused_for_capacity()
+                 << " registrations refused for capacity (--max_live_workers "
+                 << response.max_live_workers() << "); last: " << response.last_refusal() << "\n";
+  }
   return 0;
 }
 

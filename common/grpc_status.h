@@ -16,6 +16,10 @@ namespace mptrain {
 // what a client sent: every message is cut to this length at the boundary.
 inline constexpr size_t kMaxErrorMessageBytes = 1024;
 
+// Trailing metadata of a refusal that says when to ask again (milliseconds, decimal): a worker
+// registration refused because the coordinator is full.
+inline constexpr char kRetryAfterMetadataKey[] = "mptrain-retry-after-ms";
+
 inline std::string TruncateForError(absl::string_view text, size_t limit = kMaxErrorMessageBytes) {
   if (text.size() <= limit) return std::string(text);
   return absl::StrCat(text.substr(0, limit), "... (", text.size() - limit, " more bytes)");

@@ -57,8 +57,16 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
       policy_(options_.heartbeat_timeout_ms),
       workers_(WorkerRegistry::Options{options_.heartbeat_timeout_ms,
                                        options_.lost_worker_retention_ms,
-                                       options_.max_lost_workers}) {
+                                       options_.max_lost_workers,
+                                       options_.max_live_workers}) {
   if (!options_.now_ms) options_.now_ms = SystemNowMs;
+  if (!options_.monotonic_ms) {
+    options_.monotonic_ms = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+  }
   started_ms_ = options_.now_ms();
   if (options_.store != nullptr) writer_ = std::make_unique<StoreWriter>(options_.store);
 }
@@ -591,6 +599,15 @@ std::vector<v1::Worker> CoordinatorState::ListWorkers() const {
   return workers_.List();
 }
 
+void CoordinatorState::DescribeRefusals(v1::ListWorkersResponse* response) const {
+  std::lock_guard<std::mutex> lock(mu_);  // Memory as it is: nothing here is stored.
+  auto capacity = workers_.RefusedTotals().find("capacity");
+  response->set_registrations_refused_for_capacity(
+      capacity == workers_.RefusedTotals().end() ? 0 : capacity->second);
+  response->set_max_live_workers(options_.max_live_workers);
+  response->set_last_refusal(workers_.last_refusal());
+}
+
 absl::StatusOr<v1::WatchJobEvent> CoordinatorState::WatchSnapshot(
     const std::string& job_id, const JobReader& reader) const {
   Read read(this);
@@ -660,6 +677,10 @@ CoordinatorState::Overview CoordinatorState::GetOverview(const JobReader& reader
   overview.ended_total = ended_total_;
   overview.restarts_total = restarts_total_;
   overview.store_write_failures_total = writer_ == nullptr ? 0 : writer_->failures();
+  overview.worker_registrations_refused_total = workers_.RefusedTotals();
+  overview.max_live_workers = options_.max_live_workers;
+  overview.workers_refused_recently = workers_.RecentlyRefusedForCapacity();
+  overview.last_worker_refusal = workers_.last_refusal();
   return overview;
 }
 
@@ -718,8 +739,23 @@ void CoordinatorState::EndJob(JobRecord* record, v1::JobState state, const std::
   // Not this job: callers still hold it. Older ones go at the next housekeeping pass.
 }
 
-void CoordinatorState::FailJob(JobRecord* record, const std::string& error, bool restartable) {
+std::string CoordinatorState::BlameRecentStall(const std::string& error) const {
+  // A short stall (a tick late on a loaded machine) only delays loss detection; one of half
+  // the timeout or more may have made workers fence their ranks (a worker's last answer may
+  // have come an interval or two before it began): that one is named.
+  if (last_stall_ended_ms_ == 0 || last_stall_ms_ < options_.heartbeat_timeout_ms / 2 ||
+      options_.now_ms() - last_stall_ended_ms_ > options_.heartbeat_timeout_ms) {
+    return error;
+  }
+  return absl::StrFormat(
+      "the coordinator did not run for %.1f s (stopped or starved: its clock jumped between two "
+      "liveness checks), so its workers heard nothing from it; then %s",
+      last_stall_ms_ / 1000.0, error);
+}
+
+void CoordinatorState::FailJob(JobRecord* record, const std::string& cause, bool restartable) {
   if (record->terminal()) return;
+  const std::string error = BlameRecentStall(cause);
   const FailurePolicy::Decision decision = policy_.Decide(*record, error, restartable);
   record->TakeConsequence();
   record->AddFailure(decision.error);
@@ -779,12 +815,16 @@ absl::StatusOr<std::set<std::string>> CoordinatorState::Rank0Workers(
 }
 
 void CoordinatorState::TrySchedule() {
+  // Registrations come thousands a second at start-up: with nothing queued, a pass must not
+  // walk the worker table at all.
+  if (pending_.empty()) return;
   // First-in first-out among the jobs that can be placed now: a job that must wait for slots
   // (or for workers that do not exist yet) does not hold back the jobs behind it.
   // With thousands of workers and queued jobs, a pass must not cost workers x jobs: free slots
   // are counted once per device kind (a job needing more waits without a look at the
   // workers), and a reason is worked out once per kind of job.
-  std::map<v1::DeviceKind, int> free_slots = workers_.FreeSlotsByDevice();
+  // Counted per kind when a queued job of that kind is first looked at.
+  std::map<v1::DeviceKind, int> free_slots;
   std::map<std::tuple<v1::DeviceKind, int, int64_t>, std::string> reasons;
   auto reason_for = [&](const v1::JobSpec& spec, int64_t memory) -> const std::string& {
     auto key = std::make_tuple(spec.device(), spec.world_size(), memory);
@@ -806,7 +846,11 @@ void CoordinatorState::TrySchedule() {
       continue;
     }
     std::optional<std::vector<RankSlot>> placement;
-    if (free_slots[spec.device()] >= spec.world_size()) {
+    auto free = free_slots.find(spec.device());
+    if (free == free_slots.end()) {
+      free = free_slots.emplace(spec.device(), workers_.FreeSlots(spec.device())).first;
+    }
+    if (free->second >= spec.world_size()) {
       placement = PlaceRanks(
           spec.world_size(), workers_.Candidates(spec.device(), record->rank_memory_bytes()),
           *rank0_workers,
@@ -998,6 +1042,20 @@ void CoordinatorState::CheckLiveness() {
 bool CoordinatorState::CheckLivenessLocked() {
   Mutation mutation(this);
   const int64_t now = options_.now_ms();
+  const int64_t monotonic = options_.monotonic_ms();
+  const int64_t interval_ms = workers_.heartbeat_interval_ms();
+  if (last_check_monotonic_ms_ >= 0 && monotonic - last_check_monotonic_ms_ > interval_ms) {
+    // The silence was ours: what the workers sent meanwhile is still queued. Read it first.
+    last_stall_ms_ = monotonic - last_check_monotonic_ms_;
+    last_stall_ended_ms_ = now;
+    stall_grace_until_ms_ = now + interval_ms;
+    spdlog::warn(
+        "the coordinator did not run for {:.1f} s (stopped or starved); no worker is declared "
+        "lost for the next {:.1f} s while what they sent meanwhile is read",
+        last_stall_ms_ / 1000.0, interval_ms / 1000.0);
+  }
+  last_check_monotonic_ms_ = monotonic;
+  if (now < stall_grace_until_ms_) return false;
   bool changed = false;
   for (auto& [worker, silent_ms] : workers_.Silent(now)) {
     MarkWorkerLost(worker, absl::StrFormat("worker %s (%s) lost: no heartbeat for %.1f s",
@@ -1442,6 +1500,35 @@ absl::StatusOr<v1::ReportTelemetryResponse> CoordinatorState::ReportTelemetry(
   return response;
 }
 
+std::optional<std::string> CoordinatorState::PartitionError(const JobRecord& record,
+                                                            int rank) const {
+  auto worker_of = [&](int r) -> const WorkerRecord* {
+    for (const v1::RankPlacement& placement : record.job().placement()) {
+      if (placement.rank() == r) return workers_.Find(placement.worker_id());
+    }
+    return nullptr;
+  };
+  // Alive: it heartbeats (within two intervals), so neither end is gone; the link between is.
+  auto heartbeating = [&](const WorkerRecord* worker) {
+    return worker != nullptr && worker->alive() &&
+           options_.now_ms() - worker->info.last_heartbeat_unix_ms() <=
+               2 * workers_.heartbeat_interval_ms();
+  };
+  const WorkerRecord* own = worker_of(rank);
+  if (!heartbeating(own)) return std::nullopt;
+  for (int peer : FailurePolicy::WaitedFor(record.job().progress(rank).error())) {
+    if (!FailurePolicy::NameEachOther(record, rank, peer)) continue;
+    const WorkerRecord* other = worker_of(peer);
+    if (!heartbeating(other) || other == own) continue;
+    return absl::StrCat("a partition between ", record.DescribeRank(rank), " and ",
+                        record.DescribeRank(peer), ": each timed out waiting for the other "
+                        "while both workers heartbeat (hosts ", own->info.host(), " and ",
+                        other->info.host(), " cannot reach each other); ",
+                        TruncateForError(record.job().progress(rank).error(), 1024));
+  }
+  return std::nullopt;
+}
+
 absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultRequest& request) {
   Mutation mutation(this);
   JobRecord* record = FindJob(request.job_id());
@@ -1464,6 +1551,11 @@ absl::Status CoordinatorState::ReportRankResult(const v1::ReportRankResultReques
     const std::string error = absl::StrCat(record->DescribeRank(request.rank()), " failed: ",
                                            TruncateForError(request.error(), 4096));
     if (request.collective_failure()) {
+      if (std::optional<std::string> partition = PartitionError(*record, request.rank())) {
+        FailJob(record, *partition);
+        effects_.schedule = true;
+        return absl::OkStatus();
+      }
       record->HoldConsequence(error, policy_.ConsequenceDeadline(options_.now_ms()));
       return absl::OkStatus();
     }

@@ -55,10 +55,16 @@ namespace mptrain {
 
 struct CoordinatorOptions {
   int64_t heartbeat_timeout_ms = 10'000;
+  // Live workers at once (--max_live_workers); a registration past it is refused with a retry
+  // delay.
+  int max_live_workers = kDefaultMaxLiveWorkers;
   // Telemetry records and watch events kept per job; older ones are dropped.
   size_t max_events_per_job = 10'000;
   // Returns milliseconds since the Unix epoch; tests replace it.
   std::function<int64_t()> now_ms;
+  // A monotonic clock in milliseconds (steady_clock when unset): a jump of it between two
+  // liveness checks is a stall of the coordinator itself (a stopped process, a paused VM).
+  std::function<int64_t()> monotonic_ms;
   // Job-scoped key-value store bounds (per job; freed when the attempt ends).
   size_t max_kv_keys_per_job = 10'000;
   size_t max_kv_bytes_per_job = 64 << 20;
@@ -212,6 +218,10 @@ class CoordinatorState {
     std::map<v1::JobState, uint64_t> ended_total;
     uint64_t restarts_total = 0;
     uint64_t store_write_failures_total = 0;
+    std::map<std::string, uint64_t> worker_registrations_refused_total;  // By reason.
+    int max_live_workers = 0;
+    size_t workers_refused_recently = 0;  // Distinct ones, for capacity, lately.
+    std::string last_worker_refusal;
   };
   Overview GetOverview(const JobReader& reader = {}) const;
 
@@ -225,6 +235,9 @@ class CoordinatorState {
   // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
   // ALREADY_EXISTS: a live worker holds the name (it frees when that worker is lost or
   // deregisters). `principal` is the caller's. The answer carries the worker secret.
+  // The refusals part of ListWorkers' answer (counts, limit, the last refusal).
+  void DescribeRefusals(v1::ListWorkersResponse* response) const;
+
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request, const std::string& principal = "anonymous");
   // NOT_FOUND: unknown worker, lost worker or stale incarnation.
@@ -317,6 +330,13 @@ class CoordinatorState {
 
   // Marks workers silent past the heartbeat timeout as LOST and fails their jobs. The server
   // calls it periodically; tests call it after moving the fake clock.
+  //
+  // When the coordinator itself did not run for more than a heartbeat interval between two
+  // checks (its monotonic clock jumped: a stopped process, a paused VM, a starved machine),
+  // the silence was its own: the heartbeats that queued meanwhile are read first, and nobody
+  // is declared lost (nor a job failed for silence) for one heartbeat interval after it
+  // resumed. A job failing within a heartbeat timeout after a stall of half the timeout or
+  // more names the stall first (its workers may have self-fenced because of it).
   void CheckLiveness();
 
 
@@ -458,6 +478,17 @@ class CoordinatorState {
   CoordinatorOptions options_;
   FailurePolicy policy_;
   mutable std::mutex mu_;
+  // The coordinator's own stalls (CheckLiveness): when it last checked (monotonic), until when
+  // (Unix ms) workers get their grace, and the last stall (its length, when it ended).
+  int64_t last_check_monotonic_ms_ = -1;
+  int64_t stall_grace_until_ms_ = 0;
+  int64_t last_stall_ms_ = 0;
+  int64_t last_stall_ended_ms_ = 0;
+  // Why the job fails at once when `rank`'s collective failure and a peer's name each other
+  // while both their workers heartbeat: a partition between their hosts (FailurePolicy).
+  std::optional<std::string> PartitionError(const JobRecord& record, int rank) const;
+  // The error of a job failing now, with the coordinator's recent stall named first.
+  std::string BlameRecentStall(const std::string& error) const;
   WorkerRegistry workers_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.

@@ -25,15 +25,19 @@ namespace {
 
 class CoordinatorStateTest : public ::testing::Test {
  protected:
-  CoordinatorStateTest() {
+  CoordinatorStateTest() { state_ = std::make_unique<CoordinatorState>(Options()); }
+
+  CoordinatorOptions Options() {
     CoordinatorOptions options;
     options.heartbeat_timeout_ms = 10'000;
     options.now_ms = [this] { return now_ms_.load(); };
+    // Its own: a test that moves now_ms_ is no stall of the coordinator unless it says so.
+    options.monotonic_ms = [this] { return monotonic_ms_.load(); };
     options.notify = [this](const std::vector<std::string>& keys) {
       std::lock_guard<std::mutex> lock(notified_mu_);
       notified_.insert(keys.begin(), keys.end());
     };
-    state_ = std::make_unique<CoordinatorState>(options);
+    return options;
   }
 
   bool Notified(const std::string& key) {
@@ -176,6 +180,7 @@ class CoordinatorStateTest : public ::testing::Test {
   std::mutex notified_mu_;
   std::set<std::string> notified_;  // Keys the state asked to wake.
   std::atomic<int64_t> now_ms_{1'000'000};
+  std::atomic<int64_t> monotonic_ms_{0};
   std::unique_ptr<CoordinatorState> state_;
 };
 
@@ -587,6 +592,132 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
 // declared lost) says so with the exits of the ranks it stopped, and the job names it — before,
 // a fenced rank looked like a crash ("exited with code 143") or its "stopped" report, a
 // consequence, was all the job had.
+// Two ranks that each timed out waiting for the other while both workers heartbeat: a
+// partition between their hosts, named at once (before, the job waited a heartbeat timeout
+// more for a cause that never comes: 70 s at the defaults).
+TEST_F(CoordinatorStateTest, CollectiveFailuresNamingEachOther_BothWorkersAlive_PartitionAtOnce) {
+  std::string job = Submit(2);
+  std::string w1 = Register("w1", 1);
+  std::string w2 = Register("w2", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  auto report = [&](int rank, int peer) {
+    v1::ReportRankResultRequest failure;
+    failure.set_job_id(job);
+    failure.set_rank(rank);
+    failure.set_attempt(1);
+    failure.set_error(absl::StrCat("DEADLINE_EXCEEDED: collective allreduce timed out after 5 s: "
+                                   "rank ", rank, " on h (10.0.0.", rank, ") waited for rank ",
+                                   peer, " on h (10.0.0.", peer, ")"));
+    failure.set_collective_failure(true);
+    failure.set_rank_secret(RankSecret(job, rank));
+    ASSERT_TRUE(state_->ReportRankResult(failure).ok());
+  };
+  report(0, 1);
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "one side alone may be a consequence";
+  now_ms_ += 1'000;
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  ASSERT_TRUE(Heartbeat(w2).ok());
+  report(1, 0);
+  v1::Job failed = *state_->GetJob(job);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error().find("a partition between rank 1 on worker " + w2 +
+                                " (127.0.0.1) and rank 0 on worker " + w1 + " (127.0.0.1)"),
+            0u)
+      << failed.error();
+
+}
+
+// A worker that stopped heartbeating may be the cause (it is being lost): the failures wait.
+TEST_F(CoordinatorStateTest, CollectiveFailuresNamingEachOther_OneWorkerSilent_HeldBack) {
+  std::string job = Submit(2);
+  std::string w1 = Register("w1", 1);
+  Register("w2", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  now_ms_ += 4'100;  // Two intervals (2 s each) and more without w2's heartbeat.
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  for (int rank : {0, 1}) {
+    v1::ReportRankResultRequest failure;
+    failure.set_job_id(job);
+    failure.set_rank(rank);
+    failure.set_attempt(1);
+    failure.set_error(absl::StrCat("collective allreduce timed out after 5 s: rank ", rank,
+                                   " on h waited for rank ", 1 - rank, " on h"));
+    failure.set_collective_failure(true);
+    failure.set_rank_secret(RankSecret(job, rank));
+    ASSERT_TRUE(state_->ReportRankResult(failure).ok());
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+}
+
+TEST(FailurePolicyWaitedForTest, ParsesTheRanksOfACollectiveTimeout) {
+  EXPECT_EQ(FailurePolicy::WaitedFor("collective allreduce timed out after 60 s: rank 0 on h1 "
+                                     "(10.0.0.2) waited for rank 1 on h2 (10.0.0.3), rank 3 "
+                                     "on h4 (10.0.0.5) (gloo: recv)"),
+            (std::vector<int>{1, 3}));
+  EXPECT_TRUE(FailurePolicy::WaitedFor("connection reset").empty());
+  EXPECT_TRUE(FailurePolicy::WaitedFor("waited for its peers").empty());
+  EXPECT_TRUE(FailurePolicy::WaitedFor("waited for rank 99999999999999").size() <= 1);
+  std::string many = "waited for rank 1";
+  for (int i = 0; i < 100; ++i) many += ", rank 1";
+  EXPECT_EQ(FailurePolicy::WaitedFor(many).size(), size_t{FailurePolicy::kMaxWaitedFor});
+}
+
+// The coordinator stopped for 20 s (SIGSTOP, a paused VM): its workers' heartbeats queued
+// meanwhile. Before, the first check after it resumed marked every worker lost ("no heartbeat
+// for 20.0 s") and blamed a worker for the jobs whose ranks had self-fenced because of it.
+TEST_F(CoordinatorStateTest, CoordinatorStall_WorkersGetAGrace_AndTheJobNamesTheStall) {
+  std::string job = Submit(2);
+  std::string worker = Register("w", 2);
+  std::string dead = Register("dead", 1);  // Dead for real: it never heartbeats again.
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  state_->CheckLiveness();
+  now_ms_ += 20'000;
+  monotonic_ms_ += 20'000;
+  state_->CheckLiveness();  // The first check after the stall: nothing read yet.
+  for (const v1::Worker& listed : state_->ListWorkers()) {
+    EXPECT_EQ(listed.state(), v1::ALIVE) << listed.worker_id() << " declared lost at once";
+  }
+  EXPECT_EQ(StateOf(job), v1::RUNNING);
+  ASSERT_TRUE(Heartbeat(worker).ok());  // What queued is read.
+  // Its rank self-fenced while the coordinator was stopped.
+  v1::ReportRankExitRequest exit;
+  exit.set_worker_id(worker);
+  exit.set_job_id(job);
+  exit.set_rank(1);
+  exit.set_attempt(1);
+  exit.set_exit_code(143);
+  exit.set_worker_secret(worker_secrets_[worker]);
+  exit.set_stop_reason("its worker self-fenced: no answer from the coordinator for 10.1 s");
+  ASSERT_TRUE(state_->ReportRankExit(exit).ok());
+  v1::Job failed = *state_->GetJob(job);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error().find("the coordinator did not run for 20.0 s"), 0u) << failed.error();
+  EXPECT_EQ(failed.error().find("lost"), std::string::npos) << failed.error();
+  // After one interval (2 s at a 10 s timeout) the silent one is lost, the other is not.
+  now_ms_ += 1'000;
+  monotonic_ms_ += 1'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(state_->GetOverview().workers.size(), 2u);
+  now_ms_ += 1'100;
+  monotonic_ms_ += 1'100;
+  state_->CheckLiveness();
+  for (const v1::Worker& listed : state_->ListWorkers()) {
+    EXPECT_EQ(listed.state(), listed.worker_id() == dead ? v1::LOST : v1::ALIVE)
+        << listed.worker_id();
+  }
+  // A short stall (a late tick on a loaded machine, under half the timeout) delays loss
+  // detection but is named in no failure, even one right after it.
+  now_ms_ += 3'000;
+  monotonic_ms_ += 3'000;
+  state_->CheckLiveness();
+  ASSERT_TRUE(Heartbeat(worker).ok());
+  std::string later = Submit(1);
+  ASSERT_TRUE(Heartbeat(worker).ok());
+  ASSERT_EQ(StateOf(later), v1::RUNNING);
+  ReportExit(worker, later, 0, 1, 9);
+  EXPECT_EQ(state_->GetJob(later)->error().find("the coordinator did not run"), std::string::npos);
+}
+
 TEST_F(CoordinatorStateTest, SelfFencedRanks_TheJobNamesTheFence) {
   const std::string fence = "its worker self-fenced: no answer from the coordinator for 10.1 s";
   auto exit_with_reason = [&](const std::string& worker, const std::string& job, int rank) {
@@ -1250,19 +1381,59 @@ TEST_F(CoordinatorStateTest, RegisterWorker_TooManySlotsOrDevices_InvalidArgumen
   EXPECT_TRUE(state_->RegisterWorker(request).ok());
 }
 
-TEST_F(CoordinatorStateTest, RegisterWorker_PastTheLiveWorkerLimit_ResourceExhausted) {
+TEST_F(CoordinatorStateTest, RegisterWorker_PastTheLiveWorkerLimit_RefusedWithARetryDelay) {
+  CoordinatorOptions options = Options();
+  options.max_live_workers = 3;
+  state_ = std::make_unique<CoordinatorState>(options);
   const std::string first = Register("w0", 1);
-  for (int i = 1; i < kMaxLiveWorkers; ++i) Register(absl::StrCat("w", i), 1);
+  Register("w1", 1);
+  Register("w2", 1);
   v1::RegisterWorkerRequest request;
   request.set_host("127.0.0.1");
   request.set_device(v1::CPU);
-  request.set_slots(1);
+  request.set_slots(2);
   request.set_name("one-too-many");
   auto refused = state_->RegisterWorker(request);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
-  // A worker leaving makes room.
+  EXPECT_NE(refused.status().message().find("--max_live_workers 3"), std::string::npos)
+      << refused.status();
+  // A fifth of the 10 s heartbeat timeout: about when room may free.
+  EXPECT_EQ(WorkerRegistry::RetryAfterOf(refused.status()), 2'000);
+  EXPECT_EQ(state_->RegisterWorker(request).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  CoordinatorState::Overview overview = state_->GetOverview();
+  EXPECT_EQ(overview.worker_registrations_refused_total["capacity"], 2u);
+  EXPECT_EQ(overview.workers_refused_recently, 1u) << "the same worker, twice";
+  EXPECT_NE(overview.last_worker_refusal.find("one-too-many"), std::string::npos);
+  v1::ListWorkersResponse listed;  // What trainctl workers shows.
+  state_->DescribeRefusals(&listed);
+  EXPECT_EQ(listed.registrations_refused_for_capacity(), 2u);
+  EXPECT_EQ(listed.max_live_workers(), 3);
+  EXPECT_NE(listed.last_refusal().find("one-too-many: the coordinator has 3 live workers"),
+            std::string::npos)
+      << listed.last_refusal();
+  // A job that needs the refused worker's slots says why it waits.
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = Spec(4);
+  auto job = state_->SubmitJob(submit);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto pending = state_->GetJob(job->job_id());
+  ASSERT_TRUE(pending.ok());
+  EXPECT_NE(pending->pending_reason().find("; 1 worker refused for capacity lately"),
+            std::string::npos)
+      << pending->pending_reason();
+  // A worker leaving makes room; the refused one gets in and takes the job.
   ASSERT_TRUE(Deregister(first, "test").ok());
   EXPECT_TRUE(state_->RegisterWorker(request).ok());
+  EXPECT_EQ(StateOf(job->job_id()), v1::RUNNING);
+}
+
+// The default limit is sized for clusters of tens of thousands (it was a fixed 4,096), and
+// registration finds a name's records without a walk of the table.
+TEST_F(CoordinatorStateTest, RegisterWorker_TenThousandWorkers_AllRegister) {
+  for (int i = 0; i < 10'000; ++i) Register(absl::StrCat("w", i), 1);
+  EXPECT_EQ(state_->ListWorkers().size(), 10'000u);
+  EXPECT_EQ(state_->GetOverview().worker_registrations_refused_total["capacity"], 0u);
 }
 
 // A job's ranks each carry its spec: a worker's poll answer is cut at 2 MiB of assignments

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 
 namespace mptrain {
@@ -59,6 +62,34 @@ FailurePolicy::Decision FailurePolicy::Decide(const JobRecord& job, const std::s
         " after: ", decision.error);
   }
   return decision;
+}
+
+std::vector<int> FailurePolicy::WaitedFor(const std::string& error) {
+  std::vector<int> ranks;
+  const std::string waited = "waited for ";
+  const size_t at = error.find(waited);
+  if (at == std::string::npos) return ranks;
+  absl::string_view rest = absl::string_view(error).substr(at + waited.size());
+  // "rank N on HOST (ADDRESS)", separated by ", "; anything else ends the list.
+  while (absl::ConsumePrefix(&rest, "rank ") && ranks.size() < static_cast<size_t>(kMaxWaitedFor)) {
+    size_t digits = 0;
+    while (digits < rest.size() && digits < 9 && absl::ascii_isdigit(rest[digits])) ++digits;
+    int rank = 0;
+    if (digits == 0 || !absl::SimpleAtoi(rest.substr(0, digits), &rank)) break;
+    ranks.push_back(rank);
+    const size_t next = rest.find(", rank ");
+    if (next == absl::string_view::npos) break;
+    rest.remove_prefix(next + 2);
+  }
+  return ranks;
+}
+
+bool FailurePolicy::NameEachOther(const JobRecord& job, int rank, int peer) {
+  if (rank == peer || !job.ValidRank(rank) || !job.ValidRank(peer)) return false;
+  const std::vector<int> by_rank = WaitedFor(job.job().progress(rank).error());
+  const std::vector<int> by_peer = WaitedFor(job.job().progress(peer).error());
+  return std::count(by_rank.begin(), by_rank.end(), peer) > 0 &&
+         std::count(by_peer.begin(), by_peer.end(), rank) > 0;
 }
 
 }  // namespace mptrain

@@ -9,12 +9,16 @@
 //   - A rank's collective failure is usually a consequence (its peer died): it is held back for
 //     the heartbeat timeout, so that the root cause (a lost worker, a rank that exited) names
 //     the failure when it arrives; the consequence follows it ("...; then ...").
+//   - Two ranks whose collective failures name each other ("... waited for rank N ...") while
+//     both their workers are alive are the two ends of a partition: that is the cause, and the
+//     job fails at once naming the pair, not after the heartbeat timeout.
 //   - A failure restarts a RUNNING job while restarts remain (like torchrun's --max-restarts),
 //     unless it is one no restart can fix (diverged parameters, a queue timeout).
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "coordinator/job_record.h"
 
@@ -38,6 +42,15 @@ class FailurePolicy {
     std::string note;   // For a restart: what the watch event says.
   };
   Decision Decide(const JobRecord& job, const std::string& error, bool restartable) const;
+
+  // The ranks a collective failure says its rank waited for (CollectiveTimeoutMessage's
+  // "waited for rank 1 on h2 (10.0.0.3), rank 3 on ..."); at most kMaxWaitedFor, none when the
+  // text does not say.
+  static constexpr int kMaxWaitedFor = 16;
+  static std::vector<int> WaitedFor(const std::string& error);
+  // Whether `rank`'s error and `peer`'s recorded errors name each other: each waited for the
+  // other.
+  static bool NameEachOther(const JobRecord& job, int rank, int peer);
 
  private:
   int64_t heartbeat_timeout_ms_;

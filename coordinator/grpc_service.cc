@@ -511,6 +511,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
         for (v1::Worker& worker : state_->ListWorkers()) {
           *frame->response.add_workers() = std::move(worker);
         }
+        state_->DescribeRefusals(&frame->response);
         return AnswerNow(context, *frame, absl::OkStatus());
       });
 }
@@ -561,10 +562,14 @@ grpc::ServerUnaryReactor* WorkerControlService::RegisterWorker(
         if (absl::Status status = auth_->CheckWorkerCaller(*context, name); !status.ok()) {
           return AnswerNow(context, *frame, status);
         }
-        return AnswerNow(
-            context, *frame,
-            state_->RegisterWorker(frame->request, auth_->Identify(*context).principal),
-            &frame->response);
+        absl::StatusOr<v1::RegisterWorkerResponse> registered =
+            state_->RegisterWorker(frame->request, auth_->Identify(*context).principal);
+        // A refusal for capacity says when to ask again; the daemon backs off from it.
+        if (const int64_t retry_after_ms = WorkerRegistry::RetryAfterOf(registered.status());
+            retry_after_ms > 0) {
+          context->AddTrailingMetadata(kRetryAfterMetadataKey, absl::StrCat(retry_after_ms));
+        }
+        return AnswerNow(context, *frame, registered, &frame->response);
       });
 }
 

@@ -34,6 +34,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 = any free)");
 ABSL_FLAG(double, heartbeat_timeout, 10.0,
           "Seconds without a heartbeat after which a worker is lost and its jobs fail");
+ABSL_FLAG(int32_t, max_live_workers, mptrain::kDefaultMaxLiveWorkers,
+          "Live workers at once; a registration past it is refused with a retry delay");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written to this file");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of this server (enables TLS)");
@@ -125,6 +127,11 @@ int main(int argc, char** argv) {
   }
   mptrain::CoordinatorOptions options;
   options.heartbeat_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  options.max_live_workers = absl::GetFlag(FLAGS_max_live_workers);
+  if (options.max_live_workers < 1 || options.max_live_workers > 1'000'000) {
+    spdlog::error("--max_live_workers must be in [1, 1000000], got {}", options.max_live_workers);
+    return 2;
+  }
   mptrain::ServerSecurityOptions security_options;
   security_options.listen = absl::GetFlag(FLAGS_listen);
   security_options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -226,7 +233,13 @@ int main(int argc, char** argv) {
   RaiseDescriptorLimit(connection_limits.max_connections);
   mptrain::CoordinatorService coordinator_service(&state, &waits, security->authenticator,
                                                   watch_limits);
-  mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator);
+  // Every live worker holds one poll open: the bound grows with --max_live_workers (before, a
+  // fixed 16,384 turned away the polls of the workers past it), plus the default's room for
+  // ranks' key-value reads and retries.
+  mptrain::CallLimits long_poll_limits = mptrain::kDefaultLongPollLimits;
+  long_poll_limits.total = options.max_live_workers + mptrain::kDefaultLongPollLimits.total;
+  mptrain::WorkerControlService worker_service(&state, &waits, security->authenticator,
+                                               long_poll_limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -99,6 +99,20 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
   text.Family("mptrain_store_write_failures_total",
               "Job store commits that failed (a restart would lose those changes).", "counter");
   text.Sample({}, static_cast<double>(overview.store_write_failures_total));
+  text.Family("mptrain_worker_registrations_refused_total",
+              "Worker registrations refused, by reason (capacity: --max_live_workers were live; "
+              "name_held: a live worker holds the name).",
+              "counter");
+  for (const char* reason : {"capacity", "name_held"}) {
+    auto it = overview.worker_registrations_refused_total.find(reason);
+    text.Sample({{"reason", reason}},
+                it == overview.worker_registrations_refused_total.end()
+                    ? 0
+                    : static_cast<double>(it->second));
+  }
+  text.Family("mptrain_max_live_workers", "Live workers the coordinator admits at once.",
+              "gauge");
+  text.Sample({}, overview.max_live_workers);
 
   std::map<std::string, int> workers_by_state = {{"alive", 0}, {"lost", 0}};
   for (const auto& line : overview.workers) {

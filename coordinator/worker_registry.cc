@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
@@ -134,35 +137,44 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     return status;
   }
   std::vector<std::string> replaced;
-  for (auto& [id, worker] : workers_) {
-    if (worker.name != name) continue;
-    if (!worker.alive()) {
-      replaced.push_back(id);
-      continue;
+  if (auto same_name = ids_by_name_.find(name); same_name != ids_by_name_.end()) {
+    for (const std::string& id : same_name->second) {
+      const WorkerRecord& worker = workers_.at(id);
+      if (!worker.alive()) {
+        replaced.push_back(id);
+        continue;
+      }
+      if (worker.info.incarnation() == request.incarnation() &&
+          !request.registration_nonce().empty() &&
+          SecretsEqual(worker.registration_nonce, request.registration_nonce())) {
+        // The same daemon again: its first answer was lost (a client-side deadline).
+        return Answer(id, worker);
+      }
+      // Taking over a live worker's name would hand its ranks' slots to whoever asks.
+      return Refuse("name_held", name,
+                    absl::AlreadyExistsError(absl::StrCat(
+                        "worker name ", name, " is held by live worker ", id,
+                        "; it frees when that worker deregisters or misses heartbeats for ",
+                        options_.heartbeat_timeout_ms / 1000.0, " s")),
+                    now);
     }
-    if (worker.info.incarnation() == request.incarnation() &&
-        !request.registration_nonce().empty() &&
-        SecretsEqual(worker.registration_nonce, request.registration_nonce())) {
-      // The same daemon again: its first answer was lost (a client-side deadline).
-      return Answer(id, worker);
-    }
-    // Taking over a live worker's name would hand its ranks' slots to whoever asks.
-    return absl::AlreadyExistsError(absl::StrCat(
-        "worker name ", name, " is held by live worker ", id,
-        "; it frees when that worker deregisters or misses heartbeats for ",
-        options_.heartbeat_timeout_ms / 1000.0, " s"));
   }
-  int live = 0;
-  for (const auto& [id, worker] : workers_) live += worker.alive() ? 1 : 0;
-  if (live >= kMaxLiveWorkers) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the coordinator has ", live, " live workers, its limit; this one is not registered"));
+  if (live_workers_ >= options_.max_live_workers) {
+    const int64_t retry_after_ms = RetryAfterMs();
+    absl::Status refusal = absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator has ", live_workers_, " live workers, its limit (--max_live_workers ",
+        options_.max_live_workers, "); this one is not registered: retry in ",
+        retry_after_ms / 1000.0, " s or later"));
+    refusal.SetPayload(kRetryAfterPayloadUrl, absl::Cord(absl::StrCat(retry_after_ms)));
+    return Refuse("capacity", name, std::move(refusal), now);
   }
   // The daemon is back under its name: its lost entry is history now.
   for (const std::string& id : replaced) {
     workers_.erase(id);
+    ids_by_name_[name].erase(id);
     lost_.erase(std::remove(lost_.begin(), lost_.end(), id), lost_.end());
   }
+  refused_names_.erase(name);
   WorkerRecord worker;
   worker.name = name;
   worker.secret = RandomSecret();
@@ -183,6 +195,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   worker.info.set_machine_id(request.machine_id());
   worker.info.set_principal(principal);
   const WorkerRecord& stored = workers_[worker_id] = std::move(worker);
+  ids_by_name_[name].insert(worker_id);
+  live_by_device_[request.device()].insert(worker_id);
+  ++live_workers_;
   spdlog::info("worker {} registered: host {}, {} {} slot(s){}", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()),
                replaced.empty() ? "" : " (replacing its lost entry)");
@@ -227,6 +242,10 @@ const WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) const {
 
 std::map<std::string, std::vector<int>> WorkerRegistry::MarkLost(
     WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now) {
+  if (worker->alive()) {
+    --live_workers_;
+    live_by_device_[worker->info.device()].erase(worker->info.worker_id());
+  }
   worker->info.set_state(v1::LOST);
   worker->lost_at_ms = now;
   lost_.push_back(worker->info.worker_id());
@@ -255,9 +274,54 @@ void WorkerRegistry::PruneLost(int64_t now) {
         now - oldest->lost_at_ms <= options_.lost_worker_retention_ms) {
       break;
     }
-    if (oldest != nullptr && !oldest->alive()) workers_.erase(lost_.front());
+    if (oldest != nullptr && !oldest->alive()) {
+      auto same_name = ids_by_name_.find(oldest->name);
+      if (same_name != ids_by_name_.end() && same_name->second.erase(lost_.front()) &&
+          same_name->second.empty()) {
+        ids_by_name_.erase(same_name);
+      }
+      workers_.erase(lost_.front());
+    }
     lost_.pop_front();
   }
+  for (auto it = refused_names_.begin(); it != refused_names_.end();) {
+    it = now - it->second > kRefusedNameRetentionMs ? refused_names_.erase(it) : std::next(it);
+  }
+}
+
+int64_t WorkerRegistry::RetryAfterMs() const {
+  return std::clamp<int64_t>(heartbeat_interval_ms(), 1'000, 60'000);
+}
+
+int64_t WorkerRegistry::RetryAfterOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kRetryAfterPayloadUrl);
+  int64_t ms = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) return 0;
+  return ms;
+}
+
+absl::Status WorkerRegistry::Refuse(const std::string& reason, const std::string& name,
+                                    absl::Status status, int64_t now) {
+  refused_totals_[reason] += 1;
+  if (reason == "capacity") {
+    if (refused_names_.size() < kMaxRefusedNamesTracked || refused_names_.count(name)) {
+      refused_names_[name] = now;
+    }
+    last_refusal_ = absl::StrCat(name, ": ", status.message());
+  }
+  // A full coordinator may be asked thousands of times a second: one line a second, with a
+  // count of what it stands for.
+  if (now - last_refusal_logged_ms_ >= 1'000) {
+    spdlog::warn("worker {} refused ({}): {}{}", name, reason, std::string(status.message()),
+                 refusals_not_logged_ == 0
+                     ? std::string()
+                     : absl::StrCat(" (", refusals_not_logged_, " more refusals not logged)"));
+    last_refusal_logged_ms_ = now;
+    refusals_not_logged_ = 0;
+  } else {
+    ++refusals_not_logged_;
+  }
+  return status;
 }
 
 bool WorkerRegistry::FreeDrainingSlots(WorkerRecord* worker,
@@ -294,10 +358,10 @@ void WorkerRegistry::ReleaseExited(const std::string& job_id, int attempt,
 std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
                                                     int64_t rank_memory_bytes) const {
   std::vector<WorkerSlots> candidates;
-  for (const auto& [id, worker] : workers_) {
-    if (!worker.alive() || worker.info.device() != device || worker.awaiting_first_poll) {
-      continue;
-    }
+  for (const WorkerRecord* live : Live(device)) {
+    const WorkerRecord& worker = *live;
+    const std::string& id = worker.info.worker_id();
+    if (worker.awaiting_first_poll) continue;
     WorkerSlots slots{id, {}, worker.machine()};
     for (int slot = 0; slot < worker.info.slots(); ++slot) {
       const int64_t capacity = worker.SlotMemory(slot);
@@ -354,6 +418,19 @@ int64_t WorkerRegistry::LargestSlotMemory(v1::DeviceKind device) const {
 
 std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
                                           int64_t rank_memory_bytes) const {
+  std::string reason = SlotsReason(device, world_size, rank_memory_bytes);
+  if (!refused_names_.empty()) {
+    absl::StrAppend(&reason, "; ", refused_names_.size(),
+                    refused_names_.size() >= kMaxRefusedNamesTracked ? " or more" : "",
+                    refused_names_.size() == 1 ? " worker" : " workers",
+                    " refused for capacity lately (--max_live_workers ", options_.max_live_workers,
+                    ")");
+  }
+  return reason;
+}
+
+std::string WorkerRegistry::SlotsReason(v1::DeviceKind device, int world_size,
+                                        int64_t rank_memory_bytes) const {
   const std::string kind = absl::AsciiStrToLower(v1::DeviceKind_Name(device));
   int total = 0, free = 0, too_small = 0, workers = 0;
   for (const WorkerRecord* worker : Live(device)) {
@@ -430,10 +507,19 @@ std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
 
 std::vector<const WorkerRecord*> WorkerRegistry::Live(v1::DeviceKind device) const {
   std::vector<const WorkerRecord*> live;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.alive() && worker.info.device() == device) live.push_back(&worker);
-  }
+  auto ids = live_by_device_.find(device);
+  if (ids == live_by_device_.end()) return live;
+  live.reserve(ids->second.size());
+  for (const std::string& id : ids->second) live.push_back(Find(id));
   return live;
+}
+
+int WorkerRegistry::FreeSlots(v1::DeviceKind device) const {
+  int free = 0;
+  for (const WorkerRecord* worker : Live(device)) {
+    if (!worker->awaiting_first_poll) free += worker->free_slots();
+  }
+  return free;
 }
 
 std::vector<v1::Worker> WorkerRegistry::List() const {

@@ -32,8 +32,16 @@ inline constexpr int kMaxRootsPerKind = 32;
 // Slots (and device descriptions) one worker may declare: no more than a job's ranks, and each
 // scheduling pass walks every free slot.
 inline constexpr int kMaxWorkerSlots = kMaxWorldSize;
-// Live workers at once; a registration past it is RESOURCE_EXHAUSTED.
-inline constexpr int kMaxLiveWorkers = 4096;
+// Live workers at once unless --max_live_workers says otherwise; a registration past it is
+// RESOURCE_EXHAUSTED with a retry delay.
+inline constexpr int kDefaultMaxLiveWorkers = 65'536;
+// The payload key of a refusal's retry delay (milliseconds, decimal): the gRPC layer sends it
+// as the trailing metadata kRetryAfterMetadataKey (common/grpc_status.h), which the worker
+// daemon honours.
+inline constexpr char kRetryAfterPayloadUrl[] = "type.mptrain/retry_after_ms";
+// Names of refused workers remembered for a pending job's reason, and for how long.
+inline constexpr size_t kMaxRefusedNamesTracked = 4'096;
+inline constexpr int64_t kRefusedNameRetentionMs = 120'000;
 
 // What one slot runs: a rank of one attempt of a job.
 struct BusySlot {
@@ -91,6 +99,7 @@ class WorkerRegistry {
     // Lost workers stay listed (ListWorkers) for this long, and never more than this many.
     int64_t lost_worker_retention_ms = 3'600'000;
     size_t max_lost_workers = 1'000;
+    int max_live_workers = kDefaultMaxLiveWorkers;
   };
   explicit WorkerRegistry(Options options) : options_(options) {}
 
@@ -99,7 +108,9 @@ class WorkerRegistry {
   static std::string NameOfId(const std::string& worker_id);
 
   // INVALID_ARGUMENT: no slots or no device kind, a malformed name or root.
-  // ALREADY_EXISTS: a live worker holds the name. A retried registration (same incarnation and
+  // ALREADY_EXISTS: a live worker holds the name. RESOURCE_EXHAUSTED: max_live_workers are
+  // live; the status carries a retry delay (RetryAfterMs). Every refusal is counted
+  // (RefusedTotals) and logged (at most once a second). A retried registration (same incarnation and
   // registration nonce) gets the first answer again. A lost worker of the same name is
   // replaced: the daemon came back.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request,
@@ -142,10 +153,13 @@ class WorkerRegistry {
   // Free slots of live workers that may take ranks now, per device kind (an upper bound for
   // any one job: some may be too small for it).
   std::map<v1::DeviceKind, int> FreeSlotsByDevice() const;
+  // The same for one kind: walks only that kind's live workers.
+  int FreeSlots(v1::DeviceKind device) const;
   // The largest memory a slot of a live `device` worker offers (INT64_MAX: one does not say;
   // -1: no live worker of that kind).
   int64_t LargestSlotMemory(v1::DeviceKind device) const;
-  // Why a job of `world_size` ranks of `rank_memory_bytes` on `device` cannot be placed now.
+  // Why a job of `world_size` ranks of `rank_memory_bytes` on `device` cannot be placed now;
+  // workers refused for capacity lately are named ("; N workers refused for capacity").
   std::string PendingReason(v1::DeviceKind device, int world_size,
                             int64_t rank_memory_bytes) const;
   std::vector<const WorkerRecord*> Live(v1::DeviceKind device) const;
@@ -156,15 +170,42 @@ class WorkerRegistry {
   const std::map<std::string, WorkerRecord>& all() const { return workers_; }
 
   int64_t heartbeat_interval_ms() const;
+  int live_workers() const { return live_workers_; }
+  // Refusals since start, by reason ("capacity", "name_held").
+  const std::map<std::string, uint64_t>& RefusedTotals() const { return refused_totals_; }
+  // Distinct workers refused for capacity in the last kRefusedNameRetentionMs (at most
+  // kMaxRefusedNamesTracked are told apart), and the last such refusal ("" if none).
+  size_t RecentlyRefusedForCapacity() const { return refused_names_.size(); }
+  const std::string& last_refusal() const { return last_refusal_; }
+  // The delay a capacity refusal asks for: room frees when a worker deregisters or misses
+  // heartbeats, so about a heartbeat interval; the daemon backs off exponentially from it.
+  int64_t RetryAfterMs() const;
+  // The retry delay a status carries (0: none).
+  static int64_t RetryAfterOf(const absl::Status& status);
 
  private:
+  std::string SlotsReason(v1::DeviceKind device, int world_size, int64_t rank_memory_bytes) const;
+  absl::Status Refuse(const std::string& reason, const std::string& name, absl::Status status,
+                      int64_t now);
   v1::RegisterWorkerResponse Answer(const std::string& worker_id,
                                     const WorkerRecord& worker) const;
 
   Options options_;
   std::map<std::string, WorkerRecord> workers_;
   std::deque<std::string> lost_;  // In the order they were lost.
+  // Name -> ids of its records (live and lost): registration finds its name's records without
+  // a walk of the table.
+  std::map<std::string, std::set<std::string>> ids_by_name_;
+  int live_workers_ = 0;  // Records in state ALIVE, kept as they change.
+  // Live worker ids per device kind: a pass for CUDA jobs never walks CPU workers (with CUDA
+  // jobs queued, each registration of a CPU worker used to walk the whole table).
+  std::map<v1::DeviceKind, std::set<std::string>> live_by_device_;
   int64_t next_worker_number_ = 1;
+  std::map<std::string, uint64_t> refused_totals_;
+  std::map<std::string, int64_t> refused_names_;  // Name -> its last capacity refusal.
+  std::string last_refusal_;
+  int64_t last_refusal_logged_ms_ = -1'000'000;
+  uint64_t refusals_not_logged_ = 0;
 };
 
 }  // namespace mptrain

@@ -6,7 +6,7 @@
 #      timeout + 5 s, and no rank is left on any host (the cut-off worker fences its own);
 #      plugged back in, the worker registers again and replaces its lost entry;
 #   2. a partition between the two hosts of a job (both still reach the coordinator): the job
-#      FAILS naming both ranks' hosts within collective_timeout_s + 10 s;
+#      FAILS naming the partition and both ranks' hosts within collective_timeout_s + 2 s;
 #   3. max_restarts 1, checkpoints on rank 0's own disk, rank 1's host killed: the restart puts
 #      rank 0 where the checkpoint is and ends SUCCEEDED, bit-identical (parameter checksum) to
 #      an uninterrupted run, after exactly one restart that resumed from the checkpoint the
@@ -153,11 +153,18 @@ job=$(submit "$WORK/partition.json")
 wait_step "$job" 20
 a=$(rank_host "$job" 0); b=$(rank_host "$job" 1)
 partition "$a" "$b"
-took=$(wait_state "$job" FAILED 30)
+cut_at=$(date +%s.%N)
+state=$(wait_state "$job" FAILED 30)
+took=$(python3 -c "import time; print(f'{time.time() - $cut_at:.1f}')")
 error=$(job_field "$job" "job.get('error')")
 echo "2. partition h$a | h$b: FAILED after ${took} s: $error"
-[ "$took" != timeout ] && [ "$took" -le 15 ] ||
-  fail "2. the job did not fail within collective_timeout_s + 10 s (took $took)"
+# Both ranks time out at collective_timeout_s (5) naming each other while both workers
+# heartbeat: the job fails then, not a heartbeat timeout later (before: ~9 s here, 70 s at the
+# defaults). 2 s of slack: the status polls and trainctl's own start-up on a loaded machine.
+[ "$state" != timeout ] && python3 -c "import sys; sys.exit(not $took <= 5 + 2)" ||
+  fail "2. the job did not fail within collective_timeout_s + 2 s (took $took s)"
+echo "$error" | grep -q "^a partition between rank" ||
+  fail "2. the error does not name the partition first"
 echo "$error" | grep -q "$NET.1$a" && echo "$error" | grep -q "$NET.1$b" ||
   fail "2. the error does not name both hosts ($NET.1$a, $NET.1$b)"
 ip -n ${P}$a neigh del $NET.1$b dev eth0; ip -n ${P}$b neigh del $NET.1$a dev eth0

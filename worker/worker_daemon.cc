@@ -15,12 +15,14 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/secrets.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_launcher.h"
+#include "worker/register_backoff.h"
 #include "worker/start_check.h"
 
 namespace mptrain {
@@ -156,7 +158,8 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
   request.set_memory_bytes(options_.memory_bytes);
   request.set_machine_id(options_.machine_id);
   request.set_registration_nonce(registration_nonce_);
-  int64_t backoff_ms = 200;
+  RegisterBackoff backoff;
+  std::mt19937_64 random(std::random_device{}());
   while (!stop->load()) {
     v1::RegisterWorkerResponse response;
     CoordinatorLink::Call call(&link_, std::chrono::system_clock::now() + kRpcDeadline);
@@ -185,10 +188,25 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
       // Retrying cannot fix a bad flag or a wrong token.
       return FromGrpcStatus(status);
     }
+    int64_t wait_ms = 0;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The coordinator is full: wait at least as long as it asks, longer after each refusal.
+      int64_t retry_after_ms = 0;
+      const auto& trailers = call.context()->GetServerTrailingMetadata();
+      if (auto it = trailers.find(kRetryAfterMetadataKey); it != trailers.end()) {
+        if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                              &retry_after_ms)) {
+          retry_after_ms = 0;
+        }
+      }
+      wait_ms = backoff.AfterRefusal(retry_after_ms,
+                                     std::uniform_real_distribution<double>(0, 1)(random));
+    } else {
+      wait_ms = backoff.AfterFailure();
+    }
     spdlog::warn("cannot register with {}: {}; retrying in {} ms", options_.coordinator,
-                 status.error_message(), backoff_ms);
-    SleepUnless(stop, backoff_ms);
-    backoff_ms = std::min<int64_t>(backoff_ms * 2, 2'000);
+                 status.error_message(), wait_ms);
+    SleepUnless(stop, wait_ms);
   }
   return absl::CancelledError("stopped before registering");
 }
