@@ -34,10 +34,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     abort();
   }
   (void)estimate.Describe();
-  if (mptrain::ParameterCount(spec->model()) <= 0) abort();
-  if (mptrain::LayerWidths(spec->model()).size() !=
-      static_cast<size_t>(spec->model().hidden_dims_size()) + 2) {
-    abort();
+  // The MLP's shape (a GPT spec has none of its fields; its estimate is checked above).
+  if (!spec->model().has_gpt()) {
+    if (mptrain::ParameterCount(spec->model()) <= 0) abort();
+    if (mptrain::LayerWidths(spec->model()).size() !=
+        static_cast<size_t>(spec->model().hidden_dims_size()) + 2) {
+      abort();
+    }
+  } else if (estimate.parameters <= 0) {
+    abort();  // Every GPT has parameters.
   }
   (void)mptrain::LossScalingEnabled(*spec);
   return 0;
