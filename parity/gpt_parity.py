@@ -7,6 +7,7 @@ on the final parameters (relative L2 over every tensor of the HF layout, PARAM_T
 how far training moved them.
 
   /usr/bin/python3 parity/gpt_parity.py --bin DIR --out DIR [--cases a,b] [--spec FILE ...]
+  python3 parity/gpt_parity.py --device cuda --bin $MPTRAIN_BIN --out DIR   # the GPU machine
 
 --spec runs a JobSpec file of your own (model.gpt, data.tokens; init_checkpoint is written when
 missing); else the built-in CASES, whose token files are written under --out. In CI as
@@ -61,6 +62,30 @@ CASES = {
 }
 
 
+# On the GPU (--device cuda: our CUDA backend, cuDNN's fused attention in fp16/bf16, against
+# PyTorch 2.x on CUDA with F.scaled_dot_product_attention), one GPU: fp32, bf16, and fp16 with
+# GradScaler from a scale at which the logits' gradient overflows fp16 for the first steps
+# (|p - q| * scale / (B*T*A) > 65504 down to 2^24 at B*T*A = 256): the skips and the scale
+# trajectory must be PyTorch's. Head size 64 and T = 64, as cuDNN's fused kernels want
+# (hs a multiple of 8).
+GPU_GPT = {"vocab_size": 256, "padded_vocab_size": 320, "context_length": 64, "layers": 2,
+           "heads": 2, "width": 128}
+GPU_CASES = {
+    "gpt_gpu_fp32": dict(world_size=1, micro_batch_size=4, accumulation_steps=2, steps=10,
+                         precision="fp32", gpt=GPU_GPT, tokens=5000),
+    "gpt_gpu_bf16": dict(world_size=1, micro_batch_size=4, accumulation_steps=2, steps=10,
+                         precision="bf16", gpt=GPU_GPT, tokens=5000),
+    "gpt_gpu_fp16_overflow": dict(world_size=1, micro_batch_size=2, accumulation_steps=2,
+                                  steps=16, precision="fp16", gpt=GPU_GPT, tokens=5000,
+                                  loss_scaler={"init_scale": 2.0 ** 27, "growth_interval": 4}),
+}
+# GPU tolerances: fp16 as bf16's; both sides sum in other orders (cuBLASLt kernels, cuDNN's
+# and PyTorch's SDPA kernels).
+LOSS_TOL["fp16"] = LOSS_TOL["bf16"]
+GRAD_NORM_TOL["fp16"] = GRAD_NORM_TOL["bf16"]
+PARAM_TOL["fp16"] = PARAM_TOL["bf16"]
+
+
 def markov_tokens(count, vocab, seed):
     """A random chain where each token has two likely successors: a loss that can fall."""
     rng = np.random.default_rng(seed)
@@ -80,9 +105,11 @@ def write_case(name, case, case_dir):
     gpt = case.get("gpt", GPT)
     tokens = markov_tokens(case.get("tokens", 1300), gpt["vocab_size"], sum(map(ord, name)))
     files = [os.path.join(case_dir, f"train_{i:02d}.bin") for i in range(2)]
-    ref.write_token_file(files[0], tokens[:400])
-    ref.write_token_file(files[1], tokens[400:800])
-    ref.write_token_file(os.path.join(case_dir, "val.bin"), tokens[800:], raw=True)
+    train_end = len(tokens) * 8 // 13  # 800 of 1300: the CPU cases' split
+    half = train_end // 2
+    ref.write_token_file(files[0], tokens[:half])
+    ref.write_token_file(files[1], tokens[half:train_end])
+    ref.write_token_file(os.path.join(case_dir, "val.bin"), tokens[train_end:], raw=True)
     spec = {
         "name": name, "world_size": case["world_size"], "device": "cpu",
         "model": {"gpt": gpt}, "data": {"tokens": {"files": files}},
@@ -94,6 +121,8 @@ def write_case(name, case, case_dir):
         "lr_schedule": case.get("lr_schedule", SCHEDULE),
         "max_grad_norm": case.get("max_grad_norm", 1.0), "seed": case.get("seed", 7),
     }
+    if "loss_scaler" in case:
+        spec["loss_scaler"] = case["loss_scaler"]
     return spec
 
 
@@ -170,8 +199,9 @@ def run_case(cluster, spec, case_dir):
     import gpt_reference as ref
     spec = prepare(spec, case_dir)
     started = time.time()
+    cuda = spec.get("device", "cpu") == "cuda"
     torch_steps = ref.run_ranks(os.path.join(case_dir, "case.json"), case_dir,
-                                spec["world_size"])
+                                spec["world_size"], extra=("--sdpa",) if cuda else ())
     torch_s = time.time() - started
     ours_dir = os.path.join(case_dir, "ours")
     os.makedirs(ours_dir, exist_ok=True)
@@ -189,7 +219,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated; default every case of the device")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: GPU_CASES on one GPU against PyTorch on CUDA with SDPA")
     parser.add_argument("--spec", nargs="*", default=[])
     parser.add_argument("--reference_only", action="store_true",
                         help="run only PyTorch (no --bin needed): the cases' loss trajectories")
@@ -201,9 +234,11 @@ def main():
         with open(path) as f:
             spec = json.load(f)
         jobs.append((spec.get("name") or os.path.basename(path), spec))
+    cases = GPU_CASES if args.device == "cuda" else CASES
     if not args.spec:
-        for name in args.cases.split(","):
-            jobs.append((name, write_case(name, CASES[name], os.path.join(out, name))))
+        for name in (args.cases or ",".join(cases)).split(","):
+            spec = write_case(name, cases[name], os.path.join(out, name))
+            jobs.append((name, dict(spec, device=args.device)))
     if args.reference_only:
         import gpt_reference as ref
         for name, spec in jobs:
@@ -219,7 +254,8 @@ def main():
     if not args.bin:
         parser.error("--bin is needed (or --reference_only)")
     workers = max(spec["world_size"] for _, spec in jobs)
-    cluster = Cluster(args.bin, out, gpus=0, roots_dir=out, cpu_workers=workers)
+    gpus = workers if args.device == "cuda" else 0
+    cluster = Cluster(args.bin, out, gpus=gpus, roots_dir=out, cpu_workers=workers)
     failures = 0
     try:
         print(f"{'case':<22}{'prec':<6}{'loss diff':>11}{'norm diff':>11}{'param diff':>12}"

@@ -158,9 +158,18 @@ def in_fp32_rounded(op, t):
     return op(t)
 
 
+# train --sdpa (the GPU proof, gpt_parity.py --device cuda): attention through PyTorch's fused
+# F.scaled_dot_product_attention(is_causal=True) (flash / cuDNN / memory-efficient, as PyTorch
+# picks; PyTorch >= 2.0), as nanoGPT's flash path and as our CUDA backend's cuDNN attention:
+# scores and probabilities stay in fp32 on chip, only the output is rounded.
+USE_SDPA = False
+
+
 def causal_attention(q, k, v):
     """q, k, v [B, H, T, hs] -> [B, H, T, hs]: softmax((q k^T) / sqrt(hs), causal) v, written
     out as nanoGPT's non-flash path; the softmax in (at least) fp32 (module docstring)."""
+    if USE_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     T = q.size(-2)
     att = in_fp32_rounded(lambda s: s * (1.0 / math.sqrt(k.size(-1))), q @ k.transpose(-2, -1))
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -693,6 +702,8 @@ def main():
     run.add_argument("--case", required=True)
     run.add_argument("--out", required=True)
     run.add_argument("--perturb", type=float, default=0.0)
+    run.add_argument("--sdpa", action="store_true",
+                     help="attention through F.scaled_dot_product_attention (PyTorch >= 2.0)")
     logits = sub.add_parser("logits", help="the last position's logits, as JSON")
     logits.add_argument("--checkpoint", required=True, help="an HF-layout directory")
     logits.add_argument("--tokens", required=True, help="comma-separated token ids")
@@ -716,6 +727,11 @@ def main():
         init_gpt2(model, spec.get("seed", 0))
         print(write_hf_checkpoint(model, model.config, args.out))
         return 0
+    if args.sdpa:
+        if not hasattr(F, "scaled_dot_product_attention"):
+            raise SystemExit("--sdpa needs PyTorch >= 2.0 (F.scaled_dot_product_attention)")
+        global USE_SDPA
+        USE_SDPA = True
     cuda = spec.get("device", "cpu").lower() == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     if cuda:

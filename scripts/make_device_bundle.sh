@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-TARGETS=(//coordinator //worker //client:trainctl //backends/cuda:cuda_backend_test)
+TARGETS=(//coordinator //worker //client:trainctl //backends/cuda:cuda_backend_test
+  //backends/cuda:cuda_language_model_test)
 if [ -d bench ] && [ -f bench/BUILD ]; then TARGETS+=(//bench:all); fi
 bazel build -c opt "${TARGETS[@]}"
 
@@ -19,7 +20,8 @@ BUNDLE=device_bundle
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
 cp bazel-bin/coordinator/coordinator bazel-bin/worker/worker bazel-bin/client/trainctl \
-  bazel-bin/backends/cuda/cuda_backend_test "$BUNDLE/bin/"
+  bazel-bin/backends/cuda/cuda_backend_test bazel-bin/backends/cuda/cuda_language_model_test \
+  "$BUNDLE/bin/"
 for binary in bazel-bin/bench/*; do
   if [ -f "$binary" ] && [ -x "$binary" ] && file "$binary" | grep -Eq "ELF .*executable"; then
     cp "$binary" "$BUNDLE/bin/"
@@ -39,7 +41,7 @@ mkdir -p "$BUNDLE/data"
 cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$BUNDLE/data/"
 
 # Libraries the device machine provides itself (or must provide: the driver).
-SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl|libcublas|libcudart|libnvidia)'
+SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl|libcublas|libcudart|libnvidia|libcudnn|libnvrtc)'
 for binary in "$BUNDLE"/bin/*; do
   ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
@@ -50,6 +52,15 @@ cat > "$BUNDLE/env.sh" <<'ENV'
 # Source on the GPU machine: our libraries first, then the machine's CUDA and NCCL.
 BUNDLE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH="$BUNDLE_DIR/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN (the GPT's fused attention) and NVRTC: the machine's CUDA where it has them, else the
+# copies in PyTorch's nvidia-* wheels.
+for lib in libcudnn.so.9 libnvrtc.so.13; do
+  if ! ldconfig -p | grep -q "$lib" && [ ! -e "/usr/local/cuda/lib64/$lib" ]; then
+    found=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null |
+      xargs -n1 -I{} find {} -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
+    if [ -n "$found" ]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"; fi
+  fi
+done
 export MPTRAIN_BIN="$BUNDLE_DIR/bin"
 export MPTRAIN_DIGITS_CSV="$BUNDLE_DIR/data/digits.csv.gz"
 # NVLink multicast stays off on the shared GPU machines.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -244,19 +245,50 @@ class Backend {
   virtual absl::Status EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len,
                                          Tensor dwte_acc, Tensor dwpe_acc, bool overwrite_wte,
                                          bool overwrite_wpe);
+  // What CausalAttentionForward keeps for its backward, as the [rows, cols] of an f32 tensor
+  // the model allocates: by default the softmax probabilities [B·H·T, T] (row (b·H + h)·T + t;
+  // the CPU reference, and CUDA in fp32); a flash-style backend keeps each row's log-sum-exp
+  // instead, [B·H·T, 1] (CUDA in fp16/bf16, cuDNN's fused attention): no T×T matrix in memory.
+  virtual std::pair<int64_t, int64_t> AttentionSavedShape(DType dtype, int64_t batch,
+                                                          int64_t heads, int64_t seq_len) const {
+    return {batch * heads * seq_len, seq_len};
+  }
   // Causal self-attention over the packed qkv [B·T, 3C] (q, k, v side by side, head h at
   // columns h·hs..(h+1)·hs−1 of each; hs = C / heads), in the compute dtype of qkv:
   //   s = round(q·kᵀ) (fp32 sums), s = round(f32(s) · (1/sqrt(hs))), masked above the diagonal,
-  //   p = softmax(f32(s)) in fp32 into probs [B·H·T, T] (row (b·H + h)·T + t; 0 where masked),
-  //   y = round(round(p) · v) into y [B·T, C] (heads side by side).
+  //   p = softmax(f32(s)) in fp32,
+  //   y = round(round(p) · v) into y [B·T, C] (heads side by side),
+  // and `saved` [AttentionSavedShape] what its backward reads. That is the CPU reference's
+  // rounding (PyTorch's math attention, written out in parity/gpt_reference.py); a fused
+  // backend keeps s and p in fp32 on chip (PyTorch's flash/cuDNN SDPA does the same) and
+  // rounds only y.
   virtual absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads,
-                                              Tensor probs, Tensor y);
+                                              Tensor saved, Tensor y);
   // Its backward (autograd's mirror of that flow): with a = round(p), da = round(dy · vᵀ),
   // dv = round(aᵀ · dy), ds = round(p ⊙ (f32(da) − Σ_row f32(da) ⊙ p)),
   // ds = round(f32(ds) · (1/sqrt(hs))), dq = round(ds · k), dk = round(dsᵀ · q), written into
-  // dqkv [B·T, 3C] (qkv's dtype). dy [B·T, C].
-  virtual absl::Status CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy, int64_t batch,
-                                               int64_t heads, Tensor dqkv);
+  // dqkv [B·T, 3C] (qkv's dtype). y is the forward's output, dy [B·T, C] its gradient; `saved`
+  // as the forward left it (a backend may overwrite it: one backward per forward).
+  virtual absl::Status CausalAttentionBackward(Tensor qkv, Tensor saved, Tensor y, Tensor dy,
+                                               int64_t batch, int64_t heads, Tensor dqkv);
+
+  // ---- Fused softmax cross-entropy (trainer/loss/cross_entropy.cc) ----
+  // Whether SoftmaxCrossEntropy is implemented. Without it the loss composes LogSoftmaxRows,
+  // SmoothedOneHot, SumProduct, CountArgmaxMatches, Exp and ScaledDifference over [R, C] f32
+  // buffers (four of them: 26 GB for a GPT-2 micro-batch of 32 × 1024 tokens).
+  virtual bool HasFusedSoftmaxCrossEntropy() const { return false; }
+  // The same values in one pass per row, with no [R, C] buffer: with log p = LogSoftmaxRows(x)
+  // and q = SmoothedOneHot(ids, on, off),
+  //   metrics[0] += f32(Σ_r Σ_c q · log p / divide_by) / then_divide (the sum in double),
+  //   metrics[1] += CountArgmaxMatches(x, ids),
+  //   unless d_logits is empty: d_logits = round(f32(coef · (exp(log p) − q) · seed)) in its
+  //   dtype, seed = step_state.scale / seed_divisor (as ScaledDifference, then Cast).
+  // x [R, C] any dtype, ids [R, 1] f32, metrics [1, 2] f32; d_logits [R, C] may alias x. Bit
+  // for bit the composed ops, except the loss sum's order (its last bits).
+  virtual absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off,
+                                           double divide_by, float then_divide, Tensor metrics,
+                                           float coef, StepStateBuffer step_state,
+                                           float seed_divisor, Tensor d_logits);
 
   // ---- The optimizer step (step_math.h's phases; trainer/optim/) ----
   // Phase 1, a reduction over the n fp32 gradients (still multiplied by the scale):

@@ -108,8 +108,14 @@ absl::Status Backend::EmbeddingBackward(Tensor, Tensor, int64_t, Tensor, Tensor,
 absl::Status Backend::CausalAttentionForward(Tensor, int64_t, int64_t, Tensor, Tensor) {
   return NoLanguageModelOp(*this, "CausalAttentionForward");
 }
-absl::Status Backend::CausalAttentionBackward(Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) {
+absl::Status Backend::CausalAttentionBackward(Tensor, Tensor, Tensor, Tensor, int64_t, int64_t,
+                                              Tensor) {
   return NoLanguageModelOp(*this, "CausalAttentionBackward");
+}
+absl::Status Backend::SoftmaxCrossEntropy(Tensor, Tensor, float, float, double, float, Tensor,
+                                          float, StepStateBuffer, float, Tensor) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", Name(), " backend has no fused SoftmaxCrossEntropy"));
 }
 
 }  // namespace mptrain

@@ -601,7 +601,7 @@ absl::Status CpuBackend::CausalAttentionForward(Tensor qkv, int64_t batch, int64
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy,
+absl::Status CpuBackend::CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor /*y*/, Tensor dy,
                                                  int64_t batch, int64_t heads, Tensor dqkv) {
   ASSIGN_OR_RETURN(const AttentionShape shape,
                    CheckAttentionShapes("CausalAttentionBackward", qkv, batch, heads, probs, dy));

@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
                                  Tensor dwpe_acc, bool overwrite_wte, bool overwrite_wpe) override;
   absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads, Tensor probs,
                                       Tensor y) override;
-  absl::Status CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor dy, int64_t batch,
+  absl::Status CausalAttentionBackward(Tensor qkv, Tensor probs, Tensor y, Tensor dy, int64_t batch,
                                        int64_t heads, Tensor dqkv) override;
   absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
                                 float seed_divisor, Tensor out) override;

@@ -160,7 +160,7 @@ TEST_F(LanguageModelOpsTest, CausalAttention_Fp32MatchesTheDoubleReference) {
   // The backward against central differences of L = Σ y · upstream in double.
   Tensor dy = Make(DType::kF32, B * T, C, upstream);
   Tensor dqkv = *backend_.Allocate(DType::kF32, B * T, 3 * C);
-  ASSERT_TRUE(backend_.CausalAttentionBackward(qkv, probs, dy, B, H, dqkv).ok());
+  ASSERT_TRUE(backend_.CausalAttentionBackward(qkv, probs, y, dy, B, H, dqkv).ok());
   const std::vector<float> grad = Read(dqkv);
   auto loss = [&](const std::vector<double>& x) {
     const std::vector<double> out = ReferenceAttention(x, B, T, H, C, nullptr);
@@ -210,7 +210,7 @@ TEST_F(LanguageModelOpsTest, CausalAttention_Bf16RoundsAtTheDocumentedPoints) {
   // Every gradient is bf16 (rounded where it leaves each op).
   Tensor dy = Make(DType::kBF16, B * T, C, Random(B * T * C, 4));
   Tensor dqkv = *backend_.Allocate(DType::kBF16, B * T, 3 * C);
-  ASSERT_TRUE(backend_.CausalAttentionBackward(qkv, probs, dy, B, H, dqkv).ok());
+  ASSERT_TRUE(backend_.CausalAttentionBackward(qkv, probs, y, dy, B, H, dqkv).ok());
   for (float g : Read(dqkv)) EXPECT_EQ(g, RoundToBF16(g));
 }
 

@@ -76,6 +76,10 @@ CudaBackend::~CudaBackend() {
   }
   if (replay_done_ != nullptr) cudaEventDestroy(replay_done_);
   for (void* pointer : allocations_) cudaFree(pointer);
+  attention_.reset();
+  for (void* buffer : {embedding_keys_, embedding_sort_.sort_temp, row_losses_}) {
+    if (buffer != nullptr) cudaFree(buffer);
+  }
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (partials_ != nullptr) cudaFree(partials_);
   if (inf_flags_ != nullptr) cudaFree(inf_flags_);
@@ -151,6 +155,23 @@ absl::StatusOr<void*> CudaBackend::Scratch(size_t bytes) {
     scratch_bytes_ = bytes;
   }
   return scratch_;
+}
+
+absl::Status CudaBackend::Reserve(void** buffer, int64_t* capacity, int64_t bytes,
+                                  const char* what) {
+  if (bytes <= *capacity) return absl::OkStatus();
+  if (recording_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " must grow while a step is being recorded"));
+  }
+  if (absl::Status status = WaitForStream(what); !status.ok()) return status;
+  if (*buffer != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(*buffer));
+  *buffer = nullptr;
+  *capacity = 0;
+  ++buffer_generation_;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(buffer, bytes));
+  *capacity = bytes;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, int64_t rows, int64_t cols) {
@@ -372,20 +393,22 @@ absl::Status CudaBackend::GatherRows(Tensor src, Tensor indices, Tensor dst) {
 absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, ActivationKind act,
                                         Tensor pre, Tensor y) {
   const int64_t m = x.rows, k = x.cols, n = w.rows;
-  if (w.cols != k || b.numel() != n || y.rows != m || y.cols != n) {
+  const bool has_bias = !b.empty();
+  if (w.cols != k || (has_bias && b.numel() != n) || y.rows != m || y.cols != n) {
     return absl::InvalidArgumentError("LinearForward: shapes do not match");
   }
   // Bias, and ReLU when pre is the output, in the GEMM's epilogue; cuBLASLt wants 16-byte
   // aligned operands and leading dimensions (other shapes take the unfused path below).
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool fusable = aligned(x.data) && aligned(w.data) && aligned(b.data) &&
+  const bool fusable = aligned(x.data) && aligned(w.data) && (!has_bias || aligned(b.data)) &&
                        aligned(y.data) && k % 8 == 0 && n % 8 == 0;
   if (fusable &&
       (act == ActivationKind::kNone || (act == ActivationKind::kRelu && pre.data == y.data))) {
     // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is column-major yᵀ[n, m] = w · xᵀ.
+    const bool relu = act == ActivationKind::kRelu;
     const LtShape shape{true, false, n, m, k, k, k, n, x.dtype,
-                        act == ActivationKind::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                     : CUBLASLT_EPILOGUE_BIAS};
+                        has_bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                 : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT)};
     absl::Status fused = LtMatmul(shape, w.data, x.data, y.data, b.data);
     if (fused.code() != absl::StatusCode::kUnimplemented) {
       if (!fused.ok() || pre.data == y.data) return fused;
@@ -397,9 +420,10 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
   // Without an activation the GEMM writes y directly.
   Tensor out = act == ActivationKind::kNone ? y : pre;
   // out = bias (broadcast), then out = x · wᵀ + out in one GEMM: one rounding, as addmm.
-  CUDA_RETURN_IF_ERROR(BroadcastBias(b.data, out.data, out.dtype, m, n, stream_));
+  if (has_bias) CUDA_RETURN_IF_ERROR(BroadcastBias(b.data, out.data, out.dtype, m, n, stream_));
   // Row-major out[m, n] = x[m, k] · w[n, k]ᵀ is column-major outᵀ = w · xᵀ.
-  absl::Status gemm = Gemm(true, false, n, m, k, w.data, k, x.data, k, 1.0f, out.data, n, x.dtype);
+  absl::Status gemm = Gemm(true, false, n, m, k, w.data, k, x.data, k, has_bias ? 1.0f : 0.0f,
+                           out.data, n, x.dtype);
   if (!gemm.ok()) return gemm;
   if (act != ActivationKind::kNone) {
     CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForward(act, pre.data, y.data, y.dtype,
@@ -601,6 +625,7 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     CUDA_RETURN_IF_ERROR(AccumulateF32(dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
                                        overwrite_grads, stream_));
   }
+  if (db_acc.empty()) return absl::OkStatus();  // No bias (the GPT's LM head).
   // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
   // then accumulated into the fp32 gradient.
   auto ones = Ones(dy.dtype, m);

@@ -16,6 +16,8 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cuda/cudnn_attention.h"
+#include "backends/cuda/language_model_kernels.h"
 #include "trainer/backend.h"
 
 namespace mptrain::cuda {
@@ -63,6 +65,25 @@ class CudaBackend final : public Backend {
   absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight, Tensor dx,
                                  Tensor dweight_acc, Tensor dbias_acc,
                                  bool overwrite_grads) override;
+  // ---- Language models (cuda_language_model_ops.cc) ----
+  absl::Status Add(Tensor a, Tensor b, Tensor out) override;
+  absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
+                                Tensor out) override;
+  absl::Status EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len, Tensor dwte_acc,
+                                 Tensor dwpe_acc, bool overwrite_wte, bool overwrite_wpe) override;
+  // fp16/bf16: cuDNN's fused attention, the rows' log-sum-exp kept; fp32: our kernels with the
+  // probabilities kept (the CPU reference's layout).
+  std::pair<int64_t, int64_t> AttentionSavedShape(DType dtype, int64_t batch, int64_t heads,
+                                                  int64_t seq_len) const override;
+  absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads, Tensor saved,
+                                      Tensor y) override;
+  absl::Status CausalAttentionBackward(Tensor qkv, Tensor saved, Tensor y, Tensor dy,
+                                       int64_t batch, int64_t heads, Tensor dqkv) override;
+  bool HasFusedSoftmaxCrossEntropy() const override { return true; }
+  absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off, double divide_by,
+                                   float then_divide, Tensor metrics, float coef,
+                                   StepStateBuffer step_state, float seed_divisor,
+                                   Tensor d_logits) override;
   absl::Status ScaledDifference(Tensor a, Tensor b, float coef, StepStateBuffer step_state,
                                 float seed_divisor, Tensor out) override;
   absl::Status SumSquaredDifference(Tensor a, Tensor b, double divide_by, float then_divide,
@@ -113,6 +134,10 @@ class CudaBackend final : public Backend {
   // destroyed, and a replay waiting on a dead peer ends only once the abort has begun).
   void DropRecordedStep();
   absl::StatusOr<void*> Scratch(size_t bytes);  // Reused buffer for dW and staging.
+  // `*buffer` holds at least `bytes` (grown after the stream drains, which invalidates a
+  // recorded step: buffer_generation_). FAILED_PRECONDITION naming `what` while recording.
+  absl::Status Reserve(void** buffer, int64_t* capacity, int64_t bytes, const char* what);
+  absl::StatusOr<CudnnAttention*> Attention();
   absl::Status Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
                     int64_t ldc, DType dtype);
@@ -155,6 +180,14 @@ class CudaBackend final : public Backend {
   int64_t ones_rows_ = 0;
   void* bias_scratch_ = nullptr;
   int64_t bias_scratch_elements_ = 0;
+  // The language model's lazily sized scratch.
+  std::unique_ptr<CudnnAttention> attention_;
+  EmbeddingSortScratch embedding_sort_;
+  void* embedding_keys_ = nullptr;  // The four int arrays of embedding_sort_, side by side.
+  int64_t embedding_keys_bytes_ = 0;
+  int64_t embedding_temp_bytes_ = 0;
+  void* row_losses_ = nullptr;
+  int64_t row_losses_bytes_ = 0;
   std::unique_ptr<Collective> collective_;
   std::vector<void*> allocations_;
   void* scratch_ = nullptr;

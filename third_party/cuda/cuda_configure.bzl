@@ -1,8 +1,9 @@
-"""Repository rule that finds a local CUDA toolkit (nvcc, cuBLAS, NCCL) without any download.
+"""Repository rule that finds a local CUDA toolkit (nvcc, cuBLAS, NCCL, cuDNN) without any download.
 
 It makes @local_cuda with:
   //:defs.bzl  CUDA_ENABLED, NVCC, if_cuda(yes, no)
   //:cuda      a cc_library with the CUDA headers and link flags (empty when CUDA is absent)
+  //:cudnn     cuDNN's link flags (empty likewise)
 
 CUDA is looked for in $CUDA_PATH, then /usr/local/cuda. Setting MPTRAIN_DISABLE_CUDA=1
 (`--config=nocuda`) builds the CPU-only product even where CUDA is installed.
@@ -13,7 +14,9 @@ def _cuda_configure_impl(ctx):
     disabled = ctx.os.environ.get("MPTRAIN_DISABLE_CUDA", "0") not in ["", "0"]
     nvcc = ctx.path(cuda_path + "/bin/nvcc")
     nccl_header = ctx.path(cuda_path + "/include/nccl.h")
-    enabled = (not disabled) and nvcc.exists and nccl_header.exists
+    # cuDNN 9 drives the GPT's fused attention (backends/cuda/cudnn_attention.cc).
+    cudnn_header = ctx.path(cuda_path + "/include/cudnn.h")
+    enabled = (not disabled) and nvcc.exists and nccl_header.exists and cudnn_header.exists
 
     if enabled:
         ctx.symlink(cuda_path + "/include", "include")
@@ -37,6 +40,15 @@ cc_library(
         "-lpthread",
     ],
 )
+
+# cuDNN, linked dynamically (libcudnn.so.9 loads its engine libraries at run time; on the GPU
+# machine they come with PyTorch's nvidia-cudnn wheel: scripts/make_device_bundle.sh's env.sh),
+# and NVRTC, which the frontend's optional open-source attention engines reference.
+cc_library(
+    name = "cudnn",
+    linkopts = ["-L{lib}", "-lcudnn", "-lnvrtc"],
+    deps = [":cuda"],
+)
 """.format(lib = lib_dir)
     else:
         build = """
@@ -44,6 +56,8 @@ package(default_visibility = ["//visibility:public"])
 
 # CUDA was not found (or was disabled): nothing links against it.
 cc_library(name = "cuda")
+
+cc_library(name = "cudnn")
 """
     ctx.file("BUILD", build)
     ctx.file("WORKSPACE", "workspace(name = \"local_cuda\")\n")

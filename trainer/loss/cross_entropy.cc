@@ -20,6 +20,8 @@ absl::StatusOr<std::unique_ptr<CrossEntropyLoss>> CrossEntropyLoss::Create(
   loss->off_ = static_cast<float>(label_smoothing / static_cast<double>(classes));
   loss->accumulation_steps_ = accumulation_steps;
   const int64_t b = micro_batch_size;
+  loss->fused_ = backend->HasFusedSoftmaxCrossEntropy();
+  if (loss->fused_) return loss;
   ASSIGN_OR_RETURN(loss->log_probs_, backend->Allocate(DType::kF32, b, classes));
   ASSIGN_OR_RETURN(loss->target_dist_, backend->Allocate(DType::kF32, b, classes));
   ASSIGN_OR_RETURN(loss->probs_, backend->Allocate(DType::kF32, b, classes));
@@ -33,6 +35,12 @@ absl::Status CrossEntropyLoss::Backward(Tensor output, Tensor targets, StepState
                                         Tensor metrics, Tensor d_output) {
   const int64_t rows = output.rows;
   const float accumulation = static_cast<float>(accumulation_steps_);
+  const float inv_rows = static_cast<float>(1.0 / static_cast<double>(rows));
+  if (fused_) {
+    return backend_->SoftmaxCrossEntropy(output, targets, on_, off_, -static_cast<double>(rows),
+                                         accumulation, metrics, inv_rows, step_state,
+                                         accumulation, d_output);
+  }
   const Tensor log_probs = log_probs_.RowSlice(0, rows);
   const Tensor q = target_dist_.RowSlice(0, rows);
   const Tensor probs = probs_.RowSlice(0, rows);
@@ -43,7 +51,6 @@ absl::Status CrossEntropyLoss::Backward(Tensor output, Tensor targets, StepState
                                        metrics.FlatView(0, 1, 1)));
   RETURN_IF_ERROR(backend_->CountArgmaxMatches(output, targets, metrics.FlatView(1, 1, 1)));
   RETURN_IF_ERROR(backend_->Exp(log_probs, probs));
-  const float inv_rows = static_cast<float>(1.0 / static_cast<double>(rows));
   if (grad_f32_.empty()) {
     return backend_->ScaledDifference(probs, q, inv_rows, step_state, accumulation, d_output);
   }
@@ -55,6 +62,10 @@ absl::Status CrossEntropyLoss::Backward(Tensor output, Tensor targets, StepState
 
 absl::Status CrossEntropyLoss::Evaluate(Tensor output, Tensor targets, Tensor sums) {
   const int64_t rows = output.rows;
+  if (fused_) {
+    return backend_->SoftmaxCrossEntropy(output, targets, on_, off_, -1.0, 1.0f, sums, 0.0f,
+                                         StepStateBuffer{}, 1.0f, Tensor{});
+  }
   const Tensor log_probs = log_probs_.RowSlice(0, rows);
   const Tensor q = target_dist_.RowSlice(0, rows);
   RETURN_IF_ERROR(backend_->LogSoftmaxRows(output, log_probs));

@@ -34,7 +34,10 @@ class CrossEntropyLoss final : public Loss {
   int64_t classes_ = 0;
   float on_ = 1, off_ = 0;  // q = on · onehot + off
   int64_t accumulation_steps_ = 1;
-  Tensor log_probs_, target_dist_, probs_, grad_f32_;  // [B, C] f32 scratch
+  // Backend::SoftmaxCrossEntropy computes it all in one pass per row where the backend has it;
+  // otherwise the composed ops use these [B, C] f32 scratch buffers.
+  bool fused_ = false;
+  Tensor log_probs_, target_dist_, probs_, grad_f32_;
 };
 
 }  // namespace mptrain

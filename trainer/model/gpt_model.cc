@@ -112,45 +112,36 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
                                   accumulation_steps, /*deferred_budget_bytes=*/0));
   const int64_t N = micro_batch_size * config.context_length, C = config.width;
   const int64_t T = config.context_length, H = config.heads, V = config.vocab_size;
-  const bool fp32 = compute_dtype == DType::kF32;
   auto f32 = [&](int64_t rows, int64_t cols) { return backend->Allocate(DType::kF32, rows, cols); };
   auto low = [&](int64_t rows, int64_t cols) {
     return backend->Allocate(compute_dtype, rows, cols);
   };
+  const auto [saved_rows, saved_cols] =
+      backend->AttentionSavedShape(compute_dtype, micro_batch_size, H, T);
   ASSIGN_OR_RETURN(model->encoded_, f32(N, C));
   for (int64_t l = 0; l < config.layers; ++l) {
     Block b;
-    ASSIGN_OR_RETURN(b.ln1, f32(N, C));
     ASSIGN_OR_RETURN(b.ln1_stats, f32(N, 2));
-    b.ln1_low = b.ln1;
-    if (!fp32) {
-      ASSIGN_OR_RETURN(b.ln1_low, low(N, C));
-    }
+    ASSIGN_OR_RETURN(b.ln1, low(N, C));
     ASSIGN_OR_RETURN(b.qkv, low(N, 3 * C));
-    ASSIGN_OR_RETURN(b.probs, f32(micro_batch_size * H * T, T));
+    ASSIGN_OR_RETURN(b.attention, f32(saved_rows, saved_cols));
     ASSIGN_OR_RETURN(b.att, low(N, C));
-    ASSIGN_OR_RETURN(b.att_proj, low(N, C));
     ASSIGN_OR_RETURN(b.mid, f32(N, C));
-    ASSIGN_OR_RETURN(b.ln2, f32(N, C));
     ASSIGN_OR_RETURN(b.ln2_stats, f32(N, 2));
-    b.ln2_low = b.ln2;
-    if (!fp32) {
-      ASSIGN_OR_RETURN(b.ln2_low, low(N, C));
-    }
+    ASSIGN_OR_RETURN(b.ln2, low(N, C));
     ASSIGN_OR_RETURN(b.fc_pre, low(N, 4 * C));
-    ASSIGN_OR_RETURN(b.fc_gelu, low(N, 4 * C));
-    ASSIGN_OR_RETURN(b.fc_proj, low(N, C));
     ASSIGN_OR_RETURN(b.out, f32(N, C));
     model->blocks_.push_back(b);
   }
-  ASSIGN_OR_RETURN(model->lnf_, f32(N, C));
   ASSIGN_OR_RETURN(model->lnf_stats_, f32(N, 2));
-  model->lnf_low_ = model->lnf_;
-  if (!fp32) {
-    ASSIGN_OR_RETURN(model->lnf_low_, low(N, C));
-  }
+  ASSIGN_OR_RETURN(model->lnf_, low(N, C));
   ASSIGN_OR_RETURN(model->logits_, low(N, V));
-  ASSIGN_OR_RETURN(model->d_logits_, low(N, V));
+  model->d_logits_ = model->logits_;
+  if (!backend->HasFusedSoftmaxCrossEntropy()) {
+    ASSIGN_OR_RETURN(model->d_logits_, low(N, V));
+  }
+  ASSIGN_OR_RETURN(model->branch_out_, low(N, C));
+  ASSIGN_OR_RETURN(model->fc_gelu_, low(N, 4 * C));
   ASSIGN_OR_RETURN(model->d_resid_, f32(N, C));
   ASSIGN_OR_RETURN(model->d_branch_, low(N, C));
   ASSIGN_OR_RETURN(model->d_ln_low_, low(N, C));
@@ -193,11 +184,6 @@ absl::Status GptModel::RefreshLowPrecisionWeights() {
   return backend_->Cast(params_, params_low_);
 }
 
-absl::Status GptModel::CastForLinear(Tensor f32, Tensor low) {
-  if (compute_dtype_ == DType::kF32) return absl::OkStatus();  // low is f32 itself.
-  return backend_->Cast(f32, low);
-}
-
 absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/) {
   const int64_t T = config_.context_length, C = config_.width, H = config_.heads;
   const int64_t V = config_.vocab_size;
@@ -215,41 +201,43 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
   RETURN_IF_ERROR(backend_->EmbeddingForward(x, View(params_, wte_, V, C),
                                              View(params_, wpe_, T, C), T, slice(encoded_)));
   Tensor residual = slice(encoded_);
+  // A LayerNorm in fp32 written straight in the compute dtype: autocast's cast of its fp32
+  // output before the next Linear, one rounding of the same value.
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& b = blocks_[l];
     const BlockOffsets& o = offsets_[l];
     RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, o.ln1_w, 1, C),
                                                View(params_, o.ln1_b, 1, C), kLayerNormEps,
                                                slice(b.ln1_stats), slice(b.ln1)));
-    RETURN_IF_ERROR(CastForLinear(slice(b.ln1), slice(b.ln1_low)));
-    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln1_low), View(w, o.attn_w, 3 * C, C),
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln1), View(w, o.attn_w, 3 * C, C),
                                             View(w, o.attn_b, 1, 3 * C), ActivationKind::kNone,
                                             slice(b.qkv), slice(b.qkv)));
+    const auto [saved_rows, saved_cols] =
+        backend_->AttentionSavedShape(compute_dtype_, sequences, H, T);
     RETURN_IF_ERROR(backend_->CausalAttentionForward(
-        slice(b.qkv), sequences, H, b.probs.RowSlice(0, sequences * H * T), slice(b.att)));
+        slice(b.qkv), sequences, H, b.attention.FlatView(0, saved_rows, saved_cols),
+        slice(b.att)));
     RETURN_IF_ERROR(backend_->LinearForward(slice(b.att), View(w, o.attn_proj_w, C, C),
                                             View(w, o.attn_proj_b, 1, C), ActivationKind::kNone,
-                                            slice(b.att_proj), slice(b.att_proj)));
-    RETURN_IF_ERROR(backend_->Add(residual, slice(b.att_proj), slice(b.mid)));
+                                            slice(branch_out_), slice(branch_out_)));
+    RETURN_IF_ERROR(backend_->Add(residual, slice(branch_out_), slice(b.mid)));
     RETURN_IF_ERROR(backend_->LayerNormForward(slice(b.mid), View(params_, o.ln2_w, 1, C),
                                                View(params_, o.ln2_b, 1, C), kLayerNormEps,
                                                slice(b.ln2_stats), slice(b.ln2)));
-    RETURN_IF_ERROR(CastForLinear(slice(b.ln2), slice(b.ln2_low)));
-    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln2_low), View(w, o.fc_w, 4 * C, C),
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln2), View(w, o.fc_w, 4 * C, C),
                                             View(w, o.fc_b, 1, 4 * C), ActivationKind::kGeluTanh,
-                                            slice(b.fc_pre), slice(b.fc_gelu)));
-    RETURN_IF_ERROR(backend_->LinearForward(slice(b.fc_gelu), View(w, o.fc_proj_w, C, 4 * C),
+                                            slice(b.fc_pre), slice(fc_gelu_)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(fc_gelu_), View(w, o.fc_proj_w, C, 4 * C),
                                             View(w, o.fc_proj_b, 1, C), ActivationKind::kNone,
-                                            slice(b.fc_proj), slice(b.fc_proj)));
-    RETURN_IF_ERROR(backend_->Add(slice(b.mid), slice(b.fc_proj), slice(b.out)));
+                                            slice(branch_out_), slice(branch_out_)));
+    RETURN_IF_ERROR(backend_->Add(slice(b.mid), slice(branch_out_), slice(b.out)));
     residual = slice(b.out);
   }
   RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, lnf_w_, 1, C),
                                              View(params_, lnf_b_, 1, C), kLayerNormEps,
                                              slice(lnf_stats_), slice(lnf_)));
-  RETURN_IF_ERROR(CastForLinear(slice(lnf_), slice(lnf_low_)));
   // The LM head over the first V rows of wte only (module comment).
-  return backend_->LinearForward(slice(lnf_low_), View(w, wte_, V, C), Tensor{},
+  return backend_->LinearForward(slice(lnf_), View(w, wte_, V, C), Tensor{},
                                  ActivationKind::kNone, slice(logits_), slice(logits_));
 }
 
@@ -272,7 +260,7 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
   };
   // The LM head: d x_f = round(d_logits · wte), d wte[:V] += round(d_logitsᵀ · ln_f(x)).
   if (ow && Vp > V) RETURN_IF_ERROR(backend_->Zero(View(g, wte_ + V * C, Vp - V, C)));
-  RETURN_IF_ERROR(backend_->LinearBackward(lnf_low_, View(w, wte_, V, C), d_logits_, d_ln_low_,
+  RETURN_IF_ERROR(backend_->LinearBackward(lnf_, View(w, wte_, V, C), d_logits_, d_ln_low_,
                                            View(g, wte_, V, C), Tensor{}, ow));
   const Tensor last_out = blocks_.back().out;
   RETURN_IF_ERROR(backend_->LayerNormBackward(d_ln_low_, last_out, lnf_stats_,
@@ -285,12 +273,13 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     const Tensor block_in = l == 0 ? encoded_ : blocks_[l - 1].out;
     // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype.
     RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
-    RETURN_IF_ERROR(backend_->LinearBackward(b.fc_gelu, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
+    RETURN_IF_ERROR(backend_->ActivationForward(ActivationKind::kGeluTanh, b.fc_pre, fc_gelu_));
+    RETURN_IF_ERROR(backend_->LinearBackward(fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
                                              d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
                                              View(g, o.fc_proj_b, 1, C), ow));
     RETURN_IF_ERROR(
         backend_->ActivationBackward(ActivationKind::kGeluTanh, b.fc_pre, d_fc_gelu_, d_fc_pre_));
-    RETURN_IF_ERROR(backend_->LinearBackward(b.ln2_low, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
+    RETURN_IF_ERROR(backend_->LinearBackward(b.ln2, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),
                                              View(g, o.fc_b, 1, 4 * C), ow));
     RETURN_IF_ERROR(
@@ -302,8 +291,9 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_, d_att_,
                                              View(g, o.attn_proj_w, C, C),
                                              View(g, o.attn_proj_b, 1, C), ow));
-    RETURN_IF_ERROR(backend_->CausalAttentionBackward(b.qkv, b.probs, d_att_, batch_, H, d_qkv_));
-    RETURN_IF_ERROR(backend_->LinearBackward(b.ln1_low, View(w, o.attn_w, 3 * C, C), d_qkv_,
+    RETURN_IF_ERROR(
+        backend_->CausalAttentionBackward(b.qkv, b.attention, b.att, d_att_, batch_, H, d_qkv_));
+    RETURN_IF_ERROR(backend_->LinearBackward(b.ln1, View(w, o.attn_w, 3 * C, C), d_qkv_,
                                              d_ln_low_, View(g, o.attn_w, 3 * C, C),
                                              View(g, o.attn_b, 1, 3 * C), ow));
     RETURN_IF_ERROR(

@@ -77,18 +77,20 @@ class GptModel final : public Model {
   const GptConfig& config() const { return config_; }
 
  private:
-  // The activations of one block (rows B·T).
+  // The activations one block keeps for its backward (rows N = B·T). What the backward can
+  // recompute or does not read is not kept: the branches' outputs (att_proj, fc_proj) live
+  // only until they are added to the residual stream, and GELU's output is recomputed from
+  // fc_pre (bit for bit: the same function of the same values).
   struct Block {
-    Tensor ln1, ln1_stats, ln1_low;  // ln_1(x) f32, its row statistics, its compute-dtype cast
-    Tensor qkv;                      // [N, 3C]
-    Tensor probs;                    // [B·H·T, T] f32
-    Tensor att;                      // [N, C] attention output (heads side by side)
-    Tensor att_proj;                 // [N, C] c_proj's output
-    Tensor mid;                      // [N, C] f32: x + att_proj
-    Tensor ln2, ln2_stats, ln2_low;
-    Tensor fc_pre, fc_gelu;  // [N, 4C] c_fc's output, after GELU
-    Tensor fc_proj;          // [N, C]
-    Tensor out;              // [N, C] f32: mid + fc_proj (the next block's x)
+    Tensor ln1_stats, ln1;  // ln_1's row statistics; ln_1(x) in the compute dtype (autocast's
+                            // cast of the fp32 LayerNorm, rounded once)
+    Tensor qkv;             // [N, 3C]
+    Tensor attention;       // what CausalAttentionForward keeps (Backend::AttentionSavedShape)
+    Tensor att;             // [N, C] attention output (heads side by side)
+    Tensor mid;             // [N, C] f32: x + att_proj
+    Tensor ln2_stats, ln2;
+    Tensor fc_pre;  // [N, 4C] c_fc's output
+    Tensor out;     // [N, C] f32: mid + fc_proj (the next block's x)
   };
   // Offsets of one block's parameters in the flat buffer.
   struct BlockOffsets {
@@ -106,8 +108,6 @@ class GptModel final : public Model {
   }
   // The compute-dtype weights (the masters under fp32).
   Tensor Weights() const { return compute_dtype_ == DType::kF32 ? params_ : params_low_; }
-  // ln's output as the next Linear reads it: cast to the compute dtype (autocast).
-  absl::Status CastForLinear(Tensor f32, Tensor low);
 
   Backend* backend_;
   GptConfig config_;
@@ -121,9 +121,13 @@ class GptModel final : public Model {
   Tensor ids_;      // The token ids of the last Forward().
   Tensor encoded_;  // [N, C] f32 embeddings
   std::vector<Block> blocks_;
-  Tensor lnf_, lnf_stats_, lnf_low_;
-  Tensor logits_, d_logits_;  // [N, V] compute dtype
-  // Backward scratch, shared by the blocks.
+  Tensor lnf_stats_, lnf_;  // ln_f's statistics and output (compute dtype)
+  // [N, V] compute dtype. d_logits_ is logits_ itself where the loss is fused in place
+  // (Backend::HasFusedSoftmaxCrossEntropy): the logits are read once, by the loss.
+  Tensor logits_, d_logits_;
+  // Scratch shared by the blocks.
+  Tensor branch_out_;            // [N, C]: attn.c_proj's or mlp.c_proj's output
+  Tensor fc_gelu_;               // [N, 4C]: GELU(fc_pre), forward and recomputed in backward
   Tensor d_resid_;               // [N, C] f32: the residual stream's gradient
   Tensor d_branch_;              // [N, C]: it rounded where it enters a branch's output
   Tensor d_ln_low_;              // [N, C]: the gradient of a LayerNorm's cast output

@@ -1,0 +1,307 @@
+// The CUDA backend's language-model primitives and GPT training against the CPU backend (proven
+// against PyTorch in CI: parity/gpt_parity_test). Needs a GPU: skips with the reason on
+// machines without one (CI); run on the GPU machine with scripts/device_run.sh.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "gtest/gtest.h"
+#include "tests/fake_collectives.h"
+#include "trainer/precision.h"
+#include "trainer/train_loop.h"
+
+namespace mptrain::cuda {
+namespace {
+
+int VisibleGpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+#define REQUIRE_GPU()                                                                \
+  if (VisibleGpus() < 1) {                                                           \
+    GTEST_SKIP() << "needs 1 CUDA GPU(s), 0 visible: runs on the GPU machine "       \
+                    "(scripts/device_run.sh)";                                       \
+  }
+
+std::unique_ptr<CudaBackend> Gpu() {
+  auto backend = CudaBackend::Create(
+      0,
+      [](cudaStream_t) -> absl::StatusOr<std::unique_ptr<Collective>> {
+        return std::unique_ptr<Collective>(new testing::SingleRankCollective());
+      },
+      60'000);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 generator(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(generator);
+  return values;
+}
+
+std::vector<float> Rounded(std::vector<float> values, DType dtype) {
+  for (float& v : values) v = RoundTo(dtype, v);
+  return values;
+}
+
+// A tensor of `values` on `backend`.
+Tensor Put(Backend* backend, DType dtype, int64_t rows, int64_t cols,
+           const std::vector<float>& values) {
+  absl::StatusOr<Tensor> t = backend->Allocate(dtype, rows, cols);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!values.empty()) EXPECT_TRUE(backend->Upload(values.data(), *t).ok());
+  return *t;
+}
+
+std::vector<float> Get(Backend* backend, Tensor t) {
+  std::vector<float> host(t.numel());
+  absl::Status status = backend->Download(t, host.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return host;
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+TEST(LanguageModelOps, AddAndEmbeddings_MatchTheCpuBackendBitForBit) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  const int64_t V = 37, T = 5, C = 24, rows = 4 * T;
+  const std::vector<float> wte = Random(V * C, 1), wpe = Random(T * C, 2), dout = Random(rows * C, 3);
+  std::vector<float> ids(rows);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = static_cast<float>((r * 7 + r / 3) % 5 * 6 % V);
+  std::vector<float> embedded[2], dwte[2], dwpe[2], sum[2];
+  Backend* backends[2] = {gpu.get(), &cpu};
+  for (int i = 0; i < 2; ++i) {
+    Backend* b = backends[i];
+    Tensor t_ids = Put(b, DType::kF32, rows, 1, ids), t_wte = Put(b, DType::kF32, V, C, wte);
+    Tensor t_wpe = Put(b, DType::kF32, T + 3, C, Random((T + 3) * C, 2));
+    Tensor out = Put(b, DType::kF32, rows, C, {});
+    ASSERT_TRUE(b->EmbeddingForward(t_ids, t_wte, t_wpe, T, out).ok());
+    embedded[i] = Get(b, out);
+    // Accumulated onto existing gradients, then overwritten: both modes.
+    Tensor g_wte = Put(b, DType::kF32, V, C, Random(V * C, 4));
+    Tensor g_wpe = Put(b, DType::kF32, T + 3, C, Random((T + 3) * C, 5));
+    Tensor t_dout = Put(b, DType::kF32, rows, C, dout);
+    ASSERT_TRUE(b->EmbeddingBackward(t_ids, t_dout, T, g_wte, g_wpe, false, false).ok());
+    ASSERT_TRUE(b->EmbeddingBackward(t_ids, t_dout, T, g_wte, g_wpe, false, false).ok());
+    dwte[i] = Get(b, g_wte);
+    dwpe[i] = Get(b, g_wpe);
+    Tensor low = Put(b, DType::kBF16, rows, C, {});
+    ASSERT_TRUE(b->Add(out, t_dout, low).ok());
+    sum[i] = Get(b, low);
+  }
+  EXPECT_EQ(embedded[0], embedded[1]);
+  EXPECT_EQ(dwte[0], dwte[1]);
+  EXPECT_EQ(dwpe[0], dwpe[1]);
+  EXPECT_EQ(sum[0], sum[1]);
+}
+
+struct AttentionCase {
+  DType dtype;
+  int64_t batch, seq, heads, head_size;
+  double tolerance;  // Relative error against the CPU backend in fp32 on the same inputs.
+};
+
+class Attention : public ::testing::TestWithParam<AttentionCase> {};
+
+// fp32: our kernels; fp16/bf16: cuDNN's fused attention, against the CPU's fp32 attention on the
+// same (rounded) inputs: its error is the low dtype's rounding of y and dqkv, no more.
+TEST_P(Attention, ForwardAndBackwardMatchTheFp32Reference) {
+  REQUIRE_GPU();
+  const AttentionCase c = GetParam();
+  auto gpu = Gpu();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  const int64_t C = c.heads * c.head_size, N = c.batch * c.seq;
+  const std::vector<float> qkv = Rounded(Random(N * 3 * C, 11), c.dtype);
+  const std::vector<float> dy = Rounded(Random(N * C, 12, 0.1f), c.dtype);
+  std::vector<float> y[2], dqkv[2];
+  Backend* backends[2] = {gpu.get(), &cpu};
+  const DType dtypes[2] = {c.dtype, DType::kF32};
+  for (int i = 0; i < 2; ++i) {
+    Backend* b = backends[i];
+    const DType dtype = dtypes[i];
+    const auto [saved_rows, saved_cols] = b->AttentionSavedShape(dtype, c.batch, c.heads, c.seq);
+    Tensor t_qkv = Put(b, dtype, N, 3 * C, qkv), t_y = Put(b, dtype, N, C, {});
+    Tensor saved = Put(b, DType::kF32, saved_rows, saved_cols, {});
+    absl::Status forward = b->CausalAttentionForward(t_qkv, c.batch, c.heads, saved, t_y);
+    ASSERT_TRUE(forward.ok()) << forward;
+    y[i] = Get(b, t_y);
+    Tensor t_dy = Put(b, dtype, N, C, dy), t_dqkv = Put(b, dtype, N, 3 * C, {});
+    absl::Status backward =
+        b->CausalAttentionBackward(t_qkv, saved, t_y, t_dy, c.batch, c.heads, t_dqkv);
+    ASSERT_TRUE(backward.ok()) << backward;
+    dqkv[i] = Get(b, t_dqkv);
+  }
+  const double y_error = RelativeError(y[0], y[1]), d_error = RelativeError(dqkv[0], dqkv[1]);
+  std::printf("attention dtype %d B=%ld T=%ld H=%ld hs=%ld: y error %.3g, dqkv error %.3g\n",
+              static_cast<int>(c.dtype), c.batch, c.seq, c.heads, c.head_size, y_error, d_error);
+  EXPECT_LT(y_error, c.tolerance);
+  EXPECT_LT(d_error, c.tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Attention,
+                         ::testing::Values(AttentionCase{DType::kF32, 2, 33, 3, 8, 1e-5},
+                                           AttentionCase{DType::kF32, 1, 130, 2, 64, 1e-5},
+                                           AttentionCase{DType::kBF16, 2, 64, 4, 64, 1e-2},
+                                           AttentionCase{DType::kF16, 2, 64, 4, 64, 2e-3},
+                                           AttentionCase{DType::kBF16, 1, 256, 2, 32, 1e-2}));
+
+// The fused loss against the composed ops on the same backend (CrossEntropyLoss's other path):
+// the gradient bit for bit, the count exactly, the loss to its last bits.
+TEST(LanguageModelOps, SoftmaxCrossEntropy_MatchesTheComposedOps) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (float smoothing : {0.0f, 0.1f}) {
+      const int64_t R = 19, V = 1031;
+      const float on = 1.0f - smoothing, off = smoothing / V;
+      std::vector<float> logits = Rounded(Random(R * V, 21, 3.0f), dtype);
+      logits[5 * V + 3] = 40.0f;  // A confident row.
+      std::vector<float> ids(R);
+      for (int64_t r = 0; r < R; ++r) ids[r] = static_cast<float>((r * 97) % V);
+      ids[5] = 3;
+      Backend* b = gpu.get();
+      Tensor x = Put(b, dtype, R, V, logits), t_ids = Put(b, DType::kF32, R, 1, ids);
+      auto state = b->AllocateStepState(StepState{1024.0f});
+      ASSERT_TRUE(state.ok());
+      // Composed.
+      Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
+      Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
+      Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
+      ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
+      ASSERT_TRUE(b->SmoothedOneHot(t_ids, on, off, q).ok());
+      ASSERT_TRUE(b->SumProduct(q, log_p, -static_cast<double>(R), 2.0f,
+                                composed.FlatView(0, 1, 1)).ok());
+      ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
+      ASSERT_TRUE(b->Exp(log_p, p).ok());
+      ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 2.0f, g32).ok());
+      ASSERT_TRUE(b->Cast(g32, g).ok());
+      // Fused, in place over the logits.
+      Tensor fused = Put(b, DType::kF32, 1, 2, {});
+      ASSERT_TRUE(b->SoftmaxCrossEntropy(x, t_ids, on, off, -static_cast<double>(R), 2.0f, fused,
+                                         1.0f / R, *state, 2.0f, x)
+                      .ok());
+      const std::vector<float> want = Get(b, composed), got = Get(b, fused);
+      EXPECT_EQ(Get(b, x), Get(b, g)) << "dtype " << static_cast<int>(dtype);
+      EXPECT_NEAR(got[0], want[0], 1e-6 * std::fabs(want[0]));
+      EXPECT_EQ(got[1], want[1]);
+      EXPECT_GE(got[1], 1.0f);  // Row 5 at least.
+    }
+  }
+}
+
+// ---- GPT training: CUDA against the CPU backend ----
+
+class RecordingObserver : public TrainingObserver {
+ public:
+  void OnStep(int64_t, const StepTelemetry* record) override {
+    if (record != nullptr) records.push_back(*record);
+  }
+  bool ShouldStop() override { return false; }
+  std::vector<StepTelemetry> records;
+};
+
+std::string PeriodicTokens(const std::string& name, int64_t count, int64_t vocab) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  FILE* file = std::fopen(path.c_str(), "wb");
+  std::mt19937 generator(3);
+  for (int64_t i = 0; i < count; ++i) {
+    // A noisy period-11 stream: learnable, with some entropy left.
+    const uint16_t token =
+        static_cast<uint16_t>(generator() % 4 == 0 ? generator() % vocab : (i * 5) % 11);
+    std::fwrite(&token, sizeof(token), 1, file);
+  }
+  std::fclose(file);
+  return path;
+}
+
+struct GptCase {
+  DType dtype;
+  double init_scale;
+  int expected_skips;
+  double loss_tolerance, parameter_tolerance;  // Relative, against the CPU backend.
+};
+
+class GptTrainingParity : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptTrainingParity, CudaMatchesCpu_SkipsAndScalesExactly) {
+  REQUIRE_GPU();
+  const GptCase c = GetParam();
+  TrainingConfig config;
+  config.world_size = 1;
+  config.model.gpt = {64, 72, 32, 2, 2, 64};
+  config.loss.type = LossType::kCrossEntropy;
+  config.data.source = DataConfig::Source::kTokens;
+  config.data.token_files = {PeriodicTokens("gpt_train.bin", 20000, 64)};
+  config.micro_batch_size = 4;
+  config.accumulation_steps = 2;
+  config.steps = 20;
+  config.compute_dtype = c.dtype;
+  config.optimizer.type = OptimizerType::kAdamW;
+  config.optimizer.lr = 3e-3;
+  config.optimizer.weight_decay = 0.1;
+  config.max_grad_norm = 1.0;
+  config.seed = 7;
+  config.loss_scaler.enabled = c.dtype == DType::kF16;
+  config.loss_scaler.init_scale = c.init_scale;
+  RecordingObserver on_gpu, on_cpu;
+  auto gpu = Gpu();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  absl::StatusOr<TrainingResult> gpu_result =
+      RunTraining(config, 0, gpu.get(), &on_gpu, "", {"job-1", "alice"});
+  absl::StatusOr<TrainingResult> cpu_result =
+      RunTraining(config, 0, &cpu, &on_cpu, "", {"job-1", "alice"});
+  ASSERT_TRUE(gpu_result.ok()) << gpu_result.status();
+  ASSERT_TRUE(cpu_result.ok()) << cpu_result.status();
+  ASSERT_EQ(on_gpu.records.size(), on_cpu.records.size());
+  double worst_loss = 0;
+  for (size_t i = 0; i < on_gpu.records.size(); ++i) {
+    const StepTelemetry &g = on_gpu.records[i], &r = on_cpu.records[i];
+    EXPECT_EQ(g.skipped, r.skipped) << "step " << i + 1;
+    EXPECT_EQ(g.loss_scale, r.loss_scale) << "step " << i + 1;
+    const double error = std::fabs(g.loss - r.loss) / std::fabs(r.loss);
+    worst_loss = std::max(worst_loss, error);
+    EXPECT_LT(error, c.loss_tolerance) << "step " << i + 1 << ": " << g.loss << " vs " << r.loss;
+  }
+  EXPECT_EQ(gpu_result->skipped_steps, c.expected_skips);
+  EXPECT_EQ(cpu_result->skipped_steps, c.expected_skips);
+  EXPECT_LT(on_gpu.records.back().loss, 0.8 * on_gpu.records.front().loss) << "it learns";
+  const double parameters = RelativeError(gpu_result->parameters, cpu_result->parameters);
+  std::printf("gpt dtype %d: worst loss error %.3g, parameter error %.3g, skips %ld\n",
+              static_cast<int>(c.dtype), worst_loss, parameters, gpu_result->skipped_steps);
+  EXPECT_LT(parameters, c.parameter_tolerance);
+}
+
+// fp16 at 2^27: the logits' gradient overflows fp16 at 2^27, 2^26 and 2^25 (|p − q| · scale /
+// (B·T · A) > 65504), three skips before 2^24 steps cleanly.
+INSTANTIATE_TEST_SUITE_P(Precisions, GptTrainingParity,
+                         ::testing::Values(GptCase{DType::kF32, 1.0, 0, 1e-5, 1e-4},
+                                           GptCase{DType::kBF16, 1.0, 0, 2e-2, 3e-2},
+                                           GptCase{DType::kF16, 134217728.0, 3, 5e-3, 1e-2}));
+
+}  // namespace
+}  // namespace mptrain::cuda

@@ -1,0 +1,65 @@
+#pragma once
+
+// Fused causal self-attention in fp16/bf16 through cuDNN 9's SDPA (flash-style: the T×T scores
+// stay on chip), driven by the header-only cudnn-frontend (third_party/cudnn_frontend). The
+// packed qkv [B·T, 3C] of the GPT is read in place through strides, as llm.c does: no permute.
+// What the forward keeps for the backward is each row's log-sum-exp, [B·H·T] f32 (row
+// (b·H + h)·T + t), instead of the probabilities.
+//
+// A graph is built once per shape and dtype (the slow part: about a second) and cached; the
+// backend's first, unrecorded step builds them, so that a recorded step (CUDA graph capture)
+// only executes them. Workspace grows only while building.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainer/backend_types.h"
+
+namespace mptrain::cuda {
+
+class CudnnAttention {
+ public:
+  // UNAVAILABLE when cuDNN cannot be loaded or initialised (its message names why).
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // dtype kF16 or kBF16. qkv [B·T, 3C], y [B·T, C], stats [B·H·T] f32; hs = C / H.
+  absl::Status Forward(const void* qkv, DType dtype, int64_t batch, int64_t seq_len, int64_t heads,
+                       int64_t head_size, void* y, float* stats);
+  // dqkv [B·T, 3C] (dq, dk, dv side by side, as qkv); y and stats as Forward left them.
+  absl::Status Backward(const void* qkv, const void* y, const void* dy, const float* stats,
+                        DType dtype, int64_t batch, int64_t seq_len, int64_t heads,
+                        int64_t head_size, void* dqkv);
+  // Whether a workspace growth happened since the last call (the caller's recorded step that
+  // used the old one must be recorded again).
+  bool TakeWorkspaceChanged() {
+    const bool changed = workspace_changed_;
+    workspace_changed_ = false;
+    return changed;
+  }
+
+ private:
+  struct Graphs;
+  using Key = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t>;  // backward?, dtype, B, T, H, hs
+
+  explicit CudnnAttention(cudaStream_t stream);
+  absl::StatusOr<void*> GraphFor(const Key& key);
+  absl::Status Execute(const Key& key, const std::map<int64_t, void*>& pointers);
+
+  cudaStream_t stream_;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  std::unique_ptr<Graphs> graphs_;
+  void* workspace_ = nullptr;
+  int64_t workspace_bytes_ = 0;
+  bool workspace_changed_ = false;
+};
+
+}  // namespace mptrain::cuda
