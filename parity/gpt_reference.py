@@ -660,7 +660,10 @@ def run_ranks(case_path, out_dir, world, timeout=600, extra=()):
         try:
             return _run_ranks_once(case_path, out_dir, world, timeout, extra)
         except RuntimeError as error:
-            if "Address already in use" not in str(error) or attempt == 2:
+            # PyTorch 1.13 says "Address already in use", 2.x "address already in use" /
+            # EADDRINUSE.
+            taken = "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
+            if not taken or attempt == 2:
                 raise
 
 

@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -29,6 +29,22 @@ for step in $STEPS; do
         gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]')
       fi
       python3 scripts/test_skips.py gpus "$gpus" "$OUT/cuda_backend_test.xml" || status=1 ;;
+    gpt)
+      # Issue 29: the GPT's CUDA primitives and training against the CPU backend.
+      "$MPTRAIN_BIN/cuda_language_model_test" --gtest_output="xml:$OUT/cuda_language_model_test.xml" \
+        >"$OUT/cuda_language_model_test.log" 2>&1 || status=1
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|Expected|Which is|actual|error|dtype" \
+        "$OUT/cuda_language_model_test.log" | head -60 ;;
+    gptparity)
+      # The GPT against PyTorch on CUDA (SDPA), fp32 / bf16 / fp16 + GradScaler with overflows.
+      PYTHONUNBUFFERED=1 timeout 500 python3 parity/gpt_parity.py --device cuda --bin "$MPTRAIN_BIN" \
+        --out "$OUT/gptparity" ${GPT_PARITY_CASES:+--cases "$GPT_PARITY_CASES"} \
+        >"$OUT/gptparity.log" 2>&1 || status=1
+      tail -12 "$OUT/gptparity.log" ;;
+    gptbench)
+      # GPT-2 through the service beside PyTorch eager and torch.compile (bench/run_gpt_bench.sh).
+      PYTHONUNBUFFERED=1 timeout 590 bash bench/run_gpt_bench.sh >"$OUT/gptbench.log" 2>&1 || status=1
+      tail -24 "$OUT/gptbench.log" ;;
     example)
       timeout 300 bash scripts/run_example.sh >"$OUT/example.log" 2>&1 || status=1
       tail -25 "$OUT/example.log" ;;

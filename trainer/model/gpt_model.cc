@@ -1,11 +1,15 @@
 #include "trainer/model/gpt_model.h"
 
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "trainer/model/gpt_memory_plan.h"
 
 namespace mptrain {
 namespace {
@@ -48,6 +52,42 @@ absl::Status CheckConfig(const GptConfig& config) {
   }
   return absl::OkStatus();
 }
+
+// A plan's tensors allocated, handed out by name; AllTaken() says whether one was left over
+// (the plan lists a tensor the model does not use: the estimate would count it for nothing).
+class PlannedTensors {
+ public:
+  static absl::StatusOr<PlannedTensors> Allocate(Backend* backend,
+                                                  const std::vector<PlannedTensor>& plan) {
+    PlannedTensors tensors;
+    for (const PlannedTensor& p : plan) {
+      ASSIGN_OR_RETURN(Tensor t, backend->Allocate(p.dtype, p.rows, p.cols));
+      tensors.tensors_.emplace(p.name, t);
+    }
+    return tensors;
+  }
+  // An empty tensor for a name the plan does not have (AllTaken() then fails).
+  Tensor Take(const std::string& name) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      missing_.push_back(name);
+      return Tensor{};
+    }
+    Tensor t = it->second;
+    tensors_.erase(it);
+    return t;
+  }
+  absl::Status AllTaken() const {
+    if (missing_.empty() && tensors_.empty()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(
+        "GptModel: the activation plan and the model disagree (missing: ",
+        absl::StrJoin(missing_, ", "), "; unused: ", tensors_.size(), ")"));
+  }
+
+ private:
+  std::map<std::string, Tensor> tensors_;
+  std::vector<std::string> missing_;
+};
 
 }  // namespace
 
@@ -110,46 +150,47 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
       model->accumulator_,
       GradientAccumulator::Create(backend, n, compute_dtype, model->params_low_.element_bytes,
                                   accumulation_steps, /*deferred_budget_bytes=*/0));
-  const int64_t N = micro_batch_size * config.context_length, C = config.width;
-  const int64_t T = config.context_length, H = config.heads, V = config.vocab_size;
-  auto f32 = [&](int64_t rows, int64_t cols) { return backend->Allocate(DType::kF32, rows, cols); };
-  auto low = [&](int64_t rows, int64_t cols) {
-    return backend->Allocate(compute_dtype, rows, cols);
-  };
-  const auto [saved_rows, saved_cols] =
-      backend->AttentionSavedShape(compute_dtype, micro_batch_size, H, T);
-  ASSIGN_OR_RETURN(model->encoded_, f32(N, C));
+  // Every activation from the one plan the coordinator's estimate also reads.
+  GptBackendTraits traits;
+  traits.low_element_bytes = model->params_low_.element_bytes;
+  std::tie(traits.attention_saved_rows, traits.attention_saved_cols) = backend->AttentionSavedShape(
+      compute_dtype, micro_batch_size, config.heads, config.context_length);
+  traits.fused_loss = backend->HasFusedSoftmaxCrossEntropy();
+  const GptActivationPlan plan =
+      PlanGptActivations(padded, compute_dtype, micro_batch_size, traits);
+  ASSIGN_OR_RETURN(PlannedTensors shared, PlannedTensors::Allocate(backend, plan.shared));
   for (int64_t l = 0; l < config.layers; ++l) {
+    ASSIGN_OR_RETURN(PlannedTensors t, PlannedTensors::Allocate(backend, plan.per_block));
     Block b;
-    ASSIGN_OR_RETURN(b.ln1_stats, f32(N, 2));
-    ASSIGN_OR_RETURN(b.ln1, low(N, C));
-    ASSIGN_OR_RETURN(b.qkv, low(N, 3 * C));
-    ASSIGN_OR_RETURN(b.attention, f32(saved_rows, saved_cols));
-    ASSIGN_OR_RETURN(b.att, low(N, C));
-    ASSIGN_OR_RETURN(b.mid, f32(N, C));
-    ASSIGN_OR_RETURN(b.ln2_stats, f32(N, 2));
-    ASSIGN_OR_RETURN(b.ln2, low(N, C));
-    ASSIGN_OR_RETURN(b.fc_pre, low(N, 4 * C));
-    ASSIGN_OR_RETURN(b.out, f32(N, C));
+    b.ln1_stats = t.Take("ln1_stats");
+    b.ln1 = t.Take("ln1");
+    b.qkv = t.Take("qkv");
+    b.attention = t.Take("attention");
+    b.att = t.Take("att");
+    b.mid = t.Take("mid");
+    b.ln2_stats = t.Take("ln2_stats");
+    b.ln2 = t.Take("ln2");
+    b.fc_pre = t.Take("fc_pre");
+    b.out = t.Take("out");
+    RETURN_IF_ERROR(t.AllTaken());
     model->blocks_.push_back(b);
   }
-  ASSIGN_OR_RETURN(model->lnf_stats_, f32(N, 2));
-  ASSIGN_OR_RETURN(model->lnf_, low(N, C));
-  ASSIGN_OR_RETURN(model->logits_, low(N, V));
-  model->d_logits_ = model->logits_;
-  if (!backend->HasFusedSoftmaxCrossEntropy()) {
-    ASSIGN_OR_RETURN(model->d_logits_, low(N, V));
-  }
-  ASSIGN_OR_RETURN(model->branch_out_, low(N, C));
-  ASSIGN_OR_RETURN(model->fc_gelu_, low(N, 4 * C));
-  ASSIGN_OR_RETURN(model->d_resid_, f32(N, C));
-  ASSIGN_OR_RETURN(model->d_branch_, low(N, C));
-  ASSIGN_OR_RETURN(model->d_ln_low_, low(N, C));
-  ASSIGN_OR_RETURN(model->d_ln_in_, f32(N, C));
-  ASSIGN_OR_RETURN(model->d_att_, low(N, C));
-  ASSIGN_OR_RETURN(model->d_qkv_, low(N, 3 * C));
-  ASSIGN_OR_RETURN(model->d_fc_gelu_, low(N, 4 * C));
-  ASSIGN_OR_RETURN(model->d_fc_pre_, low(N, 4 * C));
+  model->encoded_ = shared.Take("encoded");
+  model->lnf_stats_ = shared.Take("lnf_stats");
+  model->lnf_ = shared.Take("lnf");
+  model->logits_ = shared.Take("logits");
+  model->d_logits_ = traits.fused_loss ? model->logits_ : shared.Take("d_logits");
+  model->branch_out_ = shared.Take("branch_out");
+  model->fc_gelu_ = shared.Take("fc_gelu");
+  model->d_resid_ = shared.Take("d_resid");
+  model->d_branch_ = shared.Take("d_branch");
+  model->d_ln_low_ = shared.Take("d_ln_low");
+  model->d_ln_in_ = shared.Take("d_ln_in");
+  model->d_att_ = shared.Take("d_att");
+  model->d_qkv_ = shared.Take("d_qkv");
+  model->d_fc_gelu_ = shared.Take("d_fc_gelu");
+  model->d_fc_pre_ = shared.Take("d_fc_pre");
+  RETURN_IF_ERROR(shared.AllTaken());
   return model;
 }
 

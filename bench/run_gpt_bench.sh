@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# GPT-2 training on one GPU through the service (trainctl submit -> coordinator -> worker
+# daemon; telemetry every step) beside PyTorch eager and torch.compile in the same run
+# (bench/gpt_torch_bench.py), on the GPU machine after `source device_bundle/env.sh`:
+#   bash bench/run_gpt_bench.sh
+#   CONFIGS="124m:16:4 124m:32:2 350m:16:4" PRECISIONS="bf16 fp16" MODES="eager compile" \
+#     STEPS=20 WARMUP=5 bash bench/run_gpt_bench.sh
+# A configuration is MODEL:MICRO_BATCH:ACCUMULATION (124m: 12 layers, 768 wide, 12 heads;
+# 350m: 24, 1024, 16; context 1024, vocabulary 50257 padded to 50304). Prints one JSON line per
+# run and a table: ms/step (median after WARMUP steps), tokens/s, TFLOP/s (6N + attention),
+# peak memory (ours: the worker process's GPU memory from nvidia-smi, CUDA context included;
+# PyTorch: max_memory_reserved, without its context), and seconds from submit to the first
+# step's telemetry.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mptrain-out}
+mkdir -p "$OUT"
+CONFIGS=${CONFIGS:-124m:16:4 124m:32:2}
+PRECISIONS=${PRECISIONS:-bf16 fp16}
+MODES=${MODES:-eager compile}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-5}
+RESULTS="$OUT/gpt_bench.jsonl"
+: >"$RESULTS"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+
+shape_of() {  # MODEL -> "layers width heads"
+  case "$1" in
+    124m) echo "12 768 12" ;;
+    350m) echo "24 1024 16" ;;
+    *) echo "unknown model $1" >&2; return 1 ;;
+  esac
+}
+
+COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
+source scripts/lib/local_cluster.sh
+start_coordinator
+start_worker gpu0 0 --device=cuda
+wait_for_workers 1 || exit 1
+TOKENS="$CLUSTER_DIR/data/tokens.bin"
+python3 - "$TOKENS" <<'PY'
+import sys
+import numpy as np
+# llm.c's token file: a 256 x int32 header (magic 20240520, version 1, count), uint16 tokens.
+count = 4 * 1024 * 1024
+header = np.zeros(256, np.int32)
+header[:3] = (20240520, 1, count)
+tokens = np.random.default_rng(0).integers(0, 50257, count, dtype=np.uint16)
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write(tokens.tobytes())
+PY
+status=0
+for config in $CONFIGS; do
+  IFS=: read -r model batch accum <<<"$config"
+  read -r layers width heads <<<"$(shape_of "$model")"
+  for precision in $PRECISIONS; do
+    spec="$CLUSTER_DIR/gpt-$config-$precision.json"
+    cat >"$spec" <<SPEC
+{"name": "gpt$model-$batch-$accum-$precision", "world_size": 1, "device": "cuda",
+ "model": {"gpt": {"vocab_size": 50257, "padded_vocab_size": 50304, "context_length": 1024,
+                   "layers": $layers, "heads": $heads, "width": $width}},
+ "data": {"tokens": {"files": ["$TOKENS"]}},
+ "micro_batch_size": $batch, "accumulation_steps": $accum, "steps": $((WARMUP + STEPS)),
+ "precision": "$precision",
+ "optimizer": {"kind": "adamw", "lr": 0.0006, "beta2": 0.95, "weight_decay": 0.1},
+ "max_grad_norm": 1.0, "telemetry_every": 1}
+SPEC
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
+      >"$CLUSTER_DIR/mem-$config-$precision.log" &
+    smi=$!
+    submitted=$(date +%s%3N)
+    job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
+    kill "$smi" 2>/dev/null
+    "$TRAINCTL" --coordinator="$ADDRESS" status "$job" >"$CLUSTER_DIR/status-$config-$precision.txt" 2>&1
+    "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl \
+      >"$CLUSTER_DIR/gpt-$config-$precision.jsonl" || status=1
+    python3 - "$CLUSTER_DIR/gpt-$config-$precision.jsonl" "$CLUSTER_DIR/mem-$config-$precision.log" \
+      "$WARMUP" "$layers" "$width" "$batch" "$accum" "$precision" "$submitted" <<'PY' | tee -a "$RESULTS" || status=1
+import json, statistics, sys
+path, mem_path, warmup, L, C, B, A, precision, submitted = sys.argv[1:]
+warmup, L, C, B, A, submitted = int(warmup), int(L), int(C), int(B), int(A), int(submitted)
+records = [json.loads(l) for l in open(path) if l.strip()]
+times = [r.get("stepTimeMs", r.get("step_time_ms")) for r in records if int(r.get("step", 0)) > warmup]
+times = [t for t in times if t]
+first = min((int(r.get("unixMs", r.get("unix_ms", 0))) for r in records if r.get("unixMs") or r.get("unix_ms")), default=0)
+mem = [int(x) for x in open(mem_path).read().split() if x.strip().isdigit()]
+T, V = 1024, 50304
+n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+ms = statistics.median(times) if times else float("nan")
+tokens = B * A * T
+losses = [r.get("loss") for r in records]
+print(json.dumps({"engine": "mptrain (service)", "precision": precision, "layers": L, "width": C,
+                  "batch": B, "accum": A, "ms_per_step": round(ms, 2),
+                  "tokens_per_s": round(tokens / ms * 1000) if times else None,
+                  "tflops": round((6 * n + 12 * L * T * C) * tokens / ms / 1e9, 1) if times else None,
+                  "peak_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
+                  "first_step_s": round((first - submitted) / 1000, 2) if first else None,
+                  "loss_first_last": [losses[0], losses[-1]] if losses else None,
+                  "steps": len(times)}))
+PY
+    for mode in $MODES; do
+      python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
+        --batch "$batch" --accum "$accum" --precision "$precision" --mode "$mode" \
+        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$config-$precision-$mode.err" |
+        tee -a "$RESULTS" || status=1
+    done
+  done
+done
+stop_cluster
+python3 - "$RESULTS" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+print(f"{'engine':<20}{'model':>6}{'prec':>6}{'B x A':>8}{'ms/step':>10}{'tokens/s':>11}"
+      f"{'TFLOP/s':>9}{'peak GiB':>10}{'first s':>9}")
+for r in rows:
+    tps = r.get("tokens_per_s")
+    print(f"{r['engine']:<20}{'L%d' % r['layers']:>6}{r['precision']:>6}"
+          f"{'%dx%d' % (r['batch'], r['accum']):>8}{r['ms_per_step']:>10}{tps or 0:>11}"
+          f"{r.get('tflops') or 0:>9}{r.get('peak_gib') or 0:>10}{r.get('first_step_s') or 0:>9}")
+PY
+exit $status
