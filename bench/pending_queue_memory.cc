@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/cli_flags.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/store/sqlite_job_store.h"
@@ -87,6 +88,8 @@ int main(int argc, char** argv) {
   *request.mutable_spec() = QueuedSpec(world_size);
   std::vector<std::string> ids;
   for (int i = 0; i < jobs; ++i) {
+    // Names are unique among an owner's live jobs (the same length for every job).
+    request.mutable_spec()->set_name(absl::StrFormat("queued-%08d", i));
     auto submitted = state->SubmitJob(request, absl::StrCat("user", i % 10));
     if (!submitted.ok()) {
       std::fprintf(stderr, "submit %d: %s\n", i, submitted.status().ToString().c_str());

@@ -177,6 +177,12 @@ v1::JobState FollowJob(const CommandContext& context, const std::string& job_id,
           const bool ended = last == v1::FAILED || last == v1::CANCELLED;
           *context.out << job_id << " " << ShortState(last)
                        << ((snapshot && !ended) || error.empty() ? "" : ": " + error) << "\n";
+          if (snapshot && (ended || last == v1::SUCCEEDED)) {
+            // A job that had ended before the watch opened: no step will follow, so what it
+            // came to (steps, final loss, checksums) is said here rather than only its state.
+            *context.out << job_id << " summary: " << FormatJobSummary(event.snapshot())
+                         << "\n";
+          }
         }
         break;
       }

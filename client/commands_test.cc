@@ -174,6 +174,7 @@ class HistoryCoordinator final : public v1::Coordinator::Service {
     std::vector<v1::WatchJobEvent> live;
     grpc::Status end = grpc::Status::OK;
     std::string snapshot_error;
+    v1::Job snapshot_more;  // Merged into the snapshot (telemetry, progress, times).
   };
   std::vector<v1::WatchJobEvent> history;
   std::deque<Stream> streams;
@@ -200,6 +201,7 @@ class HistoryCoordinator final : public v1::Coordinator::Service {
     snapshot.mutable_snapshot()->set_state(stream.snapshot_state);
     snapshot.mutable_snapshot()->set_error(stream.snapshot_error);
     snapshot.mutable_snapshot()->mutable_spec()->set_steps(3);
+    snapshot.mutable_snapshot()->MergeFrom(stream.snapshot_more);
     writer->Write(snapshot);
     for (const v1::WatchJobEvent& event : stream.live) writer->Write(event);
     return stream.end;
@@ -361,6 +363,61 @@ TEST_F(FollowTest, Watch_OfAFailedJob_PrintsTheReason) {
   EXPECT_EQ(WatchCommand(Context(), "job-0001"), 1);
   EXPECT_NE(out_.str().find("job-0001 FAILED: rank 1 exited with status 3"), std::string::npos)
       << out_.str();
+}
+
+// A watch of a job that had already ended: no step follows, so besides its state (and a failed
+// one's reason) it says what the job came to.
+TEST_F(FollowTest, Watch_OfAnEndedJob_PrintsTheStateAndASummary) {
+  HistoryCoordinator::Stream stream;
+  stream.snapshot_sequence = 9;
+  stream.snapshot_state = v1::SUCCEEDED;
+  v1::Job& job = stream.snapshot_more;
+  job.set_started_unix_ms(10'000);
+  job.set_finished_unix_ms(14'500);
+  job.mutable_latest_telemetry()->set_step(3);
+  job.mutable_latest_telemetry()->set_loss(0.125);
+  job.mutable_latest_telemetry()->set_skipped_total(1);
+  job.mutable_latest_evaluation()->set_step(3);
+  job.mutable_latest_evaluation()->set_eval_loss(0.25);
+  job.mutable_latest_evaluation()->set_eval_accuracy(0.975);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankProgress* progress = job.add_progress();
+    progress->set_rank(rank);
+    progress->set_step(3);
+    progress->set_finished(true);
+    progress->set_parameter_checksum("00c0ffee12345678abcdef");
+  }
+  job.mutable_spec()->set_output_checkpoint("/out/model.safetensors");
+  coordinator_.streams.push_back(stream);
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 0) << err_.str();
+  EXPECT_EQ(Lines("job-0001 SUCCEEDED"), 1) << out_.str();
+  EXPECT_NE(out_.str().find("job-0001 summary: 3/3 steps in 4s; final loss 0.125000, eval_loss "
+                            "0.250000 (acc 0.9750) at step 3; 1 skipped; 2 ranks, identical "
+                            "parameters (checksum 00c0ffee12345678); output "
+                            "/out/model.safetensors\n"),
+            std::string::npos)
+      << out_.str();
+
+  // Failed: the reason on the state's line, then how far it got.
+  stream.snapshot_state = v1::FAILED;
+  stream.snapshot_error = "rank 1 exited with status 3";
+  stream.snapshot_more.mutable_latest_telemetry()->set_step(2);
+  coordinator_.streams.push_back(stream);
+  out_.str("");
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 1);
+  EXPECT_NE(out_.str().find("job-0001 FAILED: rank 1 exited with status 3\n"
+                            "job-0001 summary: 2/3 steps in 4s; final loss 0.125000"),
+            std::string::npos)
+      << out_.str();
+  EXPECT_EQ(out_.str().find("identical parameters"), std::string::npos) << out_.str();
+  EXPECT_EQ(out_.str().find("output /out"), std::string::npos) << "a failed job wrote none";
+
+  // A running job's snapshot has no summary: its steps follow.
+  coordinator_.streams.push_back({3, v1::RUNNING, {HistoryCoordinator::State(5, v1::SUCCEEDED)},
+                                  grpc::Status::OK});
+  out_.str("");
+  EXPECT_EQ(WatchCommand(Context(), "job-0001"), 0);
+  EXPECT_EQ(Lines("summary"), 0) << out_.str();
 }
 
 // Jobs for list (paged two at a time, oldest first, as the coordinator pages), cancel (job-0002

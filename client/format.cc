@@ -243,6 +243,47 @@ std::string FormatWorkerTable(const std::vector<v1::Worker>& workers) {
   return FormatTable(rows);
 }
 
+std::string FormatJobSummary(const v1::Job& job) {
+  std::vector<std::string> parts;
+  const v1::TelemetryRecord& last = job.latest_telemetry();
+  std::string steps = absl::StrCat(last.step(), "/", job.spec().steps(), " steps");
+  if (job.started_unix_ms() > 0 && job.finished_unix_ms() >= job.started_unix_ms()) {
+    absl::StrAppend(&steps, " in ", FormatDuration(job.finished_unix_ms() - job.started_unix_ms()));
+  }
+  if (job.restarts() > 0) absl::StrAppend(&steps, " (", job.restarts(), " restarts)");
+  parts.push_back(steps);
+  if (job.has_latest_telemetry()) {
+    std::string loss = absl::StrFormat("final loss %.6f", last.loss());
+    if (last.has_accuracy()) absl::StrAppendFormat(&loss, " (acc %.4f)", last.accuracy());
+    const v1::TelemetryRecord& evaluation = job.latest_evaluation();
+    if (job.has_latest_evaluation() && evaluation.has_eval_loss()) {
+      absl::StrAppendFormat(&loss, ", eval_loss %.6f", evaluation.eval_loss());
+      if (evaluation.has_eval_accuracy()) {
+        absl::StrAppendFormat(&loss, " (acc %.4f)", evaluation.eval_accuracy());
+      }
+      absl::StrAppendFormat(&loss, " at step %d", evaluation.step());
+    }
+    parts.push_back(loss);
+    if (last.skipped_total() > 0) parts.push_back(absl::StrCat(last.skipped_total(), " skipped"));
+  }
+  if (job.state() == v1::SUCCEEDED && job.progress_size() > 0) {
+    // SUCCEEDED means the coordinator found every rank's checksum equal.
+    const std::string& checksum = job.progress(0).parameter_checksum();
+    parts.push_back(absl::StrCat(job.progress_size(), " ranks, identical parameters",
+                                 checksum.empty() ? ""
+                                                  : absl::StrCat(" (checksum ",
+                                                                 checksum.substr(0, 16), ")")));
+  }
+  if (!job.latest_checkpoint_path().empty()) {
+    parts.push_back(absl::StrCat("checkpoint of step ", job.latest_checkpoint_step(), ": ",
+                                 job.latest_checkpoint_path()));
+  }
+  if (!job.spec().output_checkpoint().empty() && job.state() == v1::SUCCEEDED) {
+    parts.push_back(absl::StrCat("output ", job.spec().output_checkpoint()));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
 std::string FormatTelemetryLine(const v1::TelemetryRecord& record) {
   std::string line = absl::StrFormat(
       "step %6d  loss %.6f  grad_norm %.6g  scale %g  skipped %s (%d total)  %.3f ms  "

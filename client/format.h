@@ -26,6 +26,10 @@ std::string FormatDuration(int64_t ms);
 std::string FormatUnixMs(int64_t unix_ms);
 std::string FormatJobDetail(const v1::Job& job);
 std::string FormatWorkerTable(const std::vector<v1::Worker>& workers);
+// What an ended job came to, on one line (`trainctl watch` of a job that had already ended):
+// "3/3 steps in 4s; final loss 0.500000, eval_loss 0.400000 (acc 0.9750); 2 skipped;
+// 2 ranks, identical parameters (checksum 1a2b3c4d)" — the parts it has.
+std::string FormatJobSummary(const v1::Job& job);
 // One line per telemetry record, as `trainctl watch` prints it.
 std::string FormatTelemetryLine(const v1::TelemetryRecord& record);
 

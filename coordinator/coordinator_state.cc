@@ -306,6 +306,12 @@ absl::Status CoordinatorState::Restore() {
     if (!record->job().request_id().empty()) {
       job_by_request_id_[RequestKey(record->job().owner(), record->job().request_id())] = job_id;
     }
+    if (!record->spec().name().empty()) {
+      // The latest job of each name is the one that may still be live.
+      auto [named, added] = job_by_owner_name_.try_emplace(
+          RequestKey(record->job().owner(), record->spec().name()), job_id);
+      if (!added && jobs_.at(named->second)->number() < record->number()) named->second = job_id;
+    }
     job_order_[record->number()] = job_id;
     JobRecord* raw = record.get();
     jobs_[job_id] = std::move(record);
@@ -449,6 +455,18 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
       return response;
     }
   }
+  if (!spec.name().empty()) {
+    // Names are how a user refers to a job (trainctl, dashboards): one owner's live jobs have
+    // distinct ones. Another owner may use the same name; an ended job's name is free again.
+    auto it = job_by_owner_name_.find(RequestKey(owner, spec.name()));
+    const JobRecord* holder = it == job_by_owner_name_.end() ? nullptr : FindJob(it->second);
+    if (holder != nullptr && !holder->terminal()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "name ", Quote(spec.name()), " is taken by ", holder->id(), " (",
+          absl::AsciiStrToLower(v1::JobState_Name(holder->state())), "): job names are unique among an owner's "
+          "jobs that have not ended; choose another name or cancel ", holder->id()));
+    }
+  }
   if (absl::Status status = CheckSpecPaths(spec, Tenancy{owner, owner_is_admin}); !status.ok()) {
     return status;
   }
@@ -496,6 +514,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorState::SubmitJob(
   if (!request.request_id().empty()) {
     job_by_request_id_[RequestKey(owner, request.request_id())] = job_id;
   }
+  if (!spec.name().empty()) job_by_owner_name_[RequestKey(owner, spec.name())] = job_id;
   job_order_[number] = job_id;
   jobs_[job_id] = std::move(record);
   pending_.push_back(job_id);
@@ -962,6 +981,11 @@ void CoordinatorState::EvictOldRecords(int64_t now) {
       effects_.dirty_jobs.erase(oldest->id());
       if (!oldest->job().request_id().empty()) {
         job_by_request_id_.erase(RequestKey(oldest->job().owner(), oldest->job().request_id()));
+      }
+      if (auto name = job_by_owner_name_.find(
+              RequestKey(oldest->job().owner(), oldest->spec().name()));
+          name != job_by_owner_name_.end() && name->second == oldest->id()) {
+        job_by_owner_name_.erase(name);  // A later job of that name keeps its entry.
       }
       job_order_.erase(oldest->number());
       jobs_.erase(finished_.front());

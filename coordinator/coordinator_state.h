@@ -500,6 +500,10 @@ class CoordinatorState {
   int64_t freed_since_trim_ = 0;
   std::deque<std::string> finished_;          // Terminal jobs in the order they ended.
   std::map<std::string, std::string> job_by_request_id_;  // RequestKey -> job id.
+  // RequestKey(owner, spec.name) -> the latest job of that owner with that name. Names are
+  // unique among an owner's jobs that have not ended: the entry is checked (the job may have
+  // ended or gone since) rather than kept in step with every transition.
+  std::map<std::string, std::string> job_by_owner_name_;
   // A submit's request id is its principal's own.
   static std::string RequestKey(const std::string& owner, const std::string& request_id);
   int64_t next_job_number_ = 1;

@@ -227,6 +227,46 @@ TEST_F(CoordinatorStateTest, SubmitJob_SameRequestId_ReturnsSameJob) {
   EXPECT_EQ(state_->ListJobs({})->jobs_size(), 2);
 }
 
+// A job's name is how its owner refers to it: unique among that owner's jobs that have not
+// ended (queued or running), free for other owners and again once the job ended.
+TEST_F(CoordinatorStateTest, SubmitJob_NameOfAnOwnersLiveJob_AlreadyExistsNamingIt) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(2);
+  request.mutable_spec()->set_name("resnet-sweep");
+  auto first = state_->SubmitJob(request, "alice", false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->state(), v1::PENDING);
+  auto again = state_->SubmitJob(request, "alice", false);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_NE(again.status().message().find("name resnet-sweep is taken by " + first->job_id() +
+                                          " (pending)"),
+            std::string::npos)
+      << again.status();
+  EXPECT_EQ(state_->ListJobs({})->jobs_size(), 1) << "a refused job must not be recorded";
+  // Another owner's namespace.
+  auto bobs = state_->SubmitJob(request, "bob", false);
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  // Running holds the name too.
+  Register("w", 4);
+  ASSERT_EQ(StateOf(first->job_id()), v1::RUNNING);
+  again = state_->SubmitJob(request, "alice", false);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_NE(again.status().message().find("(running)"), std::string::npos) << again.status();
+  // Unnamed jobs never collide.
+  v1::SubmitJobRequest unnamed;
+  *unnamed.mutable_spec() = Spec(1);
+  unnamed.mutable_spec()->clear_name();
+  ASSERT_TRUE(state_->SubmitJob(unnamed, "alice", false).ok());
+  ASSERT_TRUE(state_->SubmitJob(unnamed, "alice", false).ok());
+  // Ended: the name is free again, and the new job holds it.
+  ASSERT_TRUE(state_->CancelJob(first->job_id(), "alice", false).ok());
+  auto reused = state_->SubmitJob(request, "alice", false);
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  again = state_->SubmitJob(request, "alice", false);
+  EXPECT_NE(again.status().message().find("taken by " + reused->job_id()), std::string::npos)
+      << again.status();
+}
+
 TEST_F(CoordinatorStateTest, RegisterWorker_PlacesPendingJob_AndPollDeliversRanks) {
   std::string job = Submit(2);
   std::string worker = Register("w", 2);
@@ -1773,6 +1813,38 @@ TEST(CoordinatorStateStore, RunningJobsStoredEvents_AreTrimmedToTheLimit) {
   // The trim at sequence 10,000 kept the newest 100; about 2,000 came after it.
   EXPECT_GT(stored->front().sequence(), 9'000);
   EXPECT_LT(stored->size(), 2'200u);
+  std::filesystem::remove_all(dir);
+}
+
+// A coordinator restarted from its store knows which names its queued jobs hold.
+TEST(CoordinatorStateStore, JobNames_StayTakenAcrossARestart) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/names_store_", getpid());
+  std::filesystem::remove_all(dir);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = CoordinatorStateTest::SmallSpec(1);
+  request.mutable_spec()->set_name("kept");
+  std::string first;
+  {
+    auto store = SqliteJobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    CoordinatorOptions options;
+    options.store = store->get();
+    CoordinatorState state(options);
+    ASSERT_TRUE(state.Restore().ok());
+    auto submitted = state.SubmitJob(request, "alice", false);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    first = submitted->job_id();
+  }
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CoordinatorOptions options;
+  options.store = store->get();
+  CoordinatorState state(options);
+  ASSERT_TRUE(state.Restore().ok());
+  auto again = state.SubmitJob(request, "alice", false);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_NE(again.status().message().find("taken by " + first), std::string::npos)
+      << again.status();
   std::filesystem::remove_all(dir);
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "google/protobuf/descriptor.h"
+#include "common/build_version.h"
 #include "coordinator/metrics_process.h"
 #include "coordinator/prometheus_text.h"
 #include "coordinator/worker_registry.h"
@@ -36,13 +37,6 @@ bool IsServedMethod(const std::string& full) {
   return descriptor != nullptr && descriptor->FindMethodByName(method) != nullptr;
 }
 
-// The build's version: MPTRAIN_VERSION where the build defines it (git describe), else
-// "unknown".
-#ifdef MPTRAIN_VERSION
-constexpr char kVersion[] = MPTRAIN_VERSION;
-#else
-constexpr char kVersion[] = "unknown";
-#endif
 #ifdef NDEBUG
 constexpr char kAssertions[] = "off";
 #else
@@ -73,7 +67,9 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
 
   text.Family("mptrain_build_info", "Always 1; the labels name the coordinator's build.",
               "gauge");
-  text.Sample({{"version", kVersion}, {"assertions", kAssertions}}, 1);
+  // The version --version prints (git describe at build, common/build_version.h): the same
+  // string in a scrape and on the command line.
+  text.Sample({{"version", BuildVersion()}, {"assertions", kAssertions}}, 1);
   AppendProcessMetrics(text);
 
   text.Family("mptrain_jobs", "Jobs the coordinator holds, by state.", "gauge");

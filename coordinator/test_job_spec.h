@@ -8,7 +8,7 @@ namespace mptrain {
 
 inline v1::JobSpec SmallJobSpec(int world_size, v1::DeviceKind device = v1::CPU) {
   v1::JobSpec spec;
-  spec.set_name("t");
+  // No name: names are unique among an owner's live jobs, and tests submit this one often.
   spec.set_world_size(world_size);
   spec.set_device(device);
   spec.mutable_model()->set_input_dim(4);

@@ -365,7 +365,8 @@ class Harness {
   void SubmitJob() {
     v1::SubmitJobRequest request;
     v1::JobSpec* spec = request.mutable_spec();
-    spec->set_name("fuzz");
+    // A few names: a live job's name refuses another of its owner (ALREADY_EXISTS).
+    spec->set_name("fuzz-" + std::to_string(input_.ConsumeIntegralInRange<int>(0, 7)));
     spec->set_world_size(input_.ConsumeIntegralInRange<int>(1, 4));
     spec->set_device(input_.ConsumeBool() ? v1::CUDA : v1::CPU);
     spec->mutable_model()->set_input_dim(4);

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <exception>
+#include <functional>
 #include <new>
 #include <string>
 #include <utility>
@@ -55,6 +57,25 @@ absl::Status ReadAt(const RegularFile& file, const std::string& path, uint64_t o
 // errno); with `no_symlinks`, an absolute `directory` is reached from "/" one component at a
 // time with O_NOFOLLOW (*error ELOOP when a component is a symbolic link).
 int OpenDirectory(const std::string& directory, bool no_symlinks, int* error);
+
+// The directory part of `path` ("." for a bare name, "/" for a file in the root).
+std::string DirectoryOf(const std::string& path);
+
+// Receives the bytes of a file being written; false when the write failed (errno set).
+using WriteBytes = std::function<bool(const void* data, size_t size)>;
+
+// Writes `path` atomically: `contents` writes the whole file under a temporary name in the same
+// directory (<name>.tmp.<pid>, O_NOFOLLOW), which is fsync'ed and renamed over `path`, so that a
+// reader sees the old file or the new one, never half of one. Everything happens relative to
+// the directory opened once; with `no_symlinks` it is reached from "/" without following a
+// symbolic link (OpenDirectory), so a directory swapped for a link after the path was resolved
+// cannot redirect the write (PERMISSION_DENIED). `replace_existing = false`: ALREADY_EXISTS
+// when `path` exists (the rename is renameat2(RENAME_NOREPLACE), so two writers cannot both
+// win). The rename replaces a symbolic link at `path` itself, never its target. Errors:
+// the errno's code naming the path (the directory when there is no write permission),
+// DATA_LOSS when writing or renaming failed.
+absl::Status WriteFileAtomically(const std::string& path, bool replace_existing, bool no_symlinks,
+                                 const std::function<bool(const WriteBytes&)>& contents);
 
 // Runs `fn`, turning an exception (an allocation the size of a huge but genuine file is the only
 // one expected) into a status naming `path`, so that nothing escapes to terminate the rank.

@@ -45,13 +45,6 @@ absl::Status Bad(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", why));
 }
 
-std::string DirectoryOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The header.
 
@@ -431,93 +424,16 @@ absl::Status WriteSafetensorsOrThrow(const std::string& path, const TensorMap& t
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // Align the data to 8 bytes.
   uint64_t header_len = header_text.size();
 
-  // Everything below is relative to the directory, opened once: with options.no_symlinks it is
-  // reached component by component without following a symbolic link, so a directory swapped
-  // for a link after the path was resolved cannot redirect the file.
-  const std::string directory = DirectoryOf(path);
-  const size_t slash = path.rfind('/');
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  int open_error = 0;
-  const int dir = OpenDirectory(directory, options.no_symlinks, &open_error);
-  if (dir < 0) {
-    std::string why;
-    if (open_error == ENOENT) why = absl::StrCat(" (directory ", directory, " does not exist)");
-    if (open_error == ELOOP) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot create ", path, ": a directory on its path is a symbolic link, and this "
-          "write follows none"));
-    }
-    return absl::ErrnoToStatus(open_error, absl::StrCat("cannot create ", path, why));
-  }
-  struct DirCloser {
-    int fd;
-    ~DirCloser() { close(fd); }
-  } dir_closer{dir};
-
-  struct stat existing;
-  if (!options.replace_existing &&
-      fstatat(dir, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) {
-    // Early, to spare writing a file that cannot be placed; the rename below decides.
-    return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
-  }
-
-  const std::string tmp_name = name + ".tmp." + std::to_string(getpid());
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = openat(dir, tmp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                  0644);
-  if (fd < 0) {
-    // The code of the cause: no permission is PERMISSION_DENIED naming the directory.
-    const int error = errno;
-    const std::string why = error == EACCES || error == EPERM
-                                ? absl::StrCat(" (no write permission in ", directory, ")")
-                                : "";
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot create ", tmp, why));
-  }
-  auto write_all = [&](const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      ssize_t n = write(fd, p, size);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      p += n;
-      size -= n;
-    }
-    return true;
-  };
-  bool ok = write_all(&header_len, 8) && write_all(header_text.data(), header_text.size());
-  for (const auto& [tensor_name, tensor] : tensors) {
-    if (!ok) break;
-    ok = write_all(tensor.values.data(), tensor.values.size() * sizeof(float));
-  }
-  ok = ok && fsync(fd) == 0;
-  ok = (close(fd) == 0) && ok;
-  if (!ok) {
-    const int error = errno;
-    unlinkat(dir, tmp_name.c_str(), 0);
-    return absl::DataLossError(absl::StrCat("writing ", tmp, " failed: ", std::strerror(error)));
-  }
-  int renamed;
-  if (options.replace_existing) {
-    renamed = renameat(dir, tmp_name.c_str(), dir, name.c_str());
-  } else {
-    renamed = renameat2(dir, tmp_name.c_str(), dir, name.c_str(), RENAME_NOREPLACE);
-    if (renamed != 0 && (errno == EINVAL || errno == ENOSYS)) {
-      // A filesystem without RENAME_NOREPLACE: link(2) also refuses an existing target.
-      renamed = linkat(dir, tmp_name.c_str(), dir, name.c_str(), 0);
-      if (renamed == 0) unlinkat(dir, tmp_name.c_str(), 0);
-    }
-  }
-  if (renamed != 0) {
-    const int error = errno;
-    unlinkat(dir, tmp_name.c_str(), 0);
-    if (error == EEXIST) return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
-    return absl::DataLossError(absl::StrCat("renaming ", tmp, " to ", path, " failed: ",
-                                            std::strerror(error)));
-  }
-  fsync(dir);
-  return absl::OkStatus();
+  // One file written whole under a temporary name, then renamed (io/regular_file.h).
+  return WriteFileAtomically(
+      path, options.replace_existing, options.no_symlinks, [&](const WriteBytes& write_all) {
+        bool ok = write_all(&header_len, 8) && write_all(header_text.data(), header_text.size());
+        for (const auto& [tensor_name, tensor] : tensors) {
+          if (!ok) break;
+          ok = write_all(tensor.values.data(), tensor.values.size() * sizeof(float));
+        }
+        return ok;
+      });
 }
 
 }  // namespace

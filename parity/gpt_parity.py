@@ -207,11 +207,27 @@ def run_case(cluster, spec, case_dir):
     os.makedirs(ours_dir, exist_ok=True)
     run_spec = dict(spec, output_checkpoint=os.path.join(ours_dir, "model.safetensors"))
     ours_steps, ours_s = cluster.run(run_spec, os.path.join(case_dir, "ours.json"))
+    ours_tensors = ref.read_hf_checkpoint(run_spec["output_checkpoint"])
     problems, summary = compare_gpt(
-        ours_steps, torch_steps, ref.read_hf_checkpoint(run_spec["output_checkpoint"]),
+        ours_steps, torch_steps, ours_tensors,
         ref.read_hf_checkpoint(os.path.join(case_dir, "torch_final")),
         ref.read_hf_checkpoint(spec["init_checkpoint"]), spec["precision"].lower())
+    # The config.json our service wrote beside it: the reference's GPT2Config for the spec's
+    # shape (hf_roundtrip.py loads both with transformers where it is installed).
+    problems += check_written_config(ours_dir, ours_tensors, spec)
     return problems, summary, (torch_s, ours_s)
+
+
+def check_written_config(directory, tensors, spec):
+    """Problems of <directory>/config.json against the spec's GPT and the checkpoint's tensors."""
+    import gpt_reference as ref
+    from hf_roundtrip import check_against_spec, check_config
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        return [f"no config.json beside the output checkpoint in {directory}"]
+    with open(path) as f:
+        hf = json.load(f)
+    return check_config(hf, tensors, ref)[0] + check_against_spec(hf, spec, ref)
 
 
 def main():

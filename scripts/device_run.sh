@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -52,6 +52,12 @@ for step in $STEPS; do
       # The second example (issue 13): the digits classifier on two GPUs, >= 97% test accuracy.
       timeout 300 bash scripts/run_example.sh --digits >"$OUT/digits.log" 2>&1 || status=1
       tail -12 "$OUT/digits.log" ;;
+    hf)
+      # Issue 28: transformers' GPT2LMHeadModel.from_pretrained on a GPT our service trained
+      # (CPU workers), its logits against parity/gpt_reference.py's (exit 77: no transformers).
+      PYTHONUNBUFFERED=1 timeout 300 python3 parity/hf_roundtrip.py --bin "$MPTRAIN_BIN" \
+        --out "$OUT/hf" >"$OUT/hf.log" 2>&1 || status=1
+      tail -8 "$OUT/hf.log" ;;
     parity)
       # PARITY_CASES=a,b runs some of compare.py's cases only; PARITY_GPUS=1 on one GPU.
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \

@@ -374,6 +374,8 @@ TEST_F(BadInput, FiveThousandQueuedJobs_CoordinatorStaysSmallAndListWorks) {
   request.mutable_spec()->mutable_optimizer()->set_lr(0.1);
   const int64_t rss_before = RssKiB(cluster_->coordinator_pid());
   for (int i = 0; i < 5000; ++i) {
+    // Names are unique among an owner's live jobs.
+    request.mutable_spec()->set_name("flood-" + std::to_string(i));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::SubmitJobResponse response;

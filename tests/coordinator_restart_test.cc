@@ -153,14 +153,22 @@ TEST(CoordinatorRestart, KilledAtManyPoints_JobEndsBitIdenticalToAnUninterrupted
   EXPECT_EQ(earlier->latest_telemetry().step(), kSteps);
   CommandResult watch = cluster.Trainctl("watch " + whole_id);
   EXPECT_NE(watch.output.find("SUCCEEDED"), std::string::npos) << watch.output;
+  // The queued job first: a new submit of its spec needs its name free (names are unique
+  // among an owner's jobs that have not ended).
+  auto queued = cluster.WaitForJob(
+      queued_id,
+      [](const v1::Job& job) {
+        return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+               job.state() == v1::CANCELLED;
+      },
+      60);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->state(), v1::SUCCEEDED)
+      << "queued before the restarts, placed after: " << queued->error();
   CommandResult next =
       cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
   EXPECT_EQ(next.exit_code, 0) << next.output;
   EXPECT_EQ(LastLine(next.output), "job-0004") << "job ids never repeat";
-  auto queued = Get(cluster, queued_id);
-  ASSERT_TRUE(queued.ok());
-  EXPECT_EQ(queued->state(), v1::SUCCEEDED)
-      << "queued before the restarts, placed after: " << queued->error();
 }
 
 TEST(CoordinatorRestart, PendingJob_IsPlacedAfterTheRestart) {

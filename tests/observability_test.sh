@@ -90,6 +90,12 @@ grep -q "^mptrain_job_ended_timestamp_seconds{job_id=\"$job\"" "$CLUSTER_DIR/met
 grep -q '^process_resident_memory_bytes [1-9]' "$CLUSTER_DIR/metrics_after.txt" &&
   grep -q '^mptrain_build_info{version="' "$CLUSTER_DIR/metrics_after.txt" ||
   fail "1. no process_* or build_info metrics"
+# The version a scrape shows is the one --version prints (git describe at build), not "unknown".
+version=$("$COORDINATOR" --version | awk 'NR == 1 {print $2}')
+[ -n "$version" ] && [ "$version" != unknown ] || fail "1. coordinator --version names no version"
+grep -q "^mptrain_build_info{version=\"$version\",assertions=\"\(on\|off\)\"} 1$" \
+  "$CLUSTER_DIR/metrics_after.txt" ||
+  fail "1. mptrain_build_info is not version $version: $(grep '^mptrain_build_info' "$CLUSTER_DIR/metrics_after.txt")"
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics_after.txt" >"$CLUSTER_DIR/promtool_after.txt" 2>&1 ||
     fail "1. promtool check metrics after the job: $(cat "$CLUSTER_DIR/promtool_after.txt")"

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "common/resource_estimate.h"
 #include "gtest/gtest.h"
 #include "io/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tests/fake_collectives.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -143,6 +146,51 @@ TEST(GptTraining, ResumedRunEndsBitIdentical_CheckpointInHuggingFaceLayout) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(resumed_observer.records[i].loss, full_observer.records[3 + i].loss) << i;
   }
+}
+
+// The output checkpoint gets a config.json beside it (trainer/hf_config.h) whose sizes are
+// those of the tensors written: what GPT2LMHeadModel.from_pretrained builds before loading them.
+// Another tenant's config.json there stays, and the run says so.
+TEST(GptTraining, OutputCheckpointGetsAMatchingHuggingFaceConfig_AForeignOneIsLeftAlone) {
+  TrainingConfig config = TinyGpt(DType::kF32);
+  config.steps = 2;
+  config.eval.token_files.clear();
+  const std::string dir = TempPath("hf_out");
+  mkdir(dir.c_str(), 0755);
+  config.output_checkpoint = dir + "/model.safetensors";
+  RecordingObserver observer;
+  ASSERT_TRUE(Train(config, &observer).ok());
+  EXPECT_TRUE(observer.warnings.empty()) << observer.warnings.front();
+  absl::StatusOr<TensorMap> file = ReadSafetensors(config.output_checkpoint);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json hf = nlohmann::json::parse(in);
+  const std::vector<int64_t>& wte = file->at("transformer.wte.weight").shape;
+  EXPECT_EQ(hf["vocab_size"], wte[0]);
+  EXPECT_EQ(hf["n_embd"], wte[1]);
+  EXPECT_EQ(hf["n_positions"], file->at("transformer.wpe.weight").shape[0]);
+  int64_t blocks = 0;
+  while (file->count("transformer.h." + std::to_string(blocks) + ".ln_1.weight")) ++blocks;
+  EXPECT_EQ(hf["n_layer"], blocks);
+  EXPECT_EQ(hf["n_head"], config.model.gpt.heads);
+  // n_inner null: 4 * n_embd, Conv1D [in, out].
+  EXPECT_TRUE(hf["n_inner"].is_null());
+  EXPECT_EQ(file->at("transformer.h.0.mlp.c_fc.weight").shape,
+            (std::vector<int64_t>{wte[1], 4 * wte[1]}));
+  EXPECT_EQ(file->count("lm_head.weight"), 0u);
+  EXPECT_EQ(hf["tie_word_embeddings"], true);
+  EXPECT_EQ(hf["mptrain_job"], "job-1");
+
+  const std::string foreign = R"({"mptrain_job": "job-9/uid-z", "mptrain_owner": "mallory"})";
+  std::ofstream(dir + "/config.json", std::ios::trunc) << foreign;
+  config.overwrite_output = true;  // Replaces the job's own checkpoint; never mallory's file.
+  RecordingObserver again;
+  ASSERT_TRUE(Train(config, &again).ok());
+  std::ifstream kept(dir + "/config.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), foreign);
+  ASSERT_EQ(again.warnings.size(), 1u);
+  EXPECT_NE(again.warnings[0].find("config.json not written"), std::string::npos)
+      << again.warnings[0];
 }
 
 // Sampling: after each evaluation (rank 0), greedy (top_k 1) continues the learned period;

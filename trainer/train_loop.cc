@@ -13,6 +13,7 @@
 #include "trainer/data/micro_batches.h"
 #include "trainer/evaluator.h"
 #include "trainer/gradient_communicator.h"
+#include "trainer/hf_config.h"
 #include "trainer/loss/loss.h"
 #include "trainer/model/gpt_sampler.h"
 #include "trainer/model/make_model.h"
@@ -450,6 +451,14 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       tensors[name] = std::move(tensor);
     }
     RETURN_IF_ERROR(WriteSafetensors(config.output_checkpoint, tensors, metadata, write));
+    if (config.model.gpt.enabled()) {
+      // transformers' GPT2LMHeadModel.from_pretrained(dir) needs it beside the weights. The
+      // checkpoint is what the job produced: a config.json that cannot be written (another
+      // tenant's file is in the way) is said, not a failure of hours of training.
+      absl::Status hf = WriteGptHfConfig(config.output_checkpoint, config.model.gpt, stamp,
+                                         config.overwrite_output, write.no_symlinks);
+      if (!hf.ok()) observer->OnWarning(absl::StrCat("config.json not written: ", hf.message()));
+    }
   }
   return result;
 }

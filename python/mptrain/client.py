@@ -11,6 +11,8 @@ and scripts: what trainctl does, with dicts in and out.
 Messages become dicts with the .proto's field names and every field present (defaults too), as
 trainctl's JSON; NaN and infinities stay floats.
 """
+import random
+import time
 import uuid
 
 import grpc
@@ -225,14 +227,22 @@ class Client:
             return rows
         return pandas.DataFrame(rows)
 
-    def watch(self, job_id, raise_on_failure=False):
+    # watch()'s reconnection: the first retry after RECONNECT_FIRST_S, doubled up to
+    # RECONNECT_MAX_S (each +0-50% jitter, so that many watchers of a restarted coordinator do
+    # not come back at once); given up after reconnect_timeout_s without a message.
+    RECONNECT_FIRST_S = 0.1
+    RECONNECT_MAX_S = 5.0
+
+    def watch(self, job_id, raise_on_failure=False, reconnect_timeout_s=120.0):
         """Yields the job's telemetry records (dicts) as they come, from its first step, until
         it ends; then returns. With raise_on_failure, a job that ended FAILED or CANCELLED
-        raises JobFailed (with its error) after its last record."""
+        raises JobFailed (with its error) after its last record. A stream (or the history
+        read) broken with UNAVAILABLE — a coordinator restarting, a network blip — is opened
+        again with back-off, every record still yielded once; after reconnect_timeout_s
+        without an answer the last grpc.RpcError is raised. Other errors raise at once."""
         seen = {}  # attempt -> last step yielded: the history and the stream overlap.
-        last_sequence = 0
-        stream = self._stub.WatchJob(pb.WatchJobRequest(job_id=job_id), metadata=self._metadata)
         state, error = None, ""
+        delay, broken_since = self.RECONNECT_FIRST_S, None
 
         def fresh(record):
             if record["step"] <= seen.get(record["attempt"], 0):
@@ -240,28 +250,57 @@ class Client:
             seen[record["attempt"]] = record["step"]
             return True
 
-        for message in stream:
-            event = to_dict(message)
-            if "snapshot" in event:
-                # What came before the snapshot, from the history: every step from the start.
-                for past in self.events(job_id):
-                    if int(past["sequence"]) > int(event["sequence"]):
+        while state not in ENDED:
+            stream = self._stub.WatchJob(pb.WatchJobRequest(job_id=job_id),
+                                         metadata=self._metadata)
+            try:
+                for message in stream:
+                    delay, broken_since = self.RECONNECT_FIRST_S, None  # An answer: reset.
+                    event = to_dict(message)
+                    if "snapshot" in event:
+                        # What came before the snapshot, from the history: every step from the
+                        # start (after a reconnection, what was missed; `fresh` drops repeats).
+                        for past in self.events(job_id):
+                            if int(past["sequence"]) > int(event["sequence"]):
+                                break
+                            if "telemetry" in past and fresh(past["telemetry"]):
+                                yield past["telemetry"]
+                        state, error = event["snapshot"]["state"], event["snapshot"]["error"]
+                    elif "telemetry" in event:
+                        if fresh(event["telemetry"]):
+                            yield event["telemetry"]
+                    elif "state_change" in event:
+                        state = event["state_change"]["state"]
+                        error = event["state_change"]["error"]
+                    if state in ENDED:
+                        stream.cancel()
                         break
-                    if "telemetry" in past and fresh(past["telemetry"]):
-                        yield past["telemetry"]
-                last_sequence = int(event["sequence"])
-                state, error = event["snapshot"]["state"], event["snapshot"]["error"]
-            elif "telemetry" in event:
-                if fresh(event["telemetry"]):
-                    yield event["telemetry"]
-            elif "state_change" in event:
-                state, error = event["state_change"]["state"], event["state_change"]["error"]
-            last_sequence = max(last_sequence, int(event["sequence"]))
-            if state in ENDED:
+                else:
+                    if state not in ENDED:
+                        # The coordinator closed the stream early (stopping): as UNAVAILABLE.
+                        delay, broken_since = self._reconnect_pause(
+                            delay, broken_since, reconnect_timeout_s, None)
+            except grpc.RpcError as broken:
+                if broken.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
                 stream.cancel()
-                break
+                delay, broken_since = self._reconnect_pause(delay, broken_since,
+                                                            reconnect_timeout_s, broken)
         if raise_on_failure and state in ("FAILED", "CANCELLED"):
             raise JobFailed(job_id, state, error)
+
+    def _reconnect_pause(self, delay, broken_since, timeout_s, broken):
+        """Sleeps before watch()'s next attempt; returns the next (delay, broken_since). Raises
+        `broken` (or a RuntimeError) once the stream has been down for timeout_s."""
+        now = time.monotonic()
+        broken_since = now if broken_since is None else broken_since
+        if now - broken_since >= timeout_s:
+            if broken is not None:
+                raise broken
+            raise RuntimeError(f"the watch stream kept closing for {timeout_s:g} s")
+        left = max(0.0, timeout_s - (now - broken_since))
+        time.sleep(min(delay * (1 + random.random() / 2), left))
+        return min(delay * 2, self.RECONNECT_MAX_S), broken_since
 
     def wait(self, job_id):
         """Blocks until the job ends; returns its final Job dict."""

@@ -108,7 +108,9 @@ class ClientTest(unittest.TestCase):
     def test_cancel_several_pending_jobs(self):
         waiting = dict(SPEC, world_size=4, name="too-wide",  # 1 slot: both wait.
                        labels={"suite": "cancel", "Team": "vision"})
-        first, second = self.client.submit(waiting), self.client.submit(waiting)
+        # Names are unique among an owner's live jobs: the second waits under its own.
+        first, second = self.client.submit(waiting), self.client.submit(
+            dict(waiting, name="too-wide-2"))
         self.assertEqual([job["job_id"] for job in self.client.list(labels={"suite": "cancel"})],
                          [second, first])
         self.assertEqual(self.client.status(first)["spec"]["labels"],
@@ -119,6 +121,71 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(mptrain.JobFailed) as failed:
             list(self.client.watch(first, raise_on_failure=True))
         self.assertEqual(failed.exception.state, "CANCELLED")
+
+    def test_watch_reconnects_on_unavailable(self):
+        """A stream broken with UNAVAILABLE (a restarting coordinator) is opened again with
+        back-off; every record comes once. Other codes, and a stream down for longer than
+        reconnect_timeout_s, raise."""
+        job = self.client.submit(dict(SPEC, name="reconnected", steps=8))
+        real = self.client._stub.WatchJob
+        calls = []
+
+        class Unavailable(grpc.RpcError):
+            def __init__(self, code=grpc.StatusCode.UNAVAILABLE):
+                self._code = code
+
+            def code(self):
+                return self._code
+
+        class Broken:
+            """The real stream for `keep` messages, then the error (a coordinator gone)."""
+
+            def __init__(self, stream, keep, code):
+                self.stream, self.keep, self.code = stream, keep, code
+
+            def __iter__(self):
+                for _ in range(self.keep):
+                    yield next(self.stream)
+                raise Unavailable(self.code)
+
+            def cancel(self):
+                self.stream.cancel()
+
+        def flaky(request, metadata=None):
+            calls.append(time.monotonic())
+            stream = real(request, metadata=metadata)
+            if len(calls) <= 3:  # Broken after 2 messages, then at once, twice.
+                return Broken(stream, 2 if len(calls) == 1 else 0, grpc.StatusCode.UNAVAILABLE)
+            return stream
+
+        self.client._stub.WatchJob = flaky
+        try:
+            steps = [r["step"] for r in self.client.watch(job)]
+        finally:
+            self.client._stub.WatchJob = real
+        self.assertEqual(steps, list(range(1, 9)), "every record once, in order")
+        self.assertEqual(len(calls), 4)
+        gaps = [b - a for a, b in zip(calls, calls[1:])]
+        self.assertGreaterEqual(gaps[1], 0.9 * 2 * mptrain.Client.RECONNECT_FIRST_S,
+                                f"backed off, doubling: {gaps}")
+
+        # Down for good: raised after the timeout, not retried for ever.
+        self.client._stub.WatchJob = lambda request, metadata=None: Broken(
+            real(request, metadata=metadata), 0, grpc.StatusCode.UNAVAILABLE)
+        started = time.monotonic()
+        try:
+            with self.assertRaises(grpc.RpcError) as raised:
+                list(self.client.watch(job, reconnect_timeout_s=0.5))
+            self.assertEqual(raised.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertLess(time.monotonic() - started, 5)
+            # Another code is not a reason to retry.
+            self.client._stub.WatchJob = lambda request, metadata=None: Broken(
+                real(request, metadata=metadata), 0, grpc.StatusCode.PERMISSION_DENIED)
+            with self.assertRaises(grpc.RpcError) as raised:
+                list(self.client.watch(job))
+            self.assertEqual(raised.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        finally:
+            self.client._stub.WatchJob = real
 
     def test_bad_spec_names_the_field(self):
         with self.assertRaises(ValueError) as error:
