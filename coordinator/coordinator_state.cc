@@ -333,6 +333,7 @@ absl::Status CoordinatorState::Restore() {
       // Its ranks may well be training still: their workers will report them.
       ++running;
       raw->AwaitAdoption(now + options_.adopt_grace_ms);
+      adoptions_may_be_open_ = true;
       if (raw->awaiting_adoption().empty()) {
         // Every rank had reported before the restart: end the job as it would have ended.
         if (std::optional<std::string> error = raw->FirstRankError()) {
@@ -366,9 +367,11 @@ void CoordinatorState::AdoptRunningRanks(WorkerRecord* worker,
       continue;
     }
     const int slot = running.device_index();
-    if (slot < 0 || slot >= worker->info.slots() || worker->busy_slots.count(slot)) continue;
-    worker->busy_slots[slot] =
-        BusySlot{record->id(), running.rank(), record->attempt(), record->rank_memory_bytes()};
+    if (!workers_.Occupy(worker, slot,
+                         BusySlot{record->id(), running.rank(), record->attempt(),
+                                  record->rank_memory_bytes()})) {
+      continue;
+    }
     record->Adopt(PlacedRank{running.rank(), worker->info.worker_id(), worker->name,
                              worker->info.host(), slot});
   }
@@ -811,8 +814,8 @@ absl::StatusOr<std::set<std::string>> CoordinatorState::Rank0Workers(
   }
   std::set<std::string> holders;
   bool known_lost = false;
-  for (const auto& [id, worker] : workers_.all()) {
-    if (worker.name != job.latest_checkpoint_worker()) continue;
+  for (const std::string& id : workers_.IdsOfName(job.latest_checkpoint_worker())) {
+    const WorkerRecord& worker = *workers_.Find(id);
     if (worker.alive()) {
       holders.insert(id);
     } else {
@@ -870,10 +873,8 @@ void CoordinatorState::TrySchedule() {
       free = free_slots.emplace(spec.device(), workers_.FreeSlots(spec.device())).first;
     }
     if (free->second >= spec.world_size()) {
-      placement = PlaceRanks(
-          spec.world_size(), workers_.Candidates(spec.device(), record->rank_memory_bytes()),
-          *rank0_workers,
-          workers_.FreeMachineMemory(spec.device(), record->rank_memory_bytes()));
+      placement = workers_.Place(spec.device(), spec.world_size(), record->rank_memory_bytes(),
+                                 *rank0_workers);
     }
     if (!placement) {
       std::string reason = reason_for(spec, record->rank_memory_bytes());
@@ -900,8 +901,9 @@ void CoordinatorState::TrySchedule() {
     }
     record->StartAttempt(placed, options_.now_ms());
     for (const PlacedRank& rank : placed) {
-      workers_.Find(rank.worker_id)->busy_slots[rank.slot] =
-          BusySlot{record->id(), rank.rank, record->attempt(), record->rank_memory_bytes()};
+      workers_.Occupy(workers_.Find(rank.worker_id), rank.slot,
+                      BusySlot{record->id(), rank.rank, record->attempt(),
+                               record->rank_memory_bytes()});
     }
     free_slots[spec.device()] -= spec.world_size();
     reasons.clear();  // Fewer free slots: the reasons change.
@@ -1012,8 +1014,13 @@ void CoordinatorState::MaybeFinishJob(JobRecord* record) {
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorState::RegisterWorker(
     const v1::RegisterWorkerRequest& request, const std::string& principal) {
   Mutation mutation(this);
+  // Ranks await adoption only after a restart, until their workers are back or the grace
+  // passes: once none does, none will, and a registration no longer walks every job.
   bool adoptions_open = false;
-  for (const auto& [id, record] : jobs_) adoptions_open |= !record->awaiting_adoption().empty();
+  if (adoptions_may_be_open_) {
+    for (const auto& [id, record] : jobs_) adoptions_open |= !record->awaiting_adoption().empty();
+    adoptions_may_be_open_ = adoptions_open;
+  }
   absl::StatusOr<v1::RegisterWorkerResponse> response =
       workers_.Register(request, principal, adoptions_open, options_.now_ms());
   if (response.ok()) effects_.schedule = true;
@@ -1025,7 +1032,7 @@ absl::Status CoordinatorState::Heartbeat(const v1::HeartbeatRequest& request) {
   auto worker =
       workers_.FindLive(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
-  (*worker)->info.set_last_heartbeat_unix_ms(options_.now_ms());
+  workers_.Touch(*worker, options_.now_ms());
   return absl::OkStatus();
 }
 
@@ -1119,7 +1126,7 @@ bool CoordinatorState::CheckLivenessLocked() {
 std::vector<v1::Assignment> CoordinatorState::DesiredAssignments(
     const WorkerRecord& worker) const {
   std::vector<v1::Assignment> desired;
-  for (const auto& [slot, busy] : worker.busy_slots) {
+  for (const auto& [slot, busy] : worker.busy_slots()) {
     if (!SlotIsCurrent(busy)) continue;  // Draining.
     const JobRecord* record = FindJob(busy.job_id);
     if (record->rank(busy.rank).exited) continue;
@@ -1156,7 +1163,7 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
   if (!worker.ok()) return worker.status();
   // Any call the worker proves is its own shows it alive, not only a heartbeat: after a
   // network blip, whichever of its calls gets through first counts.
-  (*worker)->info.set_last_heartbeat_unix_ms(options_.now_ms());
+  workers_.Touch(*worker, options_.now_ms());
   // A worker runs at most a rank per slot (and one being stopped beside the next, at times):
   // a longer list would only make a stop list as long, under the lock.
   if (request.running_size() > 2 * (*worker)->info.slots()) {
@@ -1165,8 +1172,8 @@ absl::StatusOr<v1::PollAssignmentsResponse> CoordinatorState::PollAssignments(
         (*worker)->info.slots(), " slots"));
   }
   AdoptRunningRanks(*worker, request);
-  if ((*worker)->awaiting_first_poll) {
-    (*worker)->awaiting_first_poll = false;
+  if ((*worker)->awaiting_first_poll()) {
+    workers_.FirstPollDone(*worker);
     effects_.schedule = true;
   }
   std::set<std::string> running;
@@ -1223,10 +1230,10 @@ absl::Status CoordinatorState::ReportRankExit(const v1::ReportRankExitRequest& r
     return absl::PermissionDeniedError(
         absl::StrCat("the worker secret does not match worker ", Quote(request.worker_id())));
   }
-  if (worker->alive()) worker->info.set_last_heartbeat_unix_ms(options_.now_ms());
+  if (worker->alive()) workers_.Touch(worker, options_.now_ms());
   // Only the worker that runs a rank speaks for its process.
   bool placed_here = false;
-  for (const auto& [slot, busy] : worker->busy_slots) {
+  for (const auto& [slot, busy] : worker->busy_slots()) {
     placed_here |= busy.job_id == request.job_id() && busy.rank == request.rank() &&
                    busy.attempt == request.attempt();
   }
@@ -1351,6 +1358,11 @@ absl::StatusOr<v1::GetRankLogResponse> CoordinatorState::GetRankLog(
   return log;
 }
 
+absl::Status CoordinatorState::CheckWorkerIndexesForTesting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workers_.CheckIndexes();
+}
+
 std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, int attempt,
                                                    int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -1360,8 +1372,10 @@ std::string CoordinatorState::RankSecretForTesting(const std::string& job_id, in
 
 absl::Status CoordinatorState::CheckSpecPaths(const v1::JobSpec& spec,
                                               const Tenancy& owner) const {
+  const std::vector<SpecPath> paths = SpecPaths(spec);
+  if (paths.empty()) return absl::OkStatus();  // Most specs: no list of the workers to build.
   const std::vector<const WorkerRecord*> workers = workers_.Live(spec.device());
-  for (const SpecPath& path : SpecPaths(spec)) {
+  for (const SpecPath& path : paths) {
     if (absl::Status status = CheckPathSyntax(path.field, path.path); !status.ok()) {
       return status;
     }

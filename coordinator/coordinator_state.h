@@ -293,6 +293,8 @@ class CoordinatorState {
                                                     const JobReader& reader = {}) const;
 
   // The rank secret of (job, attempt, rank), or "" (tests act as the rank with it).
+  // The worker registry's indexes against its records (WorkerRegistry::CheckIndexes).
+  absl::Status CheckWorkerIndexesForTesting() const;
   std::string RankSecretForTesting(const std::string& job_id, int attempt, int rank) const;
 
   // ---- Answering after the write, without waiting for it ----
@@ -490,6 +492,9 @@ class CoordinatorState {
   // The error of a job failing now, with the coordinator's recent stall named first.
   std::string BlameRecentStall(const std::string& error) const;
   WorkerRegistry workers_;
+  // False once no job awaits the adoption of its ranks (after a restart): none will again
+  // until the next restore.
+  bool adoptions_may_be_open_ = true;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_;
   std::map<int64_t, std::string> job_order_;  // job number -> id: submission order.
   std::deque<std::string> pending_;           // PENDING jobs, oldest first.

@@ -4,6 +4,37 @@
 
 namespace mptrain {
 
+std::optional<std::vector<RankSlot>> PlaceRanksInOrder(
+    int world_size, const std::function<const WorkerSlots*()>& next, int64_t rank_memory_bytes,
+    const std::function<std::optional<int64_t>(const std::string& machine_id)>&
+        machine_free_bytes) {
+  if (world_size <= 0) return std::nullopt;
+  // What each machine met so far still holds, taken from as ranks go (absent: no bound).
+  std::map<std::string, std::optional<int64_t>> machine_free;
+  auto room_of = [&](const WorkerSlots& worker) -> std::optional<int64_t>& {
+    auto it = machine_free.find(worker.machine_id);
+    if (it == machine_free.end()) {
+      it = machine_free.emplace(worker.machine_id, machine_free_bytes(worker.machine_id)).first;
+    }
+    return it->second;
+  };
+  std::vector<RankSlot> placement;
+  while (static_cast<int>(placement.size()) < world_size) {
+    const WorkerSlots* worker = next();
+    if (worker == nullptr) return std::nullopt;
+    std::vector<int> slots = worker->free_slots;
+    std::sort(slots.begin(), slots.end());
+    for (int slot : slots) {
+      if (static_cast<int>(placement.size()) == world_size) break;
+      std::optional<int64_t>& room = room_of(*worker);
+      if (room && *room < rank_memory_bytes) break;
+      if (room) *room -= rank_memory_bytes;
+      placement.push_back({static_cast<int>(placement.size()), worker->worker_id, slot});
+    }
+  }
+  return placement;
+}
+
 std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
                                                 const std::vector<WorkerSlots>& workers,
                                                 const std::set<std::string>& rank0_workers,
@@ -12,10 +43,14 @@ std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
   for (const WorkerSlots& worker : workers) free_total += worker.free_slots.size();
   if (world_size <= 0 || free_total < static_cast<size_t>(world_size)) return std::nullopt;
 
-  std::map<std::string, int64_t> machine_free = memory.free_bytes;  // Taken from as ranks go.
+  auto machine_free_bytes = [&](const std::string& machine_id) -> std::optional<int64_t> {
+    auto machine = memory.free_bytes.find(machine_id);
+    if (machine == memory.free_bytes.end()) return std::nullopt;
+    return machine->second;
+  };
   auto room_for_rank = [&](const WorkerSlots& worker) {
-    auto machine = machine_free.find(worker.machine_id);
-    return machine == machine_free.end() || machine->second >= memory.rank_memory_bytes;
+    std::optional<int64_t> room = machine_free_bytes(worker.machine_id);
+    return !room || *room >= memory.rank_memory_bytes;
   };
 
   std::vector<const WorkerSlots*> order;
@@ -31,21 +66,10 @@ std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
     if (first == order.end()) return std::nullopt;
     std::rotate(order.begin(), first, first + 1);  // It goes first; the others keep their order.
   }
-
-  std::vector<RankSlot> placement;
-  for (const WorkerSlots* worker : order) {
-    std::vector<int> slots = worker->free_slots;
-    std::sort(slots.begin(), slots.end());
-    for (int slot : slots) {
-      if (static_cast<int>(placement.size()) == world_size) return placement;
-      if (!room_for_rank(*worker)) break;
-      auto machine = machine_free.find(worker->machine_id);
-      if (machine != machine_free.end()) machine->second -= memory.rank_memory_bytes;
-      placement.push_back({static_cast<int>(placement.size()), worker->worker_id, slot});
-    }
-  }
-  if (static_cast<int>(placement.size()) < world_size) return std::nullopt;
-  return placement;
+  size_t next = 0;
+  return PlaceRanksInOrder(
+      world_size, [&]() { return next < order.size() ? order[next++] : nullptr; },
+      memory.rank_memory_bytes, machine_free_bytes);
 }
 
 }  // namespace mptrain

@@ -4,6 +4,7 @@
 // policy is tested without a coordinator.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -44,5 +45,15 @@ std::optional<std::vector<RankSlot>> PlaceRanks(int world_size,
                                                 const std::vector<WorkerSlots>& workers,
                                                 const std::set<std::string>& rank0_workers = {},
                                                 const MachineMemory& memory = {});
+
+// PlaceRanks once the order is known, for callers that keep their workers in that order (the
+// coordinator's registry): `next` hands out the workers one at a time in placement order, the
+// one taking rank 0 first (null after the last), and is not called again once the job is
+// placed; `machine_free_bytes` says what a machine's memory still holds (nullopt: no bound).
+// PlaceRanks is this over its sorted list.
+std::optional<std::vector<RankSlot>> PlaceRanksInOrder(
+    int world_size, const std::function<const WorkerSlots*()>& next, int64_t rank_memory_bytes,
+    const std::function<std::optional<int64_t>(const std::string& machine_id)>&
+        machine_free_bytes);
 
 }  // namespace mptrain

@@ -179,7 +179,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   worker.name = name;
   worker.secret = RandomSecret();
   worker.registration_nonce = request.registration_nonce();
-  worker.awaiting_first_poll = awaiting_first_poll;
+  worker.awaiting_first_poll_ = awaiting_first_poll;
   std::string worker_id = absl::StrCat(name, "#", next_worker_number_++);  // NameOfId's form.
   worker.info.set_worker_id(worker_id);
   worker.info.set_host(request.host());
@@ -197,6 +197,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   const WorkerRecord& stored = workers_[worker_id] = std::move(worker);
   ids_by_name_[name].insert(worker_id);
   live_by_device_[request.device()].insert(worker_id);
+  by_heartbeat_.emplace(now, worker_id);
+  Index(stored);
   ++live_workers_;
   spdlog::info("worker {} registered: host {}, {} {} slot(s){}", worker_id, request.host(),
                request.slots(), v1::DeviceKind_Name(request.device()),
@@ -243,28 +245,60 @@ const WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) const {
 std::map<std::string, std::vector<int>> WorkerRegistry::MarkLost(
     WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now) {
   if (worker->alive()) {
+    Unindex(*worker);
     --live_workers_;
     live_by_device_[worker->info.device()].erase(worker->info.worker_id());
+    by_heartbeat_.erase({worker->info.last_heartbeat_unix_ms(), worker->info.worker_id()});
   }
   worker->info.set_state(v1::LOST);
   worker->lost_at_ms = now;
   lost_.push_back(worker->info.worker_id());
   std::map<std::string, std::vector<int>> affected;
-  for (const auto& [index, slot] : worker->busy_slots) {
+  for (const auto& [index, slot] : worker->busy_slots_) {
     if (is_current(slot)) affected[slot.job_id].push_back(slot.rank);
   }
-  worker->busy_slots.clear();
+  worker->busy_slots_.clear();
   return affected;
 }
 
 std::vector<std::pair<WorkerRecord*, int64_t>> WorkerRegistry::Silent(int64_t now) {
   std::vector<std::pair<WorkerRecord*, int64_t>> silent;
-  for (auto& [id, worker] : workers_) {
-    if (!worker.alive()) continue;
-    const int64_t silent_ms = now - worker.info.last_heartbeat_unix_ms();
-    if (silent_ms > options_.heartbeat_timeout_ms) silent.emplace_back(&worker, silent_ms);
+  // Oldest heartbeat first: the walk stops at the first worker heard from lately.
+  for (const auto& [last_heartbeat_ms, id] : by_heartbeat_) {
+    const int64_t silent_ms = now - last_heartbeat_ms;
+    if (silent_ms <= options_.heartbeat_timeout_ms) break;
+    silent.emplace_back(Find(id), silent_ms);
   }
+  // In id order, as a walk of the table gave them (the order they are declared lost in).
+  std::sort(silent.begin(), silent.end(), [](const auto& a, const auto& b) {
+    return a.first->info.worker_id() < b.first->info.worker_id();
+  });
   return silent;
+}
+
+void WorkerRegistry::Touch(WorkerRecord* worker, int64_t now) {
+  if (!worker->alive()) {
+    worker->info.set_last_heartbeat_unix_ms(now);
+    return;
+  }
+  const std::string& id = worker->info.worker_id();
+  by_heartbeat_.erase({worker->info.last_heartbeat_unix_ms(), id});
+  worker->info.set_last_heartbeat_unix_ms(now);
+  by_heartbeat_.emplace(now, id);
+}
+
+void WorkerRegistry::FirstPollDone(WorkerRecord* worker) {
+  Unindex(*worker);
+  worker->awaiting_first_poll_ = false;
+  Index(*worker);
+}
+
+bool WorkerRegistry::Occupy(WorkerRecord* worker, int slot, const BusySlot& busy) {
+  if (!worker->alive() || slot < 0 || slot >= worker->info.slots() || worker->busy_slots_.count(slot)) return false;
+  Unindex(*worker);
+  worker->busy_slots_[slot] = busy;
+  Index(*worker);
+  return true;
 }
 
 void WorkerRegistry::PruneLost(int64_t now) {
@@ -328,92 +362,208 @@ bool WorkerRegistry::FreeDrainingSlots(WorkerRecord* worker,
                                        const std::function<bool(const BusySlot&)>& is_current,
                                        const std::set<std::string>* running,
                                        const std::string& exited_key) {
-  bool freed = false;
-  for (auto it = worker->busy_slots.begin(); it != worker->busy_slots.end();) {
-    const BusySlot& slot = it->second;
+  std::vector<int> gone;
+  for (const auto& [index, slot] : worker->busy_slots_) {
     const std::string key = AssignmentKey(slot.job_id, slot.rank, slot.attempt);
-    const bool gone =
-        !is_current(slot) && (key == exited_key || (running != nullptr && !running->count(key)));
-    if (gone) {
-      it = worker->busy_slots.erase(it);
-      freed = true;
-    } else {
-      ++it;
+    if (!is_current(slot) &&
+        (key == exited_key || (running != nullptr && !running->count(key)))) {
+      gone.push_back(index);
     }
   }
-  return freed;
+  if (gone.empty()) return false;
+  Unindex(*worker);
+  for (int index : gone) worker->busy_slots_.erase(index);
+  Index(*worker);
+  return true;
 }
 
 void WorkerRegistry::ReleaseExited(const std::string& job_id, int attempt,
                                    const std::function<bool(int rank)>& exited) {
-  for (auto& [id, worker] : workers_) {
-    for (auto it = worker.busy_slots.begin(); it != worker.busy_slots.end();) {
-      const BusySlot& slot = it->second;
-      const bool gone = slot.job_id == job_id && slot.attempt == attempt && exited(slot.rank);
-      it = gone ? worker.busy_slots.erase(it) : std::next(it);
+  auto holders = workers_by_job_.find(job_id);
+  if (holders == workers_by_job_.end()) return;
+  std::vector<std::string> worker_ids;  // Copied: freeing a slot changes the index.
+  for (const auto& [worker_id, slots] : holders->second) worker_ids.push_back(worker_id);
+  for (const std::string& worker_id : worker_ids) {
+    WorkerRecord* worker = Find(worker_id);
+    std::vector<int> gone;
+    for (const auto& [index, slot] : worker->busy_slots_) {
+      if (slot.job_id == job_id && slot.attempt == attempt && exited(slot.rank)) {
+        gone.push_back(index);
+      }
     }
+    if (gone.empty()) continue;
+    Unindex(*worker);
+    for (int index : gone) worker->busy_slots_.erase(index);
+    Index(*worker);
   }
 }
 
-std::vector<WorkerSlots> WorkerRegistry::Candidates(v1::DeviceKind device,
-                                                    int64_t rank_memory_bytes) const {
-  std::vector<WorkerSlots> candidates;
-  for (const WorkerRecord* live : Live(device)) {
-    const WorkerRecord& worker = *live;
-    const std::string& id = worker.info.worker_id();
-    if (worker.awaiting_first_poll) continue;
-    WorkerSlots slots{id, {}, worker.machine()};
-    for (int slot = 0; slot < worker.info.slots(); ++slot) {
-      const int64_t capacity = worker.SlotMemory(slot);
-      const bool fits = capacity == 0 || capacity >= rank_memory_bytes;
-      if (fits && !worker.busy_slots.count(slot)) slots.free_slots.push_back(slot);
+void WorkerRegistry::Index(const WorkerRecord& worker, int sign) {
+  if (!worker.alive()) return;  // A lost worker holds no slots and counts nowhere.
+  const std::string& id = worker.info.worker_id();
+  DeviceIndex& device = devices_[worker.info.device()];
+  const int free = worker.free_slots();
+  if (!worker.awaiting_first_poll_) {
+    device.free_slots += sign * free;
+    if (free > 0) {
+      if (sign > 0) {
+        device.by_free.emplace(-free, id);
+      } else {
+        device.by_free.erase({-free, id});
+      }
     }
-    candidates.push_back(std::move(slots));
   }
-  return candidates;
+  for (int slot = 0; slot < worker.info.slots(); ++slot) {
+    const int64_t capacity = worker.SlotMemory(slot);
+    SlotCounts& counts = device.capacities[capacity];
+    counts.slots += sign;
+    if (!worker.busy_slots_.count(slot)) counts.free += sign;
+    if (counts.slots == 0) device.capacities.erase(capacity);
+  }
+  for (const auto& [slot, busy] : worker.busy_slots_) {
+    int& held = workers_by_job_[busy.job_id][id];
+    held += sign;
+    if (held == 0) {
+      auto job = workers_by_job_.find(busy.job_id);
+      job->second.erase(id);
+      if (job->second.empty()) workers_by_job_.erase(job);
+    }
+  }
+  if (worker.info.device() != v1::CPU) return;
+  const std::string machine_id = worker.machine();
+  MachineIndex& machine = cpu_machines_[machine_id];
+  int64_t used = 0;
+  for (const auto& [slot, busy] : worker.busy_slots_) used += busy.memory_bytes;
+  machine.used_bytes += sign * used;
+  if (sign > 0) {
+    machine.memory_bytes.insert(worker.info.memory_bytes());
+    machine.worker_ids.insert(id);
+  } else {
+    machine.memory_bytes.erase(machine.memory_bytes.find(worker.info.memory_bytes()));
+    machine.worker_ids.erase(id);
+    if (machine.worker_ids.empty()) cpu_machines_.erase(machine_id);
+  }
+}
+
+WorkerSlots WorkerRegistry::FittingSlots(const WorkerRecord& worker, int64_t rank_memory_bytes) {
+  WorkerSlots slots{worker.info.worker_id(), {}, worker.machine()};
+  for (int slot = 0; slot < worker.info.slots(); ++slot) {
+    const int64_t capacity = worker.SlotMemory(slot);
+    const bool fits = capacity == 0 || capacity >= rank_memory_bytes;
+    if (fits && !worker.busy_slots_.count(slot)) slots.free_slots.push_back(slot);
+  }
+  return slots;
+}
+
+std::optional<int64_t> WorkerRegistry::MachineFreeBytes(const std::string& machine_id) const {
+  auto machine = cpu_machines_.find(machine_id);
+  if (machine == cpu_machines_.end() || machine->second.memory_bytes.empty()) return std::nullopt;
+  const int64_t capacity = *machine->second.memory_bytes.rbegin();
+  if (capacity <= 0) return std::nullopt;  // None of its workers says: no bound.
+  return capacity - machine->second.used_bytes;
+}
+
+std::optional<std::vector<RankSlot>> WorkerRegistry::Place(
+    v1::DeviceKind device, int world_size, int64_t rank_memory_bytes,
+    const std::set<std::string>& rank0_workers) const {
+  auto index = devices_.find(device);
+  if (world_size <= 0 || index == devices_.end() || index->second.free_slots < world_size) {
+    return std::nullopt;
+  }
+  auto machine_free_bytes = [&](const std::string& machine_id) -> std::optional<int64_t> {
+    if (device != v1::CPU) return std::nullopt;  // A GPU rank's estimate is of its device.
+    return MachineFreeBytes(machine_id);
+  };
+  // PlaceRanks' order is by free slots that fit the job, the index's by free slots. A worker
+  // with `fit` fitting slots is handed out once no worker not yet read can have more, i.e. once
+  // the next in the index has fewer free slots than `fit`; ties go by id, as PlaceRanks' stable
+  // sort of an id-ordered list gives them. For workers whose slots are all alike (every CPU
+  // worker; GPUs of one model) `fit` is the free count or 0 and nothing waits.
+  struct Ready {
+    int fit;
+    WorkerSlots slots;
+  };
+  auto later = [](const Ready& a, const Ready& b) {
+    return a.fit != b.fit ? a.fit < b.fit : a.slots.worker_id > b.slots.worker_id;
+  };
+  std::vector<Ready> ready;  // A heap: the next to hand out on top.
+  auto cursor = index->second.by_free.begin();
+  const auto end = index->second.by_free.end();
+
+  // Rank 0 first when it is bound to some workers: of them, the first in placement order
+  // with a slot that fits and room in its machine.
+  std::optional<WorkerSlots> first;
+  if (!rank0_workers.empty()) {
+    for (const std::string& id : rank0_workers) {
+      const WorkerRecord* worker = Find(id);
+      if (worker == nullptr || !worker->alive() || worker->awaiting_first_poll_ ||
+          worker->info.device() != device) {
+        continue;
+      }
+      WorkerSlots slots = FittingSlots(*worker, rank_memory_bytes);
+      if (slots.free_slots.empty()) continue;
+      std::optional<int64_t> room = machine_free_bytes(slots.machine_id);
+      if (room && *room < rank_memory_bytes) continue;
+      if (!first || slots.free_slots.size() > first->free_slots.size() ||
+          (slots.free_slots.size() == first->free_slots.size() &&
+           slots.worker_id < first->worker_id)) {
+        first = std::move(slots);
+      }
+    }
+    if (!first) return std::nullopt;
+  }
+  bool first_handed = false;
+  WorkerSlots current;
+  auto next = [&]() -> const WorkerSlots* {
+    if (first && !first_handed) {
+      first_handed = true;
+      return &*first;
+    }
+    while (true) {
+      const int next_free = cursor == end ? -1 : -cursor->first;
+      if (!ready.empty() && ready.front().fit > next_free) {
+        std::pop_heap(ready.begin(), ready.end(), later);
+        current = std::move(ready.back().slots);
+        ready.pop_back();
+        return &current;
+      }
+      if (cursor == end) return nullptr;
+      const WorkerRecord* worker = Find(cursor->second);
+      ++cursor;
+      if (first && worker->info.worker_id() == first->worker_id) continue;
+      WorkerSlots slots = FittingSlots(*worker, rank_memory_bytes);
+      if (slots.free_slots.empty()) continue;
+      const int fit = static_cast<int>(slots.free_slots.size());
+      ready.push_back({fit, std::move(slots)});
+      std::push_heap(ready.begin(), ready.end(), later);
+    }
+  };
+  return PlaceRanksInOrder(world_size, next, rank_memory_bytes, machine_free_bytes);
 }
 
 std::map<std::string, MachineUse> WorkerRegistry::CpuMachines() const {
   std::map<std::string, MachineUse> machines;
-  for (const WorkerRecord* worker : Live(v1::CPU)) {
-    MachineUse& machine = machines[worker->machine()];
-    machine.capacity_bytes = std::max(machine.capacity_bytes, worker->info.memory_bytes());
-    for (const auto& [slot, busy] : worker->busy_slots) machine.used_bytes += busy.memory_bytes;
-    machine.worker_ids.push_back(worker->info.worker_id());
+  for (const auto& [id, index] : cpu_machines_) {
+    MachineUse& machine = machines[id];
+    machine.capacity_bytes = std::max<int64_t>(0, *index.memory_bytes.rbegin());
+    machine.used_bytes = index.used_bytes;
+    machine.worker_ids.assign(index.worker_ids.begin(), index.worker_ids.end());
   }
   return machines;
 }
 
-MachineMemory WorkerRegistry::FreeMachineMemory(v1::DeviceKind device,
-                                                int64_t rank_memory_bytes) const {
-  MachineMemory memory;
-  memory.rank_memory_bytes = rank_memory_bytes;
-  if (device != v1::CPU) return memory;
-  for (const auto& [id, machine] : CpuMachines()) {
-    if (machine.capacity_bytes > 0) memory.free_bytes[id] = machine.free_bytes();
-  }
-  return memory;
-}
-
-std::map<v1::DeviceKind, int> WorkerRegistry::FreeSlotsByDevice() const {
-  std::map<v1::DeviceKind, int> free;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.alive() && !worker.awaiting_first_poll) {
-      free[worker.info.device()] += worker.free_slots();
-    }
-  }
-  return free;
+int WorkerRegistry::FreeSlots(v1::DeviceKind device) const {
+  auto index = devices_.find(device);
+  return index == devices_.end() ? 0 : index->second.free_slots;
 }
 
 int64_t WorkerRegistry::LargestSlotMemory(v1::DeviceKind device) const {
-  int64_t largest = -1;
-  for (const WorkerRecord* worker : Live(device)) {
-    for (int slot = 0; slot < worker->info.slots(); ++slot) {
-      const int64_t capacity = worker->SlotMemory(slot);
-      largest = capacity == 0 ? std::numeric_limits<int64_t>::max() : std::max(largest, capacity);
-    }
-  }
-  return largest;
+  auto index = devices_.find(device);
+  if (index == devices_.end() || index->second.capacities.empty()) return -1;
+  const auto& capacities = index->second.capacities;
+  // A slot that does not say its memory bounds nothing.
+  if (capacities.count(0)) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(-1, capacities.rbegin()->first);
 }
 
 std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
@@ -432,17 +582,17 @@ std::string WorkerRegistry::PendingReason(v1::DeviceKind device, int world_size,
 std::string WorkerRegistry::SlotsReason(v1::DeviceKind device, int world_size,
                                         int64_t rank_memory_bytes) const {
   const std::string kind = absl::AsciiStrToLower(v1::DeviceKind_Name(device));
-  int total = 0, free = 0, too_small = 0, workers = 0;
-  for (const WorkerRecord* worker : Live(device)) {
-    ++workers;
-    for (int slot = 0; slot < worker->info.slots(); ++slot) {
-      const int64_t capacity = worker->SlotMemory(slot);
+  int total = 0, free = 0, too_small = 0;
+  auto live = live_by_device_.find(device);
+  const size_t workers = live == live_by_device_.end() ? 0 : live->second.size();
+  if (auto index = devices_.find(device); index != devices_.end()) {
+    for (const auto& [capacity, counts] : index->second.capacities) {
       if (capacity != 0 && capacity < rank_memory_bytes) {
-        ++too_small;
+        too_small += counts.slots;
         continue;
       }
-      ++total;
-      if (!worker->busy_slots.count(slot)) ++free;
+      total += counts.slots;
+      free += counts.free;
     }
   }
   if (workers == 0) return absl::StrCat("no live ", kind, " worker");
@@ -473,7 +623,7 @@ std::string WorkerRegistry::SlotsReason(v1::DeviceKind device, int world_size,
       for (int slot = 0; slot < worker->info.slots(); ++slot) {
         const int64_t capacity = worker->SlotMemory(slot);
         const bool big_enough = capacity == 0 || capacity >= rank_memory_bytes;
-        if (big_enough && !worker->busy_slots.count(slot)) ++free_here;
+        if (big_enough && !worker->busy_slots_.count(slot)) ++free_here;
       }
     }
     int ranks = free_here;
@@ -514,12 +664,101 @@ std::vector<const WorkerRecord*> WorkerRegistry::Live(v1::DeviceKind device) con
   return live;
 }
 
-int WorkerRegistry::FreeSlots(v1::DeviceKind device) const {
-  int free = 0;
-  for (const WorkerRecord* worker : Live(device)) {
-    if (!worker->awaiting_first_poll) free += worker->free_slots();
+const std::set<std::string>& WorkerRegistry::IdsOfName(const std::string& name) const {
+  static const std::set<std::string>* const kNone = new std::set<std::string>();
+  auto ids = ids_by_name_.find(name);
+  return ids == ids_by_name_.end() ? *kNone : ids->second;
+}
+
+absl::Status WorkerRegistry::CheckIndexes() const {
+  // The indexes as a fresh registry holding these records would build them.
+  WorkerRegistry fresh(options_);
+  int live = 0;
+  std::map<v1::DeviceKind, std::set<std::string>> live_by_device;
+  std::map<std::string, std::set<std::string>> ids_by_name;
+  for (const auto& [id, worker] : workers_) {
+    if (id != worker.info.worker_id()) {
+      return absl::InternalError(absl::StrCat("worker ", id, " is stored as ", worker.info.worker_id()));
+    }
+    ids_by_name[worker.name].insert(id);
+    if (!worker.alive()) {
+      if (!worker.busy_slots_.empty()) {
+        return absl::InternalError(absl::StrCat("lost worker ", id, " holds slots"));
+      }
+      continue;
+    }
+    ++live;
+    live_by_device[worker.info.device()].insert(id);
+    fresh.by_heartbeat_.emplace(worker.info.last_heartbeat_unix_ms(), id);
+    fresh.Index(worker);
   }
-  return free;
+  auto same_live = [&]() {
+    for (const auto& [device, ids] : live_by_device_) {
+      if (!ids.empty() && live_by_device[device] != ids) return false;
+    }
+    for (const auto& [device, ids] : live_by_device) {
+      auto it = live_by_device_.find(device);
+      if (it == live_by_device_.end() || it->second != ids) return false;
+    }
+    return true;
+  };
+  if (live != live_workers_) {
+    return absl::InternalError(absl::StrCat("live_workers ", live_workers_, ", counted ", live));
+  }
+  if (!same_live()) return absl::InternalError("live workers by device differ");
+  if (ids_by_name != ids_by_name_) return absl::InternalError("ids by name differ");
+  if (fresh.by_heartbeat_ != by_heartbeat_) {
+    return absl::InternalError(absl::StrCat("heartbeat order differs: ", by_heartbeat_.size(),
+                                            " entries, ", fresh.by_heartbeat_.size(), " expected"));
+  }
+  for (const auto& [device, expected] : fresh.devices_) {
+    auto it = devices_.find(device);
+    const DeviceIndex empty;
+    const DeviceIndex& index = it == devices_.end() ? empty : it->second;
+    if (index.free_slots != expected.free_slots) {
+      return absl::InternalError(absl::StrCat(v1::DeviceKind_Name(device), " free slots ",
+                                              index.free_slots, ", counted ",
+                                              expected.free_slots));
+    }
+    if (index.by_free != expected.by_free) {
+      return absl::InternalError(absl::StrCat(v1::DeviceKind_Name(device),
+                                              " placement order differs"));
+    }
+    if (index.capacities.size() != expected.capacities.size()) {
+      return absl::InternalError(absl::StrCat(v1::DeviceKind_Name(device),
+                                              " slot capacities differ"));
+    }
+    for (const auto& [capacity, counts] : expected.capacities) {
+      auto found = index.capacities.find(capacity);
+      if (found == index.capacities.end() || found->second.slots != counts.slots ||
+          found->second.free != counts.free) {
+        return absl::InternalError(absl::StrCat(v1::DeviceKind_Name(device),
+                                                " slots of capacity ", capacity, " differ"));
+      }
+    }
+  }
+  for (const auto& [device, index] : devices_) {
+    if (fresh.devices_.count(device)) continue;
+    if (index.free_slots != 0 || !index.by_free.empty() || !index.capacities.empty()) {
+      return absl::InternalError(absl::StrCat(v1::DeviceKind_Name(device),
+                                              " has index entries but no live worker"));
+    }
+  }
+  if (fresh.cpu_machines_.size() != cpu_machines_.size()) {
+    return absl::InternalError("cpu machines differ");
+  }
+  for (const auto& [id, expected] : fresh.cpu_machines_) {
+    auto found = cpu_machines_.find(id);
+    if (found == cpu_machines_.end() || found->second.memory_bytes != expected.memory_bytes ||
+        found->second.used_bytes != expected.used_bytes ||
+        found->second.worker_ids != expected.worker_ids) {
+      return absl::InternalError(absl::StrCat("machine ", id, " differs"));
+    }
+  }
+  if (fresh.workers_by_job_ != workers_by_job_) {
+    return absl::InternalError("workers by job differ");
+  }
+  return absl::OkStatus();
 }
 
 std::vector<v1::Worker> WorkerRegistry::List() const {

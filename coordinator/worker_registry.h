@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,15 +56,11 @@ struct BusySlot {
 std::string AssignmentKey(const std::string& job_id, int rank, int attempt);
 
 struct WorkerRecord {
-  v1::Worker info;
+  v1::Worker info;  // Its state and last heartbeat change only through WorkerRegistry.
   std::string name;
   std::string secret;
   std::string registration_nonce;
   int64_t lost_at_ms = 0;
-  // After a coordinator restart, nothing is placed on a worker until its first poll has
-  // reported (and re-adopted) the ranks it still runs: its slots only look free.
-  bool awaiting_first_poll = false;
-  std::map<int, BusySlot> busy_slots;  // slot index -> its rank
   // The store ticket of the last change to what this worker should run: a poll hands that
   // change out only once it is written (0: nothing pending).
   uint64_t assignments_ticket = 0;
@@ -74,12 +71,23 @@ struct WorkerRecord {
   std::map<std::string, int64_t> stops_sent;
 
   bool alive() const { return info.state() == v1::ALIVE; }
-  int free_slots() const { return info.slots() - static_cast<int>(busy_slots.size()); }
+  // After a coordinator restart, nothing is placed on a worker until its first poll has
+  // reported (and re-adopted) the ranks it still runs: its slots only look free.
+  bool awaiting_first_poll() const { return awaiting_first_poll_; }
+  const std::map<int, BusySlot>& busy_slots() const { return busy_slots_; }  // slot -> its rank
+  int free_slots() const { return info.slots() - static_cast<int>(busy_slots_.size()); }
   // Memory one rank may use on `slot` (0: the worker did not say).
   int64_t SlotMemory(int slot) const;
   // The machine whose memory it shares with its co-located workers: the id it sent, or, when
   // it sent none, one of its own.
   std::string machine() const;
+
+ private:
+  // Private so that every change goes through WorkerRegistry, which keeps its indexes (free
+  // slots, machines, jobs) in step with them.
+  friend class WorkerRegistry;
+  bool awaiting_first_poll_ = false;
+  std::map<int, BusySlot> busy_slots_;
 };
 
 // The memory of one machine as its live CPU workers share it.
@@ -128,41 +136,62 @@ class WorkerRegistry {
   // slots are cleared (its processes are gone with it, or will be).
   std::map<std::string, std::vector<int>> MarkLost(
       WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current, int64_t now);
-  // Live workers silent past the heartbeat timeout, with how long each has been silent.
+  // Live workers silent past the heartbeat timeout, with how long each has been silent, in
+  // worker id order. O(silent workers x log n): live workers are kept ordered by last heartbeat.
   std::vector<std::pair<WorkerRecord*, int64_t>> Silent(int64_t now);
   // Forgets lost workers past the retention bounds.
   void PruneLost(int64_t now);
+
+  // A call the live worker proved its own: it is alive at `now`. O(log n).
+  void Touch(WorkerRecord* worker, int64_t now);
+  // Its first poll after a coordinator restart has reported what it runs: its free slots may
+  // take ranks.
+  void FirstPollDone(WorkerRecord* worker);
+  // `slot` of the live worker runs `busy` from now on. False (nothing changes) when the slot
+  // does not exist or is busy.
+  bool Occupy(WorkerRecord* worker, int slot, const BusySlot& busy);
 
   // Frees the slots whose rank is not current and whose process is gone: `exited_key` names
   // the one that just exited, or `running` lists what the worker still runs. Returns whether
   // any slot was freed.
   bool FreeDrainingSlots(WorkerRecord* worker, const std::function<bool(const BusySlot&)>& is_current,
                          const std::set<std::string>* running, const std::string& exited_key);
-  // Frees the slots of (job, attempt) whose rank `exited` says is gone.
+  // Frees the slots of (job, attempt) whose rank `exited` says is gone. Walks only the workers
+  // holding slots of that job.
   void ReleaseExited(const std::string& job_id, int attempt,
                      const std::function<bool(int rank)>& exited);
 
-  // Live workers of `device` that may take ranks now, with their free slots big enough for
-  // `rank_memory_bytes`, for PlaceRanks.
-  std::vector<WorkerSlots> Candidates(v1::DeviceKind device, int64_t rank_memory_bytes) const;
-  // The machines of live CPU workers (machine id -> its memory and workers).
+  // PlaceRanks (placement.h) over the live workers of `device` that may take ranks now, their
+  // free slots big enough for `rank_memory_bytes` and, for CPU ranks, their machines' free
+  // memory: the answer PlaceRanks gives for the list of those workers (in id order, each with
+  // its fitting free slots) without a walk of the workers. It visits them in placement order (most free slots first) from an index,
+  // and stops once the job is placed: O(visited x slots + log n) where visited is about the
+  // workers the job lands on. (Workers whose free slots are all too small for the job, or whose
+  // machines' memory is taken, are visited and passed over.)
+  std::optional<std::vector<RankSlot>> Place(v1::DeviceKind device, int world_size,
+                                             int64_t rank_memory_bytes,
+                                             const std::set<std::string>& rank0_workers) const;
+  // The machines of live CPU workers (machine id -> its memory and workers). O(machines).
   std::map<std::string, MachineUse> CpuMachines() const;
-  // For PlaceRanks: what ranks of `rank_memory_bytes` may still take of each machine (CPU
-  // ranks only: a GPU rank's estimate is of its device's memory).
-  MachineMemory FreeMachineMemory(v1::DeviceKind device, int64_t rank_memory_bytes) const;
-  // Free slots of live workers that may take ranks now, per device kind (an upper bound for
-  // any one job: some may be too small for it).
-  std::map<v1::DeviceKind, int> FreeSlotsByDevice() const;
-  // The same for one kind: walks only that kind's live workers.
+  // Free slots of live `device` workers that may take ranks now (an upper bound for any one
+  // job: some may be too small for it). A counter.
   int FreeSlots(v1::DeviceKind device) const;
   // The largest memory a slot of a live `device` worker offers (INT64_MAX: one does not say;
-  // -1: no live worker of that kind).
+  // -1: no live worker of that kind). O(log n).
   int64_t LargestSlotMemory(v1::DeviceKind device) const;
   // Why a job of `world_size` ranks of `rank_memory_bytes` on `device` cannot be placed now;
   // workers refused for capacity lately are named ("; N workers refused for capacity").
+  // O(distinct slot sizes) from the index, except when enough slots are free but their CPU
+  // machines' memory is not: that explanation walks the live CPU workers.
   std::string PendingReason(v1::DeviceKind device, int world_size,
                             int64_t rank_memory_bytes) const;
   std::vector<const WorkerRecord*> Live(v1::DeviceKind device) const;
+  // The ids of the records (live and lost) of one worker name.
+  const std::set<std::string>& IdsOfName(const std::string& name) const;
+
+  // Recomputes every index from the records and compares (for tests and fuzzers): OK, or
+  // INTERNAL naming the first index that disagrees. O(n).
+  absl::Status CheckIndexes() const;
 
   std::vector<v1::Worker> List() const;
   // Every worker record, for the caller's passes over slots.
@@ -190,6 +219,16 @@ class WorkerRegistry {
   v1::RegisterWorkerResponse Answer(const std::string& worker_id,
                                     const WorkerRecord& worker) const;
 
+  // The slots one worker adds to its kind's counts, or takes back (sign -1): every change to a
+  // live worker's slots, state or first poll is wrapped in Unindex ... Index.
+  void Index(const WorkerRecord& worker, int sign);
+  void Unindex(const WorkerRecord& worker) { Index(worker, -1); }
+  void Index(const WorkerRecord& worker) { Index(worker, +1); }
+  // The free slots of `worker` big enough for a rank of `rank_memory_bytes`, increasing.
+  static WorkerSlots FittingSlots(const WorkerRecord& worker, int64_t rank_memory_bytes);
+  // The free memory of a CPU machine for PlaceRanks (nullopt: no bound).
+  std::optional<int64_t> MachineFreeBytes(const std::string& machine) const;
+
   Options options_;
   std::map<std::string, WorkerRecord> workers_;
   std::deque<std::string> lost_;  // In the order they were lost.
@@ -200,6 +239,32 @@ class WorkerRegistry {
   // Live worker ids per device kind: a pass for CUDA jobs never walks CPU workers (with CUDA
   // jobs queued, each registration of a CPU worker used to walk the whole table).
   std::map<v1::DeviceKind, std::set<std::string>> live_by_device_;
+  // What registration, heartbeat and placement would otherwise walk every worker for (at
+  // 10,000 workers and a few queued jobs, each registration did), kept as workers change:
+  struct SlotCounts {
+    int slots = 0;
+    int free = 0;
+  };
+  struct DeviceIndex {
+    int free_slots = 0;  // Of live workers not awaiting their first poll.
+    // (-free slots, id) of those with a free slot: placement order (most free first, then id,
+    // the order PlaceRanks' stable sort gives an id-ordered list).
+    std::set<std::pair<int, std::string>> by_free;
+    // Slot capacity (SlotMemory; 0: not said) -> slots and free slots of live workers
+    // (awaiting ones too, as PendingReason counts them).
+    std::map<int64_t, SlotCounts> capacities;
+  };
+  std::map<v1::DeviceKind, DeviceIndex> devices_;
+  struct MachineIndex {
+    std::multiset<int64_t> memory_bytes;  // What each of its live CPU workers advertises.
+    int64_t used_bytes = 0;
+    std::set<std::string> worker_ids;
+  };
+  std::map<std::string, MachineIndex> cpu_machines_;  // Machines of live CPU workers.
+  // (last heartbeat, id) of live workers: the liveness tick reads only the silent ones.
+  std::set<std::pair<int64_t, std::string>> by_heartbeat_;
+  // Job id -> worker id -> its slots holding a rank of the job (any attempt).
+  std::map<std::string, std::map<std::string, int>> workers_by_job_;
   int64_t next_worker_number_ = 1;
   std::map<std::string, uint64_t> refused_totals_;
   std::map<std::string, int64_t> refused_names_;  // Name -> its last capacity refusal.

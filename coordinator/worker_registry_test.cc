@@ -1,5 +1,14 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/resource_estimate.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -26,6 +35,120 @@ WorkerRegistry::Options Options() {
 
 const auto kNothingCurrent = [](const BusySlot&) { return false; };
 const auto kAllCurrent = [](const BusySlot&) { return true; };
+
+// The registry as it answered before its indexes (issue 33): walks of every record. The
+// randomized test below holds the indexed answers to these.
+std::vector<WorkerSlots> ScanCandidates(const WorkerRegistry& registry, v1::DeviceKind device,
+                                        int64_t rank_memory_bytes) {
+  std::vector<WorkerSlots> candidates;
+  for (const auto& [id, worker] : registry.all()) {
+    if (!worker.alive() || worker.info.device() != device || worker.awaiting_first_poll()) {
+      continue;
+    }
+    WorkerSlots slots{id, {}, worker.machine()};
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = worker.SlotMemory(slot);
+      const bool fits = capacity == 0 || capacity >= rank_memory_bytes;
+      if (fits && !worker.busy_slots().count(slot)) slots.free_slots.push_back(slot);
+    }
+    candidates.push_back(std::move(slots));
+  }
+  return candidates;
+}
+
+std::map<std::string, MachineUse> ScanCpuMachines(const WorkerRegistry& registry) {
+  std::map<std::string, MachineUse> machines;
+  for (const auto& [id, worker] : registry.all()) {
+    if (!worker.alive() || worker.info.device() != v1::CPU) continue;
+    MachineUse& machine = machines[worker.machine()];
+    machine.capacity_bytes = std::max(machine.capacity_bytes, worker.info.memory_bytes());
+    for (const auto& [slot, busy] : worker.busy_slots()) machine.used_bytes += busy.memory_bytes;
+    machine.worker_ids.push_back(id);
+  }
+  return machines;
+}
+
+MachineMemory ScanFreeMachineMemory(const WorkerRegistry& registry, v1::DeviceKind device,
+                                    int64_t rank_memory_bytes) {
+  MachineMemory memory;
+  memory.rank_memory_bytes = rank_memory_bytes;
+  if (device != v1::CPU) return memory;
+  for (const auto& [id, machine] : ScanCpuMachines(registry)) {
+    if (machine.capacity_bytes > 0) memory.free_bytes[id] = machine.free_bytes();
+  }
+  return memory;
+}
+
+std::optional<std::vector<RankSlot>> ScanPlace(const WorkerRegistry& registry,
+                                               v1::DeviceKind device, int world_size,
+                                               int64_t rank_memory_bytes,
+                                               const std::set<std::string>& rank0 = {}) {
+  return PlaceRanks(world_size, ScanCandidates(registry, device, rank_memory_bytes), rank0,
+                    ScanFreeMachineMemory(registry, device, rank_memory_bytes));
+}
+
+std::vector<std::pair<std::string, int64_t>> ScanSilent(const WorkerRegistry& registry,
+                                                        int64_t timeout_ms, int64_t now) {
+  std::vector<std::pair<std::string, int64_t>> silent;
+  for (const auto& [id, worker] : registry.all()) {
+    if (!worker.alive()) continue;
+    const int64_t silent_ms = now - worker.info.last_heartbeat_unix_ms();
+    if (silent_ms > timeout_ms) silent.emplace_back(id, silent_ms);
+  }
+  return silent;
+}
+
+int ScanFreeSlots(const WorkerRegistry& registry, v1::DeviceKind device) {
+  int free = 0;
+  for (const auto& [id, worker] : registry.all()) {
+    if (worker.alive() && worker.info.device() == device && !worker.awaiting_first_poll()) {
+      free += worker.free_slots();
+    }
+  }
+  return free;
+}
+
+int64_t ScanLargestSlotMemory(const WorkerRegistry& registry, v1::DeviceKind device) {
+  int64_t largest = -1;
+  for (const auto& [id, worker] : registry.all()) {
+    if (!worker.alive() || worker.info.device() != device) continue;
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = worker.SlotMemory(slot);
+      largest = capacity == 0 ? std::numeric_limits<int64_t>::max() : std::max(largest, capacity);
+    }
+  }
+  return largest;
+}
+
+// The slot counts PendingReason's first sentence is made of, counted by a walk.
+std::string ScanSlotsSentence(const WorkerRegistry& registry, v1::DeviceKind device,
+                              int world_size, int64_t rank_memory_bytes) {
+  const std::string kind = absl::AsciiStrToLower(v1::DeviceKind_Name(device));
+  int total = 0, free = 0, too_small = 0, workers = 0;
+  for (const auto& [id, worker] : registry.all()) {
+    if (!worker.alive() || worker.info.device() != device) continue;
+    ++workers;
+    for (int slot = 0; slot < worker.info.slots(); ++slot) {
+      const int64_t capacity = worker.SlotMemory(slot);
+      if (capacity != 0 && capacity < rank_memory_bytes) {
+        ++too_small;
+        continue;
+      }
+      ++total;
+      if (!worker.busy_slots().count(slot)) ++free;
+    }
+  }
+  if (workers == 0) return absl::StrCat("no live ", kind, " worker");
+  const std::string small =
+      too_small == 0 ? ""
+                     : absl::StrCat(" (", too_small, " more have less than the ",
+                                    FormatBytes(rank_memory_bytes), " a rank needs)");
+  if (total < world_size) {
+    return absl::StrCat("needs ", world_size, " ", kind, " slots; ", total, " exist", small);
+  }
+  return absl::StrCat("needs ", world_size, " free ", kind, " slots; ", free, " of ", total,
+                      " are free", small);
+}
 
 TEST(WorkerRegistry, Register_AnswersSecretAndTimeouts) {
   WorkerRegistry registry(Options());
@@ -72,7 +195,7 @@ TEST(WorkerRegistry, LostWorkerRegisteringAgain_ReplacesItsLostEntry) {
   WorkerRegistry registry(Options());
   auto first = registry.Register(Request("w"), "p", false, 0);
   WorkerRecord* worker = registry.Find(first->worker_id());
-  worker->busy_slots[0] = BusySlot{"job-0001", 0, 1};
+  ASSERT_TRUE(registry.Occupy(worker, 0, BusySlot{"job-0001", 0, 1}));
   auto affected = registry.MarkLost(worker, kAllCurrent, 5);
   ASSERT_EQ(affected.size(), 1u);
   EXPECT_EQ(affected["job-0001"], std::vector<int>{0});
@@ -125,32 +248,42 @@ TEST(WorkerRegistry, DrainingSlot_FreesWhenItsRankIsGone) {
   WorkerRegistry registry(Options());
   registry.Register(Request("w"), "p", false, 0).IgnoreError();
   WorkerRecord* worker = registry.Find("w#1");
-  worker->busy_slots[0] = BusySlot{"job-0001", 0, 1};
-  worker->busy_slots[1] = BusySlot{"job-0002", 0, 1};
+  ASSERT_TRUE(registry.Occupy(worker, 0, BusySlot{"job-0001", 0, 1}));
+  ASSERT_TRUE(registry.Occupy(worker, 1, BusySlot{"job-0002", 0, 1}));
   const std::set<std::string> running = {AssignmentKey("job-0001", 0, 1)};
   // job-0002's rank is not running any more and its attempt is over: its slot frees.
   EXPECT_TRUE(registry.FreeDrainingSlots(worker, kNothingCurrent, &running, ""));
-  EXPECT_EQ(worker->busy_slots.size(), 1u);
+  EXPECT_EQ(worker->busy_slots().size(), 1u);
   // A current rank's slot never frees this way.
   EXPECT_FALSE(registry.FreeDrainingSlots(worker, kAllCurrent, nullptr,
                                           AssignmentKey("job-0001", 0, 1)));
   EXPECT_TRUE(registry.FreeDrainingSlots(worker, kNothingCurrent, nullptr,
                                          AssignmentKey("job-0001", 0, 1)));
-  EXPECT_TRUE(worker->busy_slots.empty());
+  EXPECT_TRUE(worker->busy_slots().empty());
 }
 
-TEST(WorkerRegistry, Candidates_SkipFullSlotsAndWorkersAwaitingTheirFirstPoll) {
+TEST(WorkerRegistry, Place_SkipsFullSlotsAndWorkersAwaitingTheirFirstPoll) {
   WorkerRegistry registry(Options());
   v1::RegisterWorkerRequest big = Request("big");
   big.set_memory_bytes(int64_t{8} << 30);  // 4 GiB a slot.
   registry.Register(big, "p", false, 0).IgnoreError();
   registry.Register(Request("fresh"), "p", /*awaiting_first_poll=*/true, 0).IgnoreError();
-  registry.Find("big#1")->busy_slots[1] = BusySlot{"job-0001", 0, 1};
-  auto candidates = registry.Candidates(v1::CPU, int64_t{1} << 30);
-  ASSERT_EQ(candidates.size(), 1u);
-  EXPECT_EQ(candidates[0].worker_id, "big#1");
-  EXPECT_EQ(candidates[0].free_slots, std::vector<int>{0});
-  EXPECT_TRUE(registry.Candidates(v1::CPU, int64_t{5} << 30)[0].free_slots.empty());
+  ASSERT_TRUE(registry.Occupy(registry.Find("big#1"), 1, BusySlot{"job-0001", 0, 1}));
+  // Only big#1's free slot 0 may take a rank: "fresh" has not polled yet.
+  auto placed = registry.Place(v1::CPU, 1, int64_t{1} << 30, {});
+  ASSERT_TRUE(placed.has_value());
+  ASSERT_EQ(placed->size(), 1u);
+  EXPECT_EQ((*placed)[0].worker_id, "big#1");
+  EXPECT_EQ((*placed)[0].slot, 0);
+  EXPECT_FALSE(registry.Place(v1::CPU, 2, int64_t{1} << 30, {}).has_value());
+  EXPECT_FALSE(registry.Place(v1::CPU, 1, int64_t{5} << 30, {}).has_value());  // Too small.
+  EXPECT_EQ(registry.FreeSlots(v1::CPU), 1);
+  registry.FirstPollDone(registry.Find("fresh#2"));
+  EXPECT_EQ(registry.FreeSlots(v1::CPU), 3);
+  placed = registry.Place(v1::CPU, 2, int64_t{1} << 30, {});
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ((*placed)[0].worker_id, "fresh#2");  // The most free slots first.
+  EXPECT_TRUE(registry.CheckIndexes().ok()) << registry.CheckIndexes();
   EXPECT_EQ(registry.PendingReason(v1::CPU, 5, int64_t{1} << 30), "needs 5 cpu slots; 4 exist");
   EXPECT_EQ(registry.PendingReason(v1::CPU, 4, int64_t{1} << 30),
             "needs 4 free cpu slots; 3 of 4 are free");
@@ -194,25 +327,159 @@ TEST(WorkerRegistry, CoLocatedWorkers_ShareOneMachineMemory) {
   ASSERT_TRUE(registry.Register(alone, "p", false, 0).ok());
 
   const std::map<std::string, MachineUse> machines = registry.CpuMachines();
+  EXPECT_EQ(machines.size(), ScanCpuMachines(registry).size());
   ASSERT_EQ(machines.size(), 2u);
   EXPECT_EQ(machines.at("m1").capacity_bytes, 23 * kGiB);
   EXPECT_EQ(machines.at("m1").worker_ids, (std::vector<std::string>{"a#1", "b#2"}));
   EXPECT_EQ(machines.at("worker/c#3").capacity_bytes, 4 * kGiB);
 
-  registry.Find("a#1")->busy_slots[0] = BusySlot{"job-0001", 0, 1, 18 * kGiB};
-  const MachineMemory memory = registry.FreeMachineMemory(v1::CPU, 18 * kGiB);
-  EXPECT_EQ(memory.free_bytes.at("m1"), 5 * kGiB);
-  EXPECT_TRUE(registry.FreeMachineMemory(v1::CUDA, 18 * kGiB).free_bytes.empty());
+  ASSERT_TRUE(registry.Occupy(registry.Find("a#1"), 0, BusySlot{"job-0001", 0, 1, 18 * kGiB}));
+  EXPECT_EQ(registry.CpuMachines().at("m1").free_bytes(), 5 * kGiB);
   // b's slot is free and big enough, but its machine holds 5 GiB more.
-  EXPECT_FALSE(PlaceRanks(1, registry.Candidates(v1::CPU, 18 * kGiB), {}, memory).has_value());
+  EXPECT_FALSE(registry.Place(v1::CPU, 1, 18 * kGiB, {}).has_value());
   EXPECT_EQ(registry.PendingReason(v1::CPU, 1, 18 * kGiB),
             "needs 1 cpu ranks of 18.0 GiB each; the free memory of their machines holds 0: "
             "machine m1 (a#1, b#2) has 5.0 GiB free of 23.0 GiB, room for 0 (1 more have less "
             "than the 18.0 GiB a rank needs)");
   // Small ranks still fit beside it.
-  EXPECT_TRUE(PlaceRanks(2, registry.Candidates(v1::CPU, 2 * kGiB), {},
-                         registry.FreeMachineMemory(v1::CPU, 2 * kGiB))
-                  .has_value());
+  EXPECT_TRUE(registry.Place(v1::CPU, 2, 2 * kGiB, {}).has_value());
+}
+
+// The indexes answer what the walks of every record answered, after any sequence of
+// registrations, heartbeats, expiries, placements, exits and drains: random sequences on
+// CPU workers sharing machines and GPU workers whose devices differ in memory (so that the
+// placement order by fitting slots differs from the index's order by free slots).
+TEST(WorkerRegistry, Indexes_AgreeWithWalksOfEveryRecord_OnRandomSequences) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  const std::vector<int64_t> kMemories = {0, 2 * kGiB, 8 * kGiB, 16 * kGiB, 80 * kGiB};
+  const std::vector<int64_t> kRankMemories = {0, kGiB, 3 * kGiB, 8 * kGiB, 20 * kGiB};
+  int placements = 0, placed = 0, expired = 0;
+  for (uint32_t seed = 1; seed <= 150; ++seed) {
+    std::mt19937 random(seed);
+    auto pick = [&](int n) { return static_cast<int>(random() % static_cast<uint32_t>(n)); };
+    WorkerRegistry::Options options = Options();
+    options.max_lost_workers = 8;
+    options.max_live_workers = 12 + pick(12);
+    WorkerRegistry registry(options);
+    int64_t now = 0;
+    uint64_t incarnation = 1;
+    int jobs = 0;
+    std::map<std::string, bool> current_jobs;  // Job id -> its attempt is current.
+    auto is_current = [&](const BusySlot& slot) { return current_jobs[slot.job_id]; };
+    auto random_worker = [&](bool live_only) -> WorkerRecord* {
+      std::vector<WorkerRecord*> all;
+      for (auto& [id, worker] : registry.all()) {
+        if (!live_only || worker.alive()) all.push_back(&worker);
+      }
+      return all.empty() ? nullptr : all[pick(static_cast<int>(all.size()))];
+    };
+    for (int step = 0; step < 300; ++step) {
+      SCOPED_TRACE(absl::StrCat("seed ", seed, " step ", step));
+      now += pick(400);
+      const int op = pick(10);
+      if (op <= 1) {  // A registration.
+        v1::RegisterWorkerRequest request = Request(absl::StrCat("w", pick(30)), ++incarnation);
+        request.set_slots(1 + pick(4));
+        if (pick(3) == 0) {
+          request.set_device(v1::CUDA);
+          const int devices = pick(request.slots() + 1);
+          for (int d = 0; d < devices; ++d) {
+            v1::DeviceInfo* device = request.add_devices();
+            device->set_index(pick(request.slots()));
+            device->set_memory_bytes(kMemories[pick(static_cast<int>(kMemories.size()))]);
+          }
+        } else {
+          request.set_memory_bytes(kMemories[pick(static_cast<int>(kMemories.size()))] * 2);
+          if (pick(2) == 0) request.set_machine_id(absl::StrCat("m", pick(4)));
+        }
+        registry.Register(request, "p", /*awaiting_first_poll=*/pick(4) == 0, now).IgnoreError();
+      } else if (op == 2) {  // A heartbeat, a poll or an exit report.
+        if (WorkerRecord* worker = random_worker(true)) registry.Touch(worker, now);
+        if (WorkerRecord* worker = random_worker(true)) {
+          if (worker->awaiting_first_poll()) registry.FirstPollDone(worker);
+        }
+      } else if (op == 3) {  // The liveness tick.
+        now += pick(3) == 0 ? 1'500 : 0;
+        const auto expected = ScanSilent(registry, options.heartbeat_timeout_ms, now);
+        const auto silent = registry.Silent(now);
+        ASSERT_EQ(silent.size(), expected.size());
+        for (size_t i = 0; i < silent.size(); ++i) {
+          EXPECT_EQ(silent[i].first->info.worker_id(), expected[i].first);
+          EXPECT_EQ(silent[i].second, expected[i].second);
+        }
+        for (const auto& [worker, silent_ms] : silent) {
+          registry.MarkLost(worker, is_current, now);
+          ++expired;
+        }
+        registry.PruneLost(now);
+      } else if (op <= 6) {  // A placement, taken as TrySchedule takes it.
+        const v1::DeviceKind device = pick(3) == 0 ? v1::CUDA : v1::CPU;
+        const int world_size = 1 + pick(6);
+        const int64_t memory = kRankMemories[pick(static_cast<int>(kRankMemories.size()))];
+        std::set<std::string> rank0;
+        if (pick(4) == 0) rank0 = registry.IdsOfName(absl::StrCat("w", pick(30)));
+        const auto expected = ScanPlace(registry, device, world_size, memory, rank0);
+        const auto got = registry.Place(device, world_size, memory, rank0);
+        ++placements;
+        ASSERT_EQ(got.has_value(), expected.has_value());
+        if (got) {
+          ++placed;
+          ASSERT_EQ(got->size(), expected->size());
+          const std::string job = absl::StrCat("job-", ++jobs);
+          current_jobs[job] = true;
+          for (size_t r = 0; r < got->size(); ++r) {
+            EXPECT_EQ((*got)[r].worker_id, (*expected)[r].worker_id) << "rank " << r;
+            EXPECT_EQ((*got)[r].slot, (*expected)[r].slot) << "rank " << r;
+            ASSERT_TRUE(registry.Occupy(registry.Find((*got)[r].worker_id), (*got)[r].slot,
+                                        BusySlot{job, static_cast<int>(r), 1, memory}));
+          }
+        }
+      } else if (op == 7) {  // A job ends: its exited ranks' slots free, the others drain.
+        if (jobs > 0) {
+          const std::string job = absl::StrCat("job-", 1 + pick(jobs));
+          current_jobs[job] = false;
+          const int parity = pick(2);
+          registry.ReleaseExited(job, 1, [&](int rank) { return rank % 2 == parity; });
+        }
+      } else if (op == 8) {  // A poll lists what still runs.
+        if (WorkerRecord* worker = random_worker(true)) {
+          std::set<std::string> running;
+          for (const auto& [slot, busy] : worker->busy_slots()) {
+            if (pick(2)) running.insert(AssignmentKey(busy.job_id, busy.rank, busy.attempt));
+          }
+          registry.FreeDrainingSlots(worker, is_current, &running, "");
+        }
+      } else {  // A daemon leaves.
+        if (WorkerRecord* worker = random_worker(true)) registry.MarkLost(worker, is_current, now);
+      }
+      ASSERT_TRUE(registry.CheckIndexes().ok()) << registry.CheckIndexes();
+      for (v1::DeviceKind device : {v1::CPU, v1::CUDA}) {
+        EXPECT_EQ(registry.FreeSlots(device), ScanFreeSlots(registry, device));
+        EXPECT_EQ(registry.LargestSlotMemory(device), ScanLargestSlotMemory(registry, device));
+        const int world_size = 1 + pick(6);
+        const int64_t memory = kRankMemories[pick(static_cast<int>(kRankMemories.size()))];
+        const std::string sentence = ScanSlotsSentence(registry, device, world_size, memory);
+        const std::string reason = registry.PendingReason(device, world_size, memory);
+        // The rest (machines' memory, refusals) is made of CpuMachines, compared below.
+        if (!absl::StrContains(reason, "the free memory of their machines")) {
+          EXPECT_EQ(reason.substr(0, sentence.size()), sentence);
+        }
+      }
+      const auto machines = registry.CpuMachines();
+      const auto expected_machines = ScanCpuMachines(registry);
+      ASSERT_EQ(machines.size(), expected_machines.size());
+      for (const auto& [id, machine] : expected_machines) {
+        ASSERT_TRUE(machines.count(id)) << id;
+        EXPECT_EQ(machines.at(id).capacity_bytes, machine.capacity_bytes) << id;
+        EXPECT_EQ(machines.at(id).used_bytes, machine.used_bytes) << id;
+        EXPECT_EQ(machines.at(id).worker_ids, machine.worker_ids) << id;
+      }
+    }
+  }
+  // The sequences reached what they are meant to compare.
+  EXPECT_GT(placed, 1'000);
+  EXPECT_GT(placements - placed, 1'000);
+  EXPECT_GT(expired, 100);
 }
 
 }  // namespace

@@ -595,6 +595,9 @@ class Harness {
   // ---- Invariants ----
 
   void CheckInvariants(bool exact_slots = false) {
+    // The registry's indexes (free slots, placement order, heartbeat order, machines, jobs)
+    // agree with its records after whatever sequence came before.
+    FUZZ_CHECK(state_->CheckWorkerIndexesForTesting().ok());
     std::map<std::string, v1::Worker> workers;
     for (const v1::Worker& worker : state_->ListWorkers()) {
       FUZZ_CHECK(workers.emplace(worker.worker_id(), worker).second);

@@ -101,9 +101,11 @@ for step in $STEPS; do
       PYTHONUNBUFFERED=1 timeout 580 bash bench/run_scaling_bench.sh >"$OUT/scaling.log" 2>&1 || status=1
       tail -32 "$OUT/scaling.log" ;;
     start)
-      # Issue 16: submit to the end of a 5-step job, with warm rank processes and without.
-      PYTHONUNBUFFERED=1 timeout 300 bash bench/run_start_bench.sh >"$OUT/start.log" 2>&1 || status=1
-      tail -5 "$OUT/start.log" ;;
+      # Issues 16 and 33: submit to the end of a 5-step job, jobs 0, 0.5 and 3 s apart, with warm
+      # rank processes reused for the next job, a new warm process per job, and none.
+      PAUSES="${START_PAUSES:-0 0.5 3}" PYTHONUNBUFFERED=1 timeout 540 bash bench/run_start_bench.sh \
+        >"$OUT/start.log" 2>&1 || status=1
+      tail -13 "$OUT/start.log" ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;

@@ -64,8 +64,9 @@ TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
   CommandResult again =
       cluster.Trainctl("submit " + RunfilePath("examples/seed_cpu.json") + " --wait");
   EXPECT_EQ(again.exit_code, 0) << again.output;
-  // Each worker ran both of its ranks in warm rank processes (one ready per slot from the
-  // daemon's start, the next one started when a rank exited), each a fresh process.
+  // Each worker ran both of its ranks in warm rank processes: the first in the one ready from
+  // the daemon's start, the second in that same process, kept after the first job ended
+  // cleanly (--reuse_ranks, issue 33) instead of a new one that would set up again.
   for (int worker = 0; worker < 2; ++worker) {
     std::ifstream file(absl::StrCat(cluster.dir(), "/worker", worker, ".log"));
     const std::string log((std::istreambuf_iterator<char>(file)), {});
@@ -74,7 +75,9 @@ TEST(Integration, SeedJob_TwoWorkers_SucceedsWithIdenticalParameters) {
          at = log.find("handed to the warm rank process ", at + 1)) {
       pids.insert(log.substr(at + 32, log.find(' ', at + 32) - at - 32));
     }
-    EXPECT_EQ(pids.size(), 2u) << "worker " << worker << "'s log:\n" << log;
+    EXPECT_EQ(pids.size(), 1u) << "worker " << worker << "'s log:\n" << log;
+    EXPECT_NE(log.find("reused: it ran 1 job(s) before, the last job-0001)"), std::string::npos)
+        << "worker " << worker << "'s log:\n" << log;
   }
 }
 

@@ -56,9 +56,16 @@ ABSL_FLAG(std::string, run_rank, "", "Internal: run one rank from this assignmen
 ABSL_FLAG(int, standby_slot, -1,
           "Internal: a warm rank process for this slot (of --device): set up, then run the "
           "assignment file whose path arrives on stdin");
+ABSL_FLAG(bool, standby_reuse, false,
+          "Internal: with --standby_slot, keep the process for the slot's next job after a job "
+          "that ended cleanly");
+ABSL_FLAG(bool, reuse_ranks, true,
+          "With --warm_ranks: a warm rank process whose job ended cleanly releases the job's "
+          "memory and takes the slot's next job of the same principal, so that jobs back to "
+          "back start warm; false: each runs one job, then exits");
 ABSL_FLAG(bool, warm_ranks, true,
           "Keep a warm rank process per slot (device context and libraries set up ahead), so "
-          "that a job's ranks skip that at start; each still runs one job, then exits");
+          "that a job's ranks skip that at start; see --reuse_ranks");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "Directory ranks may read data and init checkpoints from (repeatable; required; never "
           "a system directory such as /, /etc or /usr)");
@@ -293,6 +300,7 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
                absl::StrJoin(options.data_roots, ", "), absl::StrJoin(options.output_roots, ", "));
   options.rank_executable = std::filesystem::read_symlink("/proc/self/exe").string();
   options.warm_ranks = absl::GetFlag(FLAGS_warm_ranks);
+  options.reuse_ranks = absl::GetFlag(FLAGS_reuse_ranks);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (options.work_dir.empty()) {
     // A fresh directory only this user can enter (mkdtemp: 0700, never an existing one): the
@@ -391,13 +399,19 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_standby_slot) >= 0) {
       const std::string slot = absl::StrCat("--standby_slot=", absl::GetFlag(FLAGS_standby_slot));
       rank.on_assignment = [argc, argv, slot](const std::string& file) {
+        // "" after a job, in a process kept for the next: it shows as a waiting one again
+        // (ps / pgrep -f --run_rank find ranks that run).
+        if (file.empty()) {
+          mptrain::SetProcessTitle(argc, argv, {argv[0], slot});
+          return;
+        }
         if (!mptrain::SetProcessTitle(argc, argv, {argv[0], "--run_rank=" + file, slot})) {
           spdlog::warn("process title truncated: ps shows part of --run_rank={}", file);
         }
       };
       EndProcess(mptrain::RunStandbyRankProcess(
           rank, absl::GetFlag(FLAGS_device) == "cuda" ? mptrain::v1::CUDA : mptrain::v1::CPU,
-          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO));
+          absl::GetFlag(FLAGS_standby_slot), STDIN_FILENO, absl::GetFlag(FLAGS_standby_reuse)));
     }
     EndProcess(mptrain::RunRankProcess(rank));
   }

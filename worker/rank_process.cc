@@ -1,7 +1,10 @@
 #include "worker/rank_process.h"
 
 #include <execinfo.h>
+#include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -13,8 +16,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -296,6 +301,36 @@ absl::StatusOr<std::string> Train(const v1::Assignment& assignment,
   return result->checksum;
 }
 
+// Ends the process with `exit_code` if not destroyed within kTeardownLimitMs.
+class TeardownLimit {
+ public:
+  explicit TeardownLimit(int exit_code)
+      : thread_([this, exit_code] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (done_cv_.wait_for(lock, std::chrono::milliseconds(kTeardownLimitMs),
+                                [this] { return done_; })) {
+            return;
+          }
+          spdlog::error("the backend's teardown did not end within {} ms: exiting",
+                        kTeardownLimitMs);
+          std::_Exit(exit_code);
+        }) {}
+  ~TeardownLimit() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;  // Last: starts once the rest is built.
+};
+
 // Runs the assignment in `options.assignment_file` through `channel`. `started` is when this
 // process began working on it (its start, or a standby's receipt of the path).
 int RunAssignment(const RankProcessOptions& options,
@@ -330,37 +365,77 @@ int RunAssignment(const RankProcessOptions& options,
   const int exit_code = checksum.ok() && reported.ok() ? 0 : 1;
   // After the result the job's end does not wait for the backend's teardown, and nobody would
   // stop a teardown that hangs (the coordinator stops ranks of unfinished jobs only): bounded.
-  std::thread([exit_code] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(kTeardownLimitMs));
-    spdlog::error("the backend's teardown did not end within {} ms: exiting", kTeardownLimitMs);
-    std::_Exit(exit_code);
-  }).detach();
-  backend.reset();
+  // Called off once the teardown is done: a process kept for the next job must not be ended
+  // by the last job's timer.
+  {
+    TeardownLimit limit(exit_code);
+    backend.reset();
+  }
   g_training_thread.store(0);
   return exit_code;
 }
 
-// The path a standby's daemon sends: one line, then end of file. Bounded: a longer message is
-// refused, never buffered.
-absl::StatusOr<std::string> ReadAssignmentPath(int fd) {
+// The messages of the standby protocol (worker/standby_ranks.h) on the control socket: the
+// daemon sends "PATH\n" with the job's output pipe attached (SCM_RIGHTS); a process kept for
+// the next job answers "done CODE\n" once the job's memory is released.
+struct Received {
+  std::string path;  // Empty: end of file (the daemon has no job for it).
+  int output_fd = -1;  // The job's output pipe (-1: none came; output stays where it is).
+};
+
+// Reads one line (at most PATH_MAX bytes) and the descriptor sent with it. Bounded: a longer
+// message is refused, never buffered; a second descriptor is closed.
+absl::StatusOr<Received> ReceiveAssignment(int fd) {
+  Received received;
   std::string text;
-  char buffer[512];
-  while (true) {
-    const ssize_t got = read(fd, buffer, sizeof(buffer));
+  while (text.find('\n') == std::string::npos) {
+    char buffer[512];
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    struct iovec io {buffer, sizeof(buffer)};
+    struct msghdr message {};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    // The daemon sends a job's path only after the previous job's "done": nothing of the
+    // next message can be in this read.
+    const ssize_t got = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return absl::InternalError(absl::StrCat("reading stdin: ", strerror(errno)));
+    for (struct cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
+         header = CMSG_NXTHDR(&message, header)) {
+      if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+      int passed = -1;
+      std::memcpy(&passed, CMSG_DATA(header), sizeof(int));
+      if (received.output_fd < 0) {
+        received.output_fd = passed;
+      } else {
+        close(passed);
+      }
+    }
     if (got == 0) break;
     text.append(buffer, static_cast<size_t>(got));
     if (text.size() > PATH_MAX + 1) {
+      if (received.output_fd >= 0) close(received.output_fd);
       return absl::InvalidArgumentError(
           absl::StrCat("the assignment path on stdin exceeds ", PATH_MAX, " bytes"));
     }
   }
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.find('\n') != std::string::npos || text.find('\0') != std::string::npos) {
+    if (received.output_fd >= 0) close(received.output_fd);
     return absl::InvalidArgumentError("the assignment path on stdin is not one line");
   }
-  return text;
+  received.path = std::move(text);
+  return received;
+}
+
+// stdout and stderr onto `fd` (flushed first: what was written goes where it was meant to).
+void RedirectOutput(int fd) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  dup2(fd, STDOUT_FILENO);
+  dup2(fd, STDERR_FILENO);
 }
 
 }  // namespace
@@ -373,8 +448,9 @@ int RunRankProcess(const RankProcessOptions& options) {
 }
 
 int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int device_index,
-                          int input_fd) {
-  InitLogging(absl::StrCat("warm rank, slot ", device_index));
+                          int input_fd, bool reuse) {
+  const std::string component = absl::StrCat("warm rank, slot ", device_index);
+  InitLogging(component);
   StartSignalThread();
   const auto warming = std::chrono::steady_clock::now();
   auto entry = FindBackend(device);
@@ -388,19 +464,47 @@ int RunStandbyRankProcess(RankProcessOptions options, v1::DeviceKind device, int
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                          warming)
                    .count());
-  absl::StatusOr<std::string> path = ReadAssignmentPath(input_fd);
-  if (!path.ok()) {
-    spdlog::error("{}", path.status().ToString());
-    return 1;
+  // Its own output (the daemon's standby pipe), for between jobs: each job writes to the pipe
+  // that came with it, whose end tells the daemon that job's log is complete.
+  const int standby_output = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  for (int jobs = 1;; ++jobs) {
+    absl::StatusOr<Received> received = ReceiveAssignment(input_fd);
+    if (!received.ok()) {
+      spdlog::error("{}", received.status().ToString());
+      return 1;
+    }
+    if (received->path.empty()) return 0;  // No job: the daemon closed its end.
+    const auto started = std::chrono::steady_clock::now();
+    if (received->output_fd >= 0) {
+      RedirectOutput(received->output_fd);
+      close(received->output_fd);
+    }
+    options.assignment_file = received->path;
+    if (options.on_assignment) options.on_assignment(received->path);
+    // The channel is made now, not while waiting: its TLS files are read as a cold rank's would
+    // be (a certificate renewed meanwhile is the one used).
+    const int exit_code = RunAssignment(
+        options, MakeCoordinatorChannel(options.coordinator, options.security), started);
+    // The job's pipe closes here (no copy of it is left in this process): its log is complete.
+    if (standby_output >= 0) RedirectOutput(standby_output);
+    // Kept for the next job only after a clean end: a rank that failed or was stopped may hold
+    // what it could not release, and ends as a cold rank would.
+    if (!reuse || exit_code != 0 || g_stop.stop_requested() || standby_output < 0 ||
+        jobs >= kMaxJobsPerRankProcess) {
+      return exit_code;
+    }
+    // The job's memory goes back to the system (its heap, freed by the backend's teardown),
+    // so that the next job, perhaps another's, starts from what a fresh process would hold.
+    malloc_trim(0);
+    if (options.on_assignment) options.on_assignment("");
+    InitLogging(component);
+    spdlog::info("job {} of this process done, its memory released; warm for the next", jobs);
+    const std::string done = absl::StrCat("done ", exit_code, "\n");
+    if (send(input_fd, done.data(), done.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(done.size())) {
+      return exit_code;  // The daemon is gone or did not listen: end as a cold rank would.
+    }
   }
-  if (path->empty()) return 0;  // No job: the daemon closed its end.
-  const auto started = std::chrono::steady_clock::now();
-  options.assignment_file = *path;
-  if (options.on_assignment) options.on_assignment(*path);
-  // The channel is made now, not while waiting: its TLS files are read as a cold rank's would
-  // be (a certificate renewed meanwhile is the one used).
-  return RunAssignment(options, MakeCoordinatorChannel(options.coordinator, options.security),
-                       started);
 }
 
 }  // namespace mptrain

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/ci_skip.h"
 #include "worker/rank_launcher.h"
 
 namespace mptrain {
@@ -182,6 +183,101 @@ TEST_F(StandbyRanksTest, Renew_KillsTheWaitingOnes_WithoutCountingTheirDeaths) {
   std::optional<StandbyRanks::Handed> handed = standbys.Hand(0, "/work/job-2-rank-0.pb");
   ASSERT_TRUE(handed.has_value());
   EXPECT_EQ(WaitExit(handed->pid), 0);
+}
+
+// Stands in for `worker --standby_slot=N --standby_reuse`, in Python (the shell cannot take a
+// descriptor from a socket): says it is warm, then for each job reads "PATH\n" with the job's
+// output pipe attached, writes to that pipe, closes it, and answers "done 0\n".
+StandbyRanks::Launch ReusableStandby(std::vector<pid_t>* launched) {
+  static const char kScript[] = R"(
+import os, socket, sys
+control = socket.socket(fileno=0)
+print("warm slot", sys.argv[1], flush=True)
+while True:
+    data, fds, _, _ = socket.recv_fds(control, 4096, 1)
+    if not data:
+        sys.exit(0)
+    os.write(fds[0], b"slot " + sys.argv[1].encode() + b" runs " + data)
+    os.close(fds[0])
+    print("between jobs", flush=True)
+    control.sendall(b"done 0\n")
+)";
+  return [launched](int slot, int input_fd, int output_fd) {
+    absl::StatusOr<pid_t> pid = RankLauncher::Launch(
+        {"/usr/bin/python3", "-c", kScript, absl::StrCat(slot)}, {}, output_fd, input_fd);
+    if (pid.ok()) launched->push_back(*pid);
+    return pid;
+  };
+}
+
+// Done arrives a while after the hand: polled as the daemon's reaper polls it.
+std::vector<pid_t> WaitDone(StandbyRanks* standbys) {
+  for (int i = 0; i < 500; ++i) {
+    std::vector<pid_t> done = standbys->Done();
+    if (!done.empty()) return done;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return {};
+}
+
+// A process whose job ended cleanly is its slot's standby again and takes the next job of the
+// same principal: each job's log is its own; another principal's job is not given it.
+TEST_F(StandbyRanksTest, Reuse_ADoneProcessTakesTheSlotsNextJobOfItsPrincipalOnly) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    SKIP_OR_FAIL_UNDER_CI("needs /usr/bin/python3 (scripts/setup.sh installs it)");
+  }
+  StandbyRanks standbys(ReusableStandby(&launched_), NowMs, /*reuse=*/true);
+  standbys.Ensure(0);
+  ASSERT_EQ(launched_.size(), 1u);
+  const pid_t pid = launched_[0];
+  std::optional<StandbyRanks::Handed> first =
+      standbys.Hand(0, "/work/job-1.pb", "alice", "job-0001");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->pid, pid);
+  EXPECT_EQ(first->jobs_before, 0);
+  EXPECT_EQ(standbys.Count(), 0);
+  EXPECT_EQ(WaitDone(&standbys), std::vector<pid_t>{pid});
+  // Its job's lines only: the warm-up and between-job lines are the daemon's log's.
+  EXPECT_EQ(AllOutput(first->log.get()), "slot 0 runs /work/job-1.pb\n");
+  standbys.Return(pid);
+  EXPECT_EQ(standbys.Count(), 1);
+
+  std::optional<StandbyRanks::Handed> second =
+      standbys.Hand(0, "/work/job-2.pb", "alice", "job-0002");
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->pid, pid) << "not the process that ran job-0001";
+  EXPECT_EQ(second->jobs_before, 1);
+  EXPECT_EQ(second->last_job, "job-0001");
+  EXPECT_EQ(WaitDone(&standbys), std::vector<pid_t>{pid});
+  EXPECT_EQ(AllOutput(second->log.get()), "slot 0 runs /work/job-2.pb\n");
+  standbys.Return(pid);
+
+  // Bob's job: alice's process is ended, not handed it; the caller starts the rank cold.
+  EXPECT_FALSE(standbys.Hand(0, "/work/job-3.pb", "bob", "job-0003").has_value());
+  EXPECT_EQ(standbys.Count(), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  launched_.clear();  // Reaped.
+}
+
+// A process that ran a job comes back only to a slot without a standby and only if it was
+// started since the last Renew (the advertised address it was started with still holds).
+TEST_F(StandbyRanksTest, Reuse_AProcessStartedBeforeRenew_EndsInsteadOfComingBack) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    SKIP_OR_FAIL_UNDER_CI("needs /usr/bin/python3 (scripts/setup.sh installs it)");
+  }
+  StandbyRanks standbys(ReusableStandby(&launched_), NowMs, /*reuse=*/true);
+  standbys.Ensure(0);
+  std::optional<StandbyRanks::Handed> handed =
+      standbys.Hand(0, "/work/job-1.pb", "alice", "job-0001");
+  ASSERT_TRUE(handed.has_value());
+  standbys.Renew();
+  EXPECT_EQ(WaitDone(&standbys), std::vector<pid_t>{handed->pid});
+  standbys.Return(handed->pid);
+  EXPECT_EQ(standbys.Count(), 0);
+  EXPECT_EQ(WaitExit(handed->pid), 128 + SIGKILL);
+  launched_.clear();
 }
 
 }  // namespace

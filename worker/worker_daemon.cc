@@ -95,7 +95,7 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options,
         [this](int slot, int input_fd, int output_fd) {
           return LaunchStandby(slot, input_fd, output_fd);
         },
-        NowMs);
+        NowMs, options_.reuse_ranks);
   }
 }
 
@@ -367,8 +367,23 @@ void WorkerDaemon::ReapOnce() {
       if (it != running_.end()) {
         finished.emplace_back(it->second, child);
         running_.erase(it);
-      } else if (standbys_ != nullptr) {
-        standbys_->Forget(child.pid, child.exit_code, child.term_signal);
+      }
+      // A rank may be a warm process the pool lent it: forgotten there too.
+      if (standbys_ != nullptr) standbys_->Forget(child.pid, child.exit_code, child.term_signal);
+    }
+    // Warm processes whose rank ended cleanly without the process ending: the rank has exited
+    // (code 0) and the process is its slot's standby again, before the coordinator hears that
+    // the slot is free, so that the slot's next job finds it warm.
+    if (standbys_ != nullptr) {
+      for (pid_t pid : standbys_->Done()) {
+        auto it = running_.begin();
+        while (it != running_.end() && it->second.pid != pid) ++it;
+        if (it == running_.end()) continue;
+        ExitedChild child;
+        child.pid = pid;
+        finished.emplace_back(it->second, child);
+        running_.erase(it);
+        standbys_->Return(pid);
       }
     }
     // The slot's next warm process starts now that this rank's memory (device memory included)
@@ -565,6 +580,7 @@ absl::StatusOr<pid_t> WorkerDaemon::LaunchStandby(int slot, int input_fd, int ou
   std::vector<std::string> argv = RankArgv();
   argv.push_back(absl::StrCat("--standby_slot=", slot));
   argv.push_back(options_.device == v1::CUDA ? "--device=cuda" : "--device=cpu");
+  if (options_.reuse_ranks) argv.push_back("--standby_reuse");
   return RankLauncher::Launch(argv, RankEnv(), output_fd, input_fd);
 }
 
@@ -605,13 +621,17 @@ bool WorkerDaemon::StartRank(const v1::Assignment& assignment) {
   if (standbys_ != nullptr) {
     // Under the lock ReapOnce holds: the rank is in running_ before its exit can be reaped.
     std::lock_guard<std::mutex> lock(mu_);
-    if (std::optional<StandbyRanks::Handed> handed =
-            standbys_->Hand(assignment.device_index(), file)) {
+    if (std::optional<StandbyRanks::Handed> handed = standbys_->Hand(
+            assignment.device_index(), file, assignment.owner(), assignment.job_id())) {
       spdlog::info("rank {}/{} of {} (attempt {}) on device {}: handed to the warm rank process "
-                   "{} (warm for {} ms)",
+                   "{} (warm for {} ms{})",
                    assignment.rank(), assignment.world_size(), assignment.job_id(),
                    assignment.attempt(), assignment.device_index(), handed->pid,
-                   handed->warm_for_ms);
+                   handed->warm_for_ms,
+                   handed->jobs_before == 0
+                       ? std::string()
+                       : absl::StrCat("; reused: it ran ", handed->jobs_before,
+                                      " job(s) before, the last ", handed->last_job));
       running_[key] = RunningRank{assignment, handed->pid, 0, std::move(handed->log)};
       return true;
     }

@@ -55,6 +55,10 @@ struct WorkerOptions {
   // A warm rank process per slot (worker/standby_ranks.h): a job's rank then starts without
   // setting up its process and device. Each still runs one rank and exits.
   bool warm_ranks = true;
+  // With warm_ranks: a warm process whose job ended cleanly is kept for the slot's next job of
+  // the same principal (worker/standby_ranks.h), instead of a new one that takes seconds to
+  // set up a GPU.
+  bool reuse_ranks = true;
   // A stub on a connection of its own (null: the daemon's stub is used for ever). While the
   // coordinator is silent, heartbeats try such connections; the first answered one replaces
   // the daemon's for every call (worker/coordinator_link.h). After a network blip the old
