@@ -83,6 +83,10 @@ ABSL_FLAG(int64_t, grpc_max_connections_per_address, 2048,
 ABSL_FLAG(double, grpc_max_connection_idle_s, 600,
           "Seconds a gRPC connection with no call open is kept (then closed with GOAWAY: a "
           "client opens a new one when it next calls)");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT of a plaintext port that serves grpc.health.v1.Health and nothing else "
+          "(empty: off), for probes that cannot present TLS or a client certificate, such as "
+          "kubelet's gRPC probes; the main port serves the same health service");
 ABSL_FLAG(bool, insecure, false,
           "Allow listening off loopback without TLS and tokens (warns at every start)");
 
@@ -295,6 +299,29 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
   }
 
+  // kubelet's gRPC probe speaks plaintext and has no client certificate, so with (mutual) TLS
+  // on the main port it needs a port of its own. That port holds only the health service,
+  // whose answer is SERVING or NOT_SERVING: it reveals nothing and accepts no other method.
+  std::unique_ptr<grpc::Server> health_server;
+  grpc::CallbackGenericService health_only;  // Every other method: UNIMPLEMENTED.
+  if (!absl::GetFlag(FLAGS_health_listen).empty()) {
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(absl::GetFlag(FLAGS_health_listen),
+                                    grpc::InsecureServerCredentials(), &health_port);
+    health_builder.SetMaxReceiveMessageSize(4096);  // A HealthCheckRequest is a short name.
+    health_builder.RegisterCallbackGenericService(&health_only);  // A server needs one service.
+    health_server = health_builder.BuildAndStart();
+    if (health_server == nullptr || health_port == 0) {
+      spdlog::error("--health_listen {}: cannot listen there (a HOST:PORT this machine holds, "
+                    "port free)", absl::GetFlag(FLAGS_health_listen));
+      server->Shutdown();
+      return 2;
+    }
+    spdlog::info("health service (grpc.health.v1, plaintext) on {} (port {})",
+                 absl::GetFlag(FLAGS_health_listen), health_port);
+  }
+
   std::unique_ptr<mptrain::HttpServer> http;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
     mptrain::HttpServerOptions http_options;
@@ -331,9 +358,15 @@ int main(int argc, char** argv) {
     spdlog::info("signal {}: shutting down", signal);
     stopping.store(true);
     waits.Shutdown();  // Every waiting call answers UNAVAILABLE now.
+    // Probes see NOT_SERVING from here on, on both ports.
+    server->GetHealthCheckService()->Shutdown();
+    if (health_server != nullptr) health_server->GetHealthCheckService()->Shutdown();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
+  if (health_server != nullptr) {
+    health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
   listener->reset();
   http.reset();
   signal_waiter.join();
