@@ -4,7 +4,7 @@
 # (bench/gpt_torch_bench.py), on the GPU machine after `source device_bundle/env.sh`:
 #   bash bench/run_gpt_bench.sh
 #   CONFIGS="124m:16:4 124m:32:2 350m:16:4" PRECISIONS="bf16 fp16" MODES="eager compile" \
-#     STEPS=20 WARMUP=5 bash bench/run_gpt_bench.sh
+#     GPT_STEPS=20 GPT_WARMUP=5 bash bench/run_gpt_bench.sh
 # A configuration is MODEL:MICRO_BATCH:ACCUMULATION (124m: 12 layers, 768 wide, 12 heads;
 # 350m: 24, 1024, 16; context 1024, vocabulary 50257 padded to 50304). Prints one JSON line per
 # run and a table: ms/step (median after WARMUP steps), tokens/s, TFLOP/s (6N + attention),
@@ -18,8 +18,9 @@ mkdir -p "$OUT"
 CONFIGS=${CONFIGS:-124m:16:4 124m:32:2}
 PRECISIONS=${PRECISIONS:-bf16 fp16}
 MODES=${MODES:-eager compile}
-STEPS=${STEPS:-20}
-WARMUP=${WARMUP:-5}
+# GPT_STEPS / GPT_WARMUP: scripts/device_run.sh uses STEPS for its own list of steps.
+STEPS=${GPT_STEPS:-20}
+WARMUP=${GPT_WARMUP:-5}
 RESULTS="$OUT/gpt_bench.jsonl"
 : >"$RESULTS"
 export NCCL_NVLS_ENABLE=0
@@ -54,9 +55,10 @@ PY
 status=0
 for config in $CONFIGS; do
   IFS=: read -r model batch accum <<<"$config"
+  tag="$model-$batch-$accum"  # file names without colons
   read -r layers width heads <<<"$(shape_of "$model")"
   for precision in $PRECISIONS; do
-    spec="$CLUSTER_DIR/gpt-$config-$precision.json"
+    spec="$CLUSTER_DIR/gpt-$tag-$precision.json"
     cat >"$spec" <<SPEC
 {"name": "gpt$model-$batch-$accum-$precision", "world_size": 1, "device": "cuda",
  "model": {"gpt": {"vocab_size": 50257, "padded_vocab_size": 50304, "context_length": 1024,
@@ -68,15 +70,15 @@ for config in $CONFIGS; do
  "max_grad_norm": 1.0, "telemetry_every": 1}
 SPEC
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
-      >"$CLUSTER_DIR/mem-$config-$precision.log" &
+      >"$CLUSTER_DIR/mem-$tag-$precision.log" &
     smi=$!
     submitted=$(date +%s%3N)
     job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
     kill "$smi" 2>/dev/null
-    "$TRAINCTL" --coordinator="$ADDRESS" status "$job" >"$CLUSTER_DIR/status-$config-$precision.txt" 2>&1
+    "$TRAINCTL" --coordinator="$ADDRESS" status "$job" >"$CLUSTER_DIR/status-$tag-$precision.txt" 2>&1
     "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl \
-      >"$CLUSTER_DIR/gpt-$config-$precision.jsonl" || status=1
-    python3 - "$CLUSTER_DIR/gpt-$config-$precision.jsonl" "$CLUSTER_DIR/mem-$config-$precision.log" \
+      >"$CLUSTER_DIR/gpt-$tag-$precision.jsonl" || status=1
+    python3 - "$CLUSTER_DIR/gpt-$tag-$precision.jsonl" "$CLUSTER_DIR/mem-$tag-$precision.log" \
       "$WARMUP" "$layers" "$width" "$batch" "$accum" "$precision" "$submitted" <<'PY' | tee -a "$RESULTS" || status=1
 import json, statistics, sys
 path, mem_path, warmup, L, C, B, A, precision, submitted = sys.argv[1:]
@@ -103,7 +105,7 @@ PY
     for mode in $MODES; do
       python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
         --batch "$batch" --accum "$accum" --precision "$precision" --mode "$mode" \
-        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$config-$precision-$mode.err" |
+        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$tag-$precision-$mode.err" |
         tee -a "$RESULTS" || status=1
     done
   done
