@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -45,6 +45,23 @@ for step in $STEPS; do
       # GPT-2 through the service beside PyTorch eager and torch.compile (bench/run_gpt_bench.sh).
       PYTHONUNBUFFERED=1 timeout 590 bash bench/run_gpt_bench.sh >"$OUT/gptbench.log" 2>&1 || status=1
       tail -24 "$OUT/gptbench.log" ;;
+    gptprofile)
+      # Issue 29: the GPT step in process (bench/gpt_train_bench.cc), recorded as a CUDA graph and
+      # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel.
+      for config in ${GPT_PROFILE_CONFIGS:-16:4}; do
+        IFS=: read -r batch accum <<<"$config"
+        for graphs in 1 0; do
+          MPTRAIN_STEP_GRAPHS=$graphs timeout 200 "$MPTRAIN_BIN/gpt_train_bench" --batch=$batch \
+            --accum=$accum --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=3 --steps=6 \
+            2>>"$OUT/gpt_train_bench.err" | tee -a "$OUT/gpt_train_bench.jsonl" || status=1
+        done
+      done
+      MPTRAIN_STEP_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
+        --csv --print-units base --profile-from-start off "$MPTRAIN_BIN/gpt_train_bench" \
+        --batch=16 --accum=4 --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=2 --steps=4 \
+        --profile_step=2 >"$OUT/gptprofile.csv" 2>"$OUT/gptprofile.err" || status=1
+      tail -3 "$OUT/gptprofile.err"
+      python3 bench/profile_report.py "$OUT/gptprofile.csv" | tee "$OUT/gptprofile.txt" | head -45 ;;
     example)
       timeout 300 bash scripts/run_example.sh >"$OUT/example.log" 2>&1 || status=1
       tail -25 "$OUT/example.log" ;;
