@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
+#include "trainer/model/gpt_memory_plan.h"
 
 namespace mptrain {
 namespace {
@@ -45,38 +46,46 @@ std::string RankMemoryEstimate::Describe() const {
 
 namespace {
 
-// model.gpt: what trainer/model/gpt_model.cc (GptModel::Create), the cross-entropy's scratch,
-// the token micro-batches and the evaluator allocate, buffer by buffer (keep in step with them).
+// model.gpt: the parameters, gradients and optimizer state GptModel::Create and the optimizer
+// allocate, the activation plan the model allocates from, and the cross-entropy's scratch, the
+// token micro-batches and the evaluator's buffers.
 RankMemoryEstimate EstimateGptRankMemory(const v1::JobSpec& spec) {
   const v1::GptSpec& gpt = spec.model().gpt();
   const double V = static_cast<double>(gpt.vocab_size());
   const double Vp = std::max(V, static_cast<double>(gpt.padded_vocab_size()));
   const double T = static_cast<double>(gpt.context_length());
   const double L = static_cast<double>(gpt.layers());
-  const double H = static_cast<double>(gpt.heads());
   const double C = static_cast<double>(gpt.width());
   const double B = static_cast<double>(spec.micro_batch_size());
   const double N = B * T;
   const double n = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
   // The compute dtype's element: 2 bytes on the GPU; the CPU backend keeps low-precision
-  // values in 4-byte floats. Under fp32 the ln outputs' casts are the f32 tensors themselves.
+  // values in 4-byte floats.
   const bool fp32 = spec.precision() == v1::FP32;
-  const double e = spec.device() == v1::CUDA && !fp32 ? 2 : 4;
-  const double cast = fp32 ? 0 : 1;
-  const double per_block = N * C * 4 * 4                    // ln1, mid, ln2, out (f32)
-                           + 2 * N * 2 * 4                  // two LayerNorms' row statistics
-                           + N * C * e * (2 * cast + 3 + 1 + 1 + 4 + 4 + 1)  // casts, qkv, att,
-                                                            // att_proj, fc_pre, fc_gelu, fc_proj
-                           + B * H * T * T * 4;             // softmax probabilities (f32)
+  const bool cuda = spec.device() == v1::CUDA;
+  const double e = cuda && !fp32 ? 2 : 4;
+  // The activations: the model's plan itself (trainer/model/gpt_memory_plan.h), for the traits
+  // the job's backend reports.
+  GptConfig config;
+  config.vocab_size = gpt.vocab_size();
+  config.padded_vocab_size = std::max(gpt.vocab_size(), gpt.padded_vocab_size());
+  config.context_length = gpt.context_length();
+  config.layers = gpt.layers();
+  config.heads = gpt.heads();
+  config.width = gpt.width();
+  const DType compute = fp32 ? DType::kF32
+                             : (spec.precision() == v1::BF16 ? DType::kBF16 : DType::kF16);
+  const GptBackendTraits traits =
+      TraitsForDevice(cuda, compute, spec.micro_batch_size(), config);
+  const double plan =
+      PlanGptActivations(config, compute, spec.micro_batch_size(), traits).Bytes(traits);
   const double activations =
-      N * C * 4                                   // embeddings
-      + L * per_block                             //
-      + N * C * 4 + N * 2 * 4 + cast * N * C * e  // ln_f, its statistics and cast
-      + 2 * N * V * e                             // logits and their gradient
-      + N * C * (4 + 4) + N * C * e * (1 + 1 + 1 + 3 + 4 + 4)  // backward scratch
-      + 4 * N * V * 4                             // the cross-entropy's f32 scratch
-      + 2 * 2 * N * 4                             // ids and targets, training and eval
-      + 2 * 4;                                    // the evaluator's sums
+      plan
+      // The cross-entropy's f32 scratch where the loss is not fused (loss/cross_entropy.cc):
+      // log-probabilities, target distribution, probabilities, and the gradient before its cast.
+      + (traits.fused_loss ? 0 : (fp32 ? 3 : 4) * N * V * 4)
+      + 2 * 2 * N * 4  // ids and targets, training and eval
+      + 2 * 4;         // the evaluator's sums
   const double workspace =
       spec.device() == v1::CUDA
           ? kCudaWorkspaceBytes

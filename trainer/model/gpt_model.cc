@@ -116,6 +116,17 @@ ParameterTable GptParameterTable(const GptConfig& config) {
   return table;
 }
 
+GptBackendTraits BackendGptTraits(const Backend& backend, int64_t low_element_bytes,
+                                  DType compute_dtype, int64_t micro_batch_size,
+                                  const GptConfig& config) {
+  GptBackendTraits traits;
+  traits.low_element_bytes = low_element_bytes;
+  std::tie(traits.attention_saved_rows, traits.attention_saved_cols) = backend.AttentionSavedShape(
+      compute_dtype, micro_batch_size, config.heads, config.context_length);
+  traits.fused_loss = backend.HasFusedSoftmaxCrossEntropy();
+  return traits;
+}
+
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
                                                            const GptConfig& config,
                                                            DType compute_dtype,
@@ -151,11 +162,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
       GradientAccumulator::Create(backend, n, compute_dtype, model->params_low_.element_bytes,
                                   accumulation_steps, /*deferred_budget_bytes=*/0));
   // Every activation from the one plan the coordinator's estimate also reads.
-  GptBackendTraits traits;
-  traits.low_element_bytes = model->params_low_.element_bytes;
-  std::tie(traits.attention_saved_rows, traits.attention_saved_cols) = backend->AttentionSavedShape(
-      compute_dtype, micro_batch_size, config.heads, config.context_length);
-  traits.fused_loss = backend->HasFusedSoftmaxCrossEntropy();
+  const GptBackendTraits traits = BackendGptTraits(
+      *backend, model->params_low_.element_bytes, compute_dtype, micro_batch_size, config);
   const GptActivationPlan plan =
       PlanGptActivations(padded, compute_dtype, micro_batch_size, traits);
   ASSIGN_OR_RETURN(PlannedTensors shared, PlannedTensors::Allocate(backend, plan.shared));
@@ -277,8 +285,10 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
   RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, lnf_w_, 1, C),
                                              View(params_, lnf_b_, 1, C), kLayerNormEps,
                                              slice(lnf_stats_), slice(lnf_)));
-  // The LM head over the first V rows of wte only (module comment).
-  return backend_->LinearForward(slice(lnf_), View(w, wte_, V, C), Tensor{},
+  // The LM head over the first V rows of wte, or all Vp of them where the buffer is padded
+  // (module comment).
+  const int64_t head_rows = logits_.cols;
+  return backend_->LinearForward(slice(lnf_), View(w, wte_, head_rows, C), Tensor{},
                                  ActivationKind::kNone, slice(logits_), slice(logits_));
 }
 
@@ -299,10 +309,17 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
   auto ready = [&](size_t group) {
     return observer == nullptr ? absl::OkStatus() : observer->LayerReady(group);
   };
-  // The LM head: d x_f = round(d_logits · wte), d wte[:V] += round(d_logitsᵀ · ln_f(x)).
-  if (ow && Vp > V) RETURN_IF_ERROR(backend_->Zero(View(g, wte_ + V * C, Vp - V, C)));
-  RETURN_IF_ERROR(backend_->LinearBackward(lnf_, View(w, wte_, V, C), d_logits_, d_ln_low_,
-                                           View(g, wte_, V, C), Tensor{}, ow));
+  // The LM head: d x_f = round(d_logits · wte), d wte[:V] += round(d_logitsᵀ · ln_f(x)). A
+  // padded head's extra columns get a gradient of 0 (the loss never saw them): their rows of
+  // wte get exactly 0 from the GEMM, as the unpadded head's explicit zero gives them.
+  const int64_t head_rows = d_logits_.cols;
+  if (head_rows > V) {
+    RETURN_IF_ERROR(backend_->Zero(d_logits_.ColumnSlice(V, head_rows - V)));
+  } else if (ow && Vp > V) {
+    RETURN_IF_ERROR(backend_->Zero(View(g, wte_ + V * C, Vp - V, C)));
+  }
+  RETURN_IF_ERROR(backend_->LinearBackward(lnf_, View(w, wte_, head_rows, C), d_logits_,
+                                           d_ln_low_, View(g, wte_, head_rows, C), Tensor{}, ow));
   const Tensor last_out = blocks_.back().out;
   RETURN_IF_ERROR(backend_->LayerNormBackward(d_ln_low_, last_out, lnf_stats_,
                                               View(params_, lnf_w_, 1, C), d_resid_,

@@ -8,9 +8,12 @@
 //   x = wte[idx] + wpe[pos]
 //   per block: x += c_proj(attn(c_attn(ln_1(x)))); x += mlp.c_proj(gelu(c_fc(ln_2(x))))
 //   logits = ln_f(x) · wte[:V]ᵀ          [B·T, V] (the LM head tied to wte, no bias)
-// The padded vocabulary rows wte[V:Vp] exist (initialised like the rest) but their logits are
-// never formed: the reference excludes them from the softmax, so they carry no loss and get a
-// gradient of exactly 0 either way, and nothing observable depends on them.
+// The padded vocabulary rows wte[V:Vp] exist (initialised like the rest) but their logits
+// carry no loss: the reference excludes them from the softmax, so they get a gradient of
+// exactly 0 and nothing observable depends on them. Where the loss is fused (CUDA) the head
+// forms all Vp logits anyway, for GEMM shapes that are multiples of 64 (llm.c's reason to
+// pad), the loss reads the first V of each row, and the padded columns of the logits'
+// gradient are zeroed before the head's backward: the same gradients, bit for bit.
 //
 // Parameters (ParameterTable, Hugging Face GPT-2 names): wte [Vp, C] (a checkpoint holds its V
 // rows), wpe [T, C], per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (the
@@ -28,6 +31,7 @@
 #include "trainer/backend.h"
 #include "trainer/gradient_accumulator.h"
 #include "trainer/gradient_reducer.h"
+#include "trainer/model/gpt_memory_plan.h"
 #include "trainer/model/model.h"
 #include "trainer/model/parameter_table.h"
 #include "trainer/training_config.h"
@@ -36,6 +40,13 @@ namespace mptrain {
 
 // The table of a GPT (names, shapes, groups, decay), without allocating anything.
 ParameterTable GptParameterTable(const GptConfig& config);
+
+// What `backend` reports for the activation plan (gpt_memory_plan.h), its compute-dtype tensors
+// `low_element_bytes` wide (Tensor::element_bytes); TraitsForDevice must give the same for its
+// device (the backends' tests check it).
+GptBackendTraits BackendGptTraits(const Backend& backend, int64_t low_element_bytes,
+                                  DType compute_dtype, int64_t micro_batch_size,
+                                  const GptConfig& config);
 
 class GptModel final : public Model {
  public:
@@ -70,8 +81,9 @@ class GptModel final : public Model {
   // x: token ids [rows, 1] f32, rows a multiple of context_length up to micro_batch_size
   // sequences (fewer only for evaluation). INVALID_ARGUMENT for an id outside [0, V).
   absl::Status Forward(Tensor x, bool x_unchanged, bool training) override;
-  Tensor output() const override { return logits_.RowSlice(0, rows_); }  // [rows, V]
-  Tensor output_grad() const override { return d_logits_; }              // [B·T, V]
+  // [rows, V] and [B·T, V]: column views of the padded logits where the head is padded.
+  Tensor output() const override { return VocabularyColumns(logits_.RowSlice(0, rows_)); }
+  Tensor output_grad() const override { return VocabularyColumns(d_logits_); }
   absl::Status Backward(int64_t micro_batch, LayerGradientObserver* observer) override;
 
   const GptConfig& config() const { return config_; }
@@ -122,9 +134,14 @@ class GptModel final : public Model {
   Tensor encoded_;  // [N, C] f32 embeddings
   std::vector<Block> blocks_;
   Tensor lnf_stats_, lnf_;  // ln_f's statistics and output (compute dtype)
-  // [N, V] compute dtype. d_logits_ is logits_ itself where the loss is fused in place
-  // (Backend::HasFusedSoftmaxCrossEntropy): the logits are read once, by the loss.
+  // [N, LogitsColumns] compute dtype. d_logits_ is logits_ itself where the loss is fused in
+  // place (Backend::HasFusedSoftmaxCrossEntropy): the logits are read once, by the loss.
   Tensor logits_, d_logits_;
+  // The first V columns of a logits buffer (a strided view where the head is padded).
+  Tensor VocabularyColumns(Tensor logits) const {
+    return logits.cols == config_.vocab_size ? logits
+                                             : logits.ColumnSlice(0, config_.vocab_size);
+  }
   // Scratch shared by the blocks.
   Tensor branch_out_;            // [N, C]: attn.c_proj's or mlp.c_proj's output
   Tensor fc_gelu_;               // [N, 4C]: GELU(fc_pre), forward and recomputed in backward

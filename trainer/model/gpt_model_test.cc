@@ -53,6 +53,26 @@ TEST(GptParameterTable, HuggingFaceNamesShapesAndGroups) {
   }
 }
 
+// The coordinator's estimate plans with TraitsForDevice(cpu); the CPU rank with what its backend
+// reports: the same plan.
+TEST(GptBackendTraits, CpuBackend_IsWhatTraitsForDeviceSays) {
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  GptConfig config;
+  config.vocab_size = 97, config.padded_vocab_size = 128, config.context_length = 16;
+  config.layers = 2, config.heads = 4, config.width = 32;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    absl::StatusOr<Tensor> low = backend.Allocate(dtype, 1, 1);
+    ASSERT_TRUE(low.ok());
+    const GptBackendTraits got = BackendGptTraits(backend, low->element_bytes, dtype, 3, config);
+    const GptBackendTraits want = TraitsForDevice(/*cuda=*/false, dtype, 3, config);
+    EXPECT_EQ(got.low_element_bytes, want.low_element_bytes);
+    EXPECT_EQ(got.attention_saved_rows, want.attention_saved_rows);
+    EXPECT_EQ(got.attention_saved_cols, want.attention_saved_cols);
+    EXPECT_EQ(got.fused_loss, want.fused_loss);
+    EXPECT_EQ(LogitsColumns(config, got), 97);  // The CPU's loss reads contiguous logits.
+  }
+}
+
 TEST(GptModel, RefusesConfigurationsThatAreNoGpt) {
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   GptConfig config = TinyConfig();
