@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/layer_norm_kernels.h"
 #include "backends/cuda/nccl_collective.h"
 
 namespace mptrain::cuda {
@@ -77,7 +78,8 @@ CudaBackend::~CudaBackend() {
   if (replay_done_ != nullptr) cudaEventDestroy(replay_done_);
   for (void* pointer : allocations_) cudaFree(pointer);
   attention_.reset();
-  for (void* buffer : {embedding_keys_, embedding_sort_.sort_temp, row_losses_}) {
+  for (void* buffer :
+       {embedding_keys_, embedding_sort_.sort_temp, row_losses_, layer_norm_partials_}) {
     if (buffer != nullptr) cudaFree(buffer);
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -202,6 +204,21 @@ absl::Status CudaBackend::Upload(const float* host, Tensor dst) {
 absl::Status CudaBackend::Download(Tensor src, float* host) {
   const size_t bytes = src.numel() * sizeof(float);
   const void* from = src.data;
+  if (src.ld() != src.cols) {
+    // A column view (the padded logits' first V columns): packed into the scratch's upper half,
+    // then cast or copied from there like a contiguous tensor.
+    const size_t packed_bytes = src.numel() * src.element_bytes;
+    auto staging = Scratch(bytes + packed_bytes);
+    if (!staging.ok()) return staging.status();
+    void* packed = static_cast<char*>(*staging) + bytes;
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(packed, src.cols * src.element_bytes, src.data,
+                                           src.ld() * src.element_bytes,
+                                           src.cols * src.element_bytes, src.rows,
+                                           cudaMemcpyDeviceToDevice, stream_));
+    src.data = packed;
+    src.row_stride = 0;
+    from = packed;
+  }
   if (src.dtype != DType::kF32) {
     auto staging = Scratch(bytes);
     if (!staging.ok()) return staging.status();
@@ -214,6 +231,12 @@ absl::Status CudaBackend::Download(Tensor src, float* host) {
 }
 
 absl::Status CudaBackend::Zero(Tensor tensor) {
+  if (tensor.ld() != tensor.cols) {  // A column view: each row's span.
+    CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(tensor.data, tensor.ld() * tensor.element_bytes, 0,
+                                           tensor.cols * tensor.element_bytes, tensor.rows,
+                                           stream_));
+    return absl::OkStatus();
+  }
   CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(tensor.data, 0, tensor.numel() * tensor.element_bytes, stream_));
   return absl::OkStatus();
@@ -587,9 +610,16 @@ absl::Status CudaBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stat
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = Reserve(&layer_norm_partials_, &layer_norm_partials_bytes_,
+                               mptrain::cuda::LayerNormParamPartialsBytes(x.rows, cols),
+                               "the layer norm's partial sums");
+      !s.ok()) {
+    return s;
+  }
   CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormBackward(
       dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(row_stats), Fp(weight), dx.data,
-      dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads, stream_));
+      dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
+      static_cast<float*>(layer_norm_partials_), stream_));
   return absl::OkStatus();
 }
 

@@ -188,6 +188,9 @@ class CudaBackend final : public Backend {
   int64_t embedding_temp_bytes_ = 0;
   void* row_losses_ = nullptr;
   int64_t row_losses_bytes_ = 0;
+  // LayerNormBackward's per-chunk column sums (layer_norm_kernels.h).
+  void* layer_norm_partials_ = nullptr;
+  int64_t layer_norm_partials_bytes_ = 0;
   std::unique_ptr<Collective> collective_;
   std::vector<void*> allocations_;
   void* scratch_ = nullptr;

@@ -194,8 +194,10 @@ absl::Status CudaBackend::SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, fl
       (!d_logits.empty() && step_state.empty())) {
     return absl::InvalidArgumentError("SoftmaxCrossEntropy: shapes do not match");
   }
-  if (absl::Status s = CheckContiguous("SoftmaxCrossEntropy", {x, ids, d_logits}); !s.ok()) {
-    return s;
+  // x and d_logits may be column views (a padded vocabulary's first columns); ids may not.
+  if (absl::Status s = CheckContiguous("SoftmaxCrossEntropy", {ids}); !s.ok()) return s;
+  if (!d_logits.empty() && d_logits.data == x.data && d_logits.ld() != x.ld()) {
+    return absl::InvalidArgumentError("SoftmaxCrossEntropy: in place with different strides");
   }
   if (absl::Status s = Reserve(&row_losses_, &row_losses_bytes_, std::max<int64_t>(1, x.rows) * 8,
                                "the cross-entropy's row losses");
@@ -203,9 +205,10 @@ absl::Status CudaBackend::SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, fl
     return s;
   }
   CUDA_RETURN_IF_ERROR(mptrain::cuda::SoftmaxCrossEntropy(
-      x.data, x.dtype, Fp(ids), x.rows, x.cols, on, off, divide_by, then_divide, Fp(metrics),
-      coef, step_state.data, seed_divisor, d_logits.data,
-      d_logits.empty() ? x.dtype : d_logits.dtype, static_cast<double*>(row_losses_), stream_));
+      x.data, x.dtype, x.ld(), Fp(ids), x.rows, x.cols, on, off, divide_by, then_divide,
+      Fp(metrics), coef, step_state.data, seed_divisor, d_logits.data,
+      d_logits.empty() ? x.dtype : d_logits.dtype, d_logits.empty() ? x.cols : d_logits.ld(),
+      static_cast<double*>(row_losses_), stream_));
   return absl::OkStatus();
 }
 

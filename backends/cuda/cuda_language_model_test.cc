@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/model/gpt_model.h"
 #include "trainer/precision.h"
 #include "trainer/train_loop.h"
 
@@ -212,6 +213,113 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_MatchesTheComposedOps) {
       EXPECT_EQ(got[1], want[1]);
       EXPECT_GE(got[1], 1.0f);  // Row 5 at least.
     }
+  }
+}
+
+// The padded LM head's view: the loss over the first V columns of rows Vp apart, in place, is
+// the contiguous one's bit for bit, and leaves the padded columns as they were.
+TEST(LanguageModelOps, SoftmaxCrossEntropy_OverAColumnView_MatchesContiguous) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    const int64_t R = 23, V = 1001, Vp = 1024;
+    const std::vector<float> padded = Rounded(Random(R * Vp, 31, 2.0f), dtype);
+    std::vector<float> packed(R * V);
+    for (int64_t r = 0; r < R; ++r) {
+      std::copy(padded.begin() + r * Vp, padded.begin() + r * Vp + V, packed.begin() + r * V);
+    }
+    std::vector<float> ids(R);
+    for (int64_t r = 0; r < R; ++r) ids[r] = static_cast<float>((r * 37) % V);
+    Tensor wide = Put(b, dtype, R, Vp, padded), narrow = Put(b, dtype, R, V, packed);
+    Tensor t_ids = Put(b, DType::kF32, R, 1, ids);
+    auto state = b->AllocateStepState(StepState{8.0f});
+    ASSERT_TRUE(state.ok());
+    Tensor m_wide = Put(b, DType::kF32, 1, 2, {}), m_narrow = Put(b, DType::kF32, 1, 2, {});
+    const Tensor view = wide.ColumnSlice(0, V);
+    ASSERT_TRUE(b->SoftmaxCrossEntropy(view, t_ids, 1.0f, 0.0f, -static_cast<double>(R), 1.0f,
+                                       m_wide, 1.0f / R, *state, 1.0f, view).ok());
+    ASSERT_TRUE(b->SoftmaxCrossEntropy(narrow, t_ids, 1.0f, 0.0f, -static_cast<double>(R), 1.0f,
+                                       m_narrow, 1.0f / R, *state, 1.0f, narrow).ok());
+    EXPECT_EQ(Get(b, m_wide), Get(b, m_narrow));
+    EXPECT_EQ(Get(b, view), Get(b, narrow));  // Download packs a column view.
+    const std::vector<float> after = Get(b, wide);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t c = V; c < Vp; ++c) ASSERT_EQ(after[r * Vp + c], padded[r * Vp + c]);
+    }
+    // Zero of a column view clears those columns only.
+    ASSERT_TRUE(b->Zero(wide.ColumnSlice(V, Vp - V)).ok());
+    const std::vector<float> zeroed = Get(b, wide);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t c = 0; c < Vp; ++c) {
+        ASSERT_EQ(zeroed[r * Vp + c], c < V ? after[r * Vp + c] : 0.0f) << r << "," << c;
+      }
+    }
+  }
+}
+
+// LayerNorm forward and backward against the CPU backend: widths on the 8-wide path and off
+// it, row counts that leave a block partly empty and span many parameter-gradient chunks, fp32
+// and low-precision inputs, gradients written and accumulated.
+TEST(LanguageModelOps, LayerNorm_MatchesTheCpuBackend) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  struct Shape { int64_t rows, cols; };
+  for (const Shape shape : {Shape{37, 768}, Shape{3000, 64}, Shape{1025, 100}, Shape{9, 8200},
+                            Shape{20000, 24}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t R = shape.rows, C = shape.cols;
+      SCOPED_TRACE(::testing::Message() << R << "x" << C << " dtype " << static_cast<int>(dtype));
+      const std::vector<float> x = Rounded(Random(R * C, 41, 1.5f), dtype);
+      std::vector<float> x_shifted = x;  // A mean far from 0 (the variance's cancellation).
+      for (float& v : x_shifted) v = RoundTo(dtype, v + 3.0f);
+      const std::vector<float> w = Random(C, 42), bias = Random(C, 43);
+      const std::vector<float> dy = Rounded(Random(R * C, 44), dtype);
+      const std::vector<float> dw0 = Random(C, 45), db0 = Random(C, 46);
+      for (bool overwrite : {true, false}) {
+        std::vector<float> got[5], want[5];
+        for (Backend* b : {static_cast<Backend*>(gpu.get()), static_cast<Backend*>(&cpu)}) {
+          std::vector<float>* out = b == &cpu ? want : got;
+          Tensor tx = Put(b, dtype, R, C, x_shifted), tw = Put(b, DType::kF32, 1, C, w);
+          Tensor tb = Put(b, DType::kF32, 1, C, bias), stats = Put(b, DType::kF32, R, 2, {});
+          Tensor y = Put(b, dtype, R, C, {}), tdy = Put(b, dtype, R, C, dy);
+          Tensor dx = Put(b, DType::kF32, R, C, {}), dw = Put(b, DType::kF32, 1, C, dw0);
+          Tensor db = Put(b, DType::kF32, 1, C, db0);
+          ASSERT_TRUE(b->LayerNormForward(tx, tw, tb, 1e-5f, stats, y).ok());
+          ASSERT_TRUE(b->LayerNormBackward(tdy, tx, stats, tw, dx, dw, db, overwrite).ok());
+          out[0] = Get(b, y), out[1] = Get(b, stats), out[2] = Get(b, dx);
+          out[3] = Get(b, dw), out[4] = Get(b, db);
+        }
+        const char* names[] = {"y", "stats", "dx", "dweight", "dbias"};
+        // y in the compute dtype: a rounding apart at most; the rest fp32 sums in other orders.
+        const double tolerance[] = {dtype == DType::kF32 ? 1e-6 : 4e-3, 1e-6, 1e-5, 1e-5, 1e-5};
+        for (int k = 0; k < 5; ++k) {
+          EXPECT_LT(RelativeError(got[k], want[k]), tolerance[k]) << names[k];
+        }
+      }
+    }
+  }
+}
+
+// The coordinator's estimate plans with TraitsForDevice(cuda); the CUDA rank with what its
+// backend reports: the same plan.
+TEST(GptBackendTraits, CudaBackend_IsWhatTraitsForDeviceSays) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  GptConfig config;
+  config.vocab_size = 97, config.padded_vocab_size = 128, config.context_length = 16;
+  config.layers = 2, config.heads = 4, config.width = 32;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    absl::StatusOr<Tensor> low = gpu->Allocate(dtype, 1, 1);
+    ASSERT_TRUE(low.ok());
+    const GptBackendTraits got = BackendGptTraits(*gpu, low->element_bytes, dtype, 3, config);
+    const GptBackendTraits want = TraitsForDevice(/*cuda=*/true, dtype, 3, config);
+    EXPECT_EQ(got.low_element_bytes, want.low_element_bytes);
+    EXPECT_EQ(got.attention_saved_rows, want.attention_saved_rows);
+    EXPECT_EQ(got.attention_saved_cols, want.attention_saved_cols);
+    EXPECT_EQ(got.fused_loss, want.fused_loss);
+    EXPECT_EQ(LogitsColumns(config, got), 128);  // The padded head.
   }
 }
 

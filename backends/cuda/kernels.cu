@@ -254,7 +254,8 @@ __global__ void log_softmax_rows_kernel(const T* x, int64_t rows, int64_t cols, 
     float max = ToFloat<T>(in[0]);
     for (int64_t c = 1; c < cols; ++c) max = fmaxf(max, ToFloat<T>(in[c]));
     double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) sum += exp(static_cast<double>(ToFloat<T>(in[c]) - max));
+    // Each term's exp in fp32, added in double (as the fused softmax_cross_entropy_kernel).
+    for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(expf(ToFloat<T>(in[c]) - max));
     const float log_sum = static_cast<float>(log(sum));
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = ToFloat<T>(in[c]) - max - log_sum;
   }
@@ -861,71 +862,6 @@ __global__ void batch_norm_backward_input_kernel(const void* dy, DType gd, const
   }
 }
 
-// One block per row r.
-__global__ void layer_norm_forward_kernel(const void* x, DType xd, int64_t cols,
-                                          const float* weight, const float* bias, float eps,
-                                          float* row_stats, void* y, DType yd) {
-  const int64_t base = blockIdx.x * cols;
-  double sum = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += Load(x, xd, base + c);
-  const double mean = BlockSum(sum) / cols;
-  double squares = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const double d = Load(x, xd, base + c) - mean;
-    squares += d * d;
-  }
-  const float rstd = InverseStd(BlockSum(squares) / cols, eps);
-  const float mean_f = static_cast<float>(mean);
-  if (threadIdx.x == 0) {
-    row_stats[2 * blockIdx.x] = mean_f;
-    row_stats[2 * blockIdx.x + 1] = rstd;
-  }
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    Store(y, yd, base + c, (Load(x, xd, base + c) - mean_f) * rstd * weight[c] + bias[c]);
-  }
-}
-
-__global__ void layer_norm_backward_input_kernel(const void* dy, DType gd, const void* x,
-                                                 DType xd, int64_t cols, const float* row_stats,
-                                                 const float* weight, void* dx, DType dxd) {
-  const int64_t base = blockIdx.x * cols;
-  const float mean = row_stats[2 * blockIdx.x], rstd = row_stats[2 * blockIdx.x + 1];
-  double sum_g = 0, sum_gx = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float xhat = (Load(x, xd, base + c) - mean) * rstd;
-    const double g = static_cast<double>(Load(dy, gd, base + c)) * weight[c];
-    sum_g += g;
-    sum_gx += g * xhat;
-  }
-  const float mean_g = static_cast<float>(BlockSum(sum_g) / cols);
-  const float mean_gx = static_cast<float>(BlockSum(sum_gx) / cols);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float xhat = (Load(x, xd, base + c) - mean) * rstd;
-    Store(dx, dxd, base + c, rstd * (Load(dy, gd, base + c) * weight[c] - mean_g - xhat * mean_gx));
-  }
-}
-
-// One block per feature column c.
-__global__ void layer_norm_backward_params_kernel(const void* dy, DType gd, const void* x,
-                                                  DType xd, int64_t rows, int64_t cols,
-                                                  const float* row_stats, float* dweight,
-                                                  float* dbias, bool overwrite) {
-  const int64_t c = blockIdx.x;
-  double dw = 0, db = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const float xhat = (Load(x, xd, r * cols + c) - row_stats[2 * r]) * row_stats[2 * r + 1];
-    const double g = Load(dy, gd, r * cols + c);
-    dw += g * xhat;
-    db += g;
-  }
-  dw = BlockSum(dw);
-  db = BlockSum(db);
-  if (threadIdx.x == 0) {
-    dweight[c] = (overwrite ? 0.0f : dweight[c]) + static_cast<float>(dw);
-    dbias[c] = (overwrite ? 0.0f : dbias[c]) + static_cast<float>(db);
-  }
-}
-
 // Grids of one block per row or feature: at most 2^31 - 1 blocks in x.
 cudaError_t CheckBlocks(int64_t blocks) {
   return blocks < 1 || blocks > 2147483647 ? cudaErrorInvalidConfiguration : cudaSuccess;
@@ -996,29 +932,6 @@ cudaError_t BatchNormBackwardInput(const void* dy, DType dy_dtype, const void* x
                                    DType dx_dtype, cudaStream_t stream) {
   batch_norm_backward_input_kernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
       dy, dy_dtype, x, x_dtype, rows, cols, mean_invstd, weight, sums, count, dx, dx_dtype);
-  return cudaGetLastError();
-}
-
-cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
-                             const float* weight, const float* bias, float eps, float* row_stats,
-                             void* y, DType y_dtype, cudaStream_t stream) {
-  if (cudaError_t e = CheckBlocks(rows); e != cudaSuccess) return e;
-  layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      x, x_dtype, cols, weight, bias, eps, row_stats, y, y_dtype);
-  return cudaGetLastError();
-}
-
-cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
-                              int64_t rows, int64_t cols, const float* row_stats,
-                              const float* weight, void* dx, DType dx_dtype, float* dweight,
-                              float* dbias, bool overwrite, cudaStream_t stream) {
-  if (cudaError_t e = CheckBlocks(rows); e != cudaSuccess) return e;
-  if (cudaError_t e = CheckBlocks(cols); e != cudaSuccess) return e;
-  layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      dy, dy_dtype, x, x_dtype, cols, row_stats, weight, dx, dx_dtype);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  layer_norm_backward_params_kernel<<<static_cast<unsigned>(cols), kThreads, 0, stream>>>(
-      dy, dy_dtype, x, x_dtype, rows, cols, row_stats, dweight, dbias, overwrite);
   return cudaGetLastError();
 }
 

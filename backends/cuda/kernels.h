@@ -131,14 +131,4 @@ cudaError_t BatchNormBackwardInput(const void* dy, DType dy_dtype, const void* x
                                    int64_t rows, int64_t cols, const float* mean_invstd,
                                    const float* weight, const float* sums, double count, void* dx,
                                    DType dx_dtype, cudaStream_t stream);
-// One block per row.
-cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
-                             const float* weight, const float* bias, float eps, float* row_stats,
-                             void* y, DType y_dtype, cudaStream_t stream);
-// dx: one block per row; dweight/dbias: one block per feature.
-cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
-                              int64_t rows, int64_t cols, const float* row_stats,
-                              const float* weight, void* dx, DType dx_dtype, float* dweight,
-                              float* dbias, bool overwrite, cudaStream_t stream);
-
 }  // namespace mptrain::cuda

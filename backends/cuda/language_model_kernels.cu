@@ -240,16 +240,19 @@ __device__ ArgMax BlockArgMax(ArgMax value) {
   return result;
 }
 
-// One block per row; three passes over the row (max and argmax, Σ exp in double, the loss term
-// and gradient), each element's formulas those of log_softmax_rows_kernel, smoothed_one_hot,
-// exp_kernel and scaled_difference_kernel (kernels.cu).
+// One block per row; three passes over the row (max and argmax, Σ exp added in double, the loss
+// term and gradient), each element's formulas those of log_softmax_rows_kernel,
+// smoothed_one_hot, exp_kernel and scaled_difference_kernel (kernels.cu), but for the exp of
+// each term, in fp32 (a double exp per logit cost more than reading it). x's rows are ld_x
+// apart, d_logits' ld_d (the first `cols` of a padded row).
 template <typename T, typename D>
-__global__ void softmax_cross_entropy_kernel(const T* x, const float* ids, int64_t cols, float on,
-                                             float off, float coef, const StepState* state,
-                                             float seed_divisor, D* d_logits, double* row_losses,
+__global__ void softmax_cross_entropy_kernel(const T* x, int64_t ld_x, const float* ids,
+                                             int64_t cols, float on, float off, float coef,
+                                             const StepState* state, float seed_divisor,
+                                             D* d_logits, int64_t ld_d, double* row_losses,
                                              float* metrics) {
   const int64_t r = blockIdx.x;
-  const T* row = x + r * cols;
+  const T* row = x + r * ld_x;
   const float id = ids[r];
   ArgMax local{-INFINITY, cols};
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -263,7 +266,7 @@ __global__ void softmax_cross_entropy_kernel(const T* x, const float* ids, int64
   const float max = best.value;
   double local_sum = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    local_sum += exp(static_cast<double>(ToFloat<T>(row[c]) - max));
+    local_sum += static_cast<double>(expf(ToFloat<T>(row[c]) - max));
   }
   const float log_sum = static_cast<float>(log(BlockSum(local_sum)));
   const float seed = d_logits != nullptr ? state->scale / seed_divisor : 0.0f;
@@ -272,7 +275,7 @@ __global__ void softmax_cross_entropy_kernel(const T* x, const float* ids, int64
     const float log_p = ToFloat<T>(row[c]) - max - log_sum;
     const float q = (static_cast<float>(c) == id ? on : 0.0f) + off;
     if (q != 0.0f) local_loss += static_cast<double>(q) * log_p;
-    if (d_logits != nullptr) d_logits[r * cols + c] = FromFloat<D>(coef * (expf(log_p) - q) * seed);
+    if (d_logits != nullptr) d_logits[r * ld_d + c] = FromFloat<D>(coef * (expf(log_p) - q) * seed);
   }
   const double loss = BlockSum(local_loss);
   if (threadIdx.x == 0) {
@@ -281,12 +284,14 @@ __global__ void softmax_cross_entropy_kernel(const T* x, const float* ids, int64
   }
 }
 
-// The rows' losses added in row order (one thread: deterministic), then into metrics[0].
+// The rows' losses summed by one block in a fixed order (thread t adds rows t, t + kThreads, ...,
+// then BlockSum's fixed tree: deterministic), then into metrics[0].
 __global__ void row_losses_finalize_kernel(const double* row_losses, int64_t rows,
                                            double divide_by, float then_divide, float* metrics) {
   double sum = 0;
-  for (int64_t r = 0; r < rows; ++r) sum += row_losses[r];
-  metrics[0] += static_cast<float>(sum / divide_by) / then_divide;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) sum += row_losses[r];
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) metrics[0] += static_cast<float>(sum / divide_by) / then_divide;
 }
 
 }  // namespace
@@ -374,24 +379,25 @@ cudaError_t CausalAttentionBackwardF32(const float* qkv, float* probs, const flo
   return cudaGetLastError();
 }
 
-cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, const float* ids, int64_t rows,
-                                int64_t cols, float on, float off, double divide_by,
+cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, const float* ids,
+                                int64_t rows, int64_t cols, float on, float off, double divide_by,
                                 float then_divide, float* metrics, float coef,
                                 const StepState* state, float seed_divisor, void* d_logits,
-                                DType d_dtype, double* row_losses, cudaStream_t stream) {
+                                DType d_dtype, int64_t ld_d, double* row_losses,
+                                cudaStream_t stream) {
   cudaError_t launched = Dispatch(x_dtype, [&](auto x_tag) {
     using T = decltype(x_tag);
     return Dispatch(d_dtype, [&](auto d_tag) {
       using D = decltype(d_tag);
       softmax_cross_entropy_kernel<T, D><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), ids, cols, on, off, coef, state, seed_divisor,
-          static_cast<D*>(d_logits), row_losses, metrics);
+          static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
+          static_cast<D*>(d_logits), ld_d, row_losses, metrics);
       return cudaGetLastError();
     });
   });
   if (launched != cudaSuccess) return launched;
-  row_losses_finalize_kernel<<<1, 1, 0, stream>>>(row_losses, rows, divide_by, then_divide,
-                                                  metrics);
+  row_losses_finalize_kernel<<<1, kThreads, 0, stream>>>(row_losses, rows, divide_by,
+                                                         then_divide, metrics);
   return cudaGetLastError();
 }
 

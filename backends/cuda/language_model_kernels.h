@@ -58,14 +58,15 @@ cudaError_t CausalAttentionBackwardF32(const float* qkv, float* probs, const flo
                                        int64_t batch, int64_t seq_len, int64_t heads,
                                        int64_t head_size, float* dqkv, cudaStream_t stream);
 
-// Backend::SoftmaxCrossEntropy: one block per row of x [rows, cols] (x_dtype), with
-// row_losses[rows] doubles of scratch; d_logits (d_dtype) may be null (evaluation) or alias x.
-// metrics[0] += f32(Σ_rows row_loss / divide_by) / then_divide (rows added in order),
-// metrics[1] += the rows whose first maximum is ids[r].
-cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, const float* ids, int64_t rows,
-                                int64_t cols, float on, float off, double divide_by,
+// Backend::SoftmaxCrossEntropy: one block per row of x [rows, cols] (x_dtype, rows ld_x
+// elements apart), with row_losses[rows] doubles of scratch; d_logits (d_dtype, rows ld_d apart)
+// may be null (evaluation) or alias x. metrics[0] += f32(Σ_rows row_loss / divide_by) /
+// then_divide (rows added in a fixed order), metrics[1] += the rows whose first maximum is ids[r].
+cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, const float* ids,
+                                int64_t rows, int64_t cols, float on, float off, double divide_by,
                                 float then_divide, float* metrics, float coef,
                                 const StepState* state, float seed_divisor, void* d_logits,
-                                DType d_dtype, double* row_losses, cudaStream_t stream);
+                                DType d_dtype, int64_t ld_d, double* row_losses,
+                                cudaStream_t stream);
 
 }  // namespace mptrain::cuda

@@ -1,5 +1,7 @@
 #include "trainer/model/gpt_memory_plan.h"
 
+#include <algorithm>
+
 namespace mptrain {
 
 GptBackendTraits TraitsForDevice(bool cuda, DType compute_dtype, int64_t micro_batch_size,
@@ -15,6 +17,11 @@ GptBackendTraits TraitsForDevice(bool cuda, DType compute_dtype, int64_t micro_b
   return traits;
 }
 
+int64_t LogitsColumns(const GptConfig& config, const GptBackendTraits& traits) {
+  return traits.fused_loss ? std::max(config.padded_vocab_size, config.vocab_size)
+                           : config.vocab_size;
+}
+
 double GptActivationPlan::Bytes(const GptBackendTraits& traits) const {
   return static_cast<double>(layers) * PlannedBytes(per_block, traits.low_element_bytes) +
          PlannedBytes(shared, traits.low_element_bytes);
@@ -23,7 +30,7 @@ double GptActivationPlan::Bytes(const GptBackendTraits& traits) const {
 GptActivationPlan PlanGptActivations(const GptConfig& config, DType compute_dtype,
                                      int64_t micro_batch_size, const GptBackendTraits& traits) {
   const int64_t N = micro_batch_size * config.context_length, C = config.width;
-  const int64_t V = config.vocab_size;
+  const int64_t V = LogitsColumns(config, traits);
   const DType f32 = DType::kF32, low = compute_dtype;
   GptActivationPlan plan;
   plan.layers = config.layers;

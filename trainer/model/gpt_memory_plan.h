@@ -23,8 +23,16 @@ struct GptBackendTraits {
   // Backend::AttentionSavedShape for one micro-batch: [rows, cols] f32.
   int64_t attention_saved_rows = 0;
   int64_t attention_saved_cols = 0;
-  bool fused_loss = false;  // Backend::HasFusedSoftmaxCrossEntropy
+  // Backend::HasFusedSoftmaxCrossEntropy. The fused loss also reads the logits as a strided
+  // view, so with it the LM head forms the logits of all Vp padded vocabulary rows (GEMM
+  // dimensions that are multiples of 64, as llm.c pads them for) and the loss sees the first V
+  // columns of each row: LogitsColumns.
+  bool fused_loss = false;
 };
+
+// The columns of the logits buffer: padded_vocab_size where the loss is fused (above), else
+// vocab_size.
+int64_t LogitsColumns(const GptConfig& config, const GptBackendTraits& traits);
 
 // What the CPU (cuda = false) or CUDA backend reports, without one.
 GptBackendTraits TraitsForDevice(bool cuda, DType compute_dtype, int64_t micro_batch_size,
