@@ -48,18 +48,27 @@ for step in $STEPS; do
     gptprofile)
       # Issue 29: the GPT step in process (bench/gpt_train_bench.cc), recorded as a CUDA graph and
       # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel.
+      # A gpt_train_bench_baseline in the bundle (make_device_bundle.sh BASELINE=<commit>) is
+      # timed beside this tree's, alternating.
+      builds=gpt_train_bench
+      [ -x "$MPTRAIN_BIN/gpt_train_bench_baseline" ] && builds="gpt_train_bench_baseline gpt_train_bench"
       for config in ${GPT_PROFILE_CONFIGS:-16:4}; do
         IFS=: read -r batch accum <<<"$config"
-        for graphs in 1 0; do
-          MPTRAIN_STEP_GRAPHS=$graphs timeout 200 "$MPTRAIN_BIN/gpt_train_bench" --batch=$batch \
-            --accum=$accum --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=3 --steps=6 \
-            2>>"$OUT/gpt_train_bench.err" | tee -a "$OUT/gpt_train_bench.jsonl" || status=1
+        for build in $builds; do
+          for graphs in ${GPT_PROFILE_GRAPHS:-1 0}; do
+            echo -n "$build graphs=$graphs "
+            MPTRAIN_STEP_GRAPHS=$graphs timeout 200 "$MPTRAIN_BIN/$build" --batch=$batch \
+              --accum=$accum --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=3 --steps=6 \
+              2>>"$OUT/gpt_train_bench.err" | tee -a "$OUT/gpt_train_bench.jsonl" || status=1
+          done
         done
       done
+      # OnStep(p) comes as step p + kStatsSlots / 2 - 1 is issued (the stats ring, backend.h):
+      # the range from OnStep(4) to OnStep(5) holds step 12's issue, of 18.
       MPTRAIN_STEP_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
         --csv --print-units base --profile-from-start off "$MPTRAIN_BIN/gpt_train_bench" \
-        --batch=16 --accum=4 --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=2 --steps=4 \
-        --profile_step=2 >"$OUT/gptprofile.csv" 2>"$OUT/gptprofile.err" || status=1
+        --batch=16 --accum=4 --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=2 --steps=16 \
+        --profile_step=4 >"$OUT/gptprofile.csv" 2>"$OUT/gptprofile.err" || status=1
       tail -3 "$OUT/gptprofile.err"
       python3 bench/profile_report.py "$OUT/gptprofile.csv" | tee "$OUT/gptprofile.txt" | head -45 ;;
     example)

@@ -5,7 +5,7 @@
 # NCCL are NOT carried: the machine has its own (NCCL at /usr/lib/x86_64-linux-gnu).
 #
 #   bash scripts/make_device_bundle.sh
-#   BASELINE=<commit> bash scripts/make_device_bundle.sh   # also bin/train_bench_baseline, built
+#   BASELINE=<commit> bash scripts/make_device_bundle.sh   # also bin/train_bench_baseline (and gpt_train_bench_baseline), built
 #                                      # at that commit (device_run.sh ab: before and after)
 #   # then, on the device: source device_bundle/env.sh
 set -euo pipefail
@@ -32,8 +32,14 @@ if [ -n "${BASELINE:-}" ]; then
   baseline_tree=/tmp/mptrain-baseline
   git worktree remove --force "$baseline_tree" 2>/dev/null || rm -rf "$baseline_tree"
   git worktree add --detach "$baseline_tree" "$BASELINE"
-  (cd "$baseline_tree" && bazel build -c opt //bench:train_bench)
-  cp "$baseline_tree/bazel-bin/bench/train_bench" "$BUNDLE/bin/train_bench_baseline"
+  # The in-process benchmarks that baseline has (gpt_train_bench from d4816c0 on).
+  baseline_targets=(//bench:train_bench)
+  if [ -f "$baseline_tree/bench/gpt_train_bench.cc" ]; then baseline_targets+=(//bench:gpt_train_bench); fi
+  (cd "$baseline_tree" && bazel build -c opt "${baseline_targets[@]}")
+  for target in "${baseline_targets[@]}"; do
+    name=${target#//bench:}
+    cp "$baseline_tree/bazel-bin/bench/$name" "$BUNDLE/bin/${name}_baseline"
+  done
 fi
 chmod u+w "$BUNDLE"/bin/*
 # The digits example's data (Debian's python3-sklearn file; the GPU machine has no sklearn).

@@ -101,6 +101,47 @@ class RecordingBackend final : public Backend {
   absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y) override {
     return Do([=, this] { return inner_->ActivationForward(act, x, y); });
   }
+  // The language model's operations (GptModel).
+  absl::Status Add(Tensor a, Tensor b, Tensor out) override {
+    return Do([=, this] { return inner_->Add(a, b, out); });
+  }
+  absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
+                                Tensor out) override {
+    return Do([=, this] { return inner_->EmbeddingForward(ids, wte, wpe, seq_len, out); });
+  }
+  absl::Status EmbeddingBackward(Tensor ids, Tensor dout, int64_t seq_len, Tensor dwte_acc,
+                                 Tensor dwpe_acc, bool overwrite_wte, bool overwrite_wpe) override {
+    return Do([=, this] {
+      return inner_->EmbeddingBackward(ids, dout, seq_len, dwte_acc, dwpe_acc, overwrite_wte,
+                                       overwrite_wpe);
+    });
+  }
+  std::pair<int64_t, int64_t> AttentionSavedShape(DType dtype, int64_t batch, int64_t heads,
+                                                  int64_t seq_len) const override {
+    return inner_->AttentionSavedShape(dtype, batch, heads, seq_len);
+  }
+  absl::Status CausalAttentionForward(Tensor qkv, int64_t batch, int64_t heads, Tensor saved,
+                                      Tensor y) override {
+    return Do([=, this] { return inner_->CausalAttentionForward(qkv, batch, heads, saved, y); });
+  }
+  absl::Status CausalAttentionBackward(Tensor qkv, Tensor saved, Tensor y, Tensor dy,
+                                       int64_t batch, int64_t heads, Tensor dqkv) override {
+    return Do([=, this] {
+      return inner_->CausalAttentionBackward(qkv, saved, y, dy, batch, heads, dqkv);
+    });
+  }
+  bool HasFusedSoftmaxCrossEntropy() const override {
+    return inner_->HasFusedSoftmaxCrossEntropy();
+  }
+  absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off, double divide_by,
+                                   float then_divide, Tensor metrics, float coef,
+                                   StepStateBuffer step_state, float seed_divisor,
+                                   Tensor d_logits) override {
+    return Do([=, this] {
+      return inner_->SoftmaxCrossEntropy(x, ids, on, off, divide_by, then_divide, metrics, coef,
+                                         step_state, seed_divisor, d_logits);
+    });
+  }
   absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats) override {
     return Do([=, this] { return inner_->BatchNormStatistics(x, eps, stats); });
   }

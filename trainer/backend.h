@@ -283,8 +283,10 @@ class Backend {
   //   metrics[1] += CountArgmaxMatches(x, ids),
   //   unless d_logits is empty: d_logits = round(f32(coef · (exp(log p) − q) · seed)) in its
   //   dtype, seed = step_state.scale / seed_divisor (as ScaledDifference, then Cast).
-  // x [R, C] any dtype, ids [R, 1] f32, metrics [1, 2] f32; d_logits [R, C] may alias x. Bit
-  // for bit the composed ops, except the loss sum's order (its last bits).
+  // x [R, C] any dtype, ids [R, 1] f32, metrics [1, 2] f32; d_logits [R, C] may alias x; x and
+  // d_logits may be column views (ColumnSlice: a padded vocabulary's first C columns). Bit for
+  // bit the composed ops, except the loss sum's order (its last bits) and, on CUDA, each term's
+  // exp in fp32 (the composed LogSoftmaxRows there does the same).
   virtual absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off,
                                            double divide_by, float then_divide, Tensor metrics,
                                            float coef, StepStateBuffer step_state,
