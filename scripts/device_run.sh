@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [gptdiag] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -45,6 +45,18 @@ for step in $STEPS; do
       # GPT-2 through the service beside PyTorch eager and torch.compile (bench/run_gpt_bench.sh).
       PYTHONUNBUFFERED=1 timeout 590 bash bench/run_gpt_bench.sh >"$OUT/gptbench.log" 2>&1 || status=1
       tail -24 "$OUT/gptbench.log" ;;
+    gptdiag)
+      # The GPT's GPU tests op by op (MPTRAIN_STEP_GRAPHS=0), then under compute-sanitizer's
+      # memcheck (GPT_DIAG_FILTER, default the training parity cases).
+      filter=${GPT_DIAG_FILTER:-*GptTrainingParity*}
+      MPTRAIN_STEP_GRAPHS=0 timeout 200 "$MPTRAIN_BIN/cuda_language_model_test" --gtest_filter="$filter" \
+        >"$OUT/gptdiag_nographs.log" 2>&1 || status=1
+      grep -E "^\[  (PASSED|FAILED) |^\[==========\]|Failure|Which is|error" "$OUT/gptdiag_nographs.log" | head -20
+      timeout 300 compute-sanitizer --tool memcheck --print-limit 4 \
+        "$MPTRAIN_BIN/cuda_language_model_test" --gtest_filter="$filter" \
+        >"$OUT/gptdiag_memcheck.log" 2>&1 || status=1
+      grep -E "^\[  (PASSED|FAILED) |ERROR SUMMARY|Invalid|at 0x|by thread|Address|Saved host backtrace|#[0-9] " \
+        "$OUT/gptdiag_memcheck.log" | head -40 ;;
     gptprofile)
       # Issue 29: the GPT step in process (bench/gpt_train_bench.cc), recorded as a CUDA graph and
       # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel.

@@ -116,6 +116,9 @@ class RecordingBackend final : public Backend {
                                        overwrite_wpe);
     });
   }
+  bool CanRecordAttention(DType dtype) const override {
+    return inner_->CanRecordAttention(dtype);
+  }
   std::pair<int64_t, int64_t> AttentionSavedShape(DType dtype, int64_t batch, int64_t heads,
                                                   int64_t seq_len) const override {
     return inner_->AttentionSavedShape(dtype, batch, heads, seq_len);

@@ -227,6 +227,19 @@ class Backend {
   virtual absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
                                          Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
                                          bool overwrite_grads);
+  // A transformer's residual step and the LayerNorm after it, fused where a backend can (one
+  // pass fewer over the residual stream), the same values as the composed ops bit for bit:
+  // sum = Add(a, b) (f32), then LayerNormForward(sum, ...).
+  virtual absl::Status AddLayerNormForward(Tensor a, Tensor b, Tensor sum, Tensor weight,
+                                           Tensor bias, float eps, Tensor row_stats, Tensor y);
+  // LayerNormBackward into `scratch` (f32, like x), then d_residual (f32) += scratch and, unless
+  // empty, d_residual_low = round(d_residual) (Cast): the residual stream's gradient and its
+  // copy in the compute dtype for the branch below. A fused backend may leave scratch unused.
+  virtual absl::Status LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats,
+                                                     Tensor weight, Tensor scratch,
+                                                     Tensor d_residual, Tensor d_residual_low,
+                                                     Tensor dweight_acc, Tensor dbias_acc,
+                                                     bool overwrite_grads);
 
   // ---- Language models (trainer/model/gpt_model.cc; dtypes as parity/gpt_reference.py) ----
   // The defaults return UNIMPLEMENTED naming the op, for a backend without them.
@@ -249,6 +262,9 @@ class Backend {
   // the model allocates: by default the softmax probabilities [B·H·T, T] (row (b·H + h)·T + t;
   // the CPU reference, and CUDA in fp32); a flash-style backend keeps each row's log-sum-exp
   // instead, [B·H·T, 1] (CUDA in fp16/bf16, cuDNN's fused attention): no T×T matrix in memory.
+  // Whether a step holding CausalAttentionForward/Backward in `dtype` may be recorded
+  // (BeginStepRecording) and replayed.
+  virtual bool CanRecordAttention(DType /*dtype*/) const { return true; }
   virtual std::pair<int64_t, int64_t> AttentionSavedShape(DType dtype, int64_t batch,
                                                           int64_t heads, int64_t seq_len) const {
     return {batch * heads * seq_len, seq_len};

@@ -99,6 +99,24 @@ absl::Status NoLanguageModelOp(const Backend& backend, const char* op) {
 }  // namespace
 
 absl::Status Backend::Add(Tensor, Tensor, Tensor) { return NoLanguageModelOp(*this, "Add"); }
+
+absl::Status Backend::AddLayerNormForward(Tensor a, Tensor b, Tensor sum, Tensor weight,
+                                          Tensor bias, float eps, Tensor row_stats, Tensor y) {
+  if (absl::Status added = Add(a, b, sum); !added.ok()) return added;
+  return LayerNormForward(sum, weight, bias, eps, row_stats, y);
+}
+
+absl::Status Backend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats,
+                                                    Tensor weight, Tensor scratch,
+                                                    Tensor d_residual, Tensor d_residual_low,
+                                                    Tensor dweight_acc, Tensor dbias_acc,
+                                                    bool overwrite_grads) {
+  absl::Status status = LayerNormBackward(dy, x, row_stats, weight, scratch, dweight_acc,
+                                          dbias_acc, overwrite_grads);
+  if (status.ok()) status = Add(d_residual, scratch, d_residual);
+  if (status.ok() && !d_residual_low.empty()) status = Cast(d_residual, d_residual_low);
+  return status;
+}
 absl::Status Backend::EmbeddingForward(Tensor, Tensor, Tensor, int64_t, Tensor) {
   return NoLanguageModelOp(*this, "EmbeddingForward");
 }

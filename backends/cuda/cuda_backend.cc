@@ -439,6 +439,18 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
                                            cudaMemcpyDeviceToDevice, stream_));
       return absl::OkStatus();
     }
+  } else if (fusable && pre.data != y.data && pre.dtype == y.dtype) {
+    // Another activation (GELU): the bias in the epilogue writes pre = round(x · wᵀ + b), then
+    // y = round(act(pre)) in a pass of its own, the roundings of addmm and the activation.
+    const LtShape shape{true, false, n, m, k, k, k, n, x.dtype,
+                        has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
+    absl::Status fused = LtMatmul(shape, w.data, x.data, pre.data, b.data);
+    if (fused.code() != absl::StatusCode::kUnimplemented) {
+      if (!fused.ok()) return fused;
+      CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForward(act, pre.data, y.data, y.dtype,
+                                                            y.numel(), stream_));
+      return absl::OkStatus();
+    }
   }
   // Without an activation the GEMM writes y directly.
   Tensor out = act == ActivationKind::kNone ? y : pre;
@@ -499,6 +511,11 @@ float* Fp(Tensor t) { return static_cast<float*>(t.data); }
 
 absl::Status CudaBackend::ActivationForward(ActivationKind act, Tensor x, Tensor y) {
   if (x.numel() != y.numel()) return absl::InvalidArgumentError("ActivationForward: sizes");
+  if (x.dtype == y.dtype) {  // The GPT's GELU recomputed in backward: 8 elements per thread.
+    CUDA_RETURN_IF_ERROR(
+        mptrain::cuda::ActivationForward(act, x.data, y.data, y.dtype, y.numel(), stream_));
+    return absl::OkStatus();
+  }
   CUDA_RETURN_IF_ERROR(mptrain::cuda::ActivationForwardMixed(act, x.data, x.dtype, y.data,
                                                              y.dtype, y.numel(), stream_));
   return absl::OkStatus();
@@ -623,6 +640,57 @@ absl::Status CudaBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stat
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::AddLayerNormForward(Tensor a, Tensor b, Tensor sum, Tensor weight,
+                                              Tensor bias, float eps, Tensor row_stats, Tensor y) {
+  const int64_t cols = sum.cols;
+  if (sum.dtype != DType::kF32 || a.rows != sum.rows || a.cols != cols || b.rows != sum.rows ||
+      b.cols != cols) {
+    return absl::InvalidArgumentError("AddLayerNormForward: a, b and an f32 sum of one shape");
+  }
+  if (auto s = CheckNorm("AddLayerNormForward", sum, {a, b, y},
+                         {{weight, cols}, {bias, cols}, {row_stats, 2 * sum.rows}});
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::AddLayerNormForward(
+      a.data, a.dtype, b.data, b.dtype, Fp(sum), sum.rows, cols, Fp(weight), Fp(bias), eps,
+      Fp(row_stats), y.data, y.dtype, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats,
+                                                        Tensor weight, Tensor /*scratch*/,
+                                                        Tensor d_residual, Tensor d_residual_low,
+                                                        Tensor dweight_acc, Tensor dbias_acc,
+                                                        bool overwrite_grads) {
+  const int64_t cols = x.cols;
+  if (d_residual.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("LayerNormBackwardIntoResidual: an f32 residual gradient");
+  }
+  if (auto s = CheckNorm("LayerNormBackwardIntoResidual", x,
+                         {dy, d_residual, d_residual_low.empty() ? d_residual : d_residual_low},
+                         {{weight, cols},
+                          {row_stats, 2 * x.rows},
+                          {dweight_acc, cols},
+                          {dbias_acc, cols}});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Reserve(&layer_norm_partials_, &layer_norm_partials_bytes_,
+                               mptrain::cuda::LayerNormParamPartialsBytes(x.rows, cols),
+                               "the layer norm's partial sums");
+      !s.ok()) {
+    return s;
+  }
+  CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormBackward(
+      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(row_stats), Fp(weight), nullptr,
+      DType::kF32, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
+      static_cast<float*>(layer_norm_partials_), stream_, Fp(d_residual),
+      d_residual_low.empty() ? nullptr : d_residual_low.data,
+      d_residual_low.empty() ? DType::kF32 : d_residual_low.dtype));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                                          Tensor db_acc, bool overwrite_grads) {
   const int64_t m = x.rows, k = x.cols, n = w.rows, ld = dy.ld();
@@ -649,18 +717,8 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     if (!scratch.ok()) return scratch.status();
     dw = *scratch;
   }
-  absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, dw, k, dy.dtype);
-  if (!gemm.ok()) return gemm;
-  if (!store) {
-    CUDA_RETURN_IF_ERROR(AccumulateF32(dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
-                                       overwrite_grads, stream_));
-  }
-  if (db_acc.empty()) return absl::OkStatus();  // No bias (the GPT's LM head).
-  // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
-  // then accumulated into the fp32 gradient.
-  auto ones = Ones(dy.dtype, m);
-  if (!ones.ok()) return ones.status();
-  if (n > bias_scratch_elements_) {
+  const bool has_bias = !db_acc.empty();  // Not the GPT's LM head.
+  if (has_bias && n > bias_scratch_elements_) {
     if (absl::Status status = WaitForStream("bias scratch resize"); !status.ok()) return status;
     if (bias_scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(bias_scratch_));
     bias_scratch_ = nullptr;
@@ -668,9 +726,38 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
     bias_scratch_elements_ = n;
   }
-  gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f,
-              store ? db_acc.data : bias_scratch_, n, dy.dtype);
-  if (!gemm.ok() || store) return gemm;
+  void* db = store ? db_acc.data : bias_scratch_;
+  // db = round(Σ_rows dy) in the compute dtype (fp32 sums), then accumulated into the fp32
+  // gradient: in the weight gradient's epilogue (cuBLASLt's BGRADB: the column sums of its B =
+  // dy over the GEMM's k = the rows) where the layout allows, else a GEMM against ones.
+  const int64_t bytes = DTypeBytes(dy.dtype);
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  bool bias_done = false;
+  absl::Status gemm;
+  if (has_bias && aligned(x.data) && aligned(dy.data) && aligned(dw) && aligned(db) &&
+      (k * bytes) % 16 == 0 && (ld * bytes) % 16 == 0) {
+    gemm = LtMatmul({false, true, k, n, m, k, ld, k, dy.dtype, CUBLASLT_EPILOGUE_BGRADB}, x.data,
+                    dy.data, dw, db);
+    bias_done = gemm.ok();
+    if (!gemm.ok() && gemm.code() != absl::StatusCode::kUnimplemented) return gemm;
+  }
+  if (!bias_done) {
+    gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, dw, k, dy.dtype);
+    if (!gemm.ok()) return gemm;
+  }
+  if (!store) {
+    CUDA_RETURN_IF_ERROR(AccumulateF32(dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
+                                       overwrite_grads, stream_));
+  }
+  if (!has_bias) return absl::OkStatus();
+  if (!bias_done) {
+    // Column-major dyᵀ[n, m] · 1[m].
+    auto ones = Ones(dy.dtype, m);
+    if (!ones.ok()) return ones.status();
+    gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f, db, n, dy.dtype);
+    if (!gemm.ok()) return gemm;
+  }
+  if (store) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n,
                                      overwrite_grads, stream_));
   return absl::OkStatus();

@@ -65,6 +65,12 @@ class CudaBackend final : public Backend {
   absl::Status LayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight, Tensor dx,
                                  Tensor dweight_acc, Tensor dbias_acc,
                                  bool overwrite_grads) override;
+  absl::Status AddLayerNormForward(Tensor a, Tensor b, Tensor sum, Tensor weight, Tensor bias,
+                                   float eps, Tensor row_stats, Tensor y) override;
+  absl::Status LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
+                                             Tensor scratch, Tensor d_residual,
+                                             Tensor d_residual_low, Tensor dweight_acc,
+                                             Tensor dbias_acc, bool overwrite_grads) override;
   // ---- Language models (cuda_language_model_ops.cc) ----
   absl::Status Add(Tensor a, Tensor b, Tensor out) override;
   absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
@@ -80,6 +86,11 @@ class CudaBackend final : public Backend {
   absl::Status CausalAttentionBackward(Tensor qkv, Tensor saved, Tensor y, Tensor dy,
                                        int64_t batch, int64_t heads, Tensor dqkv) override;
   bool HasFusedSoftmaxCrossEntropy() const override { return true; }
+  // Not cuDNN's (fp16/bf16): replayed from a CUDA graph, its SDPA backward kernel wrote 16-byte
+  // vectors past the end of a buffer (compute-sanitizer memcheck on the H200, cuDNN 9 from
+  // PyTorch 2.11's wheels, 2026-12-02; op by op it runs clean), and the replays' training then
+  // differed from op by op. Such steps are issued op by op (1% slower for GPT-2 124M).
+  bool CanRecordAttention(DType dtype) const override { return dtype == DType::kF32; }
   absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off, double divide_by,
                                    float then_divide, Tensor metrics, float coef,
                                    StepStateBuffer step_state, float seed_divisor,

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -378,6 +379,10 @@ TEST_P(GptTrainingParity, CudaMatchesCpu_SkipsAndScalesExactly) {
   config.seed = 7;
   config.loss_scaler.enabled = c.dtype == DType::kF16;
   config.loss_scaler.init_scale = c.init_scale;
+  // The worker's operator switch, for diagnosis on the GPU machine: every step op by op.
+  if (const char* graphs = std::getenv("MPTRAIN_STEP_GRAPHS"); graphs && std::string(graphs) == "0") {
+    config.record_steps = false;
+  }
   RecordingObserver on_gpu, on_cpu;
   auto gpu = Gpu();
   CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
@@ -415,10 +420,14 @@ INSTANTIATE_TEST_SUITE_P(Precisions, GptTrainingParity,
                                            GptCase{DType::kF16, 134217728.0, 3, 5e-3, 1e-2}));
 
 // A GPT's steps recorded as CUDA graphs (token micro-batches staged before each step) and
-// replayed are the steps issued op by op, bit for bit: cuDNN's attention, the embedding's sort
-// and the fused loss inside the graph, fp16 skips included.
-TEST(GptRecordedSteps, ReplaysAreBitIdenticalToStepsIssuedOpByOp) {
+// replayed are the steps issued op by op, bit for bit: the embedding's sort, the fused loss and
+// (fp32) the attention inside the graph; fp16 and bf16, whose cuDNN attention is not recorded,
+// run op by op. Two op-by-op runs first: equal, or a difference is not the recording's.
+class GptRecordedSteps : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GptRecordedSteps, ReplaysAreBitIdenticalToStepsIssuedOpByOp) {
   REQUIRE_GPU();
+  const DType dtype = GetParam();
   TrainingConfig config;
   config.world_size = 1;
   config.model.gpt = {64, 72, 32, 2, 2, 64};
@@ -428,33 +437,44 @@ TEST(GptRecordedSteps, ReplaysAreBitIdenticalToStepsIssuedOpByOp) {
   config.micro_batch_size = 4;
   config.accumulation_steps = 3;
   config.steps = 10;
-  config.compute_dtype = DType::kF16;
+  config.compute_dtype = dtype;
   config.optimizer.type = OptimizerType::kAdamW;
   config.optimizer.lr = 3e-3;
   config.optimizer.weight_decay = 0.1;
   config.max_grad_norm = 1.0;
   config.seed = 9;
-  config.loss_scaler.enabled = true;
+  config.loss_scaler.enabled = dtype == DType::kF16;
   config.loss_scaler.init_scale = 134217728.0;
-  std::vector<float> parameters[2];
-  int64_t replayed[2], skipped[2];
-  for (int record = 0; record < 2; ++record) {
-    config.record_steps = record == 1;
+  std::vector<float> parameters[3];
+  int64_t replayed[3], skipped[3];
+  for (int run = 0; run < 3; ++run) {
+    config.record_steps = run == 2;
     RecordingObserver observer;
     auto gpu = Gpu();
     absl::StatusOr<TrainingResult> result =
         RunTraining(config, 0, gpu.get(), &observer, "", {"job-1", "alice"});
-    ASSERT_TRUE(result.ok()) << result.status();
-    parameters[record] = result->parameters;
-    replayed[record] = result->replayed_steps;
-    skipped[record] = result->skipped_steps;
+    ASSERT_TRUE(result.ok()) << "run " << run << ": " << result.status();
+    parameters[run] = result->parameters;
+    replayed[run] = result->replayed_steps;
+    skipped[run] = result->skipped_steps;
   }
+  EXPECT_EQ(parameters[1], parameters[0]) << "two runs issued op by op differ: not deterministic";
   EXPECT_EQ(replayed[0], 0);
-  EXPECT_EQ(replayed[1], config.steps - 1) << "every step after the first is a replay";
-  EXPECT_EQ(skipped[1], skipped[0]);
-  EXPECT_GE(skipped[0], 3);
-  EXPECT_EQ(parameters[1], parameters[0]);
+  if (dtype == DType::kF32) {
+    EXPECT_EQ(replayed[2], config.steps - 1) << "every step after the first is a replay";
+  } else {
+    // cuDNN's attention is not recorded (CudaBackend::CanRecordAttention): op by op.
+    EXPECT_EQ(replayed[2], 0);
+  }
+  EXPECT_EQ(skipped[2], skipped[0]);
+  if (dtype == DType::kF16) {
+    EXPECT_GE(skipped[0], 3);
+  }
+  EXPECT_EQ(parameters[2], parameters[0]) << "the replays differ from the steps issued op by op";
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GptRecordedSteps,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
 
 }  // namespace
 }  // namespace mptrain::cuda

@@ -214,9 +214,12 @@ __device__ __forceinline__ ArgMax Better(ArgMax a, ArgMax b) {
   if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
   return a;
 }
+// Block-wide reductions for a block of kBlock threads; every thread gets the result. Fixed
+// shapes (shuffle trees, then the warps in order): deterministic.
+template <int kBlock>
 __device__ ArgMax BlockArgMax(ArgMax value) {
-  __shared__ float values[kThreads / 32];
-  __shared__ int64_t indices[kThreads / 32];
+  __shared__ float values[kBlock / 32];
+  __shared__ int64_t indices[kBlock / 32];
   for (int offset = 16; offset > 0; offset /= 2) {
     ArgMax other{__shfl_down_sync(0xffffffff, value.value, offset),
                  __shfl_down_sync(0xffffffff, value.index, offset)};
@@ -230,7 +233,7 @@ __device__ ArgMax BlockArgMax(ArgMax value) {
   __syncthreads();
   if (threadIdx.x == 0) {
     ArgMax best{values[0], indices[0]};
-    for (int w = 1; w < kThreads / 32; ++w) best = Better(best, ArgMax{values[w], indices[w]});
+    for (int w = 1; w < kBlock / 32; ++w) best = Better(best, ArgMax{values[w], indices[w]});
     values[0] = best.value;
     indices[0] = best.index;
   }
@@ -240,44 +243,122 @@ __device__ ArgMax BlockArgMax(ArgMax value) {
   return result;
 }
 
+template <int kBlock>
+__device__ double BlockSumOf(double value) {
+  __shared__ double shared[kBlock / 32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffff, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kBlock / 32; ++w) total += shared[w];
+    shared[0] = total;
+  }
+  __syncthreads();
+  const double total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// kVec consecutive elements as floats (kVec · sizeof(T) = 16 bytes: one load), and back.
+template <int kVec, typename T>
+__device__ __forceinline__ void LoadVec(const T* p, float* out) {
+  if constexpr (kVec == 1) {
+    out[0] = ToFloat<T>(p[0]);
+  } else {
+    static_assert(kVec * sizeof(T) == 16, "one 16-byte load");
+    const uint4 packed = *reinterpret_cast<const uint4*>(p);
+    const T* values = reinterpret_cast<const T*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = ToFloat<T>(values[j]);
+  }
+}
+
+template <int kVec, typename D>
+__device__ __forceinline__ void StoreVec(D* p, const float* values) {
+  if constexpr (kVec * sizeof(D) == 16) {
+    uint4 packed;
+    D* out = reinterpret_cast<D*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = FromFloat<D>(values[j]);
+    *reinterpret_cast<uint4*>(p) = packed;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) p[j] = FromFloat<D>(values[j]);
+  }
+}
+
+// f(c, value) for every column this thread owns: kVec-wide loads up to the last whole vector,
+// then the tail one element at a time.
+template <int kBlock, int kVec, typename T, typename F>
+__device__ __forceinline__ void ForRow(const T* row, int64_t cols, F f) {
+  const int64_t vec_end = (cols / kVec) * kVec;
+  for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * kVec; c0 < vec_end;
+       c0 += static_cast<int64_t>(kBlock) * kVec) {
+    float v[kVec];
+    LoadVec<kVec>(row + c0, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f(c0 + j, v[j]);
+  }
+  for (int64_t c = vec_end + threadIdx.x; c < cols; c += kBlock) f(c, ToFloat<T>(row[c]));
+}
+
 // One block per row; three passes over the row (max and argmax, Σ exp added in double, the loss
 // term and gradient), each element's formulas those of log_softmax_rows_kernel,
-// smoothed_one_hot, exp_kernel and scaled_difference_kernel (kernels.cu), but for the exp of
-// each term, in fp32 (a double exp per logit cost more than reading it). x's rows are ld_x
-// apart, d_logits' ld_d (the first `cols` of a padded row).
-template <typename T, typename D>
-__global__ void softmax_cross_entropy_kernel(const T* x, int64_t ld_x, const float* ids,
-                                             int64_t cols, float on, float off, float coef,
-                                             const StepState* state, float seed_divisor,
-                                             D* d_logits, int64_t ld_d, double* row_losses,
-                                             float* metrics) {
+// smoothed_one_hot, exp_kernel and scaled_difference_kernel (kernels.cu), each term's exp in
+// fp32 as there. x's rows are ld_x apart, d_logits' ld_d (the first `cols` of a padded row).
+// Blocks of 1024 threads: two rows per SM at a time, so that a GPT-2 row (50257 logits, 100 KB
+// in bf16) read by the first pass is still in L2 for the other two (the logits, 1.6 GB per
+// micro-batch, come from memory once); 16-byte loads and stores (kVec) where rows are aligned.
+template <int kBlock, int kVec, typename T, typename D>
+__global__ void __launch_bounds__(kBlock)
+    softmax_cross_entropy_kernel(const T* x, int64_t ld_x, const float* ids, int64_t cols,
+                                 float on, float off, float coef, const StepState* state,
+                                 float seed_divisor, D* d_logits, int64_t ld_d,
+                                 double* row_losses, float* metrics) {
   const int64_t r = blockIdx.x;
   const T* row = x + r * ld_x;
   const float id = ids[r];
   ArgMax local{-INFINITY, cols};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    local = Better(local, ArgMax{ToFloat<T>(row[c]), c});
-  }
-  const ArgMax best = BlockArgMax(local);
+  ForRow<kBlock, kVec>(row, cols, [&](int64_t c, float v) { local = Better(local, ArgMax{v, c}); });
+  const ArgMax best = BlockArgMax<kBlock>(local);
   // CountArgmaxMatches's scan starts at column 0 and takes a later value only when it is
   // greater: NaNs never win, and a NaN in column 0 is never displaced.
   const int64_t argmax = isnan(ToFloat<T>(row[0])) ? 0 : best.index;
   // fmaxf over the row, as log_softmax_rows_kernel (NaNs ignored; all NaN: the loss is NaN).
   const float max = best.value;
   double local_sum = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    local_sum += static_cast<double>(expf(ToFloat<T>(row[c]) - max));
-  }
-  const float log_sum = static_cast<float>(log(BlockSum(local_sum)));
+  ForRow<kBlock, kVec>(row, cols, [&](int64_t, float v) {
+    local_sum += static_cast<double>(expf(v - max));
+  });
+  const float log_sum = static_cast<float>(log(BlockSumOf<kBlock>(local_sum)));
   const float seed = d_logits != nullptr ? state->scale / seed_divisor : 0.0f;
   double local_loss = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float log_p = ToFloat<T>(row[c]) - max - log_sum;
+  auto term = [&](int64_t c, float v) {
+    const float log_p = v - max - log_sum;
     const float q = (static_cast<float>(c) == id ? on : 0.0f) + off;
     if (q != 0.0f) local_loss += static_cast<double>(q) * log_p;
-    if (d_logits != nullptr) d_logits[r * ld_d + c] = FromFloat<D>(coef * (expf(log_p) - q) * seed);
+    return coef * (expf(log_p) - q) * seed;
+  };
+  if (d_logits == nullptr) {
+    ForRow<kBlock, kVec>(row, cols, [&](int64_t c, float v) { term(c, v); });
+  } else {
+    D* out = d_logits + r * ld_d;
+    const int64_t vec_end = (cols / kVec) * kVec;
+    for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * kVec; c0 < vec_end;
+         c0 += static_cast<int64_t>(kBlock) * kVec) {
+      float v[kVec];
+      LoadVec<kVec>(row + c0, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = term(c0 + j, v[j]);
+      StoreVec<kVec>(out + c0, v);
+    }
+    for (int64_t c = vec_end + threadIdx.x; c < cols; c += kBlock) {
+      out[c] = FromFloat<D>(term(c, ToFloat<T>(row[c])));
+    }
   }
-  const double loss = BlockSum(local_loss);
+  const double loss = BlockSumOf<kBlock>(local_loss);
   if (threadIdx.x == 0) {
     row_losses[r] = loss;
     if (static_cast<float>(argmax) == id) atomicAdd(metrics + 1, 1.0f);
@@ -389,9 +470,21 @@ cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, cons
     using T = decltype(x_tag);
     return Dispatch(d_dtype, [&](auto d_tag) {
       using D = decltype(d_tag);
-      softmax_cross_entropy_kernel<T, D><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
-          static_cast<D*>(d_logits), ld_d, row_losses, metrics);
+      constexpr int kBlock = 1024, kVec = 16 / sizeof(T);
+      // 16-byte accesses need aligned rows (the padded vocabulary's: 50304 · 2 bytes apart).
+      const bool vectorized =
+          Aligned16({x, d_logits}) && (ld_x * sizeof(T)) % 16 == 0 &&
+          (d_logits == nullptr || (ld_d * sizeof(D)) % 16 == 0);
+      const unsigned blocks = static_cast<unsigned>(rows);
+      if (vectorized) {
+        softmax_cross_entropy_kernel<kBlock, kVec, T, D><<<blocks, kBlock, 0, stream>>>(
+            static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
+            static_cast<D*>(d_logits), ld_d, row_losses, metrics);
+      } else {
+        softmax_cross_entropy_kernel<kBlock, 1, T, D><<<blocks, kBlock, 0, stream>>>(
+            static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
+            static_cast<D*>(d_logits), ld_d, row_losses, metrics);
+      }
       return cudaGetLastError();
     });
   });

@@ -65,21 +65,36 @@ __device__ __forceinline__ void StoreN(T* p, const float* values) {
 }
 
 // One warp per row; N elements per lane per iteration (N = 8 needs cols % 8 == 0 and 16-byte
-// aligned rows).
-template <int N, typename X, typename Y>
+// aligned rows). With a residual (AddLayerNormForward), x is written first as f32(a) + f32(b)
+// (the Add kernel's sum) and then read back: X is float.
+template <int N, typename X, typename Y, typename A = float, typename B = float>
 __global__ void layer_norm_forward_kernel(const X* x, int64_t rows, int64_t cols,
                                           const float* weight, const float* bias, float eps,
-                                          float* row_stats, Y* y) {
+                                          float* row_stats, Y* y, const A* a = nullptr,
+                                          const B* b_in = nullptr, float* sum_out = nullptr) {
   const int lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
   const X* in = x + r * cols;
   float v[N];
   double sum = 0;
-  for (int64_t c = lane * N; c < cols; c += 32 * N) {
-    LoadN<N>(in + c, v);
+  if (a != nullptr) {
+    float w[N];
+    for (int64_t c = lane * N; c < cols; c += 32 * N) {
+      LoadN<N>(a + r * cols + c, v);
+      LoadN<N>(b_in + r * cols + c, w);
 #pragma unroll
-    for (int j = 0; j < N; ++j) sum += v[j];
+      for (int j = 0; j < N; ++j) v[j] += w[j];
+      StoreN<N>(sum_out + r * cols + c, v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum += v[j];
+    }
+  } else {
+    for (int64_t c = lane * N; c < cols; c += 32 * N) {
+      LoadN<N>(in + c, v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum += v[j];
+    }
   }
   const double mean = WarpSum(sum) / cols;
   double squares = 0;
@@ -109,10 +124,14 @@ __global__ void layer_norm_forward_kernel(const X* x, int64_t rows, int64_t cols
 }
 
 // dx of one row per warp: rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · weight.
-template <int N, typename G, typename X, typename D>
+// Into a residual (LayerNormBackwardIntoResidual): d_residual += dx (f32) instead of writing
+// dx, and d_low = round(d_residual) unless null.
+template <int N, typename G, typename X, typename D, typename L = float>
 __global__ void layer_norm_backward_input_kernel(const G* dy, const X* x, int64_t rows,
                                                  int64_t cols, const float* row_stats,
-                                                 const float* weight, D* dx) {
+                                                 const float* weight, D* dx,
+                                                 float* d_residual = nullptr,
+                                                 L* d_low = nullptr) {
   const int lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
@@ -143,7 +162,16 @@ __global__ void layer_norm_backward_input_kernel(const G* dy, const X* x, int64_
       const float xhat = (xv[j] - mean) * rstd;
       xv[j] = rstd * (gv[j] * w[j] - mean_g - xhat * mean_gx);
     }
-    StoreN<N>(dx + base + c, xv);
+    if (d_residual != nullptr) {
+      float resid[N];
+      LoadN<N>(d_residual + base + c, resid);
+#pragma unroll
+      for (int j = 0; j < N; ++j) resid[j] += xv[j];
+      StoreN<N>(d_residual + base + c, resid);
+      if (d_low != nullptr) StoreN<N>(d_low + base + c, resid);
+    } else {
+      StoreN<N>(dx + base + c, xv);
+    }
   }
 }
 
@@ -169,16 +197,28 @@ __global__ void layer_norm_param_partials_kernel(const G* dy, const X* x, int64_
   partials[(2 * blockIdx.y + 1) * cols + c] = db;
 }
 
-// The chunks added in chunk order (double), then into (or over) the fp32 gradients.
+// The chunks added in a fixed order (double), then into (or over) the fp32 gradients. A block
+// per 32 columns: lane l reads column 32·blockIdx.x + l (coalesced), warp w adds chunks w, w + 8,
+// ... in order, and the 8 warps' sums are added in warp order.
 __global__ void layer_norm_param_finish_kernel(const float* partials, int64_t chunks,
                                                int64_t cols, float* dweight, float* dbias,
                                                bool overwrite) {
-  GRID_STRIDE(c, cols) {
-    double dw = 0, db = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
+  __shared__ double sums[2][kWarpsPerBlock][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  double dw = 0, db = 0;
+  if (c < cols) {
+    for (int64_t k = warp; k < chunks; k += kWarpsPerBlock) {
       dw += partials[(2 * k) * cols + c];
       db += partials[(2 * k + 1) * cols + c];
     }
+  }
+  sums[0][warp][lane] = dw;
+  sums[1][warp][lane] = db;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    dw = 0, db = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) dw += sums[0][w][lane], db += sums[1][w][lane];
     dweight[c] = (overwrite ? 0.0f : dweight[c]) + static_cast<float>(dw);
     dbias[c] = (overwrite ? 0.0f : dbias[c]) + static_cast<float>(db);
   }
@@ -192,17 +232,26 @@ unsigned RowBlocks(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-// Rows per chunk of the parameter gradients: enough chunks to fill the GPU with a few column
-// tiles, at least 16 rows each, and the partials bounded (LayerNormParamPartialsBytes).
-int64_t RowsPerChunk(int64_t rows) {
-  return std::max<int64_t>(16, (rows + kLayerNormMaxChunks - 1) / kLayerNormMaxChunks);
+// The parameter gradients' chunks of rows: about 512 blocks of (column tile, chunk) to fill the
+// GPU, at least 16 rows per chunk, at most kLayerNormMaxChunks chunks (the partials' bound:
+// LayerNormParamPartialsBytes). GPT-2 124M at 16 x 1024 rows: 128 chunks of 128 rows, 3 tiles.
+int64_t RowsPerChunk(int64_t rows, int64_t cols) {
+  const int64_t tiles = (cols + kThreads - 1) / kThreads;
+  int64_t chunks = std::max<int64_t>(1, 512 / tiles);
+  chunks = std::min({chunks, (rows + 15) / 16, kLayerNormMaxChunks});
+  chunks = std::max<int64_t>(1, chunks);
+  return (rows + chunks - 1) / chunks;
+}
+
+int64_t Chunks(int64_t rows, int64_t cols) {
+  const int64_t per_chunk = RowsPerChunk(rows, cols);
+  return (rows + per_chunk - 1) / per_chunk;
 }
 
 }  // namespace
 
 int64_t LayerNormParamPartialsBytes(int64_t rows, int64_t cols) {
-  const int64_t chunks = (rows + RowsPerChunk(rows) - 1) / RowsPerChunk(rows);
-  return std::max<int64_t>(1, chunks) * 2 * cols * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, Chunks(rows, cols)) * 2 * cols * static_cast<int64_t>(sizeof(float));
 }
 
 cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
@@ -228,41 +277,76 @@ cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t
   });
 }
 
+cudaError_t AddLayerNormForward(const void* a, DType a_dtype, const void* b, DType b_dtype,
+                                float* sum, int64_t rows, int64_t cols, const float* weight,
+                                const float* bias, float eps, float* row_stats, void* y,
+                                DType y_dtype, cudaStream_t stream) {
+  if (rows < 1 || cols < 1 || RowBlocks(rows) > 2147483647u) return cudaErrorInvalidConfiguration;
+  const bool vec = Vectorizable(cols, {a, b, sum, weight, bias, y});
+  return Dispatch(a_dtype, [&](auto a_tag) {
+    using A = decltype(a_tag);
+    return Dispatch(b_dtype, [&](auto b_tag) {
+      using B = decltype(b_tag);
+      return Dispatch(y_dtype, [&](auto y_tag) {
+        using Y = decltype(y_tag);
+        if (vec) {
+          layer_norm_forward_kernel<8, float, Y, A, B><<<RowBlocks(rows), kThreads, 0, stream>>>(
+              sum, rows, cols, weight, bias, eps, row_stats, static_cast<Y*>(y),
+              static_cast<const A*>(a), static_cast<const B*>(b), sum);
+        } else {
+          layer_norm_forward_kernel<1, float, Y, A, B><<<RowBlocks(rows), kThreads, 0, stream>>>(
+              sum, rows, cols, weight, bias, eps, row_stats, static_cast<Y*>(y),
+              static_cast<const A*>(a), static_cast<const B*>(b), sum);
+        }
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
 cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
                               int64_t rows, int64_t cols, const float* row_stats,
                               const float* weight, void* dx, DType dx_dtype, float* dweight,
                               float* dbias, bool overwrite, float* partials,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, float* d_residual, void* d_low,
+                              DType d_low_dtype) {
   if (rows < 1 || cols < 1) return cudaErrorInvalidConfiguration;
-  const bool vec = Vectorizable(cols, {dy, x, weight, dx});
-  const int64_t rows_per_chunk = RowsPerChunk(rows);
-  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  const bool vec = Vectorizable(cols, {dy, x, weight, dx, d_residual, d_low});
+  const int64_t rows_per_chunk = RowsPerChunk(rows, cols);
+  const int64_t chunks = Chunks(rows, cols);
   const dim3 partial_grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                           static_cast<unsigned>(chunks));
   return Dispatch(dy_dtype, [&](auto g_tag) {
     using G = decltype(g_tag);
     return Dispatch(x_dtype, [&](auto x_tag) {
       using X = decltype(x_tag);
-      cudaError_t e = Dispatch(dx_dtype, [&](auto d_tag) {
+      // Into a residual, dx's type is the residual's (f32) and d_low's the copy's.
+      cudaError_t e = Dispatch(d_residual != nullptr ? DType::kF32 : dx_dtype, [&](auto d_tag) {
         using D = decltype(d_tag);
-        if (vec) {
-          layer_norm_backward_input_kernel<8, G, X, D><<<RowBlocks(rows), kThreads, 0, stream>>>(
-              static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, row_stats, weight,
-              static_cast<D*>(dx));
-        } else {
-          layer_norm_backward_input_kernel<1, G, X, D><<<RowBlocks(rows), kThreads, 0, stream>>>(
-              static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, row_stats, weight,
-              static_cast<D*>(dx));
-        }
-        return cudaGetLastError();
+        return Dispatch(d_low != nullptr ? d_low_dtype : DType::kF32, [&](auto l_tag) {
+          using L = decltype(l_tag);
+          if (vec) {
+            layer_norm_backward_input_kernel<8, G, X, D, L>
+                <<<RowBlocks(rows), kThreads, 0, stream>>>(
+                    static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, row_stats,
+                    weight, static_cast<D*>(dx), d_residual, static_cast<L*>(d_low));
+          } else {
+            layer_norm_backward_input_kernel<1, G, X, D, L>
+                <<<RowBlocks(rows), kThreads, 0, stream>>>(
+                    static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, row_stats,
+                    weight, static_cast<D*>(dx), d_residual, static_cast<L*>(d_low));
+          }
+          return cudaGetLastError();
+        });
       });
       if (e != cudaSuccess) return e;
       layer_norm_param_partials_kernel<G, X><<<partial_grid, kThreads, 0, stream>>>(
           static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, rows_per_chunk,
           row_stats, partials);
       if ((e = cudaGetLastError()) != cudaSuccess) return e;
-      layer_norm_param_finish_kernel<<<Blocks(cols), kThreads, 0, stream>>>(
-          partials, chunks, cols, dweight, dbias, overwrite);
+      layer_norm_param_finish_kernel<<<static_cast<unsigned>((cols + 31) / 32), kThreads, 0,
+                                       stream>>>(partials, chunks, cols, dweight, dbias,
+                                                 overwrite);
       return cudaGetLastError();
     });
   });

@@ -251,13 +251,15 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
                                              View(params_, wpe_, T, C), T, slice(encoded_)));
   Tensor residual = slice(encoded_);
   // A LayerNorm in fp32 written straight in the compute dtype: autocast's cast of its fp32
-  // output before the next Linear, one rounding of the same value.
+  // output before the next Linear, one rounding of the same value. Each residual add is fused
+  // with the LayerNorm after it (Backend::AddLayerNormForward): block l's ln_1 is computed by
+  // block l - 1's last add, ln_f by the last block's.
+  RETURN_IF_ERROR(backend_->LayerNormForward(
+      residual, View(params_, offsets_[0].ln1_w, 1, C), View(params_, offsets_[0].ln1_b, 1, C),
+      kLayerNormEps, slice(blocks_[0].ln1_stats), slice(blocks_[0].ln1)));
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& b = blocks_[l];
     const BlockOffsets& o = offsets_[l];
-    RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, o.ln1_w, 1, C),
-                                               View(params_, o.ln1_b, 1, C), kLayerNormEps,
-                                               slice(b.ln1_stats), slice(b.ln1)));
     RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln1), View(w, o.attn_w, 3 * C, C),
                                             View(w, o.attn_b, 1, 3 * C), ActivationKind::kNone,
                                             slice(b.qkv), slice(b.qkv)));
@@ -269,22 +271,28 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
     RETURN_IF_ERROR(backend_->LinearForward(slice(b.att), View(w, o.attn_proj_w, C, C),
                                             View(w, o.attn_proj_b, 1, C), ActivationKind::kNone,
                                             slice(branch_out_), slice(branch_out_)));
-    RETURN_IF_ERROR(backend_->Add(residual, slice(branch_out_), slice(b.mid)));
-    RETURN_IF_ERROR(backend_->LayerNormForward(slice(b.mid), View(params_, o.ln2_w, 1, C),
-                                               View(params_, o.ln2_b, 1, C), kLayerNormEps,
-                                               slice(b.ln2_stats), slice(b.ln2)));
+    // mid = residual + branch, and ln_2(mid), in one pass where the backend fuses them.
+    RETURN_IF_ERROR(backend_->AddLayerNormForward(
+        residual, slice(branch_out_), slice(b.mid), View(params_, o.ln2_w, 1, C),
+        View(params_, o.ln2_b, 1, C), kLayerNormEps, slice(b.ln2_stats), slice(b.ln2)));
     RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln2), View(w, o.fc_w, 4 * C, C),
                                             View(w, o.fc_b, 1, 4 * C), ActivationKind::kGeluTanh,
                                             slice(b.fc_pre), slice(fc_gelu_)));
     RETURN_IF_ERROR(backend_->LinearForward(slice(fc_gelu_), View(w, o.fc_proj_w, C, 4 * C),
                                             View(w, o.fc_proj_b, 1, C), ActivationKind::kNone,
                                             slice(branch_out_), slice(branch_out_)));
-    RETURN_IF_ERROR(backend_->Add(slice(b.mid), slice(branch_out_), slice(b.out)));
+    // out = mid + branch, and the next LayerNorm: the next block's ln_1, or ln_f.
+    const bool last = l + 1 == blocks_.size();
+    const Tensor next_w = last ? View(params_, lnf_w_, 1, C)
+                               : View(params_, offsets_[l + 1].ln1_w, 1, C);
+    const Tensor next_b = last ? View(params_, lnf_b_, 1, C)
+                               : View(params_, offsets_[l + 1].ln1_b, 1, C);
+    RETURN_IF_ERROR(backend_->AddLayerNormForward(
+        slice(b.mid), slice(branch_out_), slice(b.out), next_w, next_b, kLayerNormEps,
+        slice(last ? lnf_stats_ : blocks_[l + 1].ln1_stats),
+        slice(last ? lnf_ : blocks_[l + 1].ln1)));
     residual = slice(b.out);
   }
-  RETURN_IF_ERROR(backend_->LayerNormForward(residual, View(params_, lnf_w_, 1, C),
-                                             View(params_, lnf_b_, 1, C), kLayerNormEps,
-                                             slice(lnf_stats_), slice(lnf_)));
   // The LM head over the first V rows of wte, or all Vp of them where the buffer is padded
   // (module comment).
   const int64_t head_rows = logits_.cols;
@@ -329,8 +337,9 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     const Block& b = blocks_[l];
     const BlockOffsets& o = offsets_[l];
     const Tensor block_in = l == 0 ? encoded_ : blocks_[l - 1].out;
-    // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype.
-    RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
+    // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype
+    // (below the last block, by the block above's ln_1 backward).
+    if (l + 1 == blocks_.size()) RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
     RETURN_IF_ERROR(backend_->ActivationForward(ActivationKind::kGeluTanh, b.fc_pre, fc_gelu_));
     RETURN_IF_ERROR(backend_->LinearBackward(fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
                                              d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
@@ -340,12 +349,12 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln2, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),
                                              View(g, o.fc_b, 1, 4 * C), ow));
-    RETURN_IF_ERROR(
-        backend_->LayerNormBackward(d_ln_low_, b.mid, b.ln2_stats, View(params_, o.ln2_w, 1, C),
-                                    d_ln_in_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), ow));
-    RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
+    // ln_2's input gradient added into the residual's, which the attention branch then takes
+    // rounded to the compute dtype (Backend::LayerNormBackwardIntoResidual: one pass).
+    RETURN_IF_ERROR(backend_->LayerNormBackwardIntoResidual(
+        d_ln_low_, b.mid, b.ln2_stats, View(params_, o.ln2_w, 1, C), d_ln_in_, d_resid_,
+        d_branch_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), ow));
     // The attention branch.
-    RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
     RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_, d_att_,
                                              View(g, o.attn_proj_w, C, C),
                                              View(g, o.attn_proj_b, 1, C), ow));
@@ -354,10 +363,10 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln1, View(w, o.attn_w, 3 * C, C), d_qkv_,
                                              d_ln_low_, View(g, o.attn_w, 3 * C, C),
                                              View(g, o.attn_b, 1, 3 * C), ow));
-    RETURN_IF_ERROR(
-        backend_->LayerNormBackward(d_ln_low_, block_in, b.ln1_stats, View(params_, o.ln1_w, 1, C),
-                                    d_ln_in_, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C), ow));
-    RETURN_IF_ERROR(backend_->Add(d_resid_, d_ln_in_, d_resid_));
+    // ln_1's likewise; the copy in the compute dtype is the MLP branch's of the block below.
+    RETURN_IF_ERROR(backend_->LayerNormBackwardIntoResidual(
+        d_ln_low_, block_in, b.ln1_stats, View(params_, o.ln1_w, 1, C), d_ln_in_, d_resid_,
+        l > 0 ? d_branch_ : Tensor{}, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C), ow));
     RETURN_IF_ERROR(ready(2 + l));
   }
   // The embeddings: wte adds to the LM head's gradient (tied); wpe is written on the first

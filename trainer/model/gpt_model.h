@@ -76,7 +76,9 @@ class GptModel final : public Model {
   // 0.02 / sqrt(2 · layers), biases 0, LayerNorms 1 / 0.
   std::vector<float> InitialParameters(uint64_t seed) const override;
   bool BroadcastsBuffers() const override { return false; }
-  bool StepIsReplayable() const override { return true; }
+  bool StepIsReplayable() const override {
+    return backend_->CanRecordAttention(compute_dtype_);
+  }
   bool ComputesFirstWeightInRowChunks() const override { return false; }
   // x: token ids [rows, 1] f32, rows a multiple of context_length up to micro_batch_size
   // sequences (fewer only for evaluation). INVALID_ARGUMENT for an id outside [0, V).
