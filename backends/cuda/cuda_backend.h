@@ -199,6 +199,20 @@ class CudaBackend final : public Backend {
   int64_t embedding_temp_bytes_ = 0;
   void* row_losses_ = nullptr;
   int64_t row_losses_bytes_ = 0;
+  // Upload's pinned staging: small f32 uploads (a language model's token ids and targets, every
+  // micro-batch) are copied into the next slot and sent asynchronously, so that the host does
+  // not wait for the GPU to drain before each micro-batch; a slot is reused once its copy is
+  // done. Larger uploads (parameters, datasets) wait, as before. Bounded: kUploadSlots slots of
+  // at most kMaxAsyncUploadBytes.
+  static constexpr int kUploadSlots = 32;
+  static constexpr size_t kMaxAsyncUploadBytes = size_t{4} << 20;
+  struct UploadSlot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  UploadSlot upload_slots_[kUploadSlots];
+  int next_upload_slot_ = 0;
   // LayerNormBackward's per-chunk column sums (layer_norm_kernels.h).
   void* layer_norm_partials_ = nullptr;
   int64_t layer_norm_partials_bytes_ = 0;

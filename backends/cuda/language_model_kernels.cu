@@ -304,24 +304,55 @@ __device__ __forceinline__ void ForRow(const T* row, int64_t cols, F f) {
   for (int64_t c = vec_end + threadIdx.x; c < cols; c += kBlock) f(c, ToFloat<T>(row[c]));
 }
 
+// The largest row the cross-entropy stages in shared memory (H100/H200: 227 KB per block; a
+// bf16 row of up to 100k logits, two blocks per SM).
+constexpr size_t kMaxStagedRowBytes = 200 << 10;
+
 // One block per row; three passes over the row (max and argmax, Σ exp added in double, the loss
 // term and gradient), each element's formulas those of log_softmax_rows_kernel,
 // smoothed_one_hot, exp_kernel and scaled_difference_kernel (kernels.cu), each term's exp in
 // fp32 as there. x's rows are ld_x apart, d_logits' ld_d (the first `cols` of a padded row).
-// Blocks of 1024 threads: two rows per SM at a time, so that a GPT-2 row (50257 logits, 100 KB
-// in bf16) read by the first pass is still in L2 for the other two (the logits, 1.6 GB per
-// micro-batch, come from memory once); 16-byte loads and stores (kVec) where rows are aligned.
-template <int kBlock, int kVec, typename T, typename D>
+// Blocks of 1024 threads with 16-byte loads and stores (kVec) where rows are aligned. kStaged:
+// the first pass copies the row into shared memory (a GPT-2 row: 50257 logits, 100 KB in bf16)
+// and the other two read it there, so the logits (1.6 GB per micro-batch) are read from memory
+// once; without it (a row too large) they re-read it, mostly from L2.
+template <int kBlock, int kVec, bool kStaged, typename T, typename D>
 __global__ void __launch_bounds__(kBlock)
     softmax_cross_entropy_kernel(const T* x, int64_t ld_x, const float* ids, int64_t cols,
                                  float on, float off, float coef, const StepState* state,
                                  float seed_divisor, D* d_logits, int64_t ld_d,
                                  double* row_losses, float* metrics) {
+  extern __shared__ uint4 staged_row[];
   const int64_t r = blockIdx.x;
-  const T* row = x + r * ld_x;
+  const T* global_row = x + r * ld_x;
+  const T* row = kStaged ? reinterpret_cast<const T*>(staged_row) : global_row;
   const float id = ids[r];
   ArgMax local{-INFINITY, cols};
-  ForRow<kBlock, kVec>(row, cols, [&](int64_t c, float v) { local = Better(local, ArgMax{v, c}); });
+  if constexpr (kStaged) {
+    T* cache = reinterpret_cast<T*>(staged_row);
+    const int64_t vec_end = (cols / kVec) * kVec;
+    for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * kVec; c0 < vec_end;
+         c0 += static_cast<int64_t>(kBlock) * kVec) {
+      float v[kVec];
+      if constexpr (kVec > 1) {
+        const uint4 packed = *reinterpret_cast<const uint4*>(global_row + c0);
+        *reinterpret_cast<uint4*>(cache + c0) = packed;
+      } else {
+        cache[c0] = global_row[c0];
+      }
+      LoadVec<kVec>(cache + c0, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) local = Better(local, ArgMax{v[j], c0 + j});
+    }
+    for (int64_t c = vec_end + threadIdx.x; c < cols; c += kBlock) {
+      cache[c] = global_row[c];
+      local = Better(local, ArgMax{ToFloat<T>(cache[c]), c});
+    }
+    __syncthreads();  // row[0] (the NaN check below) was staged by thread 0.
+  } else {
+    ForRow<kBlock, kVec>(row, cols,
+                         [&](int64_t c, float v) { local = Better(local, ArgMax{v, c}); });
+  }
   const ArgMax best = BlockArgMax<kBlock>(local);
   // CountArgmaxMatches's scan starts at column 0 and takes a later value only when it is
   // greater: NaNs never win, and a NaN in column 0 is never displaced.
@@ -476,12 +507,22 @@ cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, cons
           Aligned16({x, d_logits}) && (ld_x * sizeof(T)) % 16 == 0 &&
           (d_logits == nullptr || (ld_d * sizeof(D)) % 16 == 0);
       const unsigned blocks = static_cast<unsigned>(rows);
-      if (vectorized) {
-        softmax_cross_entropy_kernel<kBlock, kVec, T, D><<<blocks, kBlock, 0, stream>>>(
+      // A row in shared memory where it fits (rounded up to whole 16-byte words).
+      const size_t row_bytes = (static_cast<size_t>(cols) * sizeof(T) + 15) / 16 * 16;
+      if (vectorized && row_bytes <= kMaxStagedRowBytes) {
+        auto kernel = softmax_cross_entropy_kernel<kBlock, kVec, true, T, D>;
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kMaxStagedRowBytes));
+        if (e != cudaSuccess) return e;
+        kernel<<<blocks, kBlock, row_bytes, stream>>>(
+            static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
+            static_cast<D*>(d_logits), ld_d, row_losses, metrics);
+      } else if (vectorized) {
+        softmax_cross_entropy_kernel<kBlock, kVec, false, T, D><<<blocks, kBlock, 0, stream>>>(
             static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
             static_cast<D*>(d_logits), ld_d, row_losses, metrics);
       } else {
-        softmax_cross_entropy_kernel<kBlock, 1, T, D><<<blocks, kBlock, 0, stream>>>(
+        softmax_cross_entropy_kernel<kBlock, 1, false, T, D><<<blocks, kBlock, 0, stream>>>(
             static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,
             static_cast<D*>(d_logits), ld_d, row_losses, metrics);
       }
