@@ -22,6 +22,7 @@ PACKAGES=(
   iproute2 util-linux                       # tests: simulated hosts (ip netns, unshare)
   systemd                                   # tests: systemd-analyze verify of scripts/systemd/
   kubernetes-client                         # tests: kubectl kustomize / --dry-run of deploy/kubernetes
+  slurm-wlm munge                           # tests: slurmctld + slurmd for deploy/slurm
   bible-kjv                                 # the KJV text (scripts/make_text_shards.py)
 )
 
