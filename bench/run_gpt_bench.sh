@@ -8,9 +8,10 @@
 # A configuration is MODEL:MICRO_BATCH:ACCUMULATION (124m: 12 layers, 768 wide, 12 heads;
 # 350m: 24, 1024, 16; context 1024, vocabulary 50257 padded to 50304). Prints one JSON line per
 # run and a table: ms/step (median after WARMUP steps), tokens/s, TFLOP/s (6N + attention),
-# peak memory (ours: the worker process's GPU memory from nvidia-smi, CUDA context included;
-# PyTorch: max_memory_reserved, without its context), and seconds from submit to the first
-# step's telemetry.
+# peak memory (smi GiB: the GPU's memory in use above its idle level, sampled by nvidia-smi every
+# 100 ms while the engine runs, CUDA context included, for both engines; torch GiB: PyTorch's
+# max_memory_allocated, without its context and allocator slack), and seconds to the first
+# step (ours: from submit to the first step's telemetry; PyTorch: in its process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mptrain-out}
@@ -98,28 +99,72 @@ print(json.dumps({"engine": "mptrain (service)", "precision": precision, "layers
                   "tokens_per_s": round(tokens / ms * 1000) if times else None,
                   "tflops": round((6 * n + 12 * L * T * C) * tokens / ms / 1e9, 1) if times else None,
                   "peak_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
+                  "smi_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
                   "first_step_s": round((first - submitted) / 1000, 2) if first else None,
                   "loss_first_last": [losses[0], losses[-1]] if losses else None,
                   "steps": len(times)}))
 PY
+    # The same job again, 3 steps, on the worker that has just run one (its rank process reused:
+    # worker --reuse_ranks): seconds from submit to the first step's telemetry, warm.
+    warm_spec="$CLUSTER_DIR/gpt-$tag-$precision-warm.json"
+    python3 - "$spec" "$warm_spec" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["name"] += "-warm"
+spec["steps"] = 3
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+    submitted=$(date +%s%3N)
+    warm_job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$warm_spec" --wait | tail -1)
+    "$TRAINCTL" --coordinator="$ADDRESS" export "$warm_job" --format=jsonl \
+      >"$CLUSTER_DIR/gpt-$tag-$precision-warm.jsonl" || status=1
+    python3 - "$CLUSTER_DIR/gpt-$tag-$precision-warm.jsonl" "$submitted" "$layers" "$width" \
+      "$batch" "$accum" "$precision" <<'PY' | tee -a "$RESULTS" || status=1
+import json, sys
+path, submitted, L, C, B, A, precision = sys.argv[1:]
+records = [json.loads(l) for l in open(path) if l.strip()]
+first = min((int(r.get("unixMs", r.get("unix_ms", 0))) for r in records
+             if r.get("unixMs") or r.get("unix_ms")), default=0)
+print(json.dumps({"engine": "mptrain (warm worker)", "precision": precision, "layers": int(L),
+                  "width": int(C), "batch": int(B), "accum": int(A), "ms_per_step": None,
+                  "first_step_s": round((first - int(submitted)) / 1000, 2) if first else None}))
+PY
     for mode in $MODES; do
-      python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
+      # The process's GPU memory as nvidia-smi sees it (CUDA context included), sampled as for
+      # ours: smi_gib, beside PyTorch's own max_memory_allocated (peak_gib).
+      smi_log="$CLUSTER_DIR/mem-$tag-$precision-$mode.log"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$smi_log" &
+      smi=$!
+      line=$(python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
         --batch "$batch" --accum "$accum" --precision "$precision" --mode "$mode" \
-        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$tag-$precision-$mode.err" |
-        tee -a "$RESULTS" || status=1
+        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$tag-$precision-$mode.err") || status=1
+      kill "$smi" 2>/dev/null
+      python3 - "$line" "$smi_log" <<'PY' | tee -a "$RESULTS"
+import json, sys
+row = json.loads(sys.argv[1]) if sys.argv[1].strip().startswith("{") else None
+mem = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
+if row is not None:
+    row["smi_gib"] = round((max(mem) - min(mem)) / 1024, 2) if mem else None
+    print(json.dumps(row))
+PY
     done
   done
 done
+# Where a job's start goes: the rank's own timestamps (assignment received, backend ready).
+grep -hE "ready [0-9]+ ms after|model built|warm in|memory released|placed|started" "$CLUSTER_DIR/gpu0.log" \
+  2>/dev/null | cut -c1-200 | tail -30 >"$OUT/gpt_worker_start.txt"
 stop_cluster
 python3 - "$RESULTS" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 print(f"{'engine':<20}{'model':>6}{'prec':>6}{'B x A':>8}{'ms/step':>10}{'tokens/s':>11}"
-      f"{'TFLOP/s':>9}{'peak GiB':>10}{'first s':>9}")
+      f"{'TFLOP/s':>9}{'smi GiB':>9}{'torch GiB':>10}{'first s':>9}")
 for r in rows:
     tps = r.get("tokens_per_s")
+    torch_gib = r.get("peak_gib") if r["engine"].startswith("pytorch") else None
     print(f"{r['engine']:<20}{'L%d' % r['layers']:>6}{r['precision']:>6}"
-          f"{'%dx%d' % (r['batch'], r['accum']):>8}{r['ms_per_step']:>10}{tps or 0:>11}"
-          f"{r.get('tflops') or 0:>9}{r.get('peak_gib') or 0:>10}{r.get('first_step_s') or 0:>9}")
+          f"{'%dx%d' % (r['batch'], r['accum']):>8}{r['ms_per_step'] or '-':>10}{tps or 0:>11}"
+          f"{r.get('tflops') or 0:>9}{r.get('smi_gib') or 0:>9}{torch_gib or '-':>10}"
+          f"{r.get('first_step_s') or 0:>9}")
 PY
 exit $status

@@ -1,5 +1,7 @@
 #include "trainer/train_loop.h"
 
+#include <chrono>
+
 #include <cmath>
 #include <deque>
 #include <map>
@@ -101,11 +103,18 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   const int64_t accumulation = config.accumulation_steps;
   const DType dtype = config.compute_dtype;
 
+  const auto set_up_began = std::chrono::steady_clock::now();
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+        .count();
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config, backend));
   const ParameterTable& table = model->table();
+  const double model_built_ms = ms_since(set_up_began);
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
   ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, *model));
   RETURN_IF_ERROR(backend->Upload(initial.data(), model->params()));
+  observer->OnSetUp(model_built_ms, ms_since(set_up_began));
   const GptConfig& gpt = config.model.gpt;
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> micro_batches,
                    MakeBatchSource(config, backend, rank, world_size));

@@ -58,6 +58,9 @@ class TrainingObserver {
   // Rank 0, a language model's generated text (SampleConfig) after the step's evaluation or
   // the last step: for the job's events.
   virtual void OnSample(int64_t step, const std::string& text) {}
+  // Set-up before the first step, for the rank's log: the model built (its memory allocated),
+  // its parameters initialised and uploaded, milliseconds since RunTraining began.
+  virtual void OnSetUp(double model_built_ms, double initialised_ms) {}
 };
 
 struct TrainingResult {

@@ -217,6 +217,11 @@ int64_t TelemetryReporter::AcknowledgedCheckpointStep() {
   return acknowledged_checkpoint_step_;
 }
 
+void TelemetryReporter::OnSetUp(double model_built_ms, double initialised_ms) {
+  spdlog::info("model built in {:.0f} ms, parameters initialised and uploaded at {:.0f} ms",
+               model_built_ms, initialised_ms);
+}
+
 void TelemetryReporter::OnWarning(const std::string& message) {
   spdlog::warn("{}", message);  // The rank's log: the worker's, and trainctl logs.
   // And the job's events (trainctl watch, the dashboard), bounded while the coordinator is away.

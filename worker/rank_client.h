@@ -59,6 +59,7 @@ class TelemetryReporter final : public TrainingObserver {
   std::string StopReason() override;
   void OnCheckpoint(int64_t step, const std::string& path) override;
   void OnWarning(const std::string& message) override;
+  void OnSetUp(double model_built_ms, double initialised_ms) override;
   // A generated text: a SAMPLE note, bounded as the warnings are.
   void OnSample(int64_t step, const std::string& text) override;
   int64_t AcknowledgedCheckpointStep() override;

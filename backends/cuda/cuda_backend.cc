@@ -81,7 +81,8 @@ CudaBackend::~CudaBackend() {
     if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
   }
   for (void* pointer : allocations_) cudaFree(pointer);
-  attention_.reset();
+  // Its compiled graphs serve the next backend on this device (cudnn_attention.h).
+  CudnnAttention::Park(std::move(attention_), device_);
   for (void* buffer :
        {embedding_keys_, embedding_sort_.sort_temp, row_losses_, layer_norm_partials_}) {
     if (buffer != nullptr) cudaFree(buffer);

@@ -128,7 +128,7 @@ std::pair<int64_t, int64_t> CudaBackend::AttentionSavedShape(DType dtype, int64_
 
 absl::StatusOr<CudnnAttention*> CudaBackend::Attention() {
   if (attention_ == nullptr) {
-    auto created = CudnnAttention::Create(stream_);
+    auto created = CudnnAttention::Create(stream_, device_);
     if (!created.ok()) return created.status();
     attention_ = std::move(*created);
   }

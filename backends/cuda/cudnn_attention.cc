@@ -4,6 +4,7 @@
 #include <cudnn_frontend.h>
 
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -51,7 +52,43 @@ struct CudnnAttention::Graphs {
 CudnnAttention::CudnnAttention(cudaStream_t stream)
     : stream_(stream), graphs_(std::make_unique<Graphs>()) {}
 
-absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t stream) {
+namespace {
+
+// Parked per device; never destroyed (at exit the CUDA runtime may already be gone).
+std::mutex& ParkedMutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
+}
+std::map<int, std::unique_ptr<CudnnAttention>>& Parked() {
+  static auto* parked = new std::map<int, std::unique_ptr<CudnnAttention>>;
+  return *parked;
+}
+
+}  // namespace
+
+void CudnnAttention::Park(std::unique_ptr<CudnnAttention> attention, int device) {
+  if (attention == nullptr) return;
+  attention->stream_ = nullptr;
+  std::unique_ptr<CudnnAttention> replaced;
+  {
+    std::lock_guard<std::mutex> lock(ParkedMutex());
+    replaced = std::move(Parked()[device]);
+    Parked()[device] = std::move(attention);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t stream,
+                                                                       int device) {
+  {
+    std::lock_guard<std::mutex> lock(ParkedMutex());
+    auto it = Parked().find(device);
+    if (it != Parked().end() && it->second != nullptr) {
+      std::unique_ptr<CudnnAttention> reused = std::move(it->second);
+      Parked().erase(it);
+      reused->stream_ = stream;
+      return reused;
+    }
+  }
   std::unique_ptr<CudnnAttention> attention(new CudnnAttention(stream));
   cudnnHandle_t handle = nullptr;
   const cudnnStatus_t status = cudnnCreate(&handle);

@@ -6,9 +6,11 @@
 // What the forward keeps for the backward is each row's log-sum-exp, [B·H·T] f32 (row
 // (b·H + h)·T + t), instead of the probabilities.
 //
-// A graph is built once per shape and dtype (the slow part: about a second) and cached; the
-// backend's first, unrecorded step builds them, so that a recorded step (CUDA graph capture)
-// only executes them. Workspace grows only while building.
+// A graph is built once per shape and dtype (the slow part: about a second, NVRTC compiling the
+// kernels) and cached. The cache outlives the backend: a backend gone parks its CudnnAttention
+// (handle, graphs, workspace) for the next one on the same device in the process, so a warm
+// rank process reused for the next job (worker --reuse_ranks) does not compile them again.
+// Workspace grows only while building.
 
 #include <cuda_runtime.h>
 
@@ -25,8 +27,12 @@ namespace mptrain::cuda {
 
 class CudnnAttention {
  public:
+  // The one parked for `device` (its graphs already built) if there is one, else a new one.
   // UNAVAILABLE when cuDNN cannot be loaded or initialised (its message names why).
-  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(cudaStream_t stream);
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(cudaStream_t stream, int device);
+  // Keeps `attention` for the next Create on `device` (one per device; another is destroyed).
+  // The caller's work on its stream must be done.
+  static void Park(std::unique_ptr<CudnnAttention> attention, int device);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

@@ -73,6 +73,41 @@ TEST(GptBackendTraits, CpuBackend_IsWhatTraitsForDeviceSays) {
   }
 }
 
+// GPT-2's init: normal(0, 0.02) weights and embeddings, residual projections 0.02 / sqrt(2L),
+// zero biases, LayerNorms 1 and 0; the same for a seed on every call (whatever the threads that
+// fill it), another for another seed.
+TEST(GptModel, InitialParameters_AreGpt2s_AndASeedsOwn) {
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  GptConfig config;
+  config.vocab_size = 3000, config.padded_vocab_size = 3008, config.context_length = 64;
+  config.layers = 3, config.heads = 4, config.width = 256;
+  auto model = GptModel::Create(&backend, config, DType::kF32, 1, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<float> init = (*model)->InitialParameters(7);
+  EXPECT_EQ(init, (*model)->InitialParameters(7));
+  EXPECT_NE(init, (*model)->InitialParameters(8));
+  for (const ParameterSpec& spec : (*model)->table().parameters()) {
+    double sum = 0, squares = 0;
+    for (int64_t i = 0; i < spec.numel; ++i) {
+      sum += init[spec.offset + i];
+      squares += static_cast<double>(init[spec.offset + i]) * init[spec.offset + i];
+    }
+    const double mean = sum / spec.numel, rms = std::sqrt(squares / spec.numel);
+    if (spec.name.find(".ln_") != std::string::npos) {
+      const bool weight = spec.name.find(".weight") != std::string::npos;
+      EXPECT_EQ(mean, weight ? 1.0 : 0.0) << spec.name;
+    } else if (spec.shape.size() == 1) {
+      EXPECT_EQ(rms, 0.0) << spec.name;
+    } else {
+      const double want = spec.name.find("c_proj.weight") != std::string::npos
+                              ? 0.02 / std::sqrt(6.0)
+                              : 0.02;
+      EXPECT_NEAR(rms, want, 0.03 * want) << spec.name;
+      EXPECT_NEAR(mean, 0.0, 5 * want / std::sqrt(static_cast<double>(spec.numel))) << spec.name;
+    }
+  }
+}
+
 TEST(GptModel, RefusesConfigurationsThatAreNoGpt) {
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   GptConfig config = TinyConfig();
