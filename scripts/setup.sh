@@ -23,6 +23,7 @@ PACKAGES=(
   systemd                                   # tests: systemd-analyze verify of scripts/systemd/
   kubernetes-client                         # tests: kubectl kustomize / --dry-run of deploy/kubernetes
   slurm-wlm munge                           # tests: slurmctld + slurmd for deploy/slurm
+  podman runc debootstrap                   # deploy/oci: the image, and its test's containers
   bible-kjv                                 # the KJV text (scripts/make_text_shards.py)
 )
 
