@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [gptdiag] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -45,6 +45,36 @@ for step in $STEPS; do
       # GPT-2 through the service beside PyTorch eager and torch.compile (bench/run_gpt_bench.sh).
       PYTHONUNBUFFERED=1 timeout 590 bash bench/run_gpt_bench.sh >"$OUT/gptbench.log" 2>&1 || status=1
       tail -24 "$OUT/gptbench.log" ;;
+    gptexample)
+      # Issue 29: the byte-level GPT example on the GPU (run_example.sh --gpt --cuda), then GPT-2
+      # 124M (examples/gpt2_124m_kjv.json: the full architecture, vocabulary 50257, on the KJV's
+      # bytes) for 2000 steps through the service, telemetry every step: the loss falling.
+      timeout 200 bash scripts/run_example.sh --gpt --cuda >"$OUT/gptexample.log" 2>&1 || status=1
+      grep -E "run_example|SUCCEEDED|FAILED|eval_loss" "$OUT/gptexample.log" | tail -6
+      COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
+      (
+        source scripts/lib/local_cluster.sh
+        start_coordinator
+        start_worker gpu0 0 --device=cuda --data_root=/tmp/mptrain-bible
+        wait_for_workers 1 || exit 1
+        job=$("$TRAINCTL" --coordinator="$ADDRESS" submit examples/gpt2_124m_kjv.json --wait | tail -1)
+        "$TRAINCTL" --coordinator="$ADDRESS" status "$job" | tail -4
+        "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl >"$OUT/gpt2_124m_kjv.jsonl"
+        stop_cluster
+      ) >"$OUT/gpt2_124m.log" 2>&1 || status=1
+      tail -5 "$OUT/gpt2_124m.log"
+      python3 - "$OUT/gpt2_124m_kjv.jsonl" <<'PY' || status=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by_step = {int(r.get("step", 0)): r for r in rows}
+for step in (1, 10, 100, 250, 500, 1000, 1500, 2000):
+    r = by_step.get(step)
+    if r:
+        print(f"step {step:5d} loss {r.get('loss', 0):.4f} eval {r.get('evalLoss', r.get('eval_loss', '-'))}"
+              f" ms {r.get('stepTimeMs', r.get('step_time_ms', 0)):.1f}")
+print(f"telemetry records: {len(rows)}")
+PY
+      ;;
     gptdiag)
       # The GPT's GPU tests op by op (MPTRAIN_STEP_GRAPHS=0), then under compute-sanitizer's
       # memcheck (GPT_DIAG_FILTER, default the training parity cases).

@@ -45,6 +45,8 @@ chmod u+w "$BUNDLE"/bin/*
 # The digits example's data (Debian's python3-sklearn file; the GPU machine has no sklearn).
 mkdir -p "$BUNDLE/data"
 cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$BUNDLE/data/"
+# The GPT example's byte-level KJV shards (the GPU machine has no bible-kjv).
+/usr/bin/python3 scripts/make_text_shards.py "$BUNDLE/data/bible" >/dev/null
 
 # Libraries the device machine provides itself (or must provide: the driver).
 SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl|libcublas|libcudart|libnvidia|libcudnn|libnvrtc)'
@@ -69,6 +71,7 @@ for lib in libcudnn.so.9 libnvrtc.so.13; do
 done
 export MPTRAIN_BIN="$BUNDLE_DIR/bin"
 export MPTRAIN_DIGITS_CSV="$BUNDLE_DIR/data/digits.csv.gz"
+export MPTRAIN_BIBLE_SHARDS="$BUNDLE_DIR/data/bible"
 # NVLink multicast stays off on the shared GPU machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ENV

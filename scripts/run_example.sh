@@ -13,6 +13,7 @@
 #                                          # byte-level GPT on the KJV Bible, CPU workers; fails
 #                                          # unless the final validation loss is below
 #                                          # GPT_MAX_EVAL_LOSS nats, default below)
+#   bash scripts/run_example.sh --gpt --cuda   # the same on one or two GPUs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,10 +30,12 @@ for arg in "$@"; do
     --cuda) DEVICE=cuda ;;
     --secure) SECURE=1 ;;
     --digits) DIGITS=1 ;;
-    --gpt) GPT=1; DEVICE=cpu ;;
+    --gpt) GPT=1 ;;
     *) echo "usage: $0 [--cpu|--cuda] [--secure] [--digits|--gpt]" >&2; exit 2 ;;
   esac
 done
+# The GPT example runs on CPU workers unless --cuda asks for GPUs (one or two).
+if [ "$GPT" = 1 ] && [ "$DEVICE" != cuda ]; then DEVICE=cpu; fi
 
 if [ -z "${MPTRAIN_BIN:-}" ]; then
   bash scripts/setup.sh
@@ -52,8 +55,8 @@ GPUS=0
 if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null 2>&1; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
-if [ "$DEVICE" = cuda ] && [ "$GPUS" -lt 2 ]; then
-  echo "run_example: --cuda needs 2 GPUs (one rank each), $GPUS visible" >&2
+if [ "$DEVICE" = cuda ] && [ "$GPUS" -lt 2 ] && { [ "$GPT" = 0 ] || [ "$GPUS" -lt 1 ]; }; then
+  echo "run_example: --cuda needs 2 GPUs (one rank each; --gpt: at least 1), $GPUS visible" >&2
   exit 1
 fi
 if [ "$GPUS" -ge 2 ]; then
@@ -79,15 +82,38 @@ if [ "$DIGITS" = 1 ]; then
     sed 's/"device": "cpu"/"device": "cuda"/' examples/digits.json >"$SPEC"
   fi
 fi
+WORKERS=2
 if [ "$GPT" = 1 ]; then
   # Byte-level shards of the KJV Bible under /tmp/mptrain-bible (the paths the spec names), a
-  # data root of the workers. The GPT trains on CPU workers only in this build.
+  # data root of the workers: made from Debian's bible-kjv, or the device bundle's copy.
   PYTHON=/usr/bin/python3
   if ! "$PYTHON" -c 'import numpy' 2>/dev/null; then PYTHON=python3; fi
-  "$PYTHON" scripts/make_text_shards.py /tmp/mptrain-bible
-  WORKER_ARGS=(--device=cpu --slots=1 --data_root=/tmp/mptrain-bible)
+  if [ -n "${MPTRAIN_BIBLE_SHARDS:-}" ] && [ -d "$MPTRAIN_BIBLE_SHARDS" ]; then
+    rm -rf /tmp/mptrain-bible && cp -r "$MPTRAIN_BIBLE_SHARDS" /tmp/mptrain-bible
+  else
+    "$PYTHON" scripts/make_text_shards.py /tmp/mptrain-bible
+  fi
   SPEC=${GPT_SPEC:-examples/gpt_bible.json}
-  GPUS=0
+  if [ "$DEVICE" = cuda ]; then
+    # On GPUs: two workers of one GPU each, or one (world 1, twice the micro-batch: the same
+    # tokens per step).
+    WORKERS=$((GPUS >= 2 ? 2 : 1))
+    WORKER_ARGS=(--device=cuda --slots=1 --data_root=/tmp/mptrain-bible)
+    CUDA_SPEC=$(mktemp --suffix=.json)
+    "$PYTHON" - "$SPEC" "$CUDA_SPEC" "$WORKERS" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+workers = int(sys.argv[3])
+spec["micro_batch_size"] = spec["micro_batch_size"] * spec["world_size"] // workers
+spec["world_size"] = workers
+spec["device"] = "cuda"
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+    SPEC=$CUDA_SPEC
+  else
+    WORKER_ARGS=(--device=cpu --slots=1 --data_root=/tmp/mptrain-bible)
+    GPUS=0
+  fi
 fi
 echo "run_example: $GPUS GPU(s) visible: running $SPEC"
 
@@ -99,11 +125,11 @@ if [ "$SECURE" = 1 ]; then
 fi
 start_coordinator
 echo "coordinator on $ADDRESS (logs in $CLUSTER_DIR)"
-for i in 0 1; do
-  if [ "$GPUS" -ge 2 ]; then start_worker "worker$i" "$i" "${WORKER_ARGS[@]}";
+for ((i = 0; i < WORKERS; i++)); do
+  if [[ " ${WORKER_ARGS[*]} " == *" --device=cuda "* ]]; then start_worker "worker$i" "$i" "${WORKER_ARGS[@]}";
   else start_worker "worker$i" "" "${WORKER_ARGS[@]}"; fi
 done
-wait_for_workers 2
+wait_for_workers "$WORKERS"
 "$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" workers
 
 echo "submitting $SPEC"
