@@ -370,12 +370,17 @@ grep -q "^mptrain-job: submitted " "$WORK/one-cancel.out" ||
 slurm scancel "$one" || fail "4b. scancel $one failed"
 state=$(wait_slurm_state "$one" CANCELLED 45) ||
   fail "4b. mptrain-job.sbatch $one is $state 45 s after scancel, not CANCELLED"
+# Its trap stops the workers and the coordinator before its last line: CANCELLED comes first.
+deadline=$((SECONDS + 30))
+until grep -q "^mptrain-job: exit 143$" "$WORK/one-cancel.out" || [ $SECONDS -ge $deadline ]; do
+  sleep 0.2
+done
+grep -q "^mptrain-job: exit 143$" "$WORK/one-cancel.out" ||
+  fail "4b. the script did not end on the signal within 30 s: $(tail -n 3 "$WORK/one-cancel.out")"
 # Slurm signals every process of the job at once, the coordinator too (it is in the batch
 # step): the workers stop their ranks, and the job's record stays in its --job_dir/state.
 [ "$(grep -c "\[worker h[0-9]\] stopping: [0-9]* rank(s) running" "$WORK/one-cancel.out")" -eq 2 ] ||
   fail "4b. the two workers did not both stop: $(grep "\[worker h" "$WORK/one-cancel.out" | tail -n 5)"
-grep -q "^mptrain-job: exit 143$" "$WORK/one-cancel.out" ||
-  fail "4b. the script did not end on the signal: $(tail -n 3 "$WORK/one-cancel.out")"
 left=$(leftovers "worker"; leftovers "coordinator"; leftovers trainctl; leftovers slurmstepd)
 [ -z "$left" ] || fail "4b. processes left after scancel: $(ps -o pid,args -p $(echo $left) 2>&1)"
 echo "4b. scancel of mptrain-job.sbatch $one: $state, its workers stopped, nothing left running"
