@@ -123,7 +123,7 @@ def check_gpu_skips(xml_path, gpus, out=sys.stdout):
     ran = sum(1 for _, skipped, _ in cases if not skipped)
     print(f"{ran} of {len(cases)} tests ran on {gpus} GPU(s)", file=out)
     if cannot_run:
-        print(f"not run, this machine has too few GPUs ({len(cannot_run)}):", file=out)
+        print(f"{len(cannot_run)} not run, this machine has too few GPUs ({gpus}):", file=out)
         for line in cannot_run:
             print(f"  {line}", file=out)
     if could_run:

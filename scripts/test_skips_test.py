@@ -84,7 +84,7 @@ class TestSkipsTest(unittest.TestCase):
         ok, out = self.check([("Cuda", "One", None), ("Cuda", "Two", NEEDS_TWO)], gpus=1)
         self.assertTrue(ok, out)
         self.assertIn("1 of 2 tests ran on 1 GPU(s)", out)
-        self.assertIn("too few GPUs (1):\n  Cuda.Two (needs 2 GPUs)", out)
+        self.assertIn("1 not run, this machine has too few GPUs (1):\n  Cuda.Two (needs 2 GPUs)", out)
 
     def test_gpus_TwoGpuMachine_TwoGpuSkipFails(self):
         ok, out = self.check([("Cuda", "One", None), ("Cuda", "Two", NEEDS_TWO)], gpus=2)
