@@ -67,20 +67,27 @@ cat >"$CLUSTER_DIR/job.json" <<JSON
  "accumulation_steps": 1, "steps": 5, "precision": "fp32", "optimizer": {"lr": 0.01}, "seed": 3}
 JSON
 
+# The same job under its own name each time: names are unique among an owner's jobs that have
+# not ended (the second is submitted while the first may still run).
+named() {
+  sed "s/\"name\": \"short\"/\"name\": \"$1\"/" "$CLUSTER_DIR/job.json" >"$CLUSTER_DIR/$1.json"
+  echo "$CLUSTER_DIR/$1.json"
+}
+
 # 1. Two at once, then one 0.5 s after the second ended.
-j1=$(ctl_as alice submit "$CLUSTER_DIR/job.json" | tail -n 1)
-j2=$(ctl_as alice submit "$CLUSTER_DIR/job.json" | tail -n 1)
+j1=$(ctl_as alice submit "$(named short-1)" | tail -n 1)
+j2=$(ctl_as alice submit "$(named short-2)" | tail -n 1)
 s1=$(wait_done "$j1")
 s2=$(wait_done "$j2")
 sleep 0.5
-j3=$(ctl_as alice submit "$CLUSTER_DIR/job.json" | tail -n 1)
+j3=$(ctl_as alice submit "$(named short-3)" | tail -n 1)
 s3=$(wait_done "$j3")
 # The process that ran them waits for the next job, and shows as a waiting one, not a rank:
 # tests and operators find running ranks by `--run_rank` (pgrep -f).
 left=$(pgrep -f "run_rank=$CLUSTER_DIR/w1/job-" || true)
 [ -z "$left" ] || fail "processes still titled as ranks after their jobs ended: $left"
 # 2. Another principal's job on the same slot.
-j4=$(ctl_as bob submit "$CLUSTER_DIR/job.json" | tail -n 1)
+j4=$(ctl_as bob submit "$(named short-4)" | tail -n 1)
 s4=$(wait_done "$j4")
 echo "jobs: $j1 $s1, $j2 $s2, $j3 $s3, $j4 (bob) $s4"
 for pair in "$j1:$s1" "$j2:$s2" "$j3:$s3" "$j4:$s4"; do
