@@ -654,16 +654,26 @@ absl::Status CudaBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stat
       !s.ok()) {
     return s;
   }
+  return LaunchLayerNormBackward(dy, x, row_stats, weight, dx, dweight_acc, dbias_acc,
+                                 overwrite_grads, Tensor{}, Tensor{});
+}
+
+absl::Status CudaBackend::LaunchLayerNormBackward(Tensor dy, Tensor x, Tensor row_stats,
+                                                  Tensor weight, Tensor dx, Tensor dweight_acc,
+                                                  Tensor dbias_acc, bool overwrite_grads,
+                                                  Tensor d_residual, Tensor d_residual_low) {
   if (absl::Status s = Reserve(&layer_norm_partials_, &layer_norm_partials_bytes_,
-                               mptrain::cuda::LayerNormParamPartialsBytes(x.rows, cols),
+                               mptrain::cuda::LayerNormParamPartialsBytes(x.rows, x.cols),
                                "the layer norm's partial sums");
       !s.ok()) {
     return s;
   }
   CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormBackward(
-      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(row_stats), Fp(weight), dx.data,
-      dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
-      static_cast<float*>(layer_norm_partials_), stream_));
+      dy.data, dy.dtype, x.data, x.dtype, x.rows, x.cols, Fp(row_stats), Fp(weight), dx.data,
+      dx.empty() ? DType::kF32 : dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
+      static_cast<float*>(layer_norm_partials_), stream_, Fp(d_residual),
+      d_residual_low.empty() ? nullptr : d_residual_low.data,
+      d_residual_low.empty() ? DType::kF32 : d_residual_low.dtype));
   return absl::OkStatus();
 }
 
@@ -703,19 +713,8 @@ absl::Status CudaBackend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Ten
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Reserve(&layer_norm_partials_, &layer_norm_partials_bytes_,
-                               mptrain::cuda::LayerNormParamPartialsBytes(x.rows, cols),
-                               "the layer norm's partial sums");
-      !s.ok()) {
-    return s;
-  }
-  CUDA_RETURN_IF_ERROR(mptrain::cuda::LayerNormBackward(
-      dy.data, dy.dtype, x.data, x.dtype, x.rows, cols, Fp(row_stats), Fp(weight), nullptr,
-      DType::kF32, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
-      static_cast<float*>(layer_norm_partials_), stream_, Fp(d_residual),
-      d_residual_low.empty() ? nullptr : d_residual_low.data,
-      d_residual_low.empty() ? DType::kF32 : d_residual_low.dtype));
-  return absl::OkStatus();
+  return LaunchLayerNormBackward(dy, x, row_stats, weight, Tensor{}, dweight_acc, dbias_acc,
+                                 overwrite_grads, d_residual, d_residual_low);
 }
 
 absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,

@@ -166,6 +166,12 @@ class CudaBackend final : public Backend {
                       other.ldb, other.ldd, other.dtype, other.epilogue);
     }
   };
+  // LayerNormBackward and LayerNormBackwardIntoResidual after their checks: the partial sums'
+  // scratch, then the kernels (dx written, or d_residual added to when it is given).
+  absl::Status LaunchLayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
+                                       Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
+                                       bool overwrite_grads, Tensor d_residual,
+                                       Tensor d_residual_low);
   absl::Status LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
                         const void* bias);
   // A ones vector of at least `rows` elements of `dtype` (for bias gradients by GEMM).
