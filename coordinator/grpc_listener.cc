@@ -144,7 +144,7 @@ void GrpcListener::Run(grpc::experimental::ExternalConnectionAcceptor* acceptor)
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(100)) {
-        ForgetClosedLocked();
+        ForgetClosedLocked(kSweepBatch);
       }
     }
     if (n <= 0) continue;
@@ -183,7 +183,9 @@ void GrpcListener::AcceptFrom(int listen_fd,
       // The count may be up to a tenth of a second old; under a flood of refusals, looked at
       // again at most every 10 ms (each look is a stat per connection).
       const auto now = std::chrono::steady_clock::now();
-      if (at_cap() && now - last_sweep_ >= std::chrono::milliseconds(10)) ForgetClosedLocked();
+      if (at_cap() && now - last_sweep_ >= std::chrono::milliseconds(10)) {
+        ForgetClosedLocked(kSweepBatch);
+      }
       if (!at_cap() && fstat(fd, &socket_stat) == 0) {
         handed_.push_back({fd, socket_stat.st_dev, socket_stat.st_ino, address});
         ++per_address_[address];
@@ -207,22 +209,24 @@ void GrpcListener::AcceptFrom(int listen_fd,
   }
 }
 
-void GrpcListener::ForgetClosedLocked() {
+void GrpcListener::ForgetClosedLocked(size_t batch) {
   last_sweep_ = std::chrono::steady_clock::now();
-  size_t kept = 0;
-  for (size_t i = 0; i < handed_.size(); ++i) {
-    const Handed& handed = handed_[i];
+  if (sweep_cursor_ >= handed_.size()) sweep_cursor_ = 0;
+  for (size_t looked = 0; looked < batch && sweep_cursor_ < handed_.size(); ++looked) {
+    const Handed& handed = handed_[sweep_cursor_];
     struct stat now {};
     const bool same_socket = fstat(handed.fd, &now) == 0 && now.st_dev == handed.device &&
                              now.st_ino == handed.inode;
     if (same_socket) {
-      handed_[kept++] = handed_[i];
+      ++sweep_cursor_;
       continue;
     }
     auto count = per_address_.find(handed.address);
     if (--count->second == 0) per_address_.erase(count);
+    // The last one takes its place (the order does not matter) and is looked at next.
+    if (sweep_cursor_ + 1 < handed_.size()) handed_[sweep_cursor_] = std::move(handed_.back());
+    handed_.pop_back();
   }
-  handed_.resize(kept);
 }
 
 }  // namespace mptrain

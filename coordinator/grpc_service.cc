@@ -65,17 +65,24 @@ grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
   return handle(frame);
 }
 
-// Finishes `reactor` (alive until its Finish) with `status` once what `deferred` waits for is
-// written, and wakes its waiters then; at once when there is nothing to wait for.
-void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status,
-                      CoordinatorState::Deferred deferred) {
+// Finishes with `status` (through `finish`) once what `deferred` waits for is written, and
+// wakes its waiters then; at once when there is nothing to wait for.
+void FinishAfterWrite(const std::function<void(const grpc::Status&)>& finish,
+                      grpc::Status status, CoordinatorState::Deferred deferred) {
   const CoordinatorState* state = deferred.state;
   if (state == nullptr) {
-    reactor->Finish(status);
+    finish(status);
     return;
   }
   state->AfterWrite(std::move(deferred),
-                    [reactor, status = std::move(status)] { reactor->Finish(status); });
+                    [finish, status = std::move(status)] { finish(status); });
+}
+
+// The same for `reactor` (alive until its Finish).
+void FinishAfterWrite(grpc::ServerUnaryReactor* reactor, grpc::Status status,
+                      CoordinatorState::Deferred deferred) {
+  FinishAfterWrite([reactor](const grpc::Status& s) { reactor->Finish(s); }, std::move(status),
+                   std::move(deferred));
 }
 
 // The same for what the calls made so far on this thread changed or showed
@@ -104,43 +111,39 @@ grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-// A unary call answered when `attempt` has an answer: at once, after each notification of
-// `key`, and at the deadline, when attempt(final = true) must answer. The client going away or
-// the server shutting down ends it too. This is the one place long unary calls wait, time out
-// and get cancelled.
-class LongCall final : public grpc::ServerUnaryReactor {
+// The wait of a long unary call, answered when `attempt` has an answer: at once, after each
+// notification of `key`, and at the deadline, when attempt(final = true) must answer; Cancel
+// (the client went away) and the wait set's shutdown end it too. `finish` gets the answer once
+// (sealed: the response serialized), after what the attempt changed is written. This is the
+// one place long unary calls wait, time out and get cancelled, whichever gRPC API serves them.
+class LongWait {
  public:
   using Attempt = std::function<std::optional<grpc::Status>(bool final)>;
   // Turns the answer into the status to finish with (serializes the response).
   using Seal = std::function<grpc::Status(const grpc::Status&)>;
+  using Finish = std::function<void(const grpc::Status&)>;
 
-  // `done` (optional) runs once when gRPC is done with the call, however it ended.
-  static grpc::ServerUnaryReactor* Start(WaitSet* waits, std::string key, int64_t wait_ms,
-                                         Attempt attempt, Seal seal,
-                                         std::function<void()> done = nullptr) {
-    auto* call = new LongCall();
-    call->done_ = std::move(done);
-    call->core_->seal = std::move(seal);
-    call->core_->reactor = call;
-    call->core_->waits = waits;
-    call->core_->key = std::move(key);
-    call->core_->deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, wait_ms));
-    call->core_->attempt = std::move(attempt);
-    call->core_->Evaluate(wait_ms <= 0);
-    return call;
+  static std::shared_ptr<LongWait> Start(WaitSet* waits, std::string key, int64_t wait_ms,
+                                         Attempt attempt, Seal seal, Finish finish) {
+    auto wait = std::shared_ptr<LongWait>(new LongWait());
+    Core& core = *wait->core_;
+    core.finish = std::move(finish);
+    core.seal = std::move(seal);
+    core.waits = waits;
+    core.key = std::move(key);
+    core.deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, wait_ms));
+    core.attempt = std::move(attempt);
+    core.Evaluate(wait_ms <= 0);
+    return wait;
   }
 
-  void OnCancel() override { core_->Answer(grpc::Status::CANCELLED); }
-  void OnDone() override {
-    if (done_) done_();
-    delete this;
-  }
+  void Cancel() { core_->Answer(grpc::Status::CANCELLED); }
 
  private:
-  // Outlives the reactor while a wait callback may still run.
+  // Outlives the LongWait while a wait callback may still run.
   struct Core : std::enable_shared_from_this<Core> {
     std::recursive_mutex mu;
-    LongCall* reactor = nullptr;
+    Finish finish;
     WaitSet* waits = nullptr;
     std::string key;
     Clock::time_point deadline;
@@ -217,6 +220,9 @@ class LongCall final : public grpc::ServerUnaryReactor {
     }
 
     void Answer(const grpc::Status& status, CoordinatorState::Deferred deferred = {}) {
+      // The answer may end the call's owner on another thread at once (its last reference to
+      // this Core): this one keeps it until the lock below is released.
+      std::shared_ptr<Core> self = shared_from_this();
       std::lock_guard<std::recursive_mutex> lock(mu);
       if (finished) return;
       finished = true;
@@ -225,12 +231,38 @@ class LongCall final : public grpc::ServerUnaryReactor {
         wait_id = 0;
         waits->Cancel(id);  // Its callback sees `finished` and does nothing.
       }
-      FinishAfterWrite(reactor, status.ok() ? seal(status) : status, std::move(deferred));
+      FinishAfterWrite(finish, status.ok() ? seal(status) : status, std::move(deferred));
     }
   };
 
-  LongCall() : core_(std::make_shared<Core>()) {}
+  LongWait() : core_(std::make_shared<Core>()) {}
   std::shared_ptr<Core> core_;
+};
+
+// A long unary call on the callback API: its LongWait finishes the reactor.
+class LongCall final : public grpc::ServerUnaryReactor {
+ public:
+  // `done` (optional) runs once when gRPC is done with the call, however it ended.
+  static grpc::ServerUnaryReactor* Start(WaitSet* waits, std::string key, int64_t wait_ms,
+                                         LongWait::Attempt attempt, LongWait::Seal seal,
+                                         std::function<void()> done = nullptr) {
+    auto* call = new LongCall();
+    call->done_ = std::move(done);
+    // The reactor lives until OnDone, which comes only after its Finish.
+    call->wait_ = LongWait::Start(waits, std::move(key), wait_ms, std::move(attempt),
+                                  std::move(seal),
+                                  [call](const grpc::Status& status) { call->Finish(status); });
+    return call;
+  }
+
+  void OnCancel() override { wait_->Cancel(); }
+  void OnDone() override {
+    if (done_) done_();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<LongWait> wait_;
   std::function<void()> done_;
 };
 
@@ -591,36 +623,208 @@ grpc::ServerUnaryReactor* WorkerControlService::DeregisterWorker(
       });
 }
 
-grpc::ServerUnaryReactor* WorkerControlService::PollAssignments(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Dispatch<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>(
-      context, request, response, [&](auto frame) {
-        const int64_t wait_ms = std::clamp<int64_t>(frame->request.wait_ms(), 0, kMaxPollWaitMs);
-        if (absl::Status caller = state_->CheckWorkerCaller(frame->request.worker_id(),
-                                                            frame->request.worker_secret());
-            !caller.ok()) {
-          return AnswerNow(context, *frame, caller);
+// One PollAssignments call on the asynchronous API, from its request slot to its end. Its
+// three tags come back on its own queue's thread, one at a time: kArrived (a call took the
+// slot: ok = false when the server shuts down first), kDone (gRPC is done with the call, or the
+// client cancelled it: AsyncNotifyWhenDone) and kFinished (the answer went out). The answer
+// itself may be sent from another thread (the wait set's, the store writer's). It is deleted
+// once kDone and kFinished both came, or at kArrived with ok = false (a slot never taken gets
+// no kDone).
+class AsyncPoll {
+ public:
+  AsyncPoll(WorkerControlService* service, grpc::ServerCompletionQueue* queue)
+      : service_(service), queue_(queue), responder_(&context_) {
+    frame_->out = &response_bytes_;
+  }
+
+  void Post() {
+    context_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestPollAssignments(&context_, &request_bytes_, &responder_, queue_, queue_,
+                                     &arrived_tag_);
+  }
+
+  struct Tag {
+    enum Kind { kArrived, kDone, kFinished };
+    AsyncPoll* poll;
+    Kind kind;
+  };
+
+  // On the queue's thread.
+  void Proceed(Tag::Kind kind, bool ok) {
+    switch (kind) {
+      case Tag::kArrived:
+        if (!ok) {
+          Delete(/*started=*/false);
+          return;
         }
-        std::string holder =
-            absl::StrCat("worker ", TruncateForError(frame->request.worker_id(), 128));
-        if (absl::Status admitted = long_polls_.Acquire(holder); !admitted.ok()) {
-          return AnswerNow(context, *frame, admitted);
+        started_ = true;
+        {
+          std::lock_guard<std::mutex> lock(service_->polls_mu_);
+          ++service_->polls_started_;
         }
-        return LongCall::Start(
-            waits_, CoordinatorState::WorkerKey(frame->request.worker_id()), wait_ms,
-            [this, frame](bool final) -> std::optional<grpc::Status> {
-              auto result = state_->PollAssignments(frame->request);
-              if (!result.ok()) return ToGrpcStatus(result.status());
-              if (result->start_size() == 0 && result->stop_size() == 0 && !final) {
-                return std::nullopt;
-              }
-              frame->response = std::move(*result);
-              return grpc::Status::OK;
-            },
-            [frame](const grpc::Status& status) { return frame->Seal(status); },
-            [this, holder = std::move(holder)] { long_polls_.Release(holder); });
-      });
+        if (!service_->polls_stopping_.load()) service_->PostPoll(queue_);
+        Arrived();
+        break;
+      case Tag::kDone: {
+        done_ = true;
+        std::shared_ptr<LongWait> wait;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          wait = wait_;
+        }
+        if (context_.IsCancelled() && wait != nullptr) wait->Cancel();
+        break;
+      }
+      case Tag::kFinished:
+        finished_ = true;
+        break;
+    }
+    if (done_ && finished_) Delete(/*started=*/true);
+  }
+
+ private:
+  void Arrived() {
+    v1::PollAssignmentsRequest& request = frame_->request;
+    grpc::ByteBuffer copy(request_bytes_);  // Deserialize consumes its buffer.
+    if (!grpc::SerializationTraits<v1::PollAssignmentsRequest>::Deserialize(&copy, &request)
+             .ok()) {
+      Send(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the request is not a valid mptrain.v1.PollAssignmentsRequest (its bytes "
+                        "do not parse as that protobuf message)"));
+      return;
+    }
+    request.DiscardUnknownFields();  // As Dispatch does for every other method.
+    CoordinatorState::DeferWrites defer;  // This thread does not wait for the store.
+    const int64_t wait_ms = std::clamp<int64_t>(request.wait_ms(), 0, kMaxPollWaitMs);
+    if (absl::Status caller =
+            service_->state_->CheckWorkerCaller(request.worker_id(), request.worker_secret());
+        !caller.ok()) {
+      SendAfterWrite(ToGrpcStatus(caller));
+      return;
+    }
+    holder_ = absl::StrCat("worker ", TruncateForError(request.worker_id(), 128));
+    if (absl::Status admitted = service_->long_polls_.Acquire(holder_); !admitted.ok()) {
+      holder_.clear();
+      SendAfterWrite(ToGrpcStatus(admitted));
+      return;
+    }
+    std::shared_ptr<Frame<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>> frame =
+        frame_;
+    CoordinatorState* state = service_->state_;
+    std::shared_ptr<LongWait> wait = LongWait::Start(
+        service_->waits_, CoordinatorState::WorkerKey(request.worker_id()), wait_ms,
+        [state, frame](bool final) -> std::optional<grpc::Status> {
+          auto result = state->PollAssignments(frame->request);
+          if (!result.ok()) return ToGrpcStatus(result.status());
+          if (result->start_size() == 0 && result->stop_size() == 0 && !final) {
+            return std::nullopt;
+          }
+          frame->response = std::move(*result);
+          return grpc::Status::OK;
+        },
+        [frame](const grpc::Status& status) { return frame->Seal(status); },
+        [this](const grpc::Status& status) { Send(status); });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!sent_) wait_ = std::move(wait);
+  }
+
+  void SendAfterWrite(grpc::Status status) {
+    FinishAfterWrite([this](const grpc::Status& s) { Send(s); }, std::move(status),
+                     CoordinatorState::TakeDeferred());
+  }
+
+  // Once, from any thread; the object stays until kFinished (and kDone) come back.
+  void Send(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sent_) return;
+    sent_ = true;
+    if (status.ok()) {
+      responder_.Finish(response_bytes_, status, &finished_tag_);  // Sealed into it.
+    } else {
+      responder_.FinishWithError(status, &finished_tag_);
+    }
+  }
+
+  void Delete(bool started) {
+    if (!holder_.empty()) service_->long_polls_.Release(holder_);
+    WorkerControlService* service = service_;
+    delete this;
+    service->PollGone(started);
+  }
+
+  WorkerControlService* const service_;
+  grpc::ServerCompletionQueue* const queue_;
+  grpc::ServerContext context_;
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_;
+  std::shared_ptr<Frame<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>> frame_ =
+      std::make_shared<Frame<v1::PollAssignmentsRequest, v1::PollAssignmentsResponse>>();
+  Tag arrived_tag_{this, Tag::kArrived};
+  Tag done_tag_{this, Tag::kDone};
+  Tag finished_tag_{this, Tag::kFinished};
+  std::string holder_;  // Whose place in long_polls_ this holds (empty: none).
+  // Only the queue's thread touches these.
+  bool started_ = false;
+  bool done_ = false;
+  bool finished_ = false;
+  // Guards the answer, which any thread may send.
+  std::mutex mu_;
+  bool sent_ = false;
+  std::shared_ptr<LongWait> wait_;
+};
+
+void WorkerControlService::AddPollQueues(grpc::ServerBuilder* builder, int queues) {
+  for (int i = 0; i < queues; ++i) poll_queues_.push_back(builder->AddCompletionQueue());
+}
+
+void WorkerControlService::PostPoll(grpc::ServerCompletionQueue* queue) {
+  (new AsyncPoll(this, queue))->Post();
+}
+
+void WorkerControlService::PollGone(bool started) {
+  if (!started) return;
+  std::lock_guard<std::mutex> lock(polls_mu_);
+  --polls_started_;
+  polls_cv_.notify_all();
+}
+
+void WorkerControlService::StartPolls() {
+  // A few request slots per queue, so that a burst of polls (every worker after a restart)
+  // does not wait for one slot at a time to be posted again.
+  constexpr int kSlotsPerQueue = 16;
+  for (const auto& queue : poll_queues_) {
+    for (int i = 0; i < kSlotsPerQueue; ++i) PostPoll(queue.get());
+    poll_threads_.emplace_back([queue = queue.get()] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) {
+        auto* t = static_cast<AsyncPoll::Tag*>(tag);
+        t->poll->Proceed(t->kind, ok);
+      }
+    });
+  }
+}
+
+void WorkerControlService::StopPolls(std::chrono::milliseconds drain) {
+  if (poll_queues_.empty() || polls_stopping_.exchange(true)) return;
+  {
+    // Calls still open (the server's shutdown cancelled them) finish first: an answer sent on
+    // a queue already shut down would be gRPC's assertion.
+    std::unique_lock<std::mutex> lock(polls_mu_);
+    polls_cv_.wait_for(lock, drain, [this] { return polls_started_ == 0; });
+  }
+  for (const auto& queue : poll_queues_) queue->Shutdown();
+  for (std::thread& thread : poll_threads_) thread.join();
+  if (poll_threads_.empty()) {  // Never started: drained here (a queue must be, to go).
+    for (const auto& queue : poll_queues_) {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) {
+      }
+    }
+  }
+  poll_threads_.clear();
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::ReportRankExit(

@@ -8,22 +8,39 @@
 // Long calls (PollAssignments, KeyValueGet, WatchJob) hold no thread while they wait: when the
 // state has nothing to answer yet they wait in the WaitSet on the key of what they wait for, and
 // look again when the state names that key, when their deadline passes, or never (the client
-// cancelled). Deadlines and cancellation are handled in one place (LongCall in the .cc).
+// cancelled). Deadlines and cancellation are handled in one place (LongWait in the .cc).
+//
+// PollAssignments alone is served on gRPC's asynchronous API, from completion queues of its
+// own (WorkerControlService::AddPollQueues): every live worker holds one poll open, and
+// Debian's gRPC, built without NDEBUG, walks a completion queue's list of outstanding
+// operations at every completion (cq_check_tag). On the callback API all calls share one
+// process-wide queue (epoll1 has no background poller: CallbackAlternativeCQ), and at 50,000
+// workers that walk took most of a core and registrations stopped converging; split over
+// kPollQueues queues each walk is that much shorter, and the other calls' queue holds only
+// the calls being answered.
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/wait_set.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/mptrain.grpc.pb.h"
 
 namespace mptrain {
+
+class AsyncPoll;
 
 // How long a long call may wait at most, whatever the client asks.
 inline constexpr int64_t kMaxPollWaitMs = 30'000;
@@ -74,17 +91,20 @@ using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_SubmitJob<
                 v1::Coordinator::WithRawCallbackMethod_GetJobEvents<
                     v1::Coordinator::WithRawCallbackMethod_GetRankLog<
                         v1::Coordinator::CallbackService>>>>>>>;
+// Over the plain Service, not CallbackService: every method is marked one by one, and
+// PollAssignments' mark (raw asynchronous) only takes the handler away from a synchronous
+// method, not from a callback one (gRPC's RpcServiceMethod::SetServerApiType).
 using WorkerControlBase = v1::WorkerControl::WithRawCallbackMethod_RegisterWorker<
     v1::WorkerControl::WithRawCallbackMethod_Heartbeat<
         v1::WorkerControl::WithRawCallbackMethod_DeregisterWorker<
-            v1::WorkerControl::WithRawCallbackMethod_PollAssignments<
+            v1::WorkerControl::WithRawMethod_PollAssignments<  // Asynchronous (see above).
                 v1::WorkerControl::WithRawCallbackMethod_ReportRankExit<
                     v1::WorkerControl::WithRawCallbackMethod_KeyValueSet<
                         v1::WorkerControl::WithRawCallbackMethod_KeyValueGet<
                             v1::WorkerControl::WithRawCallbackMethod_ReportTelemetry<
                                 v1::WorkerControl::WithRawCallbackMethod_ReportRankResult<
                                     v1::WorkerControl::WithRawCallbackMethod_ReportRankLog<
-                                        v1::WorkerControl::CallbackService>>>>>>>>>>;
+                                        v1::WorkerControl::Service>>>>>>>>>>;
 
 class CoordinatorService final : public CoordinatorBase {
  public:
@@ -128,6 +148,9 @@ class CoordinatorService final : public CoordinatorBase {
   CallQuota watches_;
 };
 
+// PollAssignments' completion queues (see the top of this file).
+inline constexpr int kPollQueues = 8;
+
 class WorkerControlService final : public WorkerControlBase {
  public:
   WorkerControlService(CoordinatorState* state, WaitSet* waits,
@@ -138,6 +161,15 @@ class WorkerControlService final : public WorkerControlBase {
         auth_(std::move(auth)),
         long_polls_("waiting polls and key-value reads", long_poll_limits,
                     ": let one end first") {}
+  ~WorkerControlService() override { StopPolls(); }
+
+  // PollAssignments' queues, each with a thread: AddPollQueues on the builder this service is
+  // registered with, before BuildAndStart; StartPolls once the server has started; StopPolls
+  // (or the destructor) once it has shut down: it waits up to `drain` for the polls still
+  // open to be answered, then shuts the queues down and joins their threads.
+  void AddPollQueues(grpc::ServerBuilder* builder, int queues = kPollQueues);
+  void StartPolls();
+  void StopPolls(std::chrono::milliseconds drain = std::chrono::seconds(5));
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const grpc::ByteBuffer* request,
@@ -148,9 +180,6 @@ class WorkerControlService final : public WorkerControlBase {
   grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* PollAssignments(grpc::CallbackServerContext* context,
-                                            const grpc::ByteBuffer* request,
-                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportRankExit(grpc::CallbackServerContext* context,
                                            const grpc::ByteBuffer* request,
                                            grpc::ByteBuffer* response) override;
@@ -176,6 +205,17 @@ class WorkerControlService final : public WorkerControlBase {
   std::shared_ptr<const Authenticator> auth_;
   // Per worker (its polls) and per rank (its key-value reads).
   CallQuota long_polls_;
+
+  // PollAssignments on the asynchronous API (AsyncPoll in the .cc).
+  friend class AsyncPoll;
+  void PostPoll(grpc::ServerCompletionQueue* queue);  // One more request slot on `queue`.
+  void PollGone(bool started);                        // An AsyncPoll is deleted.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> poll_queues_;
+  std::vector<std::thread> poll_threads_;
+  std::atomic<bool> polls_stopping_{false};
+  std::mutex polls_mu_;
+  std::condition_variable polls_cv_;
+  int64_t polls_started_ = 0;  // AsyncPoll objects a call arrived on, not yet deleted.
 };
 
 }  // namespace mptrain

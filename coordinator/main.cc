@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cli_flags.h"
 #include "common/logging.h"
 #include "common/rpc_limits.h"
@@ -75,8 +76,9 @@ ABSL_FLAG(int32_t, max_watches_per_principal, 512,
 ABSL_FLAG(double, grpc_handshake_timeout_s, 5,
           "Seconds a connection to the gRPC port has to finish its handshake (TLS, then HTTP/2's "
           "settings) before it is closed (gRPC's own default: 120)");
-ABSL_FLAG(int64_t, grpc_max_connections, 8192,
-          "Connections the gRPC port holds at once; more are closed as they arrive");
+ABSL_FLAG(int64_t, grpc_max_connections, 0,
+          "Connections the gRPC port holds at once; more are closed as they arrive (0: two per "
+          "--max_live_workers, for a worker and its ranks, plus 8192 for users)");
 ABSL_FLAG(int64_t, grpc_max_connections_per_address, 2048,
           "Connections one client address (IPv6: one /64) may hold on the gRPC port (a worker "
           "and its ranks share one)");
@@ -114,6 +116,10 @@ void RaiseDescriptorLimit(size_t max_connections) {
 }
 
 int main(int argc, char** argv) {
+  // Debian's abseil is built without NDEBUG, so every absl::Mutex (gRPC's, several per call)
+  // keeps a lock-order graph for deadlock detection: 8% of the coordinator's CPU at 50,000
+  // workers. Our own code uses std::mutex; the detection only ever looked at gRPC's locks.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   mptrain::ParseFlags(argc, argv, "coordinator --listen HOST:PORT [--heartbeat-timeout SECONDS]");
   mptrain::InitLogging("coordinator", absl::GetFlag(FLAGS_log_level));
 
@@ -223,7 +229,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   mptrain::GrpcConnectionLimits connection_limits;
-  const int64_t max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
+  const int64_t max_connections =
+      absl::GetFlag(FLAGS_grpc_max_connections) == 0
+          ? std::min<int64_t>(2 * int64_t{options.max_live_workers} + 8192, kMostGrpcConnections)
+          : absl::GetFlag(FLAGS_grpc_max_connections);
   const int64_t max_per_address = absl::GetFlag(FLAGS_grpc_max_connections_per_address);
   if (max_connections < 1 || max_connections > kMostGrpcConnections || max_per_address < 1 ||
       max_per_address > max_connections) {
@@ -276,11 +285,13 @@ int main(int argc, char** argv) {
                              mptrain::kServerMinPingIntervalMs);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&worker_service);
+  worker_service.AddPollQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot start the gRPC server for {}", absl::GetFlag(FLAGS_listen));
     return 1;
   }
+  worker_service.StartPolls();
   // Declared after the server and the acceptor: it stops accepting before they go.
   absl::StatusOr<std::unique_ptr<mptrain::GrpcListener>> listener =
       mptrain::GrpcListener::Bind(absl::GetFlag(FLAGS_listen), connection_limits);
@@ -364,6 +375,7 @@ int main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
+  worker_service.StopPolls();
   if (health_server != nullptr) {
     health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
