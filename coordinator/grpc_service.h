@@ -165,8 +165,9 @@ class WorkerControlService final : public WorkerControlBase {
 
   // PollAssignments' queues, each with a thread: AddPollQueues on the builder this service is
   // registered with, before BuildAndStart; StartPolls once the server has started; StopPolls
-  // (or the destructor) once it has shut down: it waits up to `drain` for the polls still
-  // open to be answered, then shuts the queues down and joins their threads.
+  // after the server's Shutdown and before the server is destroyed (its pending request slots
+  // refer to it): it waits up to `drain` for the polls still open to be answered, then shuts
+  // the queues down and joins their threads. Later calls do nothing.
   void AddPollQueues(grpc::ServerBuilder* builder, int queues = kPollQueues);
   void StartPolls();
   void StopPolls(std::chrono::milliseconds drain = std::chrono::seconds(5));

@@ -124,6 +124,7 @@ TEST(GrpcService, ASlowDisk_HoldsNoThread_WritesAnswerOnceWritten) {
   EXPECT_EQ(succeeded.load(), kSubmits);
   EXPECT_EQ(heartbeats_answered, 10);
   server->Shutdown(std::chrono::system_clock::now());
+  workers.StopPolls();  // Before the server goes.
   for (int i = 0; i < 500 && answered.load() < kSubmits; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -292,12 +292,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   worker_service.StartPolls();
+  // However main ends from here on: the server shut down, then the polls' queues drained,
+  // while the server still exists (a pending poll slot refers to it).
+  struct StopServer {
+    grpc::Server* server;
+    mptrain::WorkerControlService* workers;
+    ~StopServer() {
+      server->Shutdown(std::chrono::system_clock::now());
+      workers->StopPolls();
+    }
+  } stop_server{server.get(), &worker_service};
   // Declared after the server and the acceptor: it stops accepting before they go.
   absl::StatusOr<std::unique_ptr<mptrain::GrpcListener>> listener =
       mptrain::GrpcListener::Bind(absl::GetFlag(FLAGS_listen), connection_limits);
   if (!listener.ok()) {
     spdlog::error("{}", std::string(listener.status().message()));
-    server->Shutdown();
     return 1;
   }
   (*listener)->Start(acceptor.get());
@@ -326,7 +335,6 @@ int main(int argc, char** argv) {
     if (health_server == nullptr || health_port == 0) {
       spdlog::error("--health_listen {}: cannot listen there (a HOST:PORT this machine holds, "
                     "port free)", absl::GetFlag(FLAGS_health_listen));
-      server->Shutdown();
       return 2;
     }
     spdlog::info("health service (grpc.health.v1, plaintext) on {} (port {})",
@@ -345,7 +353,6 @@ int main(int argc, char** argv) {
                                               security->authenticator);
     if (!started.ok()) {
       spdlog::error("{}", std::string(started.status().message()));
-      server->Shutdown();
       return 2;
     }
     http = std::move(*started);
@@ -375,7 +382,6 @@ int main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
-  worker_service.StopPolls();
   if (health_server != nullptr) {
     health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
