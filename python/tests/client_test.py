@@ -126,7 +126,10 @@ class ClientTest(unittest.TestCase):
         """A stream broken with UNAVAILABLE (a restarting coordinator) is opened again with
         back-off; every record comes once. Other codes, and a stream down for longer than
         reconnect_timeout_s, raise."""
-        job = self.client.submit(dict(SPEC, name="reconnected", steps=8))
+        # Long enough to be running when the watch starts (8 steps could end before it did:
+        # then the first answer held every record and the state, and nothing was broken), short
+        # enough for the job's telemetry history (1,000 records) to hold every step.
+        job = self.client.submit(dict(SPEC, name="reconnected", steps=600))
         real = self.client._stub.WatchJob
         calls = []
 
@@ -163,7 +166,7 @@ class ClientTest(unittest.TestCase):
             steps = [r["step"] for r in self.client.watch(job)]
         finally:
             self.client._stub.WatchJob = real
-        self.assertEqual(steps, list(range(1, 9)), "every record once, in order")
+        self.assertEqual(steps, list(range(1, 601)), "every record once, in order")
         self.assertEqual(len(calls), 4)
         gaps = [b - a for a, b in zip(calls, calls[1:])]
         self.assertGreaterEqual(gaps[1], 0.9 * 2 * mptrain.Client.RECONNECT_FIRST_S,
