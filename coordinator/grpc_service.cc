@@ -746,6 +746,8 @@ class AsyncPoll {
   }
 
   void Delete(bool started) {
+    // The answer's sender (another thread) may still be leaving Send when kFinished comes.
+    { std::lock_guard<std::mutex> lock(mu_); }
     if (!holder_.empty()) service_->long_polls_.Release(holder_);
     WorkerControlService* service = service_;
     delete this;
