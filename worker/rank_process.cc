@@ -369,7 +369,14 @@ int RunAssignment(const RankProcessOptions& options,
   // by the last job's timer.
   {
     TeardownLimit limit(exit_code);
+    const auto teardown = std::chrono::steady_clock::now();
     backend.reset();
+    // What a slot's next job waits for when it comes right after this one (the process is its
+    // slot's again only then): said, so that a slow teardown is seen.
+    spdlog::info("backend released in {:.0f} ms",
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                           teardown)
+                     .count());
   }
   g_training_thread.store(0);
   return exit_code;
