@@ -38,6 +38,7 @@ ABSL_FLAG(int, steps, 10, "Timed steps");
 ABSL_FLAG(int, profile_step, 0,
           "Bracket the host's issue of one step after this one with cudaProfilerStart/Stop "
           "(ncu --profile-from-start off); 0: none");
+ABSL_FLAG(bool, deterministic, false, "JobSpec.deterministic");
 ABSL_FLAG(std::string, tokens, "/tmp/gpt_train_bench_tokens.bin", "Token shard (written)");
 
 namespace mptrain::bench {
@@ -49,12 +50,16 @@ class StepObserver : public TrainingObserver {
  public:
   explicit StepObserver(int profile_step) : profile_step_(profile_step) {}
   void OnStep(int64_t step, const StepTelemetry* record) override {
-    if (record != nullptr) times_ms.push_back(record->step_time_ms);
+    if (record != nullptr) {
+      times_ms.push_back(record->step_time_ms);
+      last_loss = record->loss;
+    }
     if (profile_step_ > 0 && step == profile_step_) cudaProfilerStart();
     if (profile_step_ > 0 && step == profile_step_ + 1) cudaProfilerStop();
   }
   bool ShouldStop() override { return false; }
   std::vector<double> times_ms;
+  double last_loss = 0;
 
  private:
   int profile_step_;
@@ -94,8 +99,9 @@ int Main() {
           "data": {"tokens": {"files": ["%s"]}},
           "micro_batch_size": %d, "accumulation_steps": %d, "steps": %d, "precision": "%s",
           "optimizer": {"kind": "adamw", "lr": 0.0006, "beta2": 0.95, "weight_decay": 0.1},
-          "max_grad_norm": 1.0, "telemetry_every": 1})",
-      T, L, H, C, tokens, B, A, warmup + steps, absl::GetFlag(FLAGS_precision));
+          "max_grad_norm": 1.0, "telemetry_every": 1, "deterministic": %s})",
+      T, L, H, C, tokens, B, A, warmup + steps, absl::GetFlag(FLAGS_precision),
+      absl::GetFlag(FLAGS_deterministic) ? "true" : "false");
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(json);
   if (!spec.ok()) {
     std::cerr << "gpt_train_bench: " << spec.status() << "\n";
@@ -140,10 +146,12 @@ int Main() {
   std::cout << absl::StrFormat(
                    "{\"engine\": \"mptrain (in process)\", \"layers\": %d, \"width\": %d, "
                    "\"batch\": %d, \"accum\": %d, \"precision\": \"%s\", \"ms_per_step\": %.2f, "
-                   "\"tokens_per_s\": %.0f, \"replayed_steps\": %d, \"first_ms\": %.1f}",
+                   "\"tokens_per_s\": %.0f, \"replayed_steps\": %d, \"first_ms\": %.1f, "
+                   "\"deterministic\": %s, \"final_loss\": %.6f}",
                    L, C, B, A, absl::GetFlag(FLAGS_precision), ms,
                    ms > 0 ? step_tokens / ms * 1000 : 0, trained->replayed_steps,
-                   observer.times_ms.empty() ? 0 : observer.times_ms.front())
+                   observer.times_ms.empty() ? 0 : observer.times_ms.front(),
+                   absl::GetFlag(FLAGS_deterministic) ? "true" : "false", observer.last_loss)
             << std::endl;
   return 0;
 }

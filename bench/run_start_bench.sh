@@ -5,7 +5,8 @@
 # for the slot's next job (the default, --reuse_ranks), warm = a new warm process per job
 # (--reuse_ranks=false, the behaviour before), cold = no warm processes (--warm_ranks=false).
 # For each mode and each pause of PAUSES (seconds, default "3"; issue 33: "0 0.5 3"), a fresh
-# coordinator and two worker daemons (one GPU each; DEVICE=cpu: CPU slots), one job first (the
+# coordinator and two worker daemons (one GPU each, or one daemon and world size 1 on a one-GPU
+# machine; DEVICE=cpu: CPU slots), one job first (the
 # daemons' first), then RUNS jobs of examples/seed.json (5 steps), one after another, PAUSE
 # seconds between one's end and the next's submit (the time a slot's next warm process has to
 # set up when it is not reused). Per job: the wall time of `trainctl submit --wait`, the
@@ -27,6 +28,16 @@ RESULTS="$OUT/start_bench.jsonl"
 export NCCL_NVLS_ENABLE=0
 SPEC=examples/seed.json
 [ "$DEVICE" = cpu ] && SPEC=examples/seed_cpu.json
+# One GPU (the lent nvidia-h200): one worker daemon and the seed example at world size 1.
+GPUS=${GPUS:-2}
+if [ "$DEVICE" = cuda ] && [ -z "${GPUS_SET:-}" ] && command -v nvidia-smi >/dev/null; then
+  GPUS=$(nvidia-smi -L | grep -c '^GPU ')
+fi
+if [ "$DEVICE" = cuda ] && [ "$GPUS" -lt 2 ]; then
+  SPEC=$(mktemp --suffix=.json)
+  python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["world_size"] = 1; json.dump(s, open(sys.argv[2], "w"))' \
+    examples/seed.json "$SPEC"
+fi
 
 COORDINATOR=$MPTRAIN_BIN/coordinator WORKER=$MPTRAIN_BIN/worker TRAINCTL=$MPTRAIN_BIN/trainctl
 source scripts/lib/local_cluster.sh
@@ -44,11 +55,13 @@ for PAUSE in $PAUSES; do
   if [ "$DEVICE" = cpu ]; then
     start_worker hostA "" --device=cpu --slots=1 "${flags[@]}"
     start_worker hostB "" --device=cpu --slots=1 "${flags[@]}"
+  elif [ "$GPUS" -lt 2 ]; then
+    start_worker hostA 0 --device=cuda "${flags[@]}"
   else
     start_worker hostA 0 --device=cuda "${flags[@]}"
     start_worker hostB 1 --device=cuda "${flags[@]}"
   fi
-  wait_for_workers 2 || exit 1
+  wait_for_workers $([ "$DEVICE" = cuda ] && [ "$GPUS" -lt 2 ] && echo 1 || echo 2) || exit 1
   sleep "$PAUSE"
   for run in $(seq 0 "$RUNS"); do
     start_ns=$(date +%s%N)
@@ -57,7 +70,7 @@ for PAUSE in $PAUSES; do
     "$TRAINCTL" --coordinator="$ADDRESS" --output=json status "$job" >"$CLUSTER_DIR/$job.json" ||
       status=1
     python3 - "$CLUSTER_DIR/$job.json" "$mode" "$run" "$start_ns" "$end_ns" "$job" "$PAUSE" \
-      "$CLUSTER_DIR"/hostA.log "$CLUSTER_DIR"/hostB.log <<'PY' |
+      "$CLUSTER_DIR"/host*.log <<'PY' |
 import datetime, json, re, sys
 path, mode, run, start_ns, end_ns, job_id, pause = sys.argv[1:8]
 job = json.load(open(path))

@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptvariants] [gptmemcheck] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -31,7 +31,8 @@ for step in $STEPS; do
       python3 scripts/test_skips.py gpus "$gpus" "$OUT/cuda_backend_test.xml" || status=1 ;;
     gpt)
       # Issue 29: the GPT's CUDA primitives and training against the CPU backend.
-      "$MPTRAIN_BIN/cuda_language_model_test" --gtest_output="xml:$OUT/cuda_language_model_test.xml" \
+      timeout 400 "$MPTRAIN_BIN/cuda_language_model_test" \
+        --gtest_output="xml:$OUT/cuda_language_model_test.xml" \
         >"$OUT/cuda_language_model_test.log" 2>&1 || status=1
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|Expected|Which is|actual|error|dtype" \
         "$OUT/cuda_language_model_test.log" | head -60 ;;
@@ -87,6 +88,18 @@ PY
         >"$OUT/gptdiag_memcheck.log" 2>&1 || status=1
       grep -E "^\[  (PASSED|FAILED) |ERROR SUMMARY|Invalid|at 0x|by thread|Address|Saved host backtrace|#[0-9] " \
         "$OUT/gptdiag_memcheck.log" | head -40 ;;
+    gptvariants)
+      # GPT-2 in process under several settings (bench/run_gpt_variants.sh: GPT_VARIANTS,
+      # GPT_VARIANT_CONFIGS).
+      bash bench/run_gpt_variants.sh || status=1 ;;
+    gptmemcheck)
+      # A small GPT (2 blocks) trained with its steps recorded and replayed, under
+      # compute-sanitizer's memcheck (GPT_MEMCHECK_FLAGS for more gpt_train_bench flags).
+      MPTRAIN_STEP_GRAPHS=1 timeout 400 compute-sanitizer --tool memcheck --print-limit 4 \
+        "$MPTRAIN_BIN/gpt_train_bench" --layers=2 --batch=4 --accum=2 --warmup=2 --steps=3 \
+        ${GPT_MEMCHECK_FLAGS:-} >"$OUT/gptmemcheck.log" 2>&1 || status=1
+      grep -E "ERROR SUMMARY|Invalid|at 0x|by thread|Address|engine|ms_per_step" \
+        "$OUT/gptmemcheck.log" | head -30 ;;
     gptprofile)
       # Issue 29: the GPT step in process (bench/gpt_train_bench.cc), recorded as a CUDA graph and
       # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel.
@@ -173,7 +186,10 @@ PY
       # rank processes reused for the next job, a new warm process per job, and none.
       PAUSES="${START_PAUSES:-0 0.5 3}" PYTHONUNBUFFERED=1 timeout 540 bash bench/run_start_bench.sh \
         >"$OUT/start.log" 2>&1 || status=1
-      tail -13 "$OUT/start.log" ;;
+      tail -13 "$OUT/start.log"
+      # Where a back-to-back job's wait goes: the previous rank's teardown, the slot's release.
+      grep -hE "released in|memory released|handed to" "$OUT"/start_bench_*_hostA.log 2>/dev/null |
+        cut -c1-160 | tail -8 ;;
     fault)
       timeout 120 bash scripts/gpu_fault_demo.sh >"$OUT/fault.log" 2>&1 || status=1
       cat "$OUT/fault.log" ;;

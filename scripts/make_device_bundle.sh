@@ -78,5 +78,5 @@ ENV
 du -sh "$BUNDLE"
 
 # The device tool carries at most 64 MiB: ship the bundle compressed.
-tar -C "$(dirname "$BUNDLE")" -cJf device_bundle.tar.xz "$(basename "$BUNDLE")"
+XZ_OPT="-T0" tar -C "$(dirname "$BUNDLE")" -cJf device_bundle.tar.xz "$(basename "$BUNDLE")"
 du -sh device_bundle.tar.xz
