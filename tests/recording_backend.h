@@ -28,6 +28,7 @@ class RecordingBackend final : public Backend {
   int replays() const { return replays_; }
 
   std::string Name() const override { return "recording " + inner_->Name(); }
+  void SetDeterministic(bool deterministic) override { inner_->SetDeterministic(deterministic); }
   // What a CUDA graph cannot hold (allocations, transfers the host waits for, reads of the
   // device's state) is refused while recording, as a capture would fail.
   absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) override {
@@ -64,6 +65,15 @@ class RecordingBackend final : public Backend {
                               Tensor db_acc, bool overwrite_grads) override {
     return Do([=, this] {
       return inner_->LinearBackward(x, w, dy, dx, dw_acc, db_acc, overwrite_grads);
+    });
+  }
+  absl::Status LinearBackwardThroughActivation(Tensor x, Tensor w, Tensor dy, ActivationKind act,
+                                               Tensor pre, Tensor d_act, Tensor d_pre,
+                                               Tensor dw_acc, Tensor db_acc,
+                                               bool overwrite_grads) override {
+    return Do([=, this] {
+      return inner_->LinearBackwardThroughActivation(x, w, dy, act, pre, d_act, d_pre, dw_acc,
+                                                     db_acc, overwrite_grads);
     });
   }
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override {

@@ -106,6 +106,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string Name() const = 0;
 
+  // The job's JobSpec.deterministic (torch.use_deterministic_algorithms): on, every op takes an
+  // algorithm whose result does not depend on timing (CUDA: cuDNN's deterministic attention
+  // backward, cuBLASLt's heuristic GEMM algorithm instead of the fastest one timed); off, the
+  // fastest (atomics in the attention backward's dQ). Set before a job's first op; a backend
+  // that is always deterministic (the CPU's) ignores it.
+  virtual void SetDeterministic(bool /*deterministic*/) {}
+
   // Zero-filled memory owned by the backend until it is destroyed.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) = 0;
   // Host fp32 -> tensor (rounded to its dtype).
@@ -140,6 +147,19 @@ class Backend {
   // gradients of some output features only.
   virtual absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                                       Tensor db_acc, bool overwrite_grads = false) = 0;
+  // A Linear whose input is act(pre) (the GPT's mlp.c_proj after GELU), backward through both:
+  // LinearBackward(x, w, dy, d_act, dw_acc, db_acc, overwrite_grads) and then
+  // ActivationBackward(act, pre, d_act, d_pre): d_act [M, K] is scratch for that (the default
+  // does exactly those two calls). A backend may fuse the activation's derivative into the
+  // input gradient's GEMM (CUDA: cuBLASLt's DGELU epilogue for kGeluTanh in fp16/bf16), which
+  // rounds once, d_pre = round(f32(dy · w) · act'(pre)), where the two calls round dy · w first
+  // (as PyTorch's eager autograd does; torch.compile fuses such chains likewise): one rounding
+  // of the compute dtype apart.
+  virtual absl::Status LinearBackwardThroughActivation(Tensor x, Tensor w, Tensor dy,
+                                                       ActivationKind act, Tensor pre,
+                                                       Tensor d_act, Tensor d_pre,
+                                                       Tensor dw_acc, Tensor db_acc,
+                                                       bool overwrite_grads);
   // out[c] = Σ_r f32(rows[r, c]) summed in row order; rows [R, C] in the compute dtype (may be a
   // strided column slice), out [1, C] f32.
   virtual absl::Status SumRowsToF32(Tensor rows, Tensor out) = 0;

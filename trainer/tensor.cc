@@ -60,6 +60,15 @@ absl::Status Backend::SquaredErrorAndGradient(Tensor a, Tensor b, double divide_
   return ScaledDifference(a, b, coef, step_state, seed_divisor, out);
 }
 
+absl::Status Backend::LinearBackwardThroughActivation(Tensor x, Tensor w, Tensor dy,
+                                                      ActivationKind act, Tensor pre,
+                                                      Tensor d_act, Tensor d_pre, Tensor dw_acc,
+                                                      Tensor db_acc, bool overwrite_grads) {
+  absl::Status linear = LinearBackward(x, w, dy, d_act, dw_acc, db_acc, overwrite_grads);
+  if (!linear.ok()) return linear;
+  return ActivationBackward(act, pre, d_act, d_pre);
+}
+
 absl::Status Backend::ActivationForward(ActivationKind, Tensor, Tensor) {
   return NoNorm(*this, "ActivationForward");
 }

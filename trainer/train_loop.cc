@@ -103,6 +103,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   const int64_t accumulation = config.accumulation_steps;
   const DType dtype = config.compute_dtype;
 
+  backend->SetDeterministic(config.deterministic);
   const auto set_up_began = std::chrono::steady_clock::now();
   auto ms_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)

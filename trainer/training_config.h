@@ -163,6 +163,8 @@ struct TrainingConfig {
   // ones: the same work, bit for bit, for a fraction of the launch cost (train_loop.cc says
   // when). Off: every step issued op by op (a rank started with MPTRAIN_STEP_GRAPHS=0).
   bool record_steps = true;
+  // JobSpec.deterministic (Backend::SetDeterministic).
+  bool deterministic = false;
 };
 
 }  // namespace mptrain

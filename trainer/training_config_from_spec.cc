@@ -120,6 +120,7 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromSpec(const v1::JobSpec& origina
   config.loss_scaler.backoff_factor = scaler.backoff_factor();
   config.loss_scaler.growth_interval = scaler.growth_interval();
   config.max_grad_norm = spec.max_grad_norm();
+  config.deterministic = spec.deterministic();
   config.seed = static_cast<uint64_t>(spec.seed());
   config.init_checkpoint = spec.init_checkpoint();
   config.output_checkpoint = spec.output_checkpoint();

@@ -6,8 +6,15 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/bias_gradient_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/nccl_collective.h"
@@ -83,7 +90,8 @@ CudaBackend::~CudaBackend() {
   // Its compiled graphs serve the next backend on this device (cudnn_attention.h).
   CudnnAttention::Park(std::move(attention_), device_);
   for (void* buffer :
-       {embedding_keys_, embedding_sort_.sort_temp, row_losses_, layer_norm_partials_}) {
+       {embedding_keys_, embedding_sort_.sort_temp, row_losses_, layer_norm_partials_,
+        bias_partials_}) {
     if (buffer != nullptr) cudaFree(buffer);
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -330,6 +338,47 @@ absl::Status CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, in
   return absl::OkStatus();
 }
 
+namespace {
+
+// GEMM algorithms tuned in this process, per device and shape: a rank process reused for the
+// next job (worker --reuse_ranks) does not time them again. Never destroyed (plain values).
+struct TunedKey {
+  int device;
+  std::vector<int64_t> shape;
+  bool operator<(const TunedKey& other) const {
+    return std::tie(device, shape) < std::tie(other.device, other.shape);
+  }
+};
+std::mutex& TunedMutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::map<TunedKey, cublasLtMatmulAlgo_t>& Tuned() {
+  static auto* tuned = new std::map<TunedKey, cublasLtMatmulAlgo_t>;
+  return *tuned;
+}
+
+}  // namespace
+
+std::vector<int64_t> CudaBackend::LtShape::Values() const {
+  return {transpose_a, transpose_b, m, n, k, lda, ldb, ldd, static_cast<int64_t>(dtype),
+          static_cast<int64_t>(epilogue)};
+}
+
+std::optional<cublasLtMatmulAlgo_t> CudaBackend::FindTunedAlgorithm(int device,
+                                                                    const LtShape& shape) {
+  std::lock_guard<std::mutex> lock(TunedMutex());
+  auto it = Tuned().find({device, shape.Values()});
+  if (it == Tuned().end()) return std::nullopt;
+  return it->second;
+}
+
+void CudaBackend::KeepTunedAlgorithm(int device, const LtShape& shape,
+                                     const cublasLtMatmulAlgo_t& algo) {
+  std::lock_guard<std::mutex> lock(TunedMutex());
+  Tuned()[{device, shape.Values()}] = algo;
+}
+
 absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
   auto it = lt_plans_.find(shape);
   if (it != lt_plans_.end()) return &it->second;
@@ -347,6 +396,14 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
   if (shape.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+  }
+  if (shape.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+    // The auxiliary input (the pre-activation) has D's shape and type.
+    const int64_t aux_ld = shape.m;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
   }
   // Stored shapes: op(A) is m x k, op(B) is k x n, D is m x n (column-major).
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
@@ -369,21 +426,31 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment,
                                                                 sizeof(alignment)));
   }
-  cublasLtMatmulHeuristicResult_t heuristic;
+  cublasLtMatmulHeuristicResult_t heuristics[kLtCandidates];
   int found = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, 1, &heuristic,
-      &found);
+      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, kLtCandidates,
+      heuristics, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-    plan.algo = heuristic.algo;
+    for (int i = 0; i < found; ++i) {
+      if (heuristics[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates.push_back(heuristics[i].algo);
+    }
+  }
+  if (!plan.candidates.empty()) {
+    plan.algo = plan.candidates.front();
     plan.available = true;
+    // A shape tuned earlier in this process (a reused rank's previous job) keeps its choice.
+    if (std::optional<cublasLtMatmulAlgo_t> tuned = FindTunedAlgorithm(device_, shape)) {
+      plan.algo = *tuned;
+      plan.tuned = true;
+    }
   }
   return &plan;
 }
 
 absl::Status CudaBackend::LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
-                                   const void* bias) {
+                                   const void* bias, const void* aux) {
   auto plan = Plan(shape);
   if (!plan.ok()) return plan.status();
   if (!(*plan)->available) {
@@ -394,11 +461,69 @@ absl::Status CudaBackend::LtMatmul(const LtShape& shape, const void* a, const vo
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         (*plan)->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
+  if (aux != nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        (*plan)->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  if (!deterministic_ && !(*plan)->tuned && !recording_) {
+    if (absl::Status tuned = TuneAlgorithm(*plan, a, b, d); !tuned.ok()) return tuned;
+    KeepTunedAlgorithm(device_, shape, (*plan)->algo);
+  }
+  // Deterministic: the heuristic's choice, the same on every run (a timed choice may differ).
+  const cublasLtMatmulAlgo_t& algo = deterministic_ ? (*plan)->candidates.front() : (*plan)->algo;
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublas_lt_, (*plan)->operation, &alpha, a, (*plan)->a, b,
-                                        (*plan)->b, &beta, d, (*plan)->d, d, (*plan)->d,
-                                        &(*plan)->algo, lt_workspace_, kLtWorkspaceBytes,
-                                        stream_));
+                                        (*plan)->b, &beta, d, (*plan)->d, d, (*plan)->d, &algo,
+                                        lt_workspace_, kLtWorkspaceBytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::TuneAlgorithm(LtPlan* plan, const void* a, const void* b, void* d) {
+  plan->tuned = true;
+  if (plan->candidates.size() < 2) return absl::OkStatus();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  if (cudaError_t e = cudaEventCreate(&stop); e != cudaSuccess) {
+    cudaEventDestroy(start);
+    return CudaStatus(e, "cudaEventCreate", __FILE__, __LINE__);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(cublas_lt_, plan->operation, &alpha, a, plan->a, b, plan->b, &beta, d,
+                          plan->d, d, plan->d, &algo, lt_workspace_, kLtWorkspaceBytes, stream_);
+  };
+  // Each candidate once to warm up, then the median of kRuns timed one by one. A candidate
+  // cuBLASLt refuses at run time is skipped; the heuristic's first stays the default.
+  constexpr int kRuns = 5;
+  float best_ms = 0;
+  size_t best = 0;
+  absl::Status status;
+  for (size_t i = 0; i < plan->candidates.size() && status.ok(); ++i) {
+    if (run(plan->candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
+    std::vector<float> times;
+    for (int r = 0; r < kRuns && status.ok(); ++r) {
+      if (cudaError_t e = cudaEventRecord(start, stream_); e != cudaSuccess) {
+        status = CudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
+        break;
+      }
+      if (run(plan->candidates[i]) != CUBLAS_STATUS_SUCCESS) break;
+      if (cudaError_t e = cudaEventRecord(stop, stream_); e != cudaSuccess) {
+        status = CudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
+        break;
+      }
+      status = WaitFor(stop, "timing a GEMM's candidate algorithms");
+      float ms = 0;
+      if (status.ok() && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) times.push_back(ms);
+    }
+    if (static_cast<int>(times.size()) < kRuns) continue;
+    std::sort(times.begin(), times.end());
+    const float median = times[kRuns / 2];
+    if (best_ms == 0 || median < best_ms) best_ms = median, best = i;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!status.ok()) return status;
+  plan->algo = plan->candidates[best];
   return absl::OkStatus();
 }
 
@@ -565,7 +690,21 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
                                        overwrite_grads, stream_));
   }
   if (!has_bias) return absl::OkStatus();
-  // db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
+  if (BiasGradientSupports(dy.data, dy.dtype, n, ld)) {
+    // db = round(Σ_rows dy) with fp32 sums, added into the fp32 gradient: one pass over dy
+    // (bias_gradient_kernels.h).
+    if (absl::Status s = Reserve(&bias_partials_, &bias_partials_bytes_,
+                                 BiasGradientPartialsBytes(m, n), "the bias gradients' sums");
+        !s.ok()) {
+      return s;
+    }
+    CUDA_RETURN_IF_ERROR(BiasGradient(dy.data, dy.dtype, m, n, ld,
+                                      static_cast<float*>(bias_partials_),
+                                      store ? nullptr : static_cast<float*>(db_acc.data),
+                                      store ? db_acc.data : nullptr, overwrite_grads, stream_));
+    return absl::OkStatus();
+  }
+  // Otherwise db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
   // then accumulated into the fp32 gradient. (cuBLASLt's BGRADB epilogue on the weight
   // gradient's GEMM ran its own reduction kernel, slower: 4.6 against 3.2 ms per GPT-2 step.)
   auto ones = Ones(dy.dtype, m);
@@ -576,6 +715,41 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
   CUDA_RETURN_IF_ERROR(AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n,
                                      overwrite_grads, stream_));
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearBackwardThroughActivation(Tensor x, Tensor w, Tensor dy,
+                                                          ActivationKind act, Tensor pre,
+                                                          Tensor d_act, Tensor d_pre,
+                                                          Tensor dw_acc, Tensor db_acc,
+                                                          bool overwrite_grads) {
+  const int64_t m = x.rows, k = x.cols, n = w.rows;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool fusable = act == ActivationKind::kGeluTanh && dy.dtype != DType::kF32 &&
+                       pre.dtype == dy.dtype && d_pre.dtype == dy.dtype && w.dtype == dy.dtype &&
+                       dy.ld() == n && w.cols == k && dy.rows == m && pre.rows == m &&
+                       pre.cols == k && d_pre.rows == m && d_pre.cols == k && k % 8 == 0 &&
+                       n % 8 == 0 && aligned(w.data) && aligned(dy.data) &&
+                       aligned(pre.data) && aligned(d_pre.data) && FusedActivationGradients();
+  if (fusable) {
+    // Row-major d_pre[m, k] = act'(pre) ⊙ (dy[m, n] · w[n, k]): column-major d_preᵀ = wᵀ · dyᵀ
+    // with the DGELU epilogue reading preᵀ (same layout as d_preᵀ).
+    const LtShape shape{false, false, k, m, n, k, n, k, dy.dtype, CUBLASLT_EPILOGUE_DGELU};
+    absl::Status fused = LtMatmul(shape, w.data, dy.data, d_pre.data, nullptr, pre.data);
+    if (fused.code() != absl::StatusCode::kUnimplemented) {
+      if (!fused.ok()) return fused;
+      return LinearBackward(x, w, dy, Tensor{}, dw_acc, db_acc, overwrite_grads);
+    }
+  }
+  return Backend::LinearBackwardThroughActivation(x, w, dy, act, pre, d_act, d_pre, dw_acc,
+                                                  db_acc, overwrite_grads);
+}
+
+bool CudaBackend::FusedActivationGradients() {
+  static const bool fused = [] {
+    const char* value = std::getenv("MPTRAIN_FUSED_DGELU");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return fused;
 }
 
 }  // namespace mptrain::cuda

@@ -14,6 +14,7 @@
 #include <map>
 #include <tuple>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backends/cuda/cudnn_attention.h"
@@ -34,6 +35,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string Name() const override { return "cuda"; }
+  void SetDeterministic(bool deterministic) override { deterministic_ = deterministic; }
   absl::StatusOr<Tensor> Allocate(DType dtype, int64_t rows, int64_t cols) override;
   absl::Status Upload(const float* host, Tensor dst) override;
   absl::Status Download(Tensor src, float* host) override;
@@ -47,6 +49,13 @@ class CudaBackend final : public Backend {
                                   Tensor d_pre) override;
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
+  // kGeluTanh in fp16/bf16: the input gradient's GEMM with cuBLASLt's DGELU epilogue (pre as
+  // its auxiliary input), then the weight and bias gradients as LinearBackward; other cases
+  // compose the two calls (Backend's default).
+  absl::Status LinearBackwardThroughActivation(Tensor x, Tensor w, Tensor dy, ActivationKind act,
+                                               Tensor pre, Tensor d_act, Tensor d_pre,
+                                               Tensor dw_acc, Tensor db_acc,
+                                               bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y) override;
   absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats) override;
@@ -86,10 +95,13 @@ class CudaBackend final : public Backend {
   absl::Status CausalAttentionBackward(Tensor qkv, Tensor saved, Tensor y, Tensor dy,
                                        int64_t batch, int64_t heads, Tensor dqkv) override;
   bool HasFusedSoftmaxCrossEntropy() const override { return true; }
-  // Not cuDNN's (fp16/bf16): replayed from a CUDA graph, its SDPA backward kernel wrote 16-byte
-  // vectors past the end of a buffer (compute-sanitizer memcheck on the H200, cuDNN 9 from
-  // PyTorch 2.11's wheels, 2026-12-02; op by op it runs clean), and the replays' training then
-  // differed from op by op. Such steps are issued op by op (1% slower for GPT-2 124M).
+  // Not cuDNN's (fp16/bf16): replayed from a CUDA graph, its deterministic SDPA backward (the
+  // dP-in-workspace kernels) wrote 16-byte vectors past the end of a buffer (compute-sanitizer
+  // memcheck on the H200, cuDNN 9 from PyTorch 2.11's wheels, 2026-12-02; op by op it runs
+  // clean), and the replays' training then differed from op by op. The fused (default) backward
+  // recorded ran clean under memcheck (H100, 2026-12-06) but was no faster: GPT-2 124M bf16
+  // 132.7 against 132.3 ms at 16 x 4, 128.9 against 127.7 at 32 x 2 (the host stays ahead of
+  // kernels this long). Such steps are issued op by op.
   bool CanRecordAttention(DType dtype) const override { return dtype == DType::kF32; }
   absl::Status SoftmaxCrossEntropy(Tensor x, Tensor ids, float on, float off, double divide_by,
                                    float then_divide, Tensor metrics, float coef,
@@ -160,6 +172,7 @@ class CudaBackend final : public Backend {
     int64_t m, n, k, lda, ldb, ldd;
     DType dtype;
     cublasLtEpilogue_t epilogue;
+    std::vector<int64_t> Values() const;
     bool operator<(const LtShape& other) const {
       return std::tie(transpose_a, transpose_b, m, n, k, lda, ldb, ldd, dtype, epilogue) <
              std::tie(other.transpose_a, other.transpose_b, other.m, other.n, other.k, other.lda,
@@ -172,8 +185,10 @@ class CudaBackend final : public Backend {
                                        Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
                                        bool overwrite_grads, Tensor d_residual,
                                        Tensor d_residual_low);
+  // `aux`: the epilogue's auxiliary matrix (DGELU's pre-activation), m x n with leading
+  // dimension shape.m, in shape.dtype.
   absl::Status LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
-                        const void* bias);
+                        const void* bias, const void* aux = nullptr);
   // A ones vector of at least `rows` elements of `dtype` (for bias gradients by GEMM).
   absl::StatusOr<const void*> Ones(DType dtype, int64_t rows);
 
@@ -182,11 +197,26 @@ class CudaBackend final : public Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
     bool available = false;
+    // cuBLASLt's candidates, best first by its heuristic; `algo` is the first until the plan
+    // is tuned (TuneAlgorithm: each timed on the operands of its first call), then the fastest.
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    bool tuned = false;
   };
+  // Times plan's candidates on these operands (not while recording; the stream drained) and
+  // keeps the fastest in plan->algo. Returns OK with the heuristic's choice kept when nothing
+  // can be timed.
+  absl::Status TuneAlgorithm(LtPlan* plan, const void* a, const void* b, void* d);
+  // Whether LinearBackwardThroughActivation may fuse (MPTRAIN_FUSED_DGELU=0: never, for A/B).
+  static bool FusedActivationGradients();
+  static constexpr int kLtCandidates = 8;
+  static std::optional<cublasLtMatmulAlgo_t> FindTunedAlgorithm(int device, const LtShape& shape);
+  static void KeepTunedAlgorithm(int device, const LtShape& shape,
+                                 const cublasLtMatmulAlgo_t& algo);
   absl::StatusOr<LtPlan*> Plan(const LtShape& shape);
 
   int device_;
   int64_t wait_timeout_ms_;
+  bool deterministic_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;
@@ -219,6 +249,9 @@ class CudaBackend final : public Backend {
   };
   UploadSlot upload_slots_[kUploadSlots];
   int next_upload_slot_ = 0;
+  // LinearBackward's bias gradients' per-chunk column sums (bias_gradient_kernels.h).
+  void* bias_partials_ = nullptr;
+  int64_t bias_partials_bytes_ = 0;
   // LayerNormBackward's per-chunk column sums (layer_norm_kernels.h).
   void* layer_norm_partials_ = nullptr;
   int64_t layer_norm_partials_bytes_ = 0;

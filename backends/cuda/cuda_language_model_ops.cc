@@ -1,9 +1,11 @@
 // CudaBackend's language-model primitives (Backend's "Language models" and fused loss
-// sections): shape checks and dispatch to language_model_kernels.h and cudnn_attention.h.
+// sections): shape checks and dispatch to language_model_kernels.h, cross_entropy_kernels.h and
+// cudnn_attention.h.
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/cross_entropy_kernels.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_status.h"
 
@@ -178,7 +180,7 @@ absl::Status CudaBackend::CausalAttentionBackward(Tensor qkv, Tensor saved, Tens
   if (!attention.ok()) return attention.status();
   absl::Status status =
       (*attention)->Backward(qkv.data, y.data, dy.data, Fp(saved), qkv.dtype, batch, shape->seq,
-                             heads, shape->head, dqkv.data);
+                             heads, shape->head, deterministic_, dqkv.data);
   if ((*attention)->TakeWorkspaceChanged()) ++buffer_generation_;
   return status;
 }

@@ -217,6 +217,135 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_MatchesTheComposedOps) {
   }
 }
 
+// Many more rows than SMs over a padded view (the GPT's head): the pipelined kernel's blocks
+// each walk many rows through their two shared-memory buffers (every buffer refilled many
+// times); its gradient and loss are the composed ops' on the same rows, bit for bit.
+TEST(LanguageModelOps, SoftmaxCrossEntropy_ManyRowsPerBlock_MatchesTheComposedOps) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const int64_t R = 1531, V = 1001, Vp = 1024;
+    std::vector<float> padded = Rounded(Random(R * Vp, 41, 3.0f), dtype);
+    padded[700 * Vp + 17] = 30.0f;  // A confident row.
+    std::vector<float> packed(R * V);
+    for (int64_t r = 0; r < R; ++r) {
+      std::copy(padded.begin() + r * Vp, padded.begin() + r * Vp + V, packed.begin() + r * V);
+    }
+    std::vector<float> ids(R);
+    for (int64_t r = 0; r < R; ++r) ids[r] = static_cast<float>((r * 131) % V);
+    ids[700] = 17;
+    Tensor wide = Put(b, dtype, R, Vp, padded), x = Put(b, dtype, R, V, packed);
+    Tensor t_ids = Put(b, DType::kF32, R, 1, ids);
+    auto state = b->AllocateStepState(StepState{256.0f});
+    ASSERT_TRUE(state.ok());
+    Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
+    Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
+    Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
+    ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
+    ASSERT_TRUE(b->SmoothedOneHot(t_ids, 1.0f, 0.0f, q).ok());
+    ASSERT_TRUE(
+        b->SumProduct(q, log_p, -static_cast<double>(R), 1.0f, composed.FlatView(0, 1, 1)).ok());
+    ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
+    ASSERT_TRUE(b->Exp(log_p, p).ok());
+    ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 1.0f, g32).ok());
+    ASSERT_TRUE(b->Cast(g32, g).ok());
+    Tensor fused = Put(b, DType::kF32, 1, 2, {});
+    const Tensor view = wide.ColumnSlice(0, V);
+    ASSERT_TRUE(b->SoftmaxCrossEntropy(view, t_ids, 1.0f, 0.0f, -static_cast<double>(R), 1.0f,
+                                       fused, 1.0f / R, *state, 1.0f, view)
+                    .ok());
+    EXPECT_EQ(Get(b, view), Get(b, g)) << "dtype " << static_cast<int>(dtype);
+    const std::vector<float> want = Get(b, composed), got = Get(b, fused);
+    EXPECT_NEAR(got[0], want[0], 1e-6 * std::fabs(want[0]));
+    EXPECT_EQ(got[1], want[1]);
+    EXPECT_GE(got[1], 1.0f);  // Row 700 at least.
+    const std::vector<float> after = Get(b, wide);  // The padded columns untouched.
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t c = V; c < Vp; ++c) ASSERT_EQ(after[r * Vp + c], padded[r * Vp + c]);
+    }
+  }
+}
+
+// The MLP's c_proj backward through GELU: the DGELU epilogue's d_pre is the two calls' within
+// one rounding of the compute dtype (it does not round dy · w first), and the weight and bias
+// gradients are the same calls', bit for bit; gradients accumulated over a second call too.
+TEST(LanguageModelOps, LinearBackwardThroughGelu_IsTheComposedCallsWithinOneRounding) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const int64_t M = 333, K = 256, N = 96;  // pre/x [M, K], w [N, K], dy [M, N]
+    const std::vector<float> pre_values = Rounded(Random(M * K, 51, 3.0f), dtype);
+    std::vector<float> act_values(M * K);
+    for (int64_t i = 0; i < M * K; ++i) {
+      const double v = pre_values[i];
+      act_values[i] = static_cast<float>(
+          0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+    }
+    act_values = Rounded(act_values, dtype);
+    Tensor pre = Put(b, dtype, M, K, pre_values), x = Put(b, dtype, M, K, act_values);
+    Tensor w = Put(b, dtype, N, K, Rounded(Random(N * K, 52, 0.1f), dtype));
+    Tensor dy = Put(b, dtype, M, N, Rounded(Random(M * N, 53, 1.0f), dtype));
+    Tensor d_act = Put(b, dtype, M, K, {});
+    Tensor fused_pre = Put(b, dtype, M, K, {}), composed_pre = Put(b, dtype, M, K, {});
+    Tensor fused_dw = Put(b, DType::kF32, N, K, {}), composed_dw = Put(b, DType::kF32, N, K, {});
+    Tensor fused_db = Put(b, DType::kF32, 1, N, {}), composed_db = Put(b, DType::kF32, 1, N, {});
+    for (bool overwrite : {true, false}) {
+      ASSERT_TRUE(b->LinearBackwardThroughActivation(x, w, dy, ActivationKind::kGeluTanh, pre,
+                                                     d_act, fused_pre, fused_dw, fused_db,
+                                                     overwrite)
+                      .ok());
+      ASSERT_TRUE(b->Backend::LinearBackwardThroughActivation(
+                       x, w, dy, ActivationKind::kGeluTanh, pre, d_act, composed_pre,
+                       composed_dw, composed_db, overwrite)
+                      .ok());
+    }
+    EXPECT_EQ(Get(b, fused_dw), Get(b, composed_dw));
+    EXPECT_EQ(Get(b, fused_db), Get(b, composed_db));
+    const std::vector<float> fused = Get(b, fused_pre), composed = Get(b, composed_pre);
+    const std::vector<float> rounded_product = Get(b, d_act);  // round(dy · w), the last call's
+    // |fused − composed| ≤ |dy · w| · max|gelu'| (1.13) · 3 roundings of the compute dtype (the
+    // product's, and each output's); the same on average.
+    const double unit = dtype == DType::kBF16 ? 0x1.0p-8 : 0x1.0p-11;
+    double worst = 0, sum_fused = 0, sum_composed = 0;
+    for (int64_t i = 0; i < M * K; ++i) {
+      const double scale = std::max(std::fabs(rounded_product[i]) * 1.13, 1e-6);
+      worst = std::max(worst, std::fabs(fused[i] - composed[i]) / scale);
+      sum_fused += fused[i];
+      sum_composed += composed[i];
+    }
+    // Which GELU the epilogue differentiates (informational): the fused values against
+    // round(dy · w) · gelu'(pre) in double, for the tanh approximation and for erf's GELU.
+    auto worst_against = [&](bool tanh_form) {
+      double worst_ref = 0;
+      for (int64_t i = 0; i < M * K; ++i) {
+        const double v = pre_values[i];
+        double derivative;
+        if (tanh_form) {
+          const double u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+          const double t = std::tanh(u);
+          derivative = 0.5 * (1 + t) +
+                       0.5 * v * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * v * v);
+        } else {
+          derivative = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) +
+                       v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+        }
+        const double want = rounded_product[i] * derivative;
+        const double scale = std::max(std::fabs(rounded_product[i]) * 1.13, 1e-6);
+        worst_ref = std::max(worst_ref, std::fabs(fused[i] - want) / scale);
+      }
+      return worst_ref;
+    };
+    std::printf("DGELU dtype %d: worst |fused - composed| %.3g, against tanh GELU' %.3g, erf GELU' "
+                "%.3g (units of |dy w|)\n",
+                static_cast<int>(dtype), worst, worst_against(true), worst_against(false));
+    EXPECT_LE(worst, 3 * unit) << "dtype " << static_cast<int>(dtype);
+    EXPECT_NEAR(sum_fused, sum_composed, 1e-3 * std::fabs(sum_composed) + 1e-2);
+    EXPECT_GT(worst, 0.0) << "the fused path should round once (it ran the composed calls?)";
+  }
+}
+
 // The padded LM head's view: the loss over the first V columns of rows Vp apart, in place, is
 // the contiguous one's bit for bit, and leaves the padded columns as they were.
 TEST(LanguageModelOps, SoftmaxCrossEntropy_OverAColumnView_MatchesContiguous) {

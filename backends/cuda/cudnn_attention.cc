@@ -109,7 +109,7 @@ CudnnAttention::~CudnnAttention() {
 
 absl::StatusOr<void*> CudnnAttention::GraphFor(const Key& key) {
   if (auto it = graphs_->built.find(key); it != graphs_->built.end()) return it->second.get();
-  const auto [backward, dtype, B, T, H, hs] = key;
+  const auto [backward, dtype, B, T, H, hs, deterministic] = key;
   const int64_t C = H * hs;
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(FrontendType(dtype))
@@ -142,20 +142,22 @@ absl::StatusOr<void*> CudnnAttention::GraphFor(const Key& key) {
                                    .set_dim(stats_dim)
                                    .set_stride(stats_stride)
                                    .set_data_type(fe::DataType_t::FLOAT));
-    // Deterministic: the same gradients on every run and rank (dQ without atomics).
+    // Deterministic: the same gradients on every run (dQ without atomics); otherwise the
+    // fused flash backward (header comment).
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("causal_attention_backward")
                        .set_causal_mask(true)
                        .set_attn_scale(scale)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(deterministic);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kdQ).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
     dk->set_output(true).set_uid(kdK).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
     dv->set_output(true).set_uid(kdV).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
   }
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
-  const std::string shape = absl::StrCat(backward ? "backward" : "forward", " B=", B, " T=", T,
-                                         " H=", H, " hs=", hs);
+  const std::string shape =
+      absl::StrCat(backward ? (deterministic ? "deterministic backward" : "backward") : "forward",
+                   " B=", B, " T=", T, " H=", H, " hs=", hs);
   if (absl::Status s = FrontendStatus(graph->validate(), shape.c_str()); !s.ok()) return s;
   if (absl::Status s = FrontendStatus(graph->build_operation_graph(handle), shape.c_str());
       !s.ok()) {
@@ -213,7 +215,7 @@ absl::Status CudnnAttention::Forward(const void* qkv, DType dtype, int64_t batch
   const int64_t C = heads * head_size;
   const int64_t bytes = 2;
   char* base = static_cast<char*>(const_cast<void*>(qkv));
-  return Execute({false, dtype, batch, seq_len, heads, head_size},
+  return Execute({false, dtype, batch, seq_len, heads, head_size, false},
                  {{kQ, base}, {kK, base + C * bytes}, {kV, base + 2 * C * bytes}, {kO, y},
                   {kStats, stats}});
 }
@@ -221,12 +223,12 @@ absl::Status CudnnAttention::Forward(const void* qkv, DType dtype, int64_t batch
 absl::Status CudnnAttention::Backward(const void* qkv, const void* y, const void* dy,
                                       const float* stats, DType dtype, int64_t batch,
                                       int64_t seq_len, int64_t heads, int64_t head_size,
-                                      void* dqkv) {
+                                      bool deterministic, void* dqkv) {
   const int64_t C = heads * head_size;
   const int64_t bytes = 2;
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   char* d_base = static_cast<char*>(dqkv);
-  return Execute({true, dtype, batch, seq_len, heads, head_size},
+  return Execute({true, dtype, batch, seq_len, heads, head_size, deterministic},
                  {{kQ, base},
                   {kK, base + C * bytes},
                   {kV, base + 2 * C * bytes},

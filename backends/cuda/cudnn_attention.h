@@ -41,9 +41,13 @@ class CudnnAttention {
   absl::Status Forward(const void* qkv, DType dtype, int64_t batch, int64_t seq_len, int64_t heads,
                        int64_t head_size, void* y, float* stats);
   // dqkv [B·T, 3C] (dq, dk, dv side by side, as qkv); y and stats as Forward left them.
+  // `deterministic`: cuDNN's deterministic algorithm (on Hopper its dP-in-workspace kernels:
+  // dQ in a pass of its own, B·H·T² bf16 of workspace); otherwise its fused flash backward,
+  // whose dQ is added with atomics (PyTorch's SDPA backward likewise): faster, and the same
+  // gradients up to the order of fp32 additions.
   absl::Status Backward(const void* qkv, const void* y, const void* dy, const float* stats,
                         DType dtype, int64_t batch, int64_t seq_len, int64_t heads,
-                        int64_t head_size, void* dqkv);
+                        int64_t head_size, bool deterministic, void* dqkv);
   // Whether a workspace growth happened since the last call (the caller's recorded step that
   // used the old one must be recorded again).
   bool TakeWorkspaceChanged() {
@@ -54,7 +58,8 @@ class CudnnAttention {
 
  private:
   struct Graphs;
-  using Key = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t>;  // backward?, dtype, B, T, H, hs
+  // backward?, dtype, B, T, H, hs, deterministic (backward only)
+  using Key = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, bool>;
 
   explicit CudnnAttention(cudaStream_t stream);
   absl::StatusOr<void*> GraphFor(const Key& key);

@@ -1,9 +1,10 @@
 #pragma once
 
 // Host launchers of the language model's kernels (language_model_kernels.cu): the residual add,
-// the embeddings, the fp32 causal attention (fp16/bf16 attention is cuDNN's: cudnn_attention.h)
-// and the fused softmax cross-entropy. Conventions as kernels.h: raw device pointers, element
-// counts as int64_t, the stream last, the launch's cudaError_t returned.
+// the embeddings and the fp32 causal attention (fp16/bf16 attention is cuDNN's:
+// cudnn_attention.h; the fused softmax cross-entropy: cross_entropy_kernels.h). Conventions as
+// kernels.h: raw device pointers, element counts as int64_t, the stream last, the launch's
+// cudaError_t returned.
 
 #include <cuda_runtime.h>
 
@@ -57,16 +58,5 @@ cudaError_t CausalAttentionForwardF32(const float* qkv, int64_t batch, int64_t s
 cudaError_t CausalAttentionBackwardF32(const float* qkv, float* probs, const float* dy,
                                        int64_t batch, int64_t seq_len, int64_t heads,
                                        int64_t head_size, float* dqkv, cudaStream_t stream);
-
-// Backend::SoftmaxCrossEntropy: one block per row of x [rows, cols] (x_dtype, rows ld_x
-// elements apart), with row_losses[rows] doubles of scratch; d_logits (d_dtype, rows ld_d apart)
-// may be null (evaluation) or alias x. metrics[0] += f32(Σ_rows row_loss / divide_by) /
-// then_divide (rows added in a fixed order), metrics[1] += the rows whose first maximum is ids[r].
-cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, const float* ids,
-                                int64_t rows, int64_t cols, float on, float off, double divide_by,
-                                float then_divide, float* metrics, float coef,
-                                const StepState* state, float seed_divisor, void* d_logits,
-                                DType d_dtype, int64_t ld_d, double* row_losses,
-                                cudaStream_t stream);
 
 }  // namespace mptrain::cuda

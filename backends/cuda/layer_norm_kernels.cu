@@ -15,6 +15,7 @@
 #include "backends/cuda/layer_norm_kernels.h"
 
 #include <algorithm>
+#include <type_traits>
 #include "trainer/norm_math.h"
 
 namespace mptrain::cuda {
@@ -123,6 +124,87 @@ __global__ void layer_norm_forward_kernel(const X* x, int64_t rows, int64_t cols
   }
 }
 
+// layer_norm_forward_kernel<8, ...> for rows of at most 32 · 8 · kIters columns with the row
+// held in registers: every load of a row is issued before the first sum (one pass over memory
+// instead of three), the same arithmetic in the same order (bit for bit the same output).
+template <int kIters, typename X, typename Y, typename A = float, typename B = float>
+__global__ void layer_norm_forward_cached_kernel(const X* x, int64_t rows, int64_t cols,
+                                                 const float* weight, const float* bias,
+                                                 float eps, float* row_stats, Y* y,
+                                                 const A* a = nullptr, const B* b_in = nullptr,
+                                                 float* sum_out = nullptr) {
+  constexpr int N = 8;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t base = r * cols;
+  float v[kIters][N];
+  if (a != nullptr) {
+    float w[kIters][N];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) {
+        LoadN<N>(a + base + c, v[it]);
+        LoadN<N>(b_in + base + c, w[it]);
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[it][j] += w[it][j];
+        StoreN<N>(sum_out + base + c, v[it]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) LoadN<N>(x + base + c, v[it]);
+    }
+  }
+  double sum = 0;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    if ((lane + 32 * it) * N < cols) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum += v[it][j];
+    }
+  }
+  const double mean = WarpSum(sum) / cols;
+  double squares = 0;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    if ((lane + 32 * it) * N < cols) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const double d = v[it][j] - mean;
+        squares += d * d;
+      }
+    }
+  }
+  const float rstd = InverseStd(WarpSum(squares) / cols, eps);
+  const float mean_f = static_cast<float>(mean);
+  if (lane == 0) {
+    row_stats[2 * r] = mean_f;
+    row_stats[2 * r + 1] = rstd;
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int64_t c = (lane + 32 * it) * N;
+    if (c < cols) {
+      float w[N], b[N];
+      LoadN<N>(weight + c, w);
+      LoadN<N>(bias + c, b);
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[it][j] = (v[it][j] - mean_f) * rstd * w[j] + b[j];
+      StoreN<N>(y + base + c, v[it]);
+    }
+  }
+}
+
 // dx of one row per warp: rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · weight.
 // Into a residual (LayerNormBackwardIntoResidual): d_residual += dx (f32) instead of writing
 // dx, and d_low = round(d_residual) unless null.
@@ -175,6 +257,111 @@ __global__ void layer_norm_backward_input_kernel(const G* dy, const X* x, int64_
   }
 }
 
+// layer_norm_backward_input_kernel<8, ...> and the parameter gradients' partial sums in one
+// pass over dy and x, for rows of at most 32 · 8 · kIters columns held in registers: block k
+// takes rows [k·rows_per_block, (k+1)·rows_per_block), warp w of it every 8th of those from
+// the w-th; each lane adds dy · x̂ and dy of its own columns into its warp's rows of shared
+// memory ([warp][Σ dy·x̂ | Σ dy][cols]: no two lanes touch one address, no atomics), and the
+// block writes partials[k] = the warps' sums in warp order. The input gradient is the other
+// kernel's arithmetic in its order (the same bits); the partials are summed by the same
+// finish kernel, in chunk order: deterministic.
+template <int kIters, typename G, typename X, typename D, typename L>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_backward_fused_kernel(const G* dy, const X* x, int64_t rows, int64_t cols,
+                                     int64_t rows_per_block, const float* row_stats,
+                                     const float* weight, D* dx, float* d_residual, L* d_low,
+                                     float* partials) {
+  constexpr int N = 8;
+  extern __shared__ float4 shared_sums[];
+  float* sums = reinterpret_cast<float*>(shared_sums);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* warp_dw = sums + static_cast<int64_t>(warp) * 2 * cols;
+  float* warp_db = warp_dw + cols;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int64_t c = (lane + 32 * it) * N;
+    if (c < cols) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) warp_dw[c + j] = 0.0f, warp_db[c + j] = 0.0f;
+    }
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t last = min(rows, first + rows_per_block);
+  for (int64_t r = first + warp; r < last; r += kWarpsPerBlock) {
+    const int64_t base = r * cols;
+    const float mean = row_stats[2 * r], rstd = row_stats[2 * r + 1];
+    float xhat[kIters][N], g[kIters][N];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) {
+        LoadN<N>(x + base + c, xhat[it]);
+        LoadN<N>(dy + base + c, g[it]);
+      }
+    }
+    double sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) {
+        float w[N];
+        LoadN<N>(weight + c, w);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          xhat[it][j] = (xhat[it][j] - mean) * rstd;
+          const double gw = static_cast<double>(g[it][j]) * w[j];
+          sum_g += gw;
+          sum_gx += gw * xhat[it][j];
+        }
+      }
+    }
+    const float mean_g = static_cast<float>(WarpSum(sum_g) / cols);
+    const float mean_gx = static_cast<float>(WarpSum(sum_gx) / cols);
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (lane + 32 * it) * N;
+      if (c < cols) {
+        float w[N], out[N];
+        LoadN<N>(weight + c, w);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          out[j] = rstd * (g[it][j] * w[j] - mean_g - xhat[it][j] * mean_gx);
+        }
+        if (d_residual != nullptr) {
+          float resid[N];
+          LoadN<N>(d_residual + base + c, resid);
+#pragma unroll
+          for (int j = 0; j < N; ++j) resid[j] += out[j];
+          StoreN<N>(d_residual + base + c, resid);
+          if (d_low != nullptr) StoreN<N>(d_low + base + c, resid);
+        } else {
+          StoreN<N>(dx + base + c, out);
+        }
+        float dw[N], db[N];
+        LoadN<N>(warp_dw + c, dw);
+        LoadN<N>(warp_db + c, db);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          dw[j] += g[it][j] * xhat[it][j];
+          db[j] += g[it][j];
+        }
+        StoreN<N>(warp_dw + c, dw);
+        StoreN<N>(warp_db + c, db);
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    float dw = 0, db = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      dw += sums[static_cast<int64_t>(w) * 2 * cols + c];
+      db += sums[static_cast<int64_t>(w) * 2 * cols + cols + c];
+    }
+    partials[(2 * static_cast<int64_t>(blockIdx.x)) * cols + c] = dw;
+    partials[(2 * static_cast<int64_t>(blockIdx.x) + 1) * cols + c] = db;
+  }
+}
+
 // partials[chunk][0 or 1][c]: Σ dy · x̂ and Σ dy over the chunk's rows, in row order. One thread
 // per column of a tile of kThreads columns; blockIdx.y is the chunk.
 template <typename G, typename X>
@@ -224,6 +411,9 @@ __global__ void layer_norm_param_finish_kernel(const float* partials, int64_t ch
   }
 }
 
+// Rows the forward holds in registers (GPT-2 up to 1024 wide: 124M's 768, 350M's 1024).
+constexpr int64_t kMaxCachedCols = 32 * 8 * 4;
+
 bool Vectorizable(int64_t cols, std::initializer_list<const void*> pointers) {
   return cols % 8 == 0 && Aligned16(pointers);
 }
@@ -248,10 +438,27 @@ int64_t Chunks(int64_t rows, int64_t cols) {
   return (rows + per_chunk - 1) / per_chunk;
 }
 
+// The fused backward's blocks: 64 rows each (8 per warp; GPT-2 at 16 x 1024 rows: 256 blocks,
+// two per SM as its registers allow, and 256 partial sums for the finish to add), at most
+// kLayerNormMaxChunks.
+int64_t FusedRowsPerBlock(int64_t rows) {
+  return std::max<int64_t>(64, (rows + kLayerNormMaxChunks - 1) / kLayerNormMaxChunks);
+}
+
+int64_t FusedBlocks(int64_t rows) {
+  const int64_t per_block = FusedRowsPerBlock(rows);
+  return (rows + per_block - 1) / per_block;
+}
+
+size_t FusedSharedBytes(int64_t cols) {
+  return static_cast<size_t>(kWarpsPerBlock) * 2 * cols * sizeof(float);
+}
+
 }  // namespace
 
 int64_t LayerNormParamPartialsBytes(int64_t rows, int64_t cols) {
-  return std::max<int64_t>(1, Chunks(rows, cols)) * 2 * cols * static_cast<int64_t>(sizeof(float));
+  const int64_t chunks = std::max({int64_t{1}, Chunks(rows, cols), FusedBlocks(rows)});
+  return chunks * 2 * cols * static_cast<int64_t>(sizeof(float));
 }
 
 cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
@@ -263,7 +470,18 @@ cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t
     using X = decltype(x_tag);
     return Dispatch(y_dtype, [&](auto y_tag) {
       using Y = decltype(y_tag);
-      if (vec) {
+      if (vec && cols <= kMaxCachedCols) {
+        auto launch = [&](auto kernel) {
+          kernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
+              static_cast<const X*>(x), rows, cols, weight, bias, eps, row_stats,
+              static_cast<Y*>(y), nullptr, nullptr, nullptr);
+        };
+        if (cols <= 32 * 8 * 3) {
+          launch(layer_norm_forward_cached_kernel<3, X, Y>);
+        } else {
+          launch(layer_norm_forward_cached_kernel<4, X, Y>);
+        }
+      } else if (vec) {
         layer_norm_forward_kernel<8, X, Y><<<RowBlocks(rows), kThreads, 0, stream>>>(
             static_cast<const X*>(x), rows, cols, weight, bias, eps, row_stats,
             static_cast<Y*>(y));
@@ -289,7 +507,18 @@ cudaError_t AddLayerNormForward(const void* a, DType a_dtype, const void* b, DTy
       using B = decltype(b_tag);
       return Dispatch(y_dtype, [&](auto y_tag) {
         using Y = decltype(y_tag);
-        if (vec) {
+        if (vec && cols <= kMaxCachedCols) {
+          auto launch = [&](auto kernel) {
+            kernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
+                sum, rows, cols, weight, bias, eps, row_stats, static_cast<Y*>(y),
+                static_cast<const A*>(a), static_cast<const B*>(b), sum);
+          };
+          if (cols <= 32 * 8 * 3) {
+            launch(layer_norm_forward_cached_kernel<3, float, Y, A, B>);
+          } else {
+            launch(layer_norm_forward_cached_kernel<4, float, Y, A, B>);
+          }
+        } else if (vec) {
           layer_norm_forward_kernel<8, float, Y, A, B><<<RowBlocks(rows), kThreads, 0, stream>>>(
               sum, rows, cols, weight, bias, eps, row_stats, static_cast<Y*>(y),
               static_cast<const A*>(a), static_cast<const B*>(b), sum);
@@ -312,8 +541,10 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
                               DType d_low_dtype) {
   if (rows < 1 || cols < 1) return cudaErrorInvalidConfiguration;
   const bool vec = Vectorizable(cols, {dy, x, weight, dx, d_residual, d_low});
-  const int64_t rows_per_chunk = RowsPerChunk(rows, cols);
-  const int64_t chunks = Chunks(rows, cols);
+  const bool fused = vec && cols <= kMaxCachedCols && x_dtype == DType::kF32 &&
+                     (d_residual != nullptr || dx_dtype == DType::kF32);
+  const int64_t rows_per_chunk = fused ? FusedRowsPerBlock(rows) : RowsPerChunk(rows, cols);
+  const int64_t chunks = fused ? FusedBlocks(rows) : Chunks(rows, cols);
   const dim3 partial_grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                           static_cast<unsigned>(chunks));
   return Dispatch(dy_dtype, [&](auto g_tag) {
@@ -325,6 +556,25 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
         using D = decltype(d_tag);
         return Dispatch(d_low != nullptr ? d_low_dtype : DType::kF32, [&](auto l_tag) {
           using L = decltype(l_tag);
+          // The fused kernel for an f32 input and an f32 input gradient only (the GPT's residual
+          // stream), which keeps its instantiations (and this file's compile time) in bounds.
+          if constexpr (std::is_same_v<X, float> && std::is_same_v<D, float>) {
+          if (fused) {
+            auto launch = [&](auto kernel) {
+              const size_t shared = FusedSharedBytes(cols);
+              cudaError_t attr = cudaFuncSetAttribute(
+                  kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+              if (attr != cudaSuccess) return attr;
+              kernel<<<static_cast<unsigned>(chunks), kThreads, shared, stream>>>(
+                  static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols,
+                  rows_per_chunk, row_stats, weight, static_cast<D*>(dx), d_residual,
+                  static_cast<L*>(d_low), partials);
+              return cudaGetLastError();
+            };
+            return cols <= 32 * 8 * 3 ? launch(layer_norm_backward_fused_kernel<3, G, X, D, L>)
+                                      : launch(layer_norm_backward_fused_kernel<4, G, X, D, L>);
+          }
+          }
           if (vec) {
             layer_norm_backward_input_kernel<8, G, X, D, L>
                 <<<RowBlocks(rows), kThreads, 0, stream>>>(
@@ -340,10 +590,12 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
         });
       });
       if (e != cudaSuccess) return e;
-      layer_norm_param_partials_kernel<G, X><<<partial_grid, kThreads, 0, stream>>>(
-          static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, rows_per_chunk,
-          row_stats, partials);
-      if ((e = cudaGetLastError()) != cudaSuccess) return e;
+      if (!fused) {
+        layer_norm_param_partials_kernel<G, X><<<partial_grid, kThreads, 0, stream>>>(
+            static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols, rows_per_chunk,
+            row_stats, partials);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+      }
       layer_norm_param_finish_kernel<<<static_cast<unsigned>((cols + 31) / 32), kThreads, 0,
                                        stream>>>(partials, chunks, cols, dweight, dbias,
                                                  overwrite);

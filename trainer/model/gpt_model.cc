@@ -386,11 +386,9 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     // (below the last block, by the block above's ln_1 backward).
     if (l + 1 == blocks_.size()) RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
     RETURN_IF_ERROR(backend_->ActivationForward(ActivationKind::kGeluTanh, b.fc_pre, fc_gelu_));
-    RETURN_IF_ERROR(backend_->LinearBackward(fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_,
-                                             d_fc_gelu_, View(g, o.fc_proj_w, C, 4 * C),
-                                             View(g, o.fc_proj_b, 1, C), ow));
-    RETURN_IF_ERROR(
-        backend_->ActivationBackward(ActivationKind::kGeluTanh, b.fc_pre, d_fc_gelu_, d_fc_pre_));
+    RETURN_IF_ERROR(backend_->LinearBackwardThroughActivation(
+        fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_, ActivationKind::kGeluTanh, b.fc_pre,
+        d_fc_gelu_, d_fc_pre_, View(g, o.fc_proj_w, C, 4 * C), View(g, o.fc_proj_b, 1, C), ow));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln2, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),
                                              View(g, o.fc_b, 1, 4 * C), ow));
