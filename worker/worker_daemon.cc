@@ -364,19 +364,30 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
 
 void WorkerDaemon::UsageLoop(std::shared_ptr<UsageSlot> slot,
                              std::function<v1::WorkerUsage()> read_usage) {
-  while (!slot->stop.load()) {
+  std::unique_lock<std::mutex> lock(slot->mu);
+  while (!slot->stop) {
+    lock.unlock();
     const int64_t started = NowMs();
     v1::WorkerUsage usage = read_usage();
     const int64_t read_ms = NowMs();
-    {
-      std::lock_guard<std::mutex> lock(slot->mu);
-      slot->usage = std::move(usage);
-      slot->read_ms = read_ms;
-    }
-    const int64_t until = started + slot->interval_ms.load();
-    while (!slot->stop.load() && NowMs() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    lock.lock();
+    slot->usage = std::move(usage);
+    slot->read_ms = read_ms;
+    const int64_t wait_ms = std::max<int64_t>(0, started + slot->interval_ms.load() - read_ms);
+    slot->changed.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return slot->stop; });
+  }
+  slot->ended = true;
+  slot->changed.notify_all();
+}
+
+void WorkerDaemon::StopUsage() {
+  std::unique_lock<std::mutex> lock(usage_->mu);
+  usage_->stop = true;
+  usage_->changed.notify_all();
+  if (!options_.read_usage) return;
+  if (!usage_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return usage_->ended; })) {
+    spdlog::warn("a usage reading has not returned for 2 s (a driver call that hangs?); not "
+                 "waiting for it");
   }
 }
 
@@ -908,7 +919,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   reaper.join();
   fence.join();
   logs.join();
-  usage_->stop.store(true);  // (Not waited for: a reading may hang in the driver.)
+  StopUsage();
   spdlog::info("stopping: {} rank(s) running", running_.size());
   // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
   // places nothing new here while the ranks stop.

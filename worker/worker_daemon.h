@@ -79,8 +79,9 @@ struct WorkerOptions {
   // heartbeat carries (HeartbeatRequest.usage). Called every heartbeat interval from a thread
   // of its own, never from the heartbeats': a driver call that hangs must not silence them
   // (the latest reading goes while it is younger than kMaxUsageAgeMs), nor hold back the
-  // daemon's stop (the thread is left to end on its own: a copy of this function may still
-  // run once after Run returned, so it must own what it uses). Null: none is sent.
+  // daemon's stop for more than 2 s (then the thread is left to end on its own: a copy of this
+  // function may still be running after Run returned, so it must own what it uses). Null: none
+  // is sent.
   std::function<v1::WorkerUsage()> read_usage;
 };
 
@@ -126,14 +127,18 @@ class WorkerDaemon {
   // The usage thread's state, shared with it (it may outlive the daemon: see read_usage).
   struct UsageSlot {
     std::mutex mu;
+    std::condition_variable changed;       // `stop` or `ended` set.
     std::optional<v1::WorkerUsage> usage;  // The latest reading.
     int64_t read_ms = 0;                   // When it was read (NowMs).
     std::atomic<int64_t> interval_ms{1'000};
-    std::atomic<bool> stop{false};
+    bool stop = false;
+    bool ended = false;  // The thread has ended.
   };
   // Reads the usage (WorkerOptions::read_usage) every interval until the slot says stop.
   static void UsageLoop(std::shared_ptr<UsageSlot> slot,
                         std::function<v1::WorkerUsage()> read_usage);
+  // Tells the usage thread to stop and waits for it a moment (not for a reading that hangs).
+  void StopUsage();
   // The latest usage into `request`, unless none was read or it is older than
   // kMaxUsageAgeMs.
   void AttachUsage(v1::HeartbeatRequest* request);

@@ -463,7 +463,7 @@ TEST(WorkerDaemon, AReadingThatHangs_HoldsBackNeitherTheHeartbeatsNorTheStop) {
   WorkerOptions options = TestOptions();
   auto readings = std::make_shared<std::atomic<int>>(0);
   options.read_usage = [readings] {
-    if (readings->fetch_add(1) > 0) std::this_thread::sleep_for(std::chrono::seconds(5));
+    if (readings->fetch_add(1) > 0) std::this_thread::sleep_for(std::chrono::seconds(30));
     return v1::WorkerUsage();
   };
   const auto started = std::chrono::steady_clock::now();
@@ -473,7 +473,7 @@ TEST(WorkerDaemon, AReadingThatHangs_HoldsBackNeitherTheHeartbeatsNorTheStop) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   server->Shutdown(std::chrono::system_clock::now());
   EXPECT_GE(coordinator.Heartbeats().size(), 10u) << "the heartbeats waited for the reading";
-  EXPECT_LT(took_s, 4.5) << "the stop waited for the reading";
+  EXPECT_LT(took_s, 15) << "the stop waited for the reading (it waits 2 s at most)";
   EXPECT_EQ(readings->load(), 2) << "the thread went on reading while one hung";
 }
 
