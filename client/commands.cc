@@ -518,6 +518,8 @@ int WorkersCommand(const CommandContext& context) {
   SetDeadline(context, &rpc);
   grpc::Status status = context.stub->ListWorkers(&rpc, v1::ListWorkersRequest(), &response);
   if (!status.ok()) return ReportRpcError(context, "workers", status);
+  // Every field in the JSON, the usage's too (a coordinator before usage sends none).
+  for (v1::Worker& worker : *response.mutable_workers()) worker.mutable_usage();
   *context.out << (context.format == OutputFormat::kJson
                        ? ToJson(response) + "\n"
                        : FormatWorkerTable({response.workers().begin(), response.workers().end()}));

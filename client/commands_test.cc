@@ -467,6 +467,14 @@ class JobsCoordinator final : public v1::Coordinator::Service {
     response->set_state(v1::PENDING);
     return grpc::Status::OK;
   }
+  // One worker as a coordinator before usage lists it: no usage at all.
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                           v1::ListWorkersResponse* response) override {
+    v1::Worker* worker = response->add_workers();
+    worker->set_worker_id("w1#1");
+    worker->set_state(v1::ALIVE);
+    return grpc::Status::OK;
+  }
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                       v1::GetJobResponse* response) override {
     response->mutable_job()->set_job_id(request->job_id());
@@ -551,6 +559,21 @@ TEST_F(JobsTest, List_Json_IsOneObjectWithEveryJob) {
   EXPECT_EQ(json.rfind("{", 0), 0u) << json;
   EXPECT_NE(json.find("\"jobs\": ["), std::string::npos) << json;
   EXPECT_EQ(Ids().size(), 5u) << json;
+}
+
+// `workers --output json` has every field, the usage's included, whatever the coordinator
+// left out; the table says n/a for what was not read.
+TEST_F(JobsTest, Workers_JsonHasEveryUsageField_TableSaysNa) {
+  EXPECT_EQ(WorkersCommand(Context(OutputFormat::kJson)), 0);
+  const std::string json = out_.str();
+  for (const char* part : {R"("usage": {)", R"("memory_available_bytes": "0")",
+                           R"("memory_total_bytes": "0")", R"("devices": [])",
+                           R"("usage_unix_ms": "0")"}) {
+    EXPECT_NE(json.find(part), std::string::npos) << part << " not in " << json;
+  }
+  out_.str("");
+  EXPECT_EQ(WorkersCommand(Context()), 0);
+  EXPECT_NE(out_.str().find("ALIVE  n/a"), std::string::npos) << out_.str();
 }
 
 TEST_F(JobsTest, Cancel_SeveralIds_EachTried_ExitOneIfAnyRefused) {

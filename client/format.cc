@@ -230,15 +230,50 @@ std::string FormatJobDetail(const v1::Job& job) {
   return out;
 }
 
+namespace {
+
+std::string Gib(int64_t bytes) { return absl::StrFormat("%.1f", bytes / 1073741824.0); }
+
+// "12.3/62.8 GiB" available of total, "n/a" when not read.
+std::string FormatHostMemory(const v1::Worker& worker) {
+  const v1::WorkerUsage& usage = worker.usage();
+  if (worker.usage_unix_ms() == 0 || usage.memory_total_bytes() == 0) return "n/a";
+  return absl::StrCat(Gib(usage.memory_available_bytes()), "/", Gib(usage.memory_total_bytes()),
+                      " GiB");
+}
+
+// Per registered device: "0: 30.0/80.0 GiB 75%", or "0: n/a" (no reading of it); "-" for a
+// worker without devices.
+std::string FormatGpuUsage(const v1::Worker& worker) {
+  std::vector<std::string> parts;
+  for (const v1::DeviceInfo& device : worker.devices()) {
+    const v1::DeviceUsage* reading = nullptr;
+    if (worker.usage_unix_ms() > 0) {
+      for (const v1::DeviceUsage& usage : worker.usage().devices()) {
+        if (usage.index() == device.index() && usage.available()) reading = &usage;
+      }
+    }
+    parts.push_back(reading == nullptr
+                        ? absl::StrCat(device.index(), ": n/a")
+                        : absl::StrCat(device.index(), ": ", Gib(reading->memory_used_bytes()),
+                                       "/", Gib(reading->memory_total_bytes()), " GiB ",
+                                       reading->utilization_percent(), "%"));
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
 std::string FormatWorkerTable(const std::vector<v1::Worker>& workers) {
-  std::vector<std::vector<std::string>> rows = {
-      {"WORKER", "HOST", "DEVICE", "SLOTS", "FREE", "STATE", "DEVICES"}};
+  std::vector<std::vector<std::string>> rows = {{"WORKER", "HOST", "DEVICE", "SLOTS", "FREE",
+                                                 "STATE", "MEM AVAIL", "DEVICES", "GPU USE"}};
   for (const v1::Worker& worker : workers) {
     std::vector<std::string> names;
     for (const auto& device : worker.devices()) names.push_back(device.name());
     rows.push_back({worker.worker_id(), worker.host(), Device(worker.device()),
                     absl::StrCat(worker.slots()), absl::StrCat(worker.free_slots()),
-                    v1::WorkerState_Name(worker.state()), absl::StrJoin(names, ", ")});
+                    v1::WorkerState_Name(worker.state()), FormatHostMemory(worker),
+                    names.empty() ? "-" : absl::StrJoin(names, ", "), FormatGpuUsage(worker)});
   }
   return FormatTable(rows);
 }

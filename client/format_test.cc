@@ -130,6 +130,55 @@ TEST(ToJson, EveryFieldIsPresent_DefaultsToo) {
   EXPECT_NE(telemetry.find(R"("skipped":false)"), std::string::npos) << telemetry;
 }
 
+// Each worker's latest usage: host memory available of total, and each GPU's memory and
+// utilization, "n/a" for a device without a reading (or before any), "-" without devices.
+TEST(FormatWorkerTable, ShowsMemoryAvailableAndGpuUse_NaWhenUnread) {
+  v1::Worker cpu;
+  cpu.set_worker_id("w1#1");
+  cpu.set_host("10.0.0.1");
+  cpu.set_device(v1::CPU);
+  cpu.set_state(v1::ALIVE);
+  cpu.set_usage_unix_ms(1);
+  cpu.mutable_usage()->set_memory_available_bytes(int64_t{12} << 30);
+  cpu.mutable_usage()->set_memory_total_bytes(int64_t{64} << 30);
+  v1::Worker gpu;
+  gpu.set_worker_id("g1#2");
+  gpu.set_host("10.0.0.2");
+  gpu.set_device(v1::CUDA);
+  gpu.set_state(v1::ALIVE);
+  for (int i = 0; i < 2; ++i) {
+    v1::DeviceInfo* device = gpu.add_devices();
+    device->set_index(i);
+    device->set_name("NVIDIA H100");
+  }
+  v1::Worker unread = gpu;  // Registered, no heartbeat with usage yet.
+  unread.set_worker_id("g2#3");
+  gpu.set_usage_unix_ms(1);
+  gpu.mutable_usage()->set_memory_available_bytes(int64_t{40} << 30);
+  gpu.mutable_usage()->set_memory_total_bytes(int64_t{64} << 30);
+  v1::DeviceUsage* read = gpu.mutable_usage()->add_devices();
+  read->set_index(0);
+  read->set_available(true);
+  read->set_memory_used_bytes(int64_t{30} << 30);
+  read->set_memory_total_bytes(int64_t{80} << 30);
+  read->set_utilization_percent(75);
+  gpu.mutable_usage()->add_devices()->set_index(1);  // Not available.
+  const std::string table = FormatWorkerTable({cpu, gpu, unread});
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n');
+  ASSERT_GE(lines.size(), 4u) << table;
+  EXPECT_NE(lines[0].find("MEM AVAIL"), std::string::npos) << table;
+  EXPECT_NE(lines[0].find("GPU USE"), std::string::npos) << table;
+  EXPECT_NE(lines[1].find("12.0/64.0 GiB"), std::string::npos) << table;
+  EXPECT_EQ(lines[1].substr(lines[1].size() - 1), "-") << table;
+  EXPECT_NE(lines[2].find("40.0/64.0 GiB"), std::string::npos) << table;
+  EXPECT_NE(lines[2].find("0: 30.0/80.0 GiB 75%, 1: n/a"), std::string::npos) << table;
+  EXPECT_NE(lines[3].find("n/a  "), std::string::npos) << "memory before a reading: " << table;
+  EXPECT_NE(lines[3].find("0: n/a, 1: n/a"), std::string::npos) << table;
+
+  const std::string json = ToJson(unread, false);
+  EXPECT_NE(json.find(R"("usage_unix_ms":"0")"), std::string::npos) << json;
+}
+
 TEST(FormatJobTable, NoJobs_SaysSo) { EXPECT_EQ(FormatJobTable({}, 0), "No jobs.\n"); }
 
 TEST(FormatJobTable, ShowsOwnerAgeDurationAndThePendingReason) {

@@ -111,7 +111,10 @@ const std::map<std::string, std::string>& VerbHelp() {
        "  JSON: {\"jobs\": [{\"job_id\", \"state\", \"error\"}, ...]}.\n"},
       {"workers",
        "trainctl workers\n"
-       "  Registered workers, live and lost. JSON: {\"workers\": [Worker, ...]}.\n"},
+       "  Registered workers, live and lost, with their latest usage: MEM AVAIL is the host\n"
+       "  memory their ranks could take now of what they could have at most, GPU USE each\n"
+       "  device's memory used of its total and its utilization (n/a: not read, e.g. no NVML).\n"
+       "  JSON: {\"workers\": [Worker, ...]} (Worker.usage, Worker.usage_unix_ms).\n"},
       {"export",
        "trainctl export ID [--format csv|jsonl]\n"
        "  The job's whole telemetry history: CSV with a header of every TelemetryRecord field\n"

@@ -4,6 +4,7 @@
 // (INVALID_ARGUMENT naming the limit) and the worker and the ranks send within, and keepalive.
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mptrain {
 
@@ -22,6 +23,12 @@ inline constexpr int kMaxNotesPerAttempt = 256;
 inline constexpr size_t kMaxRegistrationNonceBytes = 64;
 inline constexpr size_t kMaxDeviceNameBytes = 256;
 inline constexpr size_t kMaxMachineIdBytes = 64;
+
+// Heartbeat usage (WorkerUsage): device readings in one heartbeat (a worker with more devices
+// reports its first ones), and how old a reading may be when it is sent (an older one is not
+// sent: the coordinator keeps the last it had, with the time it was read).
+inline constexpr int kMaxUsageDevices = 64;
+inline constexpr int64_t kMaxUsageAgeMs = 60'000;
 
 // Keepalive: clients ping a connection with open calls this often (and give it up when a ping
 // is not answered in 10 s); the coordinator accepts pings at most this often (more often is

@@ -693,7 +693,9 @@ CoordinatorState::Overview CoordinatorState::GetOverview(const JobReader& reader
   overview.queued_bytes = queued_bytes_;
   for (v1::Worker& worker : workers_.List()) {
     const double age_s = (now - worker.last_heartbeat_unix_ms()) / 1000.0;
-    overview.workers.push_back({std::move(worker), age_s});
+    const double usage_age_s =
+        worker.usage_unix_ms() > 0 ? (now - worker.usage_unix_ms()) / 1000.0 : 0;
+    overview.workers.push_back({std::move(worker), age_s, usage_age_s});
   }
   overview.submitted_total = submitted_total_;
   overview.ended_total = ended_total_;
@@ -1032,7 +1034,14 @@ absl::Status CoordinatorState::Heartbeat(const v1::HeartbeatRequest& request) {
   auto worker =
       workers_.FindLive(request.worker_id(), request.incarnation(), request.worker_secret());
   if (!worker.ok()) return worker.status();
-  workers_.Touch(*worker, options_.now_ms());
+  const int64_t now = options_.now_ms();
+  workers_.Touch(*worker, now);
+  if (!request.has_usage()) return absl::OkStatus();  // Nothing new: the last one stays.
+  // Checked after the touch: the call proved the worker alive, whatever its usage says.
+  absl::Status usage =
+      ValidateWorkerUsage(request.usage(), request.usage_age_ms(), (*worker)->info);
+  if (!usage.ok()) return usage;
+  workers_.RecordUsage(*worker, request.usage(), now - request.usage_age_ms());
   return absl::OkStatus();
 }
 

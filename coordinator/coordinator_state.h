@@ -202,6 +202,7 @@ class CoordinatorState {
     struct WorkerLine {
       v1::Worker worker;  // free_slots filled in.
       double heartbeat_age_s = 0;
+      double usage_age_s = 0;  // Since its usage was read (when worker.usage_unix_ms > 0).
     };
     std::vector<WorkerLine> workers;
     // RUNNING jobs the reader may read, specs trimmed to name, world size, steps. (The counts
@@ -242,7 +243,9 @@ class CoordinatorState {
       const v1::RegisterWorkerRequest& request, const std::string& principal = "anonymous");
   // NOT_FOUND: unknown worker, lost worker or stale incarnation.
   // PERMISSION_DENIED: the worker secret does not match (also for every call below that
-  // carries one).
+  // carries one). INVALID_ARGUMENT: its usage breaks a bound (ValidateWorkerUsage, naming the
+  // field); the heartbeat still counts, the usage is not kept. A valid usage replaces the
+  // worker's (ListWorkers, the overview), read usage_age_ms before now.
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   // The daemon is shutting down: LOST now, its jobs fail. NOT_FOUND: as Heartbeat.
   absl::Status DeregisterWorker(const v1::DeregisterWorkerRequest& request);

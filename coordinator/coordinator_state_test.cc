@@ -448,6 +448,85 @@ TEST_F(CoordinatorStateTest, AWorkersPolls_KeepItAliveLikeHeartbeats) {
   EXPECT_EQ(StateOf(job), v1::FAILED);
 }
 
+// A GPU worker's heartbeats carry its usage: the latest is kept (read usage_age_ms before the
+// heartbeat came) and listed; the next replaces it; one without usage leaves it; a hostile one
+// is refused naming the field, keeps the last, and still counts as a sign of life; a lost worker
+// shows none.
+TEST_F(CoordinatorStateTest, Heartbeat_Usage_KeptReplacedRefusedNamingTheField) {
+  v1::RegisterWorkerRequest request;
+  request.set_host("127.0.0.1");
+  request.set_name("g");
+  request.set_device(v1::CUDA);
+  request.set_slots(2);
+  request.set_incarnation(1);
+  for (int i = 0; i < 2; ++i) request.add_devices()->set_index(i);
+  auto registered = state_->RegisterWorker(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id(registered->worker_id());
+  heartbeat.set_incarnation(1);
+  heartbeat.set_worker_secret(registered->worker_secret());
+  auto listed = [&] { return state_->ListWorkers().at(0); };
+  EXPECT_TRUE(listed().has_usage());
+  EXPECT_EQ(listed().usage_unix_ms(), 0) << "a usage before the worker sent one";
+
+  v1::WorkerUsage* usage = heartbeat.mutable_usage();
+  usage->set_memory_available_bytes(int64_t{40} << 30);
+  usage->set_memory_total_bytes(int64_t{64} << 30);
+  for (int i = 0; i < 2; ++i) {
+    v1::DeviceUsage* device = usage->add_devices();
+    device->set_index(i);
+    device->set_available(true);
+    device->set_memory_used_bytes(int64_t{10 + i} << 30);
+    device->set_memory_total_bytes(int64_t{80} << 30);
+    device->set_utilization_percent(50 + i);
+  }
+  heartbeat.set_usage_age_ms(250);
+  v1::HeartbeatRequest stolen = heartbeat;
+  stolen.set_worker_secret("not the secret");
+  EXPECT_EQ(state_->Heartbeat(stolen).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(listed().usage_unix_ms(), 0) << "usage kept from a call without the secret";
+  ASSERT_TRUE(state_->Heartbeat(heartbeat).ok());
+  EXPECT_EQ(listed().usage_unix_ms(), now_ms_.load() - 250);
+  EXPECT_EQ(listed().usage().devices(1).utilization_percent(), 51);
+  EXPECT_EQ(state_->GetOverview().workers.at(0).usage_age_s, 0.25);
+
+  now_ms_ += 2'000;
+  usage->mutable_devices(1)->set_utilization_percent(97);
+  heartbeat.set_usage_age_ms(0);
+  ASSERT_TRUE(state_->Heartbeat(heartbeat).ok());
+  EXPECT_EQ(listed().usage_unix_ms(), now_ms_.load());
+  EXPECT_EQ(listed().usage().devices(1).utilization_percent(), 97) << "not replaced";
+  const int64_t kept_at = now_ms_.load();
+
+  v1::HeartbeatRequest without = heartbeat;
+  without.clear_usage();
+  without.set_usage_age_ms(0);
+  now_ms_ += 1'000;
+  ASSERT_TRUE(state_->Heartbeat(without).ok());
+  EXPECT_EQ(listed().usage_unix_ms(), kept_at) << "a heartbeat without usage dropped it";
+
+  v1::HeartbeatRequest hostile = heartbeat;
+  hostile.mutable_usage()->mutable_devices(1)->set_utilization_percent(101);
+  // Silent but for hostile heartbeats past the 10 s timeout: still alive.
+  for (int i = 0; i < 3; ++i) {
+    now_ms_ += 5'000;
+    absl::Status refused = state_->Heartbeat(hostile);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(refused.message(), "usage.devices[1].utilization_percent must be in [0, 100], got 101");
+    state_->CheckLiveness();
+  }
+  EXPECT_EQ(listed().state(), v1::ALIVE) << "a heartbeat with a refused usage did not count";
+  EXPECT_EQ(listed().usage_unix_ms(), kept_at) << "a refused usage replaced the last";
+  EXPECT_EQ(listed().usage().devices(1).utilization_percent(), 97);
+
+  now_ms_ += 11'000;
+  state_->CheckLiveness();
+  EXPECT_EQ(listed().state(), v1::LOST);
+  EXPECT_EQ(listed().usage_unix_ms(), 0);
+  EXPECT_EQ(listed().usage().devices_size(), 0) << "a lost worker shows its last figures";
+}
+
 TEST_F(CoordinatorStateTest, NameOfLiveWorker_CannotBeTakenOver_UntilItIsLost) {
   std::string job = Submit(1);
   std::string old_id = Register("w", 1, v1::CPU, /*incarnation=*/1);

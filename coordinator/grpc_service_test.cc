@@ -234,6 +234,48 @@ TEST_F(PollTest, AJobPlacedWhileItWaits_AnsweredWithItsStart) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// Over gRPC: a heartbeat's usage reaches ListWorkers; a hostile one (a device the CPU worker
+// never registered, too many devices) is INVALID_ARGUMENT naming the field, and the listing
+// keeps the last good one.
+TEST_F(PollTest, HeartbeatUsage_ListedByListWorkers_HostileOneRefusedNamingTheField) {
+  const auto worker = Register("w");
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id(worker.worker_id());
+  heartbeat.set_incarnation(7);
+  heartbeat.set_worker_secret(worker.worker_secret());
+  heartbeat.mutable_usage()->set_memory_available_bytes(int64_t{3} << 30);
+  heartbeat.mutable_usage()->set_memory_total_bytes(int64_t{8} << 30);
+  heartbeat.set_usage_age_ms(10);
+  auto send = [&](const v1::HeartbeatRequest& request) {
+    grpc::ClientContext context;
+    v1::HeartbeatResponse response;
+    return control_->Heartbeat(&context, request, &response);
+  };
+  auto listed = [&] {
+    grpc::ClientContext context;
+    v1::ListWorkersResponse response;
+    EXPECT_TRUE(jobs_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok());
+    return response.workers_size() == 1 ? response.workers(0) : v1::Worker();
+  };
+  ASSERT_TRUE(send(heartbeat).ok());
+  EXPECT_EQ(listed().usage().memory_available_bytes(), int64_t{3} << 30);
+  EXPECT_GT(listed().usage_unix_ms(), 0);
+
+  v1::HeartbeatRequest stranger = heartbeat;
+  stranger.mutable_usage()->add_devices()->set_index(0);
+  grpc::Status refused = send(stranger);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(),
+            "usage.devices[0].index must be one of the 0 device(s) this worker registered, got 0");
+  v1::HeartbeatRequest many = heartbeat;
+  for (int i = 0; i < 100'000; ++i) many.mutable_usage()->add_devices()->set_index(i);
+  refused = send(many);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "usage.devices may list at most 64 devices, got 100000");
+  EXPECT_EQ(listed().usage().memory_available_bytes(), int64_t{3} << 30);
+  EXPECT_EQ(listed().usage().devices_size(), 0);
+}
+
 TEST_F(PollTest, AStrangersSecret_Refused) {
   auto worker = Register("w");
   worker.set_worker_secret("not its secret");

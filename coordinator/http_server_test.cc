@@ -479,6 +479,52 @@ TEST_F(HttpServerTest, JobReads_OwnJobsOnly_ViewerSeesAll) {
       absl::StrContains(Get("/metrics", as(kViewerToken)), absl::StrCat("job_id=\"", alices)));
 }
 
+// /api/workers (the workers page) carries each worker's latest usage, to every reader (a user,
+// another user, a viewer: the worker list holds no job's data), never to a worker's token.
+TEST_F(HttpServerTest, ApiWorkers_CarryTheLatestUsage_ToEveryReader) {
+  v1::RegisterWorkerRequest worker;
+  worker.set_host("127.0.0.1");
+  worker.set_name("g1");
+  worker.set_device(v1::CUDA);
+  worker.set_slots(2);
+  worker.set_incarnation(1);
+  for (int i = 0; i < 2; ++i) worker.add_devices()->set_index(i);
+  auto registered = state_.RegisterWorker(worker);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id(registered->worker_id());
+  heartbeat.set_incarnation(1);
+  heartbeat.set_worker_secret(registered->worker_secret());
+  heartbeat.mutable_usage()->set_memory_available_bytes(int64_t{40} << 30);
+  heartbeat.mutable_usage()->set_memory_total_bytes(int64_t{64} << 30);
+  v1::DeviceUsage* read = heartbeat.mutable_usage()->add_devices();
+  read->set_index(0);
+  read->set_available(true);
+  read->set_memory_used_bytes(int64_t{30} << 30);
+  read->set_memory_total_bytes(int64_t{80} << 30);
+  read->set_utilization_percent(75);
+  heartbeat.mutable_usage()->add_devices()->set_index(1);  // Unavailable (no NVML).
+  ASSERT_TRUE(state_.Heartbeat(heartbeat).ok());
+  Start(true);
+  auto as = [](const char* token) { return absl::StrCat("Authorization: Bearer ", token, "\r\n"); };
+  for (const char* token : {kUserToken, kBobToken, kViewerToken}) {
+    const std::string answer = Get("/api/workers", as(token));
+    EXPECT_EQ(StatusOf(answer), 200) << answer;
+    for (const char* part :
+         {R"("usage":{"memory_available_bytes":"42949672960","memory_total_bytes":"68719476736")",
+          // (Index 0 is protobuf JSON's default, left out as every default here.)
+          R"([{"available":true,"memory_used_bytes":"32212254720","memory_total_bytes":"85899345920","utilization_percent":75},)",
+          R"({"index":1})", R"("usage_unix_ms":")"}) {
+      EXPECT_TRUE(absl::StrContains(answer, part)) << "no " << part << " in " << answer;
+    }
+  }
+  EXPECT_EQ(StatusOf(Get("/api/workers", as(kWorkerToken))), 403);
+  const std::string metrics = Get("/metrics", as(kBobToken));
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "mptrain_worker_gpu_utilization_ratio{worker=\"g1\",host=\"127.0.0.1\",gpu=\"0\"} 0.75\n"))
+      << metrics;
+}
+
 }  // namespace
 }  // namespace mptrain
 

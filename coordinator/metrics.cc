@@ -43,6 +43,84 @@ constexpr char kAssertions[] = "off";
 constexpr char kAssertions[] = "on";
 #endif
 
+// Each live worker's latest usage (WorkerUsage, from its heartbeats): its host memory, and each
+// GPU whose reading is available, labelled gpu (the device index); an unavailable reading, or
+// none yet, has no series (absent, not 0). The GPU families hold at most kMaxGpuSeries series
+// each (workers in id order; the readings left out are counted).
+void AppendWorkerUsage(const CoordinatorState::Overview& overview, PrometheusText& text) {
+  auto worker_labels = [](const v1::Worker& worker) -> Labels {
+    return {{"worker", WorkerRegistry::NameOfId(worker.worker_id())}, {"host", worker.host()}};
+  };
+  auto has_usage = [](const v1::Worker& worker) {
+    return worker.state() == v1::ALIVE && worker.usage_unix_ms() > 0;
+  };
+  text.Family("mptrain_worker_usage_age_seconds",
+              "Time since each live worker's usage (memory, GPUs) was read.", "gauge");
+  for (const auto& line : overview.workers) {
+    if (has_usage(line.worker)) text.Sample(worker_labels(line.worker), line.usage_age_s);
+  }
+  text.Family("mptrain_worker_memory_available_bytes",
+              "Host memory a live worker's ranks could take now: MemAvailable, or the room left "
+              "under its cgroup's memory limit when smaller.",
+              "gauge");
+  for (const auto& line : overview.workers) {
+    const v1::WorkerUsage& usage = line.worker.usage();
+    if (!has_usage(line.worker) || usage.memory_total_bytes() == 0) continue;
+    text.Sample(worker_labels(line.worker), static_cast<double>(usage.memory_available_bytes()));
+  }
+  text.Family("mptrain_worker_memory_total_bytes",
+              "Host memory a live worker's ranks could have at most: MemTotal, or its cgroup's "
+              "memory limit when smaller.",
+              "gauge");
+  for (const auto& line : overview.workers) {
+    const v1::WorkerUsage& usage = line.worker.usage();
+    if (!has_usage(line.worker) || usage.memory_total_bytes() == 0) continue;
+    text.Sample(worker_labels(line.worker), static_cast<double>(usage.memory_total_bytes()));
+  }
+
+  struct GpuGauge {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::DeviceUsage&);
+  };
+  const GpuGauge gpu_gauges[] = {
+      {"mptrain_worker_gpu_memory_used_bytes",
+       "Memory in use on a live worker's GPU, by every process on it (NVML).",
+       [](const v1::DeviceUsage& d) { return static_cast<double>(d.memory_used_bytes()); }},
+      {"mptrain_worker_gpu_memory_total_bytes", "Memory of a live worker's GPU (NVML).",
+       [](const v1::DeviceUsage& d) { return static_cast<double>(d.memory_total_bytes()); }},
+      {"mptrain_worker_gpu_utilization_ratio",
+       "Share of NVML's last sample period in which a kernel ran on a live worker's GPU (0 to "
+       "1).",
+       [](const v1::DeviceUsage& d) { return d.utilization_percent() / 100.0; }},
+  };
+  uint64_t omitted = 0;
+  for (const GpuGauge& gauge : gpu_gauges) {
+    text.Family(gauge.name, gauge.help, "gauge");
+    size_t series = 0;
+    omitted = 0;
+    for (const auto& line : overview.workers) {
+      if (!has_usage(line.worker)) continue;
+      for (const v1::DeviceUsage& device : line.worker.usage().devices()) {
+        if (!device.available()) continue;
+        if (series == kMaxGpuSeries) {
+          ++omitted;
+          continue;
+        }
+        ++series;
+        Labels labels = worker_labels(line.worker);
+        labels.emplace_back("gpu", std::to_string(device.index()));
+        text.Sample(labels, gauge.value(device));
+      }
+    }
+  }
+  text.Family("mptrain_worker_gpu_readings_omitted",
+              "GPU readings left out of each mptrain_worker_gpu_* family, past its bound of "
+              "series.",
+              "gauge");
+  text.Sample({}, static_cast<double>(omitted));
+}
+
 }  // namespace
 
 void RpcMetrics::Record(const std::string& method, const std::string& code, double seconds) {
@@ -138,6 +216,7 @@ std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcM
                  {"host", line.worker.host()}},
                 line.heartbeat_age_s);
   }
+  AppendWorkerUsage(overview, text);
 
   // Per running job, and per job that ended in the last minutes (Overview::recently_ended, so
   // that a short job is scraped at least once): its latest telemetry record, and its latest

@@ -5,7 +5,8 @@
 // (jobs and workers by state, heartbeat ages, and per running or recently ended job its latest
 // telemetry: step, loss, grad norm, loss scale, skipped steps, samples/s, learning rate, and
 // its latest evaluation's step and metrics, kept until the next evaluation), labelled job_id
-// and name; workers labelled by name (stable across a daemon's restarts); the build
+// and name; workers labelled by name (stable across a daemon's restarts), with their latest
+// usage (host memory, and per GPU its memory and utilization, labelled gpu); the build
 // (mptrain_build_info) and the process (process_*). Names follow Prometheus' naming guide:
 // mptrain_ prefix, base units, _total for counters only, _seconds, _bytes.
 
@@ -44,6 +45,11 @@ class RpcMetrics {
   mutable std::mutex mu_;
   std::map<std::string, Method> methods_;
 };
+
+// Series of each mptrain_worker_gpu_* family at most (a GPU of a live worker each: as many as
+// --max_live_workers' default); the readings beyond are counted in
+// mptrain_worker_gpu_readings_omitted.
+inline constexpr size_t kMaxGpuSeries = 65'536;
 
 // The whole exposition.
 std::string RenderMetrics(const CoordinatorState::Overview& overview, const RpcMetrics& rpcs);

@@ -1,6 +1,10 @@
 #include "coordinator/metrics.h"
 
 #include <chrono>
+#include <string>
+
+#include "common/rpc_limits.h"
+#include "coordinator/prometheus_text.h"
 
 #include "gtest/gtest.h"
 
@@ -108,6 +112,91 @@ TEST(RenderMetrics, JobsWorkersAndRunningJobTelemetry) {
   EXPECT_TRUE(Contains(text, "mptrain_job_restarts_total{job_id=\"job-0007\",name=\"my \\\"run\\\"\"} 0\n"));
   EXPECT_FALSE(Contains(text, "mptrain_job_restarts{"));
   EXPECT_FALSE(Contains(text, "# TYPE mptrain_job_restarts gauge"));
+}
+
+v1::Worker UsageWorker(const std::string& id, v1::WorkerState state, int64_t usage_unix_ms) {
+  v1::Worker worker;
+  worker.set_worker_id(id);
+  worker.set_host("10.0.0.7");
+  worker.set_device(v1::CUDA);
+  worker.set_state(state);
+  worker.set_usage_unix_ms(usage_unix_ms);
+  return worker;
+}
+
+// A live worker's latest usage: its host memory, and a series per GPU whose reading is
+// available (utilization as a ratio); nothing for an unavailable reading, a worker that has
+// sent none yet, or a lost one.
+TEST(RenderMetrics, WorkerUsage_LiveReadingsOnly) {
+  CoordinatorState::Overview overview;
+  v1::Worker gpu = UsageWorker("g1#3", v1::ALIVE, 1'000);
+  gpu.mutable_usage()->set_memory_available_bytes(int64_t{12} << 30);
+  gpu.mutable_usage()->set_memory_total_bytes(int64_t{64} << 30);
+  v1::DeviceUsage* read = gpu.mutable_usage()->add_devices();
+  read->set_index(0);
+  read->set_available(true);
+  read->set_memory_used_bytes(int64_t{30} << 30);
+  read->set_memory_total_bytes(int64_t{80} << 30);
+  read->set_utilization_percent(75);
+  gpu.mutable_usage()->add_devices()->set_index(1);  // Not available.
+  overview.workers.push_back({gpu, 0.5, 1.25});
+  v1::Worker silent = UsageWorker("g2#4", v1::ALIVE, 0);  // No reading yet.
+  *silent.mutable_usage() = gpu.usage();  // (Zeros in practice; ignored either way.)
+  overview.workers.push_back({silent, 0.5, 0});
+  v1::Worker lost = UsageWorker("g3#5", v1::LOST, 1'000);
+  *lost.mutable_usage() = gpu.usage();
+  overview.workers.push_back({lost, 0.5, 0});
+
+  const std::string text = RenderMetrics(overview, RpcMetrics());
+  const std::string g1 = "{worker=\"g1\",host=\"10.0.0.7\"";
+  auto bytes = [](int64_t gib) { return PrometheusText::FormatValue(gib * 1073741824.0); };
+  EXPECT_TRUE(Contains(text, "# TYPE mptrain_worker_memory_available_bytes gauge\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_memory_available_bytes" + g1 + "} " + bytes(12) + "\n"))
+      << text;
+  EXPECT_TRUE(Contains(text, "mptrain_worker_memory_total_bytes" + g1 + "} " + bytes(64) + "\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_usage_age_seconds" + g1 + "} 1.25\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_gpu_memory_used_bytes" + g1 + ",gpu=\"0\"} " +
+                                 bytes(30) + "\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_gpu_memory_total_bytes" + g1 + ",gpu=\"0\"} " +
+                                 bytes(80) + "\n"));
+  EXPECT_TRUE(Contains(text, "mptrain_worker_gpu_utilization_ratio" + g1 + ",gpu=\"0\"} 0.75\n"));
+  EXPECT_FALSE(Contains(text, ",gpu=\"1\"}")) << "an unavailable reading has series";
+  for (const char* family :
+       {"mptrain_worker_usage_age_seconds", "mptrain_worker_memory_available_bytes",
+        "mptrain_worker_memory_total_bytes", "mptrain_worker_gpu_memory_used_bytes",
+        "mptrain_worker_gpu_memory_total_bytes", "mptrain_worker_gpu_utilization_ratio"}) {
+    EXPECT_FALSE(Contains(text, std::string(family) + "{worker=\"g2\""))
+        << "a worker with no reading yet has " << family;
+    EXPECT_FALSE(Contains(text, std::string(family) + "{worker=\"g3\""))
+        << "a lost worker has " << family;
+  }
+  EXPECT_TRUE(Contains(text, "\nmptrain_worker_gpu_readings_omitted 0\n"));
+}
+
+// However many live GPUs report, each GPU family holds at most kMaxGpuSeries series; the
+// readings left out are counted.
+TEST(RenderMetrics, GpuSeries_AreBounded) {
+  CoordinatorState::Overview overview;
+  const int workers = static_cast<int>(kMaxGpuSeries / kMaxUsageDevices) + 2;
+  for (int w = 0; w < workers; ++w) {
+    v1::Worker worker = UsageWorker("g" + std::to_string(w) + "#1", v1::ALIVE, 1'000);
+    for (int d = 0; d < kMaxUsageDevices; ++d) {
+      v1::DeviceUsage* device = worker.mutable_usage()->add_devices();
+      device->set_index(d);
+      device->set_available(true);
+      device->set_memory_total_bytes(1);
+    }
+    overview.workers.push_back({worker, 0.5, 0.5});
+  }
+  const std::string text = RenderMetrics(overview, RpcMetrics());
+  size_t series = 0;
+  for (size_t at = text.find("\nmptrain_worker_gpu_utilization_ratio{"); at != std::string::npos;
+       at = text.find("\nmptrain_worker_gpu_utilization_ratio{", at + 1)) {
+    ++series;
+  }
+  EXPECT_EQ(series, kMaxGpuSeries);
+  EXPECT_TRUE(Contains(text, "\nmptrain_worker_gpu_readings_omitted " +
+                                 std::to_string(2 * kMaxUsageDevices) + "\n"));
 }
 
 TEST(RenderMetrics, BuildInfoAndProcessMetrics) {

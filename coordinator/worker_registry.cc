@@ -46,6 +46,72 @@ absl::Status CheckRoots(const char* field,
 
 }  // namespace
 
+absl::Status ValidateWorkerUsage(const v1::WorkerUsage& usage, int64_t age_ms,
+                                 const v1::Worker& worker) {
+  if (age_ms < 0 || age_ms > kMaxUsageAgeMs) {
+    return absl::InvalidArgumentError(absl::StrCat("usage_age_ms must be in [0, ",
+                                                   kMaxUsageAgeMs, "], got ", age_ms));
+  }
+  if (usage.memory_available_bytes() < 0 || usage.memory_total_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "usage.memory_", usage.memory_available_bytes() < 0 ? "available" : "total",
+        "_bytes must be >= 0 (0: not read), got ",
+        std::min(usage.memory_available_bytes(), usage.memory_total_bytes())));
+  }
+  if (usage.memory_total_bytes() > 0 &&
+      usage.memory_available_bytes() > usage.memory_total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "usage.memory_available_bytes must be <= usage.memory_total_bytes (",
+        usage.memory_total_bytes(), "), got ", usage.memory_available_bytes()));
+  }
+  if (usage.devices_size() > kMaxUsageDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("usage.devices may list at most ",
+                                                   kMaxUsageDevices, " devices, got ",
+                                                   usage.devices_size()));
+  }
+  for (int i = 0; i < usage.devices_size(); ++i) {
+    const v1::DeviceUsage& device = usage.devices(i);
+    const std::string field = absl::StrCat("usage.devices[", i, "]");
+    const bool registered =
+        std::any_of(worker.devices().begin(), worker.devices().end(),
+                    [&](const v1::DeviceInfo& info) { return info.index() == device.index(); });
+    if (!registered) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".index must be one of the ", worker.devices_size(),
+                       " device(s) this worker registered, got ", device.index()));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (usage.devices(j).index() == device.index()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".index ", device.index(),
+                                                       " repeats usage.devices[", j, "]'s"));
+      }
+    }
+    if (device.memory_used_bytes() < 0 || device.memory_total_bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".memory_", device.memory_used_bytes() < 0 ? "used" : "total",
+          "_bytes must be >= 0, got ",
+          std::min(device.memory_used_bytes(), device.memory_total_bytes())));
+    }
+    if (device.memory_total_bytes() > 0 &&
+        device.memory_used_bytes() > device.memory_total_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".memory_used_bytes must be <= ", field, ".memory_total_bytes (",
+          device.memory_total_bytes(), "), got ", device.memory_used_bytes()));
+    }
+    if (device.utilization_percent() < 0 || device.utilization_percent() > 100) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".utilization_percent must be in [0, 100], got ", device.utilization_percent()));
+    }
+    if (!device.available() && (device.memory_used_bytes() != 0 ||
+                                device.memory_total_bytes() != 0 ||
+                                device.utilization_percent() != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is not available: its figures must be 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string AssignmentKey(const std::string& job_id, int rank, int attempt) {
   return absl::StrCat(job_id, "/", rank, "/", attempt);
 }
@@ -251,6 +317,9 @@ std::map<std::string, std::vector<int>> WorkerRegistry::MarkLost(
     by_heartbeat_.erase({worker->info.last_heartbeat_unix_ms(), worker->info.worker_id()});
   }
   worker->info.set_state(v1::LOST);
+  // Live data: a lost worker's last reading says nothing of now.
+  worker->info.clear_usage();
+  worker->info.set_usage_unix_ms(0);
   worker->lost_at_ms = now;
   lost_.push_back(worker->info.worker_id());
   std::map<std::string, std::vector<int>> affected;
@@ -285,6 +354,13 @@ void WorkerRegistry::Touch(WorkerRecord* worker, int64_t now) {
   by_heartbeat_.erase({worker->info.last_heartbeat_unix_ms(), id});
   worker->info.set_last_heartbeat_unix_ms(now);
   by_heartbeat_.emplace(now, id);
+}
+
+void WorkerRegistry::RecordUsage(WorkerRecord* worker, const v1::WorkerUsage& usage,
+                                 int64_t read_unix_ms) {
+  if (!worker->alive()) return;
+  *worker->info.mutable_usage() = usage;
+  worker->info.set_usage_unix_ms(read_unix_ms);
 }
 
 void WorkerRegistry::FirstPollDone(WorkerRecord* worker) {
@@ -766,6 +842,7 @@ std::vector<v1::Worker> WorkerRegistry::List() const {
   for (const auto& [id, worker] : workers_) {
     v1::Worker info = worker.info;
     info.set_free_slots(worker.alive() ? worker.free_slots() : 0);
+    info.mutable_usage();  // Present, zeros, until the worker sends one: one shape for clients.
     workers.push_back(info);
   }
   return workers;

@@ -44,6 +44,16 @@ inline constexpr char kRetryAfterPayloadUrl[] = "type.mptrain/retry_after_ms";
 inline constexpr size_t kMaxRefusedNamesTracked = 4'096;
 inline constexpr int64_t kRefusedNameRetentionMs = 120'000;
 
+// A heartbeat's usage (HeartbeatRequest.usage and usage_age_ms) against the bounds of
+// proto/mptrain.proto's WorkerUsage and the devices `worker` registered: at most
+// kMaxUsageDevices readings, each of a registered device and at most once; every figure >= 0;
+// a utilization in [0, 100]; used <= total where both are known; an unavailable reading with
+// no figures; the age in [0, kMaxUsageAgeMs]. INVALID_ARGUMENT naming the field and the bound
+// ("usage.devices[2].utilization_percent must be in [0, 100], got 101"). Pure; O(readings x
+// registered devices).
+absl::Status ValidateWorkerUsage(const v1::WorkerUsage& usage, int64_t age_ms,
+                                 const v1::Worker& worker);
+
 // What one slot runs: a rank of one attempt of a job.
 struct BusySlot {
   std::string job_id;
@@ -144,6 +154,9 @@ class WorkerRegistry {
 
   // A call the live worker proved its own: it is alive at `now`. O(log n).
   void Touch(WorkerRecord* worker, int64_t now);
+  // The live worker's usage, read at `read_unix_ms` (validated: ValidateWorkerUsage), replaces
+  // the one it had. Kept in memory only; a lost worker's is dropped (MarkLost).
+  void RecordUsage(WorkerRecord* worker, const v1::WorkerUsage& usage, int64_t read_unix_ms);
   // Its first poll after a coordinator restart has reported what it runs: its free slots may
   // take ranks.
   void FirstPollDone(WorkerRecord* worker);
@@ -193,6 +206,7 @@ class WorkerRegistry {
   // INTERNAL naming the first index that disagrees. O(n).
   absl::Status CheckIndexes() const;
 
+  // Every worker, its usage always present (zeros and usage_unix_ms 0 until it sent one).
   std::vector<v1::Worker> List() const;
   // Every worker record, for the caller's passes over slots.
   std::map<std::string, WorkerRecord>& all() { return workers_; }

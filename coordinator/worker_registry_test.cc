@@ -1,6 +1,7 @@
 #include "coordinator/worker_registry.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/resource_estimate.h"
+#include "common/rpc_limits.h"
 #include "gtest/gtest.h"
 
 namespace mptrain {
@@ -177,6 +179,138 @@ TEST(WorkerRegistry, Register_LongNonceOrDeviceName_InvalidArgumentNamingTheFiel
       << refused.status();
   device.mutable_devices(0)->set_name("NVIDIA H200");
   EXPECT_TRUE(registry.Register(device, "alice", false, 0).ok());
+}
+
+// A CUDA worker of `devices` GPUs, indices 0..devices-1.
+v1::Worker GpuWorker(int devices) {
+  v1::Worker worker;
+  worker.set_device(v1::CUDA);
+  for (int i = 0; i < devices; ++i) {
+    v1::DeviceInfo* device = worker.add_devices();
+    device->set_index(i);
+    device->set_memory_bytes(int64_t{80} << 30);
+  }
+  return worker;
+}
+
+// What a GPU worker sends: host memory, then each device read (80 GiB, 30 used, 75 % busy).
+v1::WorkerUsage GpuUsage(int devices) {
+  v1::WorkerUsage usage;
+  usage.set_memory_available_bytes(int64_t{40} << 30);
+  usage.set_memory_total_bytes(int64_t{64} << 30);
+  for (int i = 0; i < devices; ++i) {
+    v1::DeviceUsage* device = usage.add_devices();
+    device->set_index(i);
+    device->set_available(true);
+    device->set_memory_used_bytes(int64_t{30} << 30);
+    device->set_memory_total_bytes(int64_t{80} << 30);
+    device->set_utilization_percent(75);
+  }
+  return usage;
+}
+
+TEST(ValidateWorkerUsage, WhatAWorkerSends_Passes) {
+  EXPECT_TRUE(ValidateWorkerUsage(GpuUsage(8), 0, GpuWorker(8)).ok());
+  EXPECT_TRUE(ValidateWorkerUsage(GpuUsage(0), kMaxUsageAgeMs, v1::Worker()).ok()) << "CPU";
+  v1::WorkerUsage unread = GpuUsage(2);
+  unread.mutable_devices(1)->Clear();
+  unread.mutable_devices(1)->set_index(1);  // No NVML: unavailable, no figures.
+  unread.set_memory_available_bytes(0);     // Host memory not read.
+  unread.set_memory_total_bytes(0);
+  EXPECT_TRUE(ValidateWorkerUsage(unread, 5, GpuWorker(2)).ok());
+  v1::WorkerUsage full = GpuUsage(1);  // Every byte used, every cycle busy.
+  full.mutable_devices(0)->set_memory_used_bytes(int64_t{80} << 30);
+  full.mutable_devices(0)->set_utilization_percent(100);
+  full.set_memory_available_bytes(full.memory_total_bytes());
+  EXPECT_TRUE(ValidateWorkerUsage(full, 5, GpuWorker(1)).ok());
+}
+
+// Each hostile value is refused with INVALID_ARGUMENT naming its field and the bound.
+TEST(ValidateWorkerUsage, HostileValues_InvalidArgumentNamingTheFieldAndTheBound) {
+  struct Case {
+    std::function<void(v1::WorkerUsage*, int64_t* age_ms)> spoil;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](v1::WorkerUsage*, int64_t* age) { *age = -1; }, "usage_age_ms must be in [0, 60000], got -1"},
+      {[](v1::WorkerUsage*, int64_t* age) { *age = kMaxUsageAgeMs + 1; }, "usage_age_ms must be in [0, 60000]"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->set_memory_available_bytes(-5); },
+       "usage.memory_available_bytes must be >= 0 (0: not read), got -5"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->set_memory_total_bytes(std::numeric_limits<int64_t>::min()); },
+       "usage.memory_total_bytes must be >= 0"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->set_memory_available_bytes(u->memory_total_bytes() + 1); },
+       "usage.memory_available_bytes must be <= usage.memory_total_bytes (68719476736)"},
+      {[](v1::WorkerUsage* u, int64_t*) {
+         for (int i = 0; i < 60; ++i) *u->add_devices() = u->devices(0);
+       },
+       "usage.devices may list at most 64 devices, got 68"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(2)->set_index(8); },
+       "usage.devices[2].index must be one of the 8 device(s) this worker registered, got 8"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(3)->set_index(-1); },
+       "usage.devices[3].index must be one of the 8 device(s) this worker registered, got -1"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(5)->set_index(1); },
+       "usage.devices[5].index 1 repeats usage.devices[1]'s"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(0)->set_memory_used_bytes(-1); },
+       "usage.devices[0].memory_used_bytes must be >= 0, got -1"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(1)->set_memory_total_bytes(-7); },
+       "usage.devices[1].memory_total_bytes must be >= 0, got -7"},
+      {[](v1::WorkerUsage* u, int64_t*) {
+         u->mutable_devices(4)->set_memory_used_bytes(std::numeric_limits<int64_t>::max());
+       },
+       "usage.devices[4].memory_used_bytes must be <= usage.devices[4].memory_total_bytes "
+       "(85899345920), got 9223372036854775807"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(6)->set_utilization_percent(101); },
+       "usage.devices[6].utilization_percent must be in [0, 100], got 101"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(7)->set_utilization_percent(-3); },
+       "usage.devices[7].utilization_percent must be in [0, 100], got -3"},
+      {[](v1::WorkerUsage* u, int64_t*) { u->mutable_devices(0)->set_available(false); },
+       "usage.devices[0] is not available: its figures must be 0"},
+  };
+  for (const Case& c : cases) {
+    v1::WorkerUsage usage = GpuUsage(8);
+    int64_t age_ms = 100;
+    c.spoil(&usage, &age_ms);
+    absl::Status status = ValidateWorkerUsage(usage, age_ms, GpuWorker(8));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_TRUE(absl::StrContains(status.message(), c.message))
+        << "expected: " << c.message << "\n     got: " << status.message();
+  }
+  // A CPU worker registered no device: any reading of one is refused.
+  absl::Status cpu = ValidateWorkerUsage(GpuUsage(1), 0, v1::Worker());
+  EXPECT_TRUE(absl::StrContains(cpu.message(), "usage.devices[0].index must be one of the 0"))
+      << cpu;
+}
+
+// The latest usage replaces the last; a worker that is lost has none; a listing always holds a
+// usage (zeros, time 0, until one came).
+TEST(WorkerRegistry, RecordUsage_TheLatestReplacesTheLast_ALostWorkerHasNone) {
+  WorkerRegistry registry(Options());
+  v1::RegisterWorkerRequest request = Request("g");
+  request.set_device(v1::CUDA);
+  request.add_devices()->set_index(0);
+  request.add_devices()->set_index(1);
+  ASSERT_TRUE(registry.Register(request, "p", false, 0).ok());
+  WorkerRecord* worker = registry.Find("g#1");
+  ASSERT_EQ(registry.List().size(), 1u);
+  EXPECT_TRUE(registry.List()[0].has_usage()) << "a listing without its usage";
+  EXPECT_EQ(registry.List()[0].usage_unix_ms(), 0);
+
+  registry.RecordUsage(worker, GpuUsage(2), 900);
+  EXPECT_EQ(registry.List()[0].usage_unix_ms(), 900);
+  EXPECT_EQ(registry.List()[0].usage().devices(1).utilization_percent(), 75);
+  v1::WorkerUsage next = GpuUsage(1);
+  next.mutable_devices(0)->set_utilization_percent(5);
+  registry.RecordUsage(worker, next, 1'100);
+  const v1::Worker listed = registry.List()[0];
+  EXPECT_EQ(listed.usage_unix_ms(), 1'100);
+  ASSERT_EQ(listed.usage().devices_size(), 1) << "the last reading's devices linger";
+  EXPECT_EQ(listed.usage().devices(0).utilization_percent(), 5);
+
+  registry.MarkLost(worker, kNothingCurrent, 2'000);
+  EXPECT_EQ(registry.List()[0].usage_unix_ms(), 0);
+  EXPECT_EQ(registry.List()[0].usage().devices_size(), 0) << "a lost worker shows old figures";
+  registry.RecordUsage(worker, GpuUsage(2), 2'100);  // A late heartbeat's: not kept.
+  EXPECT_EQ(registry.List()[0].usage_unix_ms(), 0);
 }
 
 TEST(WorkerRegistry, LiveName_IsRefused_ButRetryGetsTheSameAnswer) {

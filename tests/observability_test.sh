@@ -12,6 +12,9 @@
 #   4. with TLS and tokens: HTTPS, 401 without a token, 403 for a worker's token, 200 for a
 #      user's;
 #   5. and two users: bob's token shows nothing of alice's job, hers and a viewer's do.
+# Beside the CPU worker, a GPU worker's heartbeats (tests/fake_gpu_worker.py: one GPU read, one
+# unavailable; this machine has none) show as gauges in 1 (promtool included), on the workers
+# page in 2 (bars, "n/a") and in `trainctl workers`, as the CPU worker's real memory reading.
 # promtool and chromium come from Debian (scripts/setup.sh installs them). Without them the test
 # says SKIPPED for that part and still runs the rest, except under CI (the environment variable
 # CI set and not empty; .bazelrc passes it to tests with --test_env=CI): there a missing tool
@@ -42,6 +45,22 @@ HTTP=http://127.0.0.1:$(cat "$CLUSTER_DIR/http_port")
 start_worker w1 "" --device=cpu --slots=2
 wait_for_workers 1 || exit 1
 ctl() { "$TRAINCTL" --coordinator="$ADDRESS" "$@"; }
+# The GPU worker's heartbeats, with Debian's python3 and its grpcio (scripts/setup.sh).
+gpu_worker=
+if /usr/bin/python3 -c "import grpc" 2>/dev/null; then
+  /usr/bin/python3 "$RUNFILES/tests/fake_gpu_worker.py" "$RUNFILES/python" "$ADDRESS" g1 \
+    "$CLUSTER_DIR/g1.ready" >"$CLUSTER_DIR/g1.log" 2>&1 &
+  CLUSTER_PIDS+=($!)
+  for _ in $(seq 200); do [ -s "$CLUSTER_DIR/g1.ready" ] && break; sleep 0.05; done
+  if [ -s "$CLUSTER_DIR/g1.ready" ]; then
+    gpu_worker=g1
+    cat "$CLUSTER_DIR/g1.log"
+  else
+    fail "the fake GPU worker did not start: $(cat "$CLUSTER_DIR/g1.log")"
+  fi
+else
+  missing "the GPU usage parts" "python3's grpc module" python3-grpcio
+fi
 
 cat >"$CLUSTER_DIR/job.json" <<JSON
 {"name": "observed-job", "world_size": 2, "device": "cpu",
@@ -57,7 +76,8 @@ watch_pid=$!
 # 1. Metrics while it runs.
 for _ in $(seq 200); do
   curl -sf "$HTTP/metrics" >"$CLUSTER_DIR/metrics.txt" &&
-    grep -q "^mptrain_job_step{job_id=\"$job\"" "$CLUSTER_DIR/metrics.txt" && break
+    grep -q "^mptrain_job_step{job_id=\"$job\"" "$CLUSTER_DIR/metrics.txt" &&
+    grep -q '^mptrain_worker_memory_available_bytes{worker="w1"' "$CLUSTER_DIR/metrics.txt" && break
   sleep 0.05
 done
 cp "$CLUSTER_DIR/metrics.txt" "$OUT/metrics.txt"
@@ -67,6 +87,29 @@ grep -q '^mptrain_jobs{state="running"} 1$' "$CLUSTER_DIR/metrics.txt" || fail "
 grep -q '^# TYPE mptrain_job_skipped_steps_total counter$' "$CLUSTER_DIR/metrics.txt" &&
   grep -q "^mptrain_job_skipped_steps_total{job_id=\"$job\",name=\"observed-job\"} [0-9]" "$CLUSTER_DIR/metrics.txt" ||
   fail "1. no skipped-steps counter for the running job"
+# Usage: the CPU worker's own reading of this machine; the GPU worker's read GPU, not the other.
+grep -q '^mptrain_worker_memory_available_bytes{worker="w1",host="[^"]*"} [0-9]' "$CLUSTER_DIR/metrics.txt" &&
+  grep -q '^mptrain_worker_memory_total_bytes{worker="w1",host="[^"]*"} [1-9]' "$CLUSTER_DIR/metrics.txt" ||
+  fail "1. /metrics has no memory reading of the CPU worker w1"
+if [ -n "$gpu_worker" ]; then
+  g1='{worker="g1",host="127.0.0.1",gpu="0"}'
+  grep -qF "mptrain_worker_gpu_utilization_ratio$g1 0.75" "$CLUSTER_DIR/metrics.txt" &&
+    grep -qF "mptrain_worker_gpu_memory_used_bytes$g1 3.221225472e+10" "$CLUSTER_DIR/metrics.txt" &&
+    grep -qF "mptrain_worker_gpu_memory_total_bytes$g1 8.589934592e+10" "$CLUSTER_DIR/metrics.txt" ||
+    fail "1. /metrics lacks g1's GPU 0: $(grep '^mptrain_worker_gpu' "$CLUSTER_DIR/metrics.txt")"
+  grep -q 'gpu="1"' "$CLUSTER_DIR/metrics.txt" && fail "1. g1's unavailable GPU 1 has series"
+  echo "1. usage gauges: $(grep -c '^mptrain_worker_\(gpu_\|memory_\|usage_\)' "$CLUSTER_DIR/metrics.txt") samples (w1's memory, g1's GPU 0)"
+fi
+# The same in `trainctl workers` (the table's columns, the JSON's fields).
+listing=$(ctl workers)
+echo "$listing" | grep -q '^w1#[0-9]* .* ALIVE  *[0-9.]*/[0-9.]* GiB  *-  *-$' ||
+  fail "1. trainctl workers does not show w1's memory available: $listing"
+if [ -n "$gpu_worker" ]; then
+  echo "$listing" | grep -q '^g1#[0-9]* .* ALIVE  *40.0/64.0 GiB  *Fake GPU, Fake GPU  *0: 30.0/80.0 GiB 75%, 1: n/a$' ||
+    fail "1. trainctl workers does not show g1's usage: $listing"
+  ctl --output=json workers | grep -q '"utilization_percent": 75' ||
+    fail "1. trainctl workers --output=json has no utilization"
+fi
 if command -v promtool >/dev/null; then
   promtool check metrics <"$CLUSTER_DIR/metrics.txt" >"$CLUSTER_DIR/promtool.txt" 2>&1 ||
     fail "1. promtool check metrics: $(cat "$CLUSTER_DIR/promtool.txt")"
@@ -125,6 +168,22 @@ if command -v chromium >/dev/null; then
     fail "2. the jobs page has no box to tick $job for the compare page"
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers.html"
   grep -q 'data-worker="w1#' "$CLUSTER_DIR/workers.html" || fail "2. the workers page does not list w1"
+  # Usage: w1's memory available now (a bar and figures), no GPU; g1's GPU 0 with its bars and
+  # 75 %, its GPU 1 "n/a".
+  w1_row=$(grep -o '<tr data-worker="w1#[^>]*>.*' "$CLUSTER_DIR/workers.html" | sed 's|</tr>.*||')
+  echo "$w1_row" | grep -q '<td data-memory="[0-9][0-9]*" title="read [0-9]* s ago"><span class="bar small"><span style="width: [0-9.]*%"></span></span> [0-9.]* / [0-9.]* GiB available</td><td title="[^"]*">-</td>' ||
+    fail "2. the workers page does not show w1's memory available (and no GPU): $w1_row"
+  if [ -n "$gpu_worker" ]; then
+    g1_row=$(grep -o '<tr data-worker="g1#[^>]*>.*' "$CLUSTER_DIR/workers.html" | sed 's|</tr>.*||')
+    echo "$g1_row" | grep -qF '<td data-memory="42949672960" title="read ' &&
+      echo "$g1_row" | grep -qF '<span class="bar small"><span style="width: 37.5%"></span></span> 40.0 / 64.0 GiB available' ||
+      fail "2. the workers page does not show g1's memory: $g1_row"
+    echo "$g1_row" | grep -qF '<div class="gpu" data-gpu="0" data-utilization="75">0: <span class="bar small"><span style="width: 37.5%"></span></span> 30.0 / 80.0 GiB · <span class="bar small"><span style="width: 75.0%"></span></span> 75%</div>' ||
+      fail "2. the workers page does not show g1's GPU 0 (30.0 / 80.0 GiB, 75 %): $g1_row"
+    echo "$g1_row" | grep -qF '<div class="gpu" data-gpu="1" data-utilization="n/a">1: n/a</div>' ||
+      fail "2. the workers page does not show g1's GPU 1 as n/a: $g1_row"
+    echo "2. workers page: w1's memory available; g1's GPU 0 at 75 % and 30.0 / 80.0 GiB, GPU 1 n/a"
+  fi
   # An fp16 job with skipped steps (an initial loss scale of 1e12 overflows fp16 until it has
   # backed off): its NaN gradient norms must not blank the gradient-norm chart (uPlot's
   # autoscale turns NaN on one value into a blank chart), its skipped steps are marked, and

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -82,14 +83,51 @@ std::vector<std::string> SelfAndAncestors(absl::string_view path) {
   return chain;
 }
 
-// The smallest memory limit on this process's cgroups, v2 and v1; 0: none.
-int64_t CgroupLimit(const std::string& root) {
+// A byte count file (memory.current, memory.usage_in_bytes); nullopt: unreadable.
+std::optional<int64_t> ReadBytes(const std::string& path) {
+  std::optional<std::string> text = ReadKernelFile(path, 64);
+  int64_t bytes = 0;
+  if (!text || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &bytes) || bytes < 0) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+// The value of `key` in a memory.stat file ("key value" lines); 0 when absent.
+int64_t StatValue(const std::string& path, absl::string_view key) {
+  std::optional<std::string> stat = ReadKernelFile(path, 64 << 10);
+  if (!stat) return 0;
+  for (absl::string_view line : absl::StrSplit(*stat, '\n')) {
+    std::pair<absl::string_view, absl::string_view> fields = absl::StrSplit(line, ' ');
+    int64_t value = 0;
+    if (fields.first == key && absl::SimpleAtoi(fields.second, &value) && value >= 0) {
+      return value;
+    }
+  }
+  return 0;
+}
+
+struct CgroupMemory {
+  int64_t limit = 0;  // The smallest limit; 0: none.
+  int64_t room = -1;  // The least room under a limit; -1: no limit.
+};
+
+// One limited cgroup directory: its limit, and the room left under it.
+void Consider(CgroupMemory* memory, std::optional<int64_t> limit, const std::string& usage_file,
+              const std::string& stat_file, absl::string_view inactive_key) {
+  if (!limit) return;
+  if (memory->limit == 0 || *limit < memory->limit) memory->limit = *limit;
+  int64_t held = ReadBytes(usage_file).value_or(0);
+  held = std::max<int64_t>(0, held - StatValue(stat_file, inactive_key));
+  const int64_t room = std::max<int64_t>(0, *limit - held);
+  if (memory->room < 0 || room < memory->room) memory->room = room;
+}
+
+// The memory limits on this process's cgroups, v2 and v1, and the room left under them.
+CgroupMemory ReadCgroupMemory(const std::string& root) {
+  CgroupMemory memory;
   std::optional<std::string> cgroups = ReadKernelFile(Under(root, "/proc/self/cgroup"), 64 << 10);
-  if (!cgroups) return 0;
-  int64_t limit = 0;
-  auto consider = [&limit](std::optional<int64_t> bytes) {
-    if (bytes && (limit == 0 || *bytes < limit)) limit = *bytes;
-  };
+  if (!cgroups) return memory;
   for (absl::string_view line : absl::StrSplit(*cgroups, '\n', absl::SkipEmpty())) {
     // "hierarchy-id:controllers:path"; the path may itself hold ':'.
     std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
@@ -101,14 +139,20 @@ int64_t CgroupLimit(const std::string& root) {
     }
     for (const std::string& cgroup : SelfAndAncestors(fields[2])) {
       const std::string dir = cgroup == "/" ? "" : cgroup;
-      if (v2) consider(ReadLimit(Under(root, absl::StrCat("/sys/fs/cgroup", dir, "/memory.max"))));
+      if (v2) {
+        const std::string base = Under(root, absl::StrCat("/sys/fs/cgroup", dir, "/memory."));
+        Consider(&memory, ReadLimit(base + "max"), base + "current", base + "stat",
+                 "inactive_file");
+      }
       if (v1_memory) {
-        consider(ReadLimit(
-            Under(root, absl::StrCat("/sys/fs/cgroup/memory", dir, "/memory.limit_in_bytes"))));
+        const std::string base =
+            Under(root, absl::StrCat("/sys/fs/cgroup/memory", dir, "/memory."));
+        Consider(&memory, ReadLimit(base + "limit_in_bytes"), base + "usage_in_bytes",
+                 base + "stat", "total_inactive_file");
       }
     }
   }
-  return limit;
+  return memory;
 }
 
 std::string Sha256Hex(absl::string_view data) {
@@ -133,6 +177,18 @@ int64_t HostMemory::usable_bytes() const {
   return available_bytes;
 }
 
+int64_t HostMemory::available_now_bytes() const {
+  if (cgroup_room_bytes >= 0 && cgroup_room_bytes < available_bytes) return cgroup_room_bytes;
+  return available_bytes;
+}
+
+int64_t HostMemory::total_now_bytes() const {
+  if (cgroup_limit_bytes > 0 && (total_bytes == 0 || cgroup_limit_bytes < total_bytes)) {
+    return cgroup_limit_bytes;
+  }
+  return total_bytes;
+}
+
 absl::StatusOr<HostMemory> ReadHostMemory(const std::string& root) {
   const std::string meminfo_path = Under(root, "/proc/meminfo");
   std::optional<std::string> meminfo = ReadKernelFile(meminfo_path, 64 << 10);
@@ -141,20 +197,29 @@ absl::StatusOr<HostMemory> ReadHostMemory(const std::string& root) {
   }
   HostMemory memory;
   for (absl::string_view line : absl::StrSplit(*meminfo, '\n')) {
-    if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
+    int64_t* field = nullptr;
+    if (absl::ConsumePrefix(&line, "MemAvailable:")) {
+      field = &memory.available_bytes;
+    } else if (absl::ConsumePrefix(&line, "MemTotal:")) {
+      field = &memory.total_bytes;
+    } else {
+      continue;
+    }
     line = absl::StripAsciiWhitespace(line);
     int64_t kib = 0;
     if (absl::ConsumeSuffix(&line, "kB") &&
         absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib) && kib > 0 &&
         kib < (int64_t{1} << 52)) {
-      memory.available_bytes = kib * 1024;
+      *field = kib * 1024;
     }
   }
   if (memory.available_bytes == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(meminfo_path, " has no valid MemAvailable line (Linux 3.14 or later)"));
   }
-  memory.cgroup_limit_bytes = CgroupLimit(root);
+  const CgroupMemory cgroup = ReadCgroupMemory(root);
+  memory.cgroup_limit_bytes = cgroup.limit;
+  memory.cgroup_room_bytes = cgroup.room;
   return memory;
 }
 

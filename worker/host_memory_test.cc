@@ -99,6 +99,50 @@ TEST(ReadHostMemory, HostileCgroupFiles_AreNoLimit) {
   EXPECT_EQ(ReadHostMemory(fake.root())->cgroup_limit_bytes, 0);
 }
 
+// The heartbeats' live figures: MemTotal, and under a limited cgroup its limit and the room
+// left under it (its inactive file cache counts as room: the kernel reclaims it first).
+TEST(ReadHostMemory, LiveFigures_AreMemAvailableAndMemTotal_OrTheCgroupsRoomAndLimit) {
+  FakeRoot fake;
+  fake.Write("/proc/meminfo", Meminfo(20 * 1024 * 1024));  // MemTotal 23.5 GiB.
+  fake.Write("/proc/self/cgroup", "0::/\n");
+  absl::StatusOr<HostMemory> memory = ReadHostMemory(fake.root());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_EQ(memory->total_bytes, int64_t{24641536} * 1024);
+  EXPECT_EQ(memory->cgroup_room_bytes, -1);
+  EXPECT_EQ(memory->available_now_bytes(), 20 * kGiB);
+  EXPECT_EQ(memory->total_now_bytes(), int64_t{24641536} * 1024);
+
+  fake.Write("/proc/self/cgroup", "0::/system.slice/w.service\n");
+  fake.Write("/sys/fs/cgroup/system.slice/w.service/memory.max", std::to_string(6 * kGiB));
+  fake.Write("/sys/fs/cgroup/system.slice/w.service/memory.current", std::to_string(5 * kGiB));
+  fake.Write("/sys/fs/cgroup/system.slice/w.service/memory.stat",
+             "anon 3221225472\nfile 2147483648\ninactive_file " + std::to_string(kGiB) +
+                 "\nactive_file 1073741824\n");
+  memory = ReadHostMemory(fake.root());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_EQ(memory->cgroup_room_bytes, 2 * kGiB) << "6 GiB less (5 GiB held - 1 GiB inactive)";
+  EXPECT_EQ(memory->available_now_bytes(), 2 * kGiB);
+  EXPECT_EQ(memory->total_now_bytes(), 6 * kGiB);
+  EXPECT_EQ(memory->usable_bytes(), 6 * kGiB) << "what it registers with is unchanged";
+
+  // A parent with less room binds; v1's hierarchical total_inactive_file.
+  fake.Write("/sys/fs/cgroup/system.slice/memory.max", std::to_string(8 * kGiB));
+  fake.Write("/sys/fs/cgroup/system.slice/memory.current", std::to_string(7 * kGiB));
+  EXPECT_EQ(ReadHostMemory(fake.root())->available_now_bytes(), kGiB);
+  fake.Write("/proc/self/cgroup", "4:memory:/docker/abc\n");
+  fake.Write("/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", std::to_string(4 * kGiB));
+  fake.Write("/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", std::to_string(3 * kGiB));
+  fake.Write("/sys/fs/cgroup/memory/docker/abc/memory.stat",
+             "cache 1\ntotal_inactive_file " + std::to_string(kGiB) + "\n");
+  EXPECT_EQ(ReadHostMemory(fake.root())->available_now_bytes(), 2 * kGiB);
+  // Use beyond the limit (or garbage) is no room, never a negative figure.
+  fake.Write("/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", std::to_string(9 * kGiB));
+  EXPECT_EQ(ReadHostMemory(fake.root())->available_now_bytes(), 0);
+  fake.Write("/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", "-1\n");
+  EXPECT_EQ(ReadHostMemory(fake.root())->available_now_bytes(), 4 * kGiB)
+      << "unreadable use counts as nothing held";
+}
+
 TEST(ReadHostMemory, NoMemAvailable_IsFailedPrecondition) {
   FakeRoot fake;
   EXPECT_EQ(ReadHostMemory(fake.root()).status().code(), absl::StatusCode::kFailedPrecondition);

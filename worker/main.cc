@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -31,6 +33,7 @@
 #include "grpcpp/grpcpp.h"
 #include "trainer/backend_registry.h"
 #include "worker/address.h"
+#include "worker/device_usage.h"
 #include "worker/host_memory.h"
 #include "worker/path_policy.h"
 #include "worker/process_title.h"
@@ -185,6 +188,38 @@ absl::Status ChooseMemory(mptrain::WorkerOptions* options) {
                limit_mib > 0 ? absl::StrCat(", --memory_limit_mib ", limit_mib) : "",
                options->machine_id.empty() ? "unknown" : options->machine_id);
   return absl::OkStatus();
+}
+
+// What every heartbeat carries (HeartbeatRequest.usage): the host memory the ranks could take
+// now (the cgroup-aware figures of worker/host_memory.h) and each CUDA device's memory and
+// utilization (worker/device_usage.h: NVML, opened at the first reading, on the daemon's usage
+// thread: a driver that hangs holds back neither the start nor the heartbeats). Owns what it
+// uses (it may run once more after the daemon stopped).
+std::function<mptrain::v1::WorkerUsage()> UsageReader(const mptrain::WorkerOptions& options) {
+  std::vector<int> devices;
+  if (options.device == mptrain::v1::CUDA) {
+    for (const mptrain::v1::DeviceInfo& device : options.devices) devices.push_back(device.index());
+  }
+  auto gpus = std::make_shared<std::unique_ptr<mptrain::DeviceUsage>>();
+  return [devices, gpus] {
+    if (*gpus == nullptr) {
+      std::string why;
+      *gpus = mptrain::DeviceUsage::ForCudaDevices(devices, &why);
+      if (!why.empty()) spdlog::warn("GPU usage readings unavailable: {}", why);
+    }
+    mptrain::v1::WorkerUsage usage;
+    absl::StatusOr<mptrain::HostMemory> memory = mptrain::ReadHostMemory();
+    if (memory.ok()) {
+      const int64_t total = memory->total_now_bytes();
+      const int64_t available = memory->available_now_bytes();
+      usage.set_memory_total_bytes(total);
+      usage.set_memory_available_bytes(total > 0 ? std::min(available, total) : available);
+    }
+    for (mptrain::v1::DeviceUsage& device : (*gpus)->Read()) {
+      *usage.add_devices() = std::move(device);
+    }
+    return usage;
+  };
 }
 
 }  // namespace
@@ -369,6 +404,7 @@ int RunDaemon(const absl::StatusOr<mptrain::PathPolicy>& roots,
       return pinned.rank_env;
     };
   }
+  options.read_usage = UsageReader(options);
   mptrain::WorkerDaemon daemon(options, mptrain::v1::WorkerControl::NewStub(*channel));
   absl::Status status = daemon.Run(&g_daemon_stop);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {

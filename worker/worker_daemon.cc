@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/rpc_limits.h"
 #include "common/secrets.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_launcher.h"
@@ -172,6 +173,7 @@ absl::Status WorkerDaemon::Register(const std::atomic<bool>* stop) {
       worker_id_ = response.worker_id();
       worker_secret_ = response.worker_secret();
       heartbeat_interval_ms_ = response.heartbeat_interval_ms();
+      usage_->interval_ms.store(std::max<int64_t>(100, heartbeat_interval_ms_));
       must_register_.store(false);
       spdlog::info(
           "registered as {} (incarnation {:x}), {} {} slot(s), heartbeat every {} ms, {}",
@@ -269,6 +271,18 @@ void WorkerDaemon::OnHeartbeatAnswer(const v1::HeartbeatRequest& request, int64_
     Contact(sent_ms);
     return;
   }
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT && request.has_usage()) {
+    // The usage broke a bound the coordinator keeps (a reader's bug, or another version's
+    // bounds): the heartbeat still counted, the usage was not kept.
+    Contact(sent_ms);
+    std::lock_guard<std::mutex> lock(heartbeats_mu_);
+    if (!usage_refusal_logged_) {
+      usage_refusal_logged_ = true;
+      spdlog::warn("the coordinator refuses this worker's usage readings: {}",
+                   status.error_message());
+    }
+    return;
+  }
   if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
       status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -306,6 +320,7 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
       request.set_worker_secret(worker_secret_);
     }
     request.set_incarnation(incarnation_);
+    AttachUsage(&request);
     if (!must_register_.load()) {
       // No answer for two intervals: the connection may be one whose retransmissions have
       // backed off for about as long as a network blip lasted; the next heartbeats go on a
@@ -345,6 +360,43 @@ void WorkerDaemon::HeartbeatLoop(const std::atomic<bool>* stop) {
   // Stopping: the main loop may be inside a long-poll; end it now.
   std::lock_guard<std::mutex> lock(mu_);
   if (poll_context_ != nullptr) poll_context_->TryCancel();
+}
+
+void WorkerDaemon::UsageLoop(std::shared_ptr<UsageSlot> slot,
+                             std::function<v1::WorkerUsage()> read_usage) {
+  std::unique_lock<std::mutex> lock(slot->mu);
+  while (!slot->stop) {
+    lock.unlock();
+    const int64_t started = NowMs();
+    v1::WorkerUsage usage = read_usage();
+    const int64_t read_ms = NowMs();
+    lock.lock();
+    slot->usage = std::move(usage);
+    slot->read_ms = read_ms;
+    const int64_t wait_ms = std::max<int64_t>(0, started + slot->interval_ms.load() - read_ms);
+    slot->changed.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return slot->stop; });
+  }
+  slot->ended = true;
+  slot->changed.notify_all();
+}
+
+void WorkerDaemon::StopUsage() {
+  std::unique_lock<std::mutex> lock(usage_->mu);
+  usage_->stop = true;
+  usage_->changed.notify_all();
+  if (!options_.read_usage) return;
+  if (!usage_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return usage_->ended; })) {
+    spdlog::warn("a usage reading has not returned for 2 s (a driver call that hangs?); not "
+                 "waiting for it");
+  }
+}
+
+void WorkerDaemon::AttachUsage(v1::HeartbeatRequest* request) {
+  std::lock_guard<std::mutex> lock(usage_->mu);
+  const int64_t age_ms = NowMs() - usage_->read_ms;
+  if (!usage_->usage || age_ms > kMaxUsageAgeMs) return;
+  *request->mutable_usage() = *usage_->usage;
+  request->set_usage_age_ms(std::max<int64_t>(0, age_ms));
 }
 
 void WorkerDaemon::ReaperLoop(const std::atomic<bool>* stop) {
@@ -833,6 +885,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   std::thread reaper([&] { ReaperLoop(stop); });
   std::thread fence([&] { FenceLoop(stop); });
   std::thread logs([&] { LogLoop(stop); });
+  if (options_.read_usage) std::thread(UsageLoop, usage_, options_.read_usage).detach();
   while (!stop->load()) {
     if (address_changed_.exchange(false)) {
       Deregister("this machine's address changed");
@@ -866,6 +919,7 @@ absl::Status WorkerDaemon::Run(const std::atomic<bool>* stop) {
   reaper.join();
   fence.join();
   logs.join();
+  StopUsage();
   spdlog::info("stopping: {} rank(s) running", running_.size());
   // Deregister first: the coordinator fails the jobs naming this worker as the cause, and
   // places nothing new here while the ranks stop.

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,14 @@ struct WorkerOptions {
   std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host)> rank_env_for;
   // Whether an address is still one of this machine's (with choose_host).
   std::function<bool(const std::string& host)> is_local_address;
+  // Reads this machine's usage (host memory, the GPUs: worker/device_usage.h), which every
+  // heartbeat carries (HeartbeatRequest.usage). Called every heartbeat interval from a thread
+  // of its own, never from the heartbeats': a driver call that hangs must not silence them
+  // (the latest reading goes while it is younger than kMaxUsageAgeMs), nor hold back the
+  // daemon's stop for more than 2 s (then the thread is left to end on its own: a copy of this
+  // function may still be running after Run returned, so it must own what it uses). Null: none
+  // is sent.
+  std::function<v1::WorkerUsage()> read_usage;
 };
 
 class WorkerDaemon {
@@ -115,6 +124,24 @@ class WorkerDaemon {
   void RequestStop(const std::string& key);
   void StopAll();
   void HeartbeatLoop(const std::atomic<bool>* stop);
+  // The usage thread's state, shared with it (it may outlive the daemon: see read_usage).
+  struct UsageSlot {
+    std::mutex mu;
+    std::condition_variable changed;       // `stop` or `ended` set.
+    std::optional<v1::WorkerUsage> usage;  // The latest reading.
+    int64_t read_ms = 0;                   // When it was read (NowMs).
+    std::atomic<int64_t> interval_ms{1'000};
+    bool stop = false;
+    bool ended = false;  // The thread has ended.
+  };
+  // Reads the usage (WorkerOptions::read_usage) every interval until the slot says stop.
+  static void UsageLoop(std::shared_ptr<UsageSlot> slot,
+                        std::function<v1::WorkerUsage()> read_usage);
+  // Tells the usage thread to stop and waits for it a moment (not for a reading that hangs).
+  void StopUsage();
+  // The latest usage into `request`, unless none was read or it is older than
+  // kMaxUsageAgeMs.
+  void AttachUsage(v1::HeartbeatRequest* request);
   void ReaperLoop(const std::atomic<bool>* stop);
   // Sends each running rank's new output to the coordinator, every second.
   void LogLoop(const std::atomic<bool>* stop);
@@ -182,6 +209,8 @@ class WorkerDaemon {
   // polling again (a queued exit ends the poll in flight).
   bool exits_waiting_ = false;
   std::unique_ptr<StandbyRanks> standbys_;  // Null without warm_ranks.
+  const std::shared_ptr<UsageSlot> usage_ = std::make_shared<UsageSlot>();
+  bool usage_refusal_logged_ = false;  // A refused usage is logged once (heartbeats_mu_).
 };
 
 }  // namespace mptrain

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -371,6 +372,131 @@ TEST(WorkerDaemon, AnExitQueuedWhileOthersAreReported_IsReportedBeforeThePoll) {
   const double gap_s =
       std::chrono::duration<double>(coordinator.reports[1][1] - coordinator.reports[1][0]).count();
   EXPECT_LT(gap_s, 5.0) << "reported again only " << gap_s << " s later";
+}
+
+// Records every heartbeat; holds polls (so that only heartbeats count as contact) and, with
+// `refuse_usage`, answers a heartbeat carrying usage INVALID_ARGUMENT, as a coordinator whose
+// bounds the usage breaks.
+class UsageCoordinator final : public FakeCoordinator {
+ public:
+  explicit UsageCoordinator(bool refuse_usage) : refuse_usage_(refuse_usage) {}
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      heartbeats.push_back({*request, std::chrono::steady_clock::now()});
+    }
+    if (refuse_usage_ && request->has_usage()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "usage.devices[0].utilization_percent must be in [0, 100], got 101");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status PollAssignments(grpc::ServerContext* context, const v1::PollAssignmentsRequest*,
+                               v1::PollAssignmentsResponse*) override {
+    Hold(context, std::chrono::seconds(20));
+    return grpc::Status::OK;
+  }
+  struct Received {
+    v1::HeartbeatRequest request;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::vector<Received> Heartbeats() {
+    std::lock_guard<std::mutex> lock(mu);
+    return heartbeats;
+  }
+  size_t WithUsage() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::count_if(heartbeats.begin(), heartbeats.end(),
+                         [](const Received& h) { return h.request.has_usage(); });
+  }
+
+ private:
+  const bool refuse_usage_;
+  std::mutex mu;
+  std::vector<Received> heartbeats;
+};
+
+// Each reading a fresh figure: memory_available_bytes counts the readings.
+std::function<v1::WorkerUsage()> CountingUsage(std::shared_ptr<std::atomic<int>> readings) {
+  return [readings] {
+    v1::WorkerUsage usage;
+    usage.set_memory_total_bytes(int64_t{64} << 30);
+    usage.set_memory_available_bytes(readings->fetch_add(1) + 1);
+    v1::DeviceUsage* device = usage.add_devices();
+    device->set_index(0);
+    return usage;
+  };
+}
+
+TEST(WorkerDaemon, Heartbeats_CarryTheLatestUsage) {
+  UsageCoordinator coordinator(/*refuse_usage=*/false);
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  auto readings = std::make_shared<std::atomic<int>>(0);
+  options.read_usage = CountingUsage(readings);
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] { return coordinator.WithUsage() >= 6; }));
+  server->Shutdown(std::chrono::system_clock::now());
+  int64_t last = 0;
+  int fresh = 0;
+  for (const auto& heartbeat : coordinator.Heartbeats()) {
+    if (!heartbeat.request.has_usage()) continue;  // (The first may go before a reading.)
+    const v1::WorkerUsage& usage = heartbeat.request.usage();
+    EXPECT_EQ(usage.devices_size(), 1);
+    EXPECT_GE(heartbeat.request.usage_age_ms(), 0);
+    EXPECT_LE(heartbeat.request.usage_age_ms(), 1'000) << "read every interval (100 ms)";
+    EXPECT_GE(usage.memory_available_bytes(), last) << "an older reading after a newer one";
+    fresh += usage.memory_available_bytes() > last;
+    last = usage.memory_available_bytes();
+  }
+  EXPECT_GE(coordinator.WithUsage(), 6u);
+  EXPECT_GE(fresh, 3) << "the heartbeats kept sending one old reading";
+}
+
+// A reading that hangs (a driver call that does not return) holds back neither the heartbeats
+// nor the daemon's stop; the heartbeats then carry no reading older than kMaxUsageAgeMs (here:
+// the first one, a moment old, at most).
+TEST(WorkerDaemon, AReadingThatHangs_HoldsBackNeitherTheHeartbeatsNorTheStop) {
+  UsageCoordinator coordinator(/*refuse_usage=*/false);
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  auto readings = std::make_shared<std::atomic<int>>(0);
+  options.read_usage = [readings] {
+    if (readings->fetch_add(1) > 0) std::this_thread::sleep_for(std::chrono::seconds(30));
+    return v1::WorkerUsage();
+  };
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] { return coordinator.Heartbeats().size() >= 10; }));
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_GE(coordinator.Heartbeats().size(), 10u) << "the heartbeats waited for the reading";
+  EXPECT_LT(took_s, 15) << "the stop waited for the reading (it waits 2 s at most)";
+  EXPECT_EQ(readings->load(), 2) << "the thread went on reading while one hung";
+}
+
+// A usage the coordinator refuses (INVALID_ARGUMENT: it still counted the heartbeat) is no
+// silence: the worker does not try fresh connections as if the coordinator were gone (nor
+// fence its ranks, nor register again).
+TEST(WorkerDaemon, UsageRefused_TheHeartbeatStillCounts) {
+  UsageCoordinator coordinator(/*refuse_usage=*/true);
+  std::unique_ptr<grpc::Server> server = Serve(&coordinator);
+  WorkerOptions options = TestOptions();
+  options.read_usage = CountingUsage(std::make_shared<std::atomic<int>>(0));
+  auto fresh_stubs = std::make_shared<std::atomic<int>>(0);
+  options.fresh_stub = [&server, fresh_stubs]() -> std::shared_ptr<v1::WorkerControl::StubInterface> {
+    fresh_stubs->fetch_add(1);
+    return v1::WorkerControl::NewStub(server->InProcessChannel({}));
+  };
+  // 15 heartbeats refused, 100 ms apart: silence would have been seen after 2 of them.
+  ASSERT_TRUE(RunDaemonUntil(options, v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                             [&] { return coordinator.WithUsage() >= 15; }));
+  server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_GE(coordinator.WithUsage(), 15u);
+  EXPECT_EQ(fresh_stubs->load(), 0) << "refused usage taken for a silent coordinator";
+  EXPECT_EQ(coordinator.registrations.load(), 1);
 }
 
 }  // namespace

@@ -1,8 +1,52 @@
-// The workers page: every worker daemon, its slots, devices and memory, and the ranks of the
-// running jobs the caller may read that each runs (from the jobs' placements), every 2 s.
+// The workers page: every worker daemon, its slots, devices and memory, the ranks of the
+// running jobs the caller may read that each runs (from the jobs' placements), and its latest
+// usage (Worker.usage, from its heartbeats: host memory available, each GPU's memory and
+// utilization, "n/a" where not read), every 2 s.
 "use strict";
 
 function gib(bytes) { return bytes ? `${(Number(bytes) / 2 ** 30).toFixed(1)} GiB` : ""; }
+
+// A small bar filled to `fraction` (0..1).
+function bar(fraction) {
+  const width = Math.min(100, Math.max(0, 100 * fraction)).toFixed(1);
+  return el("span", {class: "bar small"}, el("span", {style: `width: ${width}%`}));
+}
+
+// Host memory the worker's ranks could take now, of what they could have at most; the bar
+// shows the part in use. "n/a" before a reading (or for a lost worker).
+function memoryCell(worker) {
+  const usage = worker.usage || {};
+  const total = Number(usage.memory_total_bytes || 0);
+  if (!Number(worker.usage_unix_ms || 0) || !total) return el("td", {"data-memory": "n/a"}, "n/a");
+  const available = Number(usage.memory_available_bytes || 0);
+  return el("td", {"data-memory": available, title: `read ${age(worker.usage_unix_ms)} ago`},
+            bar(1 - available / total),
+            ` ${(available / 2 ** 30).toFixed(1)} / ${gib(total)} available`);
+}
+
+// Per registered device: its memory in use of its total (bar) and its utilization, or "n/a"
+// when its worker could not read it (no NVML, a failed reading) or has sent no reading yet.
+function gpuCell(worker) {
+  const readings = new Map();
+  if (Number(worker.usage_unix_ms || 0)) {
+    for (const d of (worker.usage || {}).devices || []) readings.set(Number(d.index || 0), d);
+  }
+  const lines = (worker.devices || []).map(device => {
+    const index = Number(device.index || 0);
+    const d = readings.get(index);
+    if (!d || !d.available) {
+      return el("div", {class: "gpu", "data-gpu": index, "data-utilization": "n/a"}, `${index}: n/a`);
+    }
+    const used = Number(d.memory_used_bytes || 0), total = Number(d.memory_total_bytes || 0);
+    const utilization = Number(d.utilization_percent || 0);
+    return el("div", {class: "gpu", "data-gpu": index, "data-utilization": utilization},
+              `${index}: `, bar(total ? used / total : 0),
+              ` ${(used / 2 ** 30).toFixed(1)} / ${gib(total)} · `, bar(utilization / 100),
+              ` ${utilization}%`);
+  });
+  return el("td", {title: Number(worker.usage_unix_ms || 0) ? `read ${age(worker.usage_unix_ms)} ago` : ""},
+            ...(lines.length ? lines : ["-"]));
+}
 
 async function refresh() {
   try {
@@ -29,7 +73,7 @@ async function refresh() {
         const used = onDevice(worker, Number(d.index || 0));
         return `${d.index || 0}: ${d.name || ""} ${gib(d.memory_bytes)}${used ? ` (${used})` : ""}`;
       }).join(", ")),
-      el("td", {}, gib(worker.memory_bytes)),
+      el("td", {}, gib(worker.memory_bytes)), memoryCell(worker), gpuCell(worker),
       el("td", {"data-ranks": (ranks.get(worker.worker_id) || []).length},
          (ranks.get(worker.worker_id) || []).map(r => `${r.job} rank ${r.rank}`).join(", ")),
       el("td", {}, `${age(worker.last_heartbeat_unix_ms)} ago`), el("td", {}, worker.principal || "")));

@@ -403,7 +403,9 @@ class WorkerControlServicer(object):
 
     def Heartbeat(self, request, context):
         """Non-blocking. NOT_FOUND: unknown worker or stale incarnation (the daemon must register
-        again; its ranks were failed). PERMISSION_DENIED: wrong worker secret.
+        again; its ranks were failed). PERMISSION_DENIED: wrong worker secret. INVALID_ARGUMENT:
+        `usage` breaks a bound (the message names the field and the bound); the heartbeat still
+        counts (the worker is alive), the usage is not kept.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
