@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [gptvariants] [gptmemcheck] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [usage] [gptvariants] [gptmemcheck] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -88,6 +88,11 @@ PY
         >"$OUT/gptdiag_memcheck.log" 2>&1 || status=1
       grep -E "^\[  (PASSED|FAILED) |ERROR SUMMARY|Invalid|at 0x|by thread|Address|Saved host backtrace|#[0-9] " \
         "$OUT/gptdiag_memcheck.log" | head -40 ;;
+    usage)
+      # Issue 31: the worker's GPU readings through NVML on a real GPU (worker/device_usage).
+      timeout 60 "$MPTRAIN_BIN/device_usage_test" >"$OUT/device_usage_test.log" 2>&1 || status=1
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|NVML|nvml|read" \
+        "$OUT/device_usage_test.log" | head -20 ;;
     gptvariants)
       # GPT-2 in process under several settings (bench/run_gpt_variants.sh: GPT_VARIANTS,
       # GPT_VARIANT_CONFIGS).

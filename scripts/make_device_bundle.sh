@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 TARGETS=(//coordinator //worker //client:trainctl //backends/cuda:cuda_backend_test
-  //backends/cuda:cuda_language_model_test)
+  //backends/cuda:cuda_language_model_test //worker:device_usage_test)
 if [ -d bench ] && [ -f bench/BUILD ]; then TARGETS+=(//bench:all); fi
 bazel build -c opt "${TARGETS[@]}"
 
@@ -21,7 +21,7 @@ rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
 cp bazel-bin/coordinator/coordinator bazel-bin/worker/worker bazel-bin/client/trainctl \
   bazel-bin/backends/cuda/cuda_backend_test bazel-bin/backends/cuda/cuda_language_model_test \
-  "$BUNDLE/bin/"
+  bazel-bin/worker/device_usage_test "$BUNDLE/bin/"
 for binary in bazel-bin/bench/*; do
   if [ -f "$binary" ] && [ -x "$binary" ] && file "$binary" | grep -Eq "ELF .*executable"; then
     cp "$binary" "$BUNDLE/bin/"
