@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -248,9 +249,38 @@ class Harness {
     request.set_incarnation(worker->incarnation + (input_.ConsumeIntegralInRange(0, 7) == 7));
     auto [secret, right] = MaybeWrong(worker->secret);
     request.set_worker_secret(secret);
+    if (input_.ConsumeBool()) AddUsage(&request);
     absl::Status status = state_->Heartbeat(request);
     Note("Heartbeat", status);
     if (!right) FUZZ_CHECK(!status.ok());
+  }
+
+  // A usage reading, sensible or hostile: negative, huge or inconsistent figures, utilization
+  // past 100 %, devices repeated, unregistered or past the bound, a stale age.
+  void AddUsage(v1::HeartbeatRequest* request) {
+    auto figure = [&] {
+      switch (input_.ConsumeIntegralInRange(0, 3)) {
+        case 0: return input_.ConsumeIntegralInRange<int64_t>(0, int64_t{1} << 40);
+        case 1: return -input_.ConsumeIntegralInRange<int64_t>(1, int64_t{1} << 40);
+        case 2: return std::numeric_limits<int64_t>::max();
+        default: return int64_t{0};
+      }
+    };
+    v1::WorkerUsage* usage = request->mutable_usage();
+    usage->set_memory_available_bytes(figure());
+    usage->set_memory_total_bytes(figure());
+    const int devices = input_.ConsumeIntegralInRange(0, 3) == 3
+                            ? input_.ConsumeIntegralInRange(0, 100)
+                            : input_.ConsumeIntegralInRange(0, 3);
+    for (int d = 0; d < devices; ++d) {
+      v1::DeviceUsage* device = usage->add_devices();
+      device->set_index(input_.ConsumeIntegralInRange(-2, 1100));
+      device->set_available(input_.ConsumeBool());
+      device->set_memory_used_bytes(figure());
+      device->set_memory_total_bytes(figure());
+      device->set_utilization_percent(input_.ConsumeIntegralInRange(-5, 105));
+    }
+    request->set_usage_age_ms(input_.ConsumeIntegralInRange<int64_t>(-10, 70'000));
   }
 
   void PollAssignments() {
@@ -603,6 +633,22 @@ class Harness {
       FUZZ_CHECK(workers.emplace(worker.worker_id(), worker).second);
       FUZZ_CHECK(worker.state() == v1::ALIVE || worker.state() == v1::LOST);
       FUZZ_CHECK(worker.free_slots() >= 0 && worker.free_slots() <= worker.slots());
+      // Whatever heartbeats carried, what is kept is within the documented bounds.
+      const v1::WorkerUsage& usage = worker.usage();
+      FUZZ_CHECK(usage.memory_available_bytes() >= 0 && usage.memory_total_bytes() >= 0);
+      if (usage.memory_total_bytes() > 0) {
+        FUZZ_CHECK(usage.memory_available_bytes() <= usage.memory_total_bytes());
+      }
+      FUZZ_CHECK(usage.devices_size() <= 64);
+      std::set<int> indices;
+      for (const v1::DeviceUsage& device : usage.devices()) {
+        FUZZ_CHECK(indices.insert(device.index()).second);
+        FUZZ_CHECK(device.memory_used_bytes() >= 0 && device.memory_total_bytes() >= 0);
+        FUZZ_CHECK(device.utilization_percent() >= 0 && device.utilization_percent() <= 100);
+        if (device.memory_total_bytes() > 0) {
+          FUZZ_CHECK(device.memory_used_bytes() <= device.memory_total_bytes());
+        }
+      }
     }
 
     // Every job the harness knows, by GetJob.
