@@ -39,7 +39,7 @@ ulimit -u "$(ulimit -Hu)" 2>/dev/null || true
 WORK_DIR=$(mktemp -d /tmp/coordinator_load.XXXXXX)
 # A coordinator that keeps a job store on disk gets a fresh one per run, in WORK_DIR.
 STORE_FLAG=0
-if "$COORDINATOR" --helpfull 2>&1 | grep -q -- '--state_dir'; then STORE_FLAG=1; fi
+if grep -q -- '--state_dir' <<<"$("$COORDINATOR" --helpfull 2>&1)"; then STORE_FLAG=1; fi
 COORDINATOR_PID=
 stop_coordinator() {
   if [ -n "$COORDINATOR_PID" ] && kill -0 "$COORDINATOR_PID" 2>/dev/null; then

@@ -63,7 +63,7 @@ export LD_LIBRARY_PATH="$BUNDLE_DIR/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-li
 # cuDNN (the GPT's fused attention) and NVRTC: the machine's CUDA where it has them, else the
 # copies in PyTorch's nvidia-* wheels.
 for lib in libcudnn.so.9 libnvrtc.so.13; do
-  if ! ldconfig -p | grep -q "$lib" && [ ! -e "/usr/local/cuda/lib64/$lib" ]; then
+  if ! grep -q "$lib" <<<"$(ldconfig -p)" && [ ! -e "/usr/local/cuda/lib64/$lib" ]; then
     found=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null |
       xargs -n1 -I{} find {} -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
     if [ -n "$found" ]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"; fi

@@ -32,7 +32,7 @@ for package in "${PACKAGES[@]}"; do
   # Another package's kubectl (Google's `kubectl` package owns the same /usr/bin/kubectl, so
   # the two cannot both be installed) serves the test as well.
   if [ "$package" = kubernetes-client ] && command -v kubectl >/dev/null; then continue; fi
-  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+  if ! grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null)"; then
     missing+=("$package")
   fi
 done

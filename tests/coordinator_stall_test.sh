@@ -61,9 +61,9 @@ done
 error=$(job_field "job.get('error', '') or (job.get('failures') or [''])[-1]")
 echo "after the stall the job is $state: $error"
 [ "$state" = FAILED ] || [ "$state" = PENDING ] || fail "the job did not fail after the stall ($state)"
-echo "$error" | grep -q "^the coordinator did not run for" ||
+grep -q "^the coordinator did not run for" <<<"$error" ||
   fail "the job's error does not name the coordinator's stall first"
-echo "$error" | grep -q "lost: no heartbeat" && fail "the job blames a lost worker"
+grep -q "lost: no heartbeat" <<<"$error" && fail "the job blames a lost worker"
 
 alive=$(ctl --output=json workers | grep -c '"ALIVE"')
 [ "$alive" -eq 2 ] || fail "$alive of 2 workers ALIVE after the stall"

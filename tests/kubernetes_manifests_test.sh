@@ -131,10 +131,10 @@ ctl() { "$BIN_TRAINCTL" --coordinator=localhost:$GRPC --tls_ca="$WORK/pki/ca.pem
           --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key" \
           --token_file="$WORK/pki/alice.token" "$@"; }
 for _ in $(seq 100); do
-  ctl --output=json workers 2>/dev/null | grep -q '"ALIVE"' && break
+  grep -q '"ALIVE"' <<<"$(ctl --output=json workers 2>/dev/null)" && break
   sleep 0.1
 done
-ctl workers | grep -q "^node1-cpu#" || fail "the CPU worker did not register as node1-cpu: $(ctl workers 2>&1)"
+grep -q "^node1-cpu#" <<<"$(ctl workers)" || fail "the CPU worker did not register as node1-cpu: $(ctl workers 2>&1)"
 if ! submitted=$(timeout 60 "$BIN_TRAINCTL" --coordinator=localhost:$GRPC --tls_ca="$WORK/pki/ca.pem" \
     --tls_cert="$WORK/pki/client.pem" --tls_key="$WORK/pki/client.key" \
     --token_file="$WORK/pki/alice.token" submit "$RUNFILES/examples/seed_cpu.json" --wait 2>&1); then
@@ -151,7 +151,7 @@ wait $worker
 code=$?
 [ $code -eq 0 ] || fail "the worker exited $code on SIGTERM"
 # Deregistered: LOST at once (a silent worker would take the 10 s heartbeat timeout).
-ctl workers | grep -q "^node1-cpu#.*LOST" ||
+grep -q "^node1-cpu#.*LOST" <<<"$(ctl workers)" ||
   fail "the worker stopped by SIGTERM is not LOST at once (not deregistered): $(ctl workers 2>&1)"
 kill -TERM $coordinator
 wait $coordinator

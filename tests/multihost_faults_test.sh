@@ -68,7 +68,7 @@ wait_state() {  # JOB STATES TIMEOUT_S
   local start=$SECONDS state
   while [ $((SECONDS - start)) -lt "$3" ]; do
     state=$(job_field "$1" "job.get('state', '')")
-    if echo "$state" | grep -qE "^($2)$"; then echo $((SECONDS - start)); return 0; fi
+    if grep -qE "^($2)$" <<<"$state"; then echo $((SECONDS - start)); return 0; fi
     sleep 0.2
   done
   echo "timeout"
@@ -137,7 +137,7 @@ took=$(wait_state "$job" FAILED $((HEARTBEAT_S + 20)))
 echo "1. link of h$victim down: FAILED after ${took} s: $(job_field "$job" "job.get('error')")"
 [ "$took" != timeout ] && [ "$took" -le $((HEARTBEAT_S + 5)) ] ||
   fail "1. the job did not fail within heartbeat + 5 s (took $took)"
-job_field "$job" "job.get('error')" | grep -q "w$victim#.*lost" ||
+grep -q "w$victim#.*lost" <<<"$(job_field "$job" "job.get('error')")" ||
   fail "1. the error does not name the lost worker w$victim"
 for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
 [ "$(ranks_running)" -eq 0 ] ||
@@ -167,9 +167,9 @@ echo "2. partition h$a | h$b: FAILED after ${took} s: $error"
 # defaults). 2 s of slack: the two ranks' timeouts start apart and their reports travel.
 [ "$state" != timeout ] && python3 -c "import sys; sys.exit(not 4 <= $took <= 5 + 2)" ||
   fail "2. the job did not fail within collective_timeout_s + 2 s (took $took s; ended at $finished_ms)"
-echo "$error" | grep -q "^a partition between rank" ||
+grep -q "^a partition between rank" <<<"$error" ||
   fail "2. the error does not name the partition first"
-echo "$error" | grep -q "$NET.1$a" && echo "$error" | grep -q "$NET.1$b" ||
+grep -q "$NET.1$a" <<<"$error" && grep -q "$NET.1$b" <<<"$error" ||
   fail "2. the error does not name both hosts ($NET.1$a, $NET.1$b)"
 ip -n ${P}$a neigh del $NET.1$b dev eth0; ip -n ${P}$b neigh del $NET.1$a dev eth0
 for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
@@ -250,7 +250,7 @@ read -r job killed checkpoint < <(restart_case restart-rank0 0 "$WORK/disk/alice
 wait_state "$job" 'SUCCEEDED|FAILED' 60 >/dev/null
 error=$(job_field "$job" "job.get('error')")
 echo "4. rank 0's host h$killed killed, private checkpoint_dir: $(job_field "$job" "job['state']"): $error"
-[ "$(job_field "$job" "job['state']")" = FAILED ] && echo "$error" | grep -q "cannot resume" ||
+[ "$(job_field "$job" "job['state']")" = FAILED ] && grep -q "cannot resume" <<<"$error" ||
   fail "4. expected a clear failure (cannot resume)"
 start_worker "$killed"; wait_alive 3
 
@@ -304,7 +304,7 @@ echo "7. one-way loss to h$victim: FAILED after ${took} s: $error"
 # The cause comes first: the victim's fence, or (when its last heartbeat reached the
 # coordinator no later than its last answer reached the worker: the two timeouts race) the
 # victim declared lost; never its peer's broken connection.
-echo "$error" | grep -qE "^(rank 1 on worker w$victim#[0-9]+ .*self-fenced|worker w$victim#[0-9]+ .* lost)" ||
+grep -qE "^(rank 1 on worker w$victim#[0-9]+ .*self-fenced|worker w$victim#[0-9]+ .* lost)" <<<"$error" ||
   fail "7. the error does not start with the victim's fence or loss: $error"
 for _ in $(seq 50); do [ "$(ranks_running)" -eq 0 ] && break; sleep 0.2; done
 

@@ -42,7 +42,7 @@ done
 workers=$(ctl workers)
 echo "$workers"
 for i in 1 2; do
-  echo "$workers" | grep -q "w$i#.* $NET6:1$i " || fail "worker w$i does not advertise $NET6:1$i"
+  grep -q "w$i#.* $NET6:1$i " <<<"$workers" || fail "worker w$i does not advertise $NET6:1$i"
 done
 
 submitted=$(ctl submit "$SPEC" --wait 2>&1)

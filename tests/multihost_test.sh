@@ -53,9 +53,9 @@ done
 workers=$(ctl workers)
 echo "$workers"
 for i in 1 2 3; do
-  echo "$workers" | grep -q "w$i#.* $NET.1$i " || fail "worker w$i does not advertise $NET.1$i"
+  grep -q "w$i#.* $NET.1$i " <<<"$workers" || fail "worker w$i does not advertise $NET.1$i"
 done
-echo "$workers" | grep -q "127.0.0.1" && fail "a worker advertises 127.0.0.1"
+grep -q "127.0.0.1" <<<"$workers" && fail "a worker advertises 127.0.0.1"
 
 submitted=$(ctl submit "$SPEC" --wait 2>&1)
 status=$?

@@ -102,12 +102,12 @@ if [ -n "$gpu_worker" ]; then
 fi
 # The same in `trainctl workers` (the table's columns, the JSON's fields).
 listing=$(ctl workers)
-echo "$listing" | grep -q '^w1#[0-9]* .* ALIVE  *[0-9.]*/[0-9.]* GiB  *-  *-$' ||
+grep -q '^w1#[0-9]* .* ALIVE  *[0-9.]*/[0-9.]* GiB  *-  *-$' <<<"$listing" ||
   fail "1. trainctl workers does not show w1's memory available: $listing"
 if [ -n "$gpu_worker" ]; then
-  echo "$listing" | grep -q '^g1#[0-9]* .* ALIVE  *40.0/64.0 GiB  *Fake GPU, Fake GPU  *0: 30.0/80.0 GiB 75%, 1: n/a$' ||
+  grep -q '^g1#[0-9]* .* ALIVE  *40.0/64.0 GiB  *Fake GPU, Fake GPU  *0: 30.0/80.0 GiB 75%, 1: n/a$' <<<"$listing" ||
     fail "1. trainctl workers does not show g1's usage: $listing"
-  ctl --output=json workers | grep -q '"utilization_percent": 75' ||
+  grep -q '"utilization_percent": 75' <<<"$(ctl --output=json workers)" ||
     fail "1. trainctl workers --output=json has no utilization"
 fi
 if command -v promtool >/dev/null; then
@@ -171,16 +171,16 @@ if command -v chromium >/dev/null; then
   # Usage: w1's memory available now (a bar and figures), no GPU; g1's GPU 0 with its bars and
   # 75 %, its GPU 1 "n/a".
   w1_row=$(grep -o '<tr data-worker="w1#[^>]*>.*' "$CLUSTER_DIR/workers.html" | sed 's|</tr>.*||')
-  echo "$w1_row" | grep -q '<td data-memory="[0-9][0-9]*" title="read [0-9]* s ago"><span class="bar small"><span style="width: [0-9.]*%"></span></span> [0-9.]* / [0-9.]* GiB available</td><td title="[^"]*">-</td>' ||
+  grep -q '<td data-memory="[0-9][0-9]*" title="read [0-9]* s ago"><span class="bar small"><span style="width: [0-9.]*%"></span></span> [0-9.]* / [0-9.]* GiB available</td><td title="[^"]*">-</td>' <<<"$w1_row" ||
     fail "2. the workers page does not show w1's memory available (and no GPU): $w1_row"
   if [ -n "$gpu_worker" ]; then
     g1_row=$(grep -o '<tr data-worker="g1#[^>]*>.*' "$CLUSTER_DIR/workers.html" | sed 's|</tr>.*||')
-    echo "$g1_row" | grep -qF '<td data-memory="42949672960" title="read ' &&
-      echo "$g1_row" | grep -qF '<span class="bar small"><span style="width: 37.5%"></span></span> 40.0 / 64.0 GiB available' ||
+    grep -qF '<td data-memory="42949672960" title="read ' <<<"$g1_row" &&
+      grep -qF '<span class="bar small"><span style="width: 37.5%"></span></span> 40.0 / 64.0 GiB available' <<<"$g1_row" ||
       fail "2. the workers page does not show g1's memory: $g1_row"
-    echo "$g1_row" | grep -qF '<div class="gpu" data-gpu="0" data-utilization="75">0: <span class="bar small"><span style="width: 37.5%"></span></span> 30.0 / 80.0 GiB · <span class="bar small"><span style="width: 75.0%"></span></span> 75%</div>' ||
+    grep -qF '<div class="gpu" data-gpu="0" data-utilization="75">0: <span class="bar small"><span style="width: 37.5%"></span></span> 30.0 / 80.0 GiB · <span class="bar small"><span style="width: 75.0%"></span></span> 75%</div>' <<<"$g1_row" ||
       fail "2. the workers page does not show g1's GPU 0 (30.0 / 80.0 GiB, 75 %): $g1_row"
-    echo "$g1_row" | grep -qF '<div class="gpu" data-gpu="1" data-utilization="n/a">1: n/a</div>' ||
+    grep -qF '<div class="gpu" data-gpu="1" data-utilization="n/a">1: n/a</div>' <<<"$g1_row" ||
       fail "2. the workers page does not show g1's GPU 1 as n/a: $g1_row"
     echo "2. workers page: w1's memory available; g1's GPU 0 at 75 % and 30.0 / 80.0 GiB, GPU 1 n/a"
   fi
@@ -266,7 +266,7 @@ if command -v chromium >/dev/null; then
     "$CLUSTER_DIR/fp16.json" >"$CLUSTER_DIR/long.json"
   long=$(ctl submit "$CLUSTER_DIR/long.json" | tail -n 1)
   for _ in $(seq 200); do
-    curl -sf "$HTTP/api/jobs/$long" | grep -q '"state": *"RUNNING"' && break
+    grep -q '"state": *"RUNNING"' <<<"$(curl -sf "$HTTP/api/jobs/$long")" && break
     sleep 0.05
   done
   browse --dump-dom "$HTTP/workers" >"$CLUSTER_DIR/workers_running.html"
@@ -283,7 +283,7 @@ if command -v chromium >/dev/null; then
   csrf=$(curl -sf "$HTTP/api/csrf" | sed 's/.*"csrf_token": *"\([0-9a-f]*\)".*/\1/')
   [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Length: 0' \
          -H "X-CSRF-Token: $csrf" "$cancel_url")" = 200 ] || fail "2. the cancel with its CSRF token failed"
-  ctl status "$long" | grep -q CANCELLED || fail "2. $long was not cancelled"
+  grep -q CANCELLED <<<"$(ctl status "$long")" || fail "2. $long was not cancelled"
   echo "2. running job: its rank on the workers page, a cancel button; cancel 403 without the CSRF token, 200 with it"
 else
   missing "part 2" chromium chromium
@@ -400,10 +400,10 @@ as bob "$SECURE/metrics" | grep -c "$alices\|alices-model" >/dev/null &&
   fail "5. bob read alice's job's events"
 [ "$(as bob "$SECURE/api/jobs/$alices")" = "$(as bob "$SECURE/api/jobs/job-9999" | sed "s/job-9999/$alices/")" ] ||
   fail "5. bob's answer for alice's job differs from an unknown job's"
-as bob "$SECURE/api/jobs" | grep -q "$alices" && fail "5. bob's /api/jobs lists alice's job"
+grep -q "$alices" <<<"$(as bob "$SECURE/api/jobs")" && fail "5. bob's /api/jobs lists alice's job"
 [ "$(as alice -o /dev/null -w '%{http_code}' "$SECURE/api/jobs/$alices")" = 200 ] ||
   fail "5. alice cannot read her job"
-as viewer "$SECURE/api/jobs" | grep -q "$alices" || fail "5. the viewer's /api/jobs lacks alice's job"
+grep -q "$alices" <<<"$(as viewer "$SECURE/api/jobs")" || fail "5. the viewer's /api/jobs lacks alice's job"
 "$TRAINCTL" --coordinator="$ADDRESS" "${TRAINCTL_FLAGS[@]}" cancel "$alices" >/dev/null ||
   fail "5. alice could not cancel her job"
 echo "5. HTTPS, two users: bob sees none of alice's job (404, not listed, not scraped); alice and a viewer do"

@@ -87,13 +87,13 @@ for _ in 1 2 3; do
   probe && break
   error=$(grep -m 1 -iE "error|denied|not supported" "$WORK/probe.log" || tail -n 1 "$WORK/probe.log")
   if grep -q "cgroups in hybrid mode not supported" "$WORK/probe.log" &&
-     ! printf '%s\n' "${RUN_FLAGS[@]}" | grep -q -- --runtime; then
+     ! grep -q -- --runtime <<<"$(printf '%s\n' "${RUN_FLAGS[@]}")"; then
     command -v runc >/dev/null ||
       unavailable "podman's runtime crun refuses this host's hybrid cgroups ($error) and runc (Debian package runc) is missing"
     RUN_FLAGS+=(--runtime=runc)
     notes+=("crun refuses this host's hybrid cgroups (a controller on the v2 hierarchy: $(cat /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null)): --runtime=runc")
   elif grep -qiE "setrlimit|error setting rlimit" "$WORK/probe.log" &&
-       ! printf '%s\n' "${RUN_FLAGS[@]}" | grep -q -- --ulimit; then
+       ! grep -q -- --ulimit <<<"$(printf '%s\n' "${RUN_FLAGS[@]}")"; then
     # podman asks for more than the hard limits, and this kernel refuses root raising them;
     # podman itself lowers RLIMIT_NPROC to kernel.pid_max.
     nofile=$(ulimit -Hn)
@@ -129,7 +129,7 @@ echo "image: $version, $(in_image sh -c '. /etc/os-release; echo $PRETTY_NAME')"
 subnet=""
 for _ in $(seq 20); do
   candidate=10.89.$((RANDOM % 200 + 20))
-  ip route | grep -q "^$candidate\." && continue
+  grep -q "^$candidate\." <<<"$(ip route)" && continue
   if pm network create --subnet=$candidate.0/24 "$NETWORK" >"$WORK/network.log" 2>&1; then
     subnet=$candidate
     break
@@ -192,7 +192,7 @@ done
 workers=$(ctl workers 2>&1)
 echo "$workers"
 for i in 1 2; do
-  echo "$workers" | grep -q "w$i#.* $subnet.1$i " || fail "3. worker w$i does not advertise its container's address $subnet.1$i"
+  grep -q "w$i#.* $subnet.1$i " <<<"$workers" || fail "3. worker w$i does not advertise its container's address $subnet.1$i"
 done
 
 submitted=$(CTL_TIMEOUT=180 ctl submit /etc/mptrain/specs/seed_cpu.json --wait 2>&1)

@@ -90,10 +90,10 @@ refused() {  # WHAT EXPECTED_TEXT SCRIPT ARGS...: run under a fake allocation of
         bash "$script" "$@" 2>&1)
   code=$?
   [ $code -eq 2 ] || fail "0. $what: exit $code, not 2: $out"
-  echo "$out" | grep -qF -- "$text" || fail "0. $what: the refusal does not say '$text': $out"
+  grep -qF -- "$text" <<<"$out" || fail "0. $what: the refusal does not say '$text': $out"
 }
 out=$(env -u SLURM_JOB_ID bash "$POOL" --coordinator=h0:1 --insecure 2>&1)
-[ $? -eq 2 ] && echo "$out" | grep -q "not inside a Slurm job" ||
+[ $? -eq 2 ] && grep -q "not inside a Slurm job" <<<"$out" ||
   fail "0. the pool script run outside Slurm: $out"
 ROOTS=(--data_root="$WORK" --output_root="$WORK")
 refused "a command in the address" "is not HOST:PORT" "$POOL" \
@@ -186,7 +186,7 @@ wait_slurm_state() {  # JOB STATES(regex) TIMEOUT_S: waits; prints the state it 
   local deadline=$((SECONDS + $3)) state=""
   while [ $SECONDS -lt $deadline ]; do
     state=$(slurm_state "$1")
-    if echo "$state" | grep -qxE "$2"; then echo "$state"; return 0; fi
+    if grep -qxE "$2" <<<"$state"; then echo "$state"; return 0; fi
     sleep 0.2
   done
   echo "${state:-unknown}"
@@ -249,7 +249,7 @@ wait_job() {  # JOB STATES(regex) TIMEOUT_S: prints the seconds it took, or "tim
   local start=$SECONDS state
   while [ $((SECONDS - start)) -lt "$3" ]; do
     state=$(job_field "$1" "job.get('state', '')")
-    if echo "$state" | grep -qxE "$2"; then echo $((SECONDS - start)); return 0; fi
+    if grep -qxE "$2" <<<"$state"; then echo $((SECONDS - start)); return 0; fi
     sleep 0.2
   done
   echo timeout
@@ -284,7 +284,7 @@ wait_alive "h1 h2 h3" 30 ||
 workers=$(ctl workers)
 echo "$workers"
 for i in 1 2 3; do
-  echo "$workers" | grep -q "^h$i#.* $NET.1$i " || fail "1. node h$i's worker does not advertise $NET.1$i"
+  grep -q "^h$i#.* $NET.1$i " <<<"$workers" || fail "1. node h$i's worker does not advertise $NET.1$i"
 done
 pool_batch_host=$(slurm_field "$pool" BatchHost)
 submitted=$(ctl submit "$SPEC" --wait 2>&1)
@@ -307,7 +307,7 @@ took=$(wait_job "$loss" FAILED $((HEARTBEAT_S + 10)))
 error=$(job_field "$loss" "job['error']")
 echo "2. $victim lost: the job FAILED after ${took} s: $error"
 [ "$took" != timeout ] || fail "2. the job did not fail within the heartbeat timeout + 10 s"
-echo "$error" | grep -qE "worker $victim#[0-9]+ \([0-9.]+\) lost" ||
+grep -qE "worker $victim#[0-9]+ \([0-9.]+\) lost" <<<"$error" ||
   fail "2. the error does not name $victim's worker as lost: $error"
 survivors=$(for i in 1 2 3; do [ "h$i" != "$victim" ] && echo "h$i"; done | tr '\n' ' ')
 survivors=${survivors% }
@@ -336,7 +336,7 @@ done
 took=$(wait_job "$running" FAILED 5) || fail "3. the job on the pool is not FAILED after scancel"
 error=$(job_field "$running" "job['error']")
 echo "3. the job running on the pool: $(job_field "$running" "job['state']"): $error"
-echo "$error" | grep -qE "worker h[0-9]#[0-9]+ \([0-9.]+\) left: the daemon was asked to stop" ||
+grep -qE "worker h[0-9]#[0-9]+ \([0-9.]+\) left: the daemon was asked to stop" <<<"$error" ||
   fail "3. the job's error does not name a deregistered worker: $error"
 left=$(leftovers "worker"; leftovers slurmstepd)
 [ -z "$left" ] || fail "3. processes left after scancel: $(ps -o pid,args -p $(echo $left) 2>&1)"
@@ -445,7 +445,7 @@ result=$(grep "mptrain-job: .* ended" "$WORK/one-loss.out")
 echo "5. $lost lost: Slurm job $one $state, exit code $code; $result"
 [ "$state" = FAILED ] && [ "$code" = "1:0" ] ||
   fail "5. the Slurm job ended $state with exit code $code, not FAILED 1:0: $(tail -n 15 "$WORK/one-loss.out")"
-echo "$result" | grep -qE "ended FAILED: .*worker $lost#[0-9]+ \([0-9.]+\) lost" ||
+grep -qE "ended FAILED: .*worker $lost#[0-9]+ \([0-9.]+\) lost" <<<"$result" ||
   fail "5. the script's result does not name $lost's worker as lost: $result"
 left=$(leftovers "worker"; leftovers "coordinator"; leftovers trainctl; leftovers slurmstepd)
 [ -z "$left" ] || fail "5. processes left after the job: $(ps -o pid,args -p $(echo $left) 2>&1)"

@@ -102,10 +102,10 @@ h4=$(handed_line "$j4")
 printf '%s\n' "handed: $h1" "handed: $h2" "handed: $h3" "handed: ${h4:-(none: started cold)}"
 first=$(pid_of "$h1")
 [ -n "$first" ] || fail "$j1 was not handed to a warm rank process"
-echo "$h1" | grep -q "reused" && fail "$j1 went to a process that had run a job before"
-echo "$h2" | grep -q "handed to the warm rank process $first (warm for [0-9]* ms; reused: it ran 1 job(s) before, the last $j1)" ||
+grep -q "reused" <<<"$h1" && fail "$j1 went to a process that had run a job before"
+grep -q "handed to the warm rank process $first (warm for [0-9]* ms; reused: it ran 1 job(s) before, the last $j1)" <<<"$h2" ||
   fail "$j2 (submitted with $j1) was not served by the warm process $first that ran $j1"
-echo "$h3" | grep -q "handed to the warm rank process $first (warm for [0-9]* ms; reused: it ran 2 job(s) before, the last $j2)" ||
+grep -q "handed to the warm rank process $first (warm for [0-9]* ms; reused: it ran 2 job(s) before, the last $j2)" <<<"$h3" ||
   fail "$j3 (0.5 s after $j2) was not served by the warm process $first"
 grep -q "job 2 of this process done, its memory released; warm for the next" "$CLUSTER_DIR/w1.log" ||
   fail "the reused process did not say it released its job's memory"
@@ -123,9 +123,9 @@ for job in "$j2" "$j3" "$j4"; do
 done
 
 logs=$(ctl_as alice logs "$j2" --rank 0 2>&1)
-echo "$logs" | grep -q "\[$j2/rank0\].*finished: parameter checksum" ||
+grep -q "\[$j2/rank0\].*finished: parameter checksum" <<<"$logs" ||
   fail "$j2's log lacks its own last line: $(tail -3 <<<"$logs")"
-echo "$logs" | grep -q "\[$j1/rank0\]" && fail "$j2's log holds lines of $j1"
+grep -q "\[$j1/rank0\]" <<<"$logs" && fail "$j2's log holds lines of $j1"
 
 if [ "$failures" -gt 0 ]; then
   echo "--- worker log (tail) ---"

@@ -39,7 +39,7 @@ grep -q "RESOURCE_EXHAUSTED\|--max_live_workers 1" "$CLUSTER_DIR/w2.log" ||
   fail "w2's log does not say why it was refused"
 
 listing=$(ctl workers)
-echo "$listing" | grep -q "registrations refused for capacity (--max_live_workers 1); last: w2" ||
+grep -q "registrations refused for capacity (--max_live_workers 1); last: w2" <<<"$listing" ||
   fail "trainctl workers does not show the refusals: $listing"
 HTTP=http://127.0.0.1:$(cat "$CLUSTER_DIR/http_port")
 refused=$(curl -sf "$HTTP/metrics" |
@@ -56,14 +56,14 @@ job=$(ctl submit "$CLUSTER_DIR/job.json" | tail -n 1)
 reason=$(ctl --output=json status "$job" |
   python3 -c "import json, sys; print(json.load(sys.stdin).get('pending_reason', ''))")
 echo "pending: $reason"
-echo "$reason" | grep -q "1 worker refused for capacity" ||
+grep -q "1 worker refused for capacity" <<<"$reason" ||
   fail "the queued job's reason does not name the refused worker"
 
 # Room frees: w1 leaves (SIGTERM: it deregisters); w2 gets in at its next try (<= 60 s).
 kill -TERM "$first_pid"
 joined=
 for _ in $(seq 700); do
-  if ctl --output=json workers | grep -q '"w2#'; then joined=1; break; fi
+  if grep -q '"w2#' <<<"$(ctl --output=json workers)"; then joined=1; break; fi
   sleep 0.1
 done
 [ -n "$joined" ] || fail "w2 did not register once room freed"
