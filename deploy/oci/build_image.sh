@@ -75,7 +75,7 @@ done
 # ldd prints "NAME => PATH (ADDR)"; a library that is missing fails the build here, not in the
 # container.
 libraries=$(ldd "${binaries[@]}" | awk '/=> not found/ {print "MISSING " $1} / => \// {print $3}' | sort -u)
-if echo "$libraries" | grep -q '^MISSING'; then
+if grep -q '^MISSING' <<<"$libraries"; then
   die "the binaries' libraries are not all found here: $(echo "$libraries" | grep '^MISSING' | tr '\n' ' ')"
 fi
 # Debian 12 has a merged /usr: dpkg knows /lib/x86_64-linux-gnu/libz.so.1 under /lib or /usr/lib,
@@ -90,9 +90,11 @@ packages=()
 extra_files=()
 for library in $libraries; do
   target=$(readlink -f "$library")
-  owner=$(echo "$owners" | awk -v a="$library" -v b="$target" -v c="/usr${library#/usr}" \
+  # (A here-string, not echo |: awk leaves at its first match, and echo, writing a line at a
+  # time, would die of SIGPIPE, which pipefail and set -e turned into a silent exit.)
+  owner=$(awk -v a="$library" -v b="$target" -v c="/usr${library#/usr}" \
     -v d="${library#/usr}" -v e="/usr${target#/usr}" -v f="${target#/usr}" \
-    '$1 == a || $1 == b || $1 == c || $1 == d || $1 == e || $1 == f {print $2; exit}')
+    '$1 == a || $1 == b || $1 == c || $1 == d || $1 == e || $1 == f {print $2; exit}' <<<"$owners")
   if [ -n "$owner" ]; then packages+=("$owner"); else extra_files+=("$library"); fi
 done
 mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
