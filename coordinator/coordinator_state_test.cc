@@ -707,6 +707,38 @@ TEST_F(CoordinatorStateTest, CollectiveFailure_WaitsForRootCause_ThenNamesBoth) 
   EXPECT_NE(status.error().find("then rank 0"), std::string::npos) << status.error();
 }
 
+// The dead host's last heartbeat crossed its peer's collective failure (sent just before the
+// host died, read just after the report): the worker is declared lost a heartbeat timeout after
+// that heartbeat, later than a timeout after the report. The consequence waits one interval
+// more than the timeout, so the lost worker still names the failure (slurm_test saw the bare
+// "connection reset by peer" win that race).
+TEST_F(CoordinatorStateTest, CollectiveFailure_TheDeadWorkersHeartbeatCrossedIt_LossNamedFirst) {
+  std::string job = Submit(2);
+  std::string chatty = Register("chatty", 1);  // Name order: rank 0.
+  std::string quiet = Register("quiet", 1);
+  ASSERT_EQ(StateOf(job), v1::RUNNING);
+  v1::ReportRankResultRequest consequence;
+  consequence.set_job_id(job);
+  consequence.set_rank(0);
+  consequence.set_attempt(1);
+  consequence.set_error("gloo allreduce failed: connection reset by peer");
+  consequence.set_collective_failure(true);
+  consequence.set_rank_secret(RankSecret(job, 0));
+  ASSERT_TRUE(state_->ReportRankResult(consequence).ok());
+  now_ms_ += 50;
+  ASSERT_TRUE(Heartbeat(quiet, 1).ok());  // Its last.
+  for (int second = 1; second <= 13 && StateOf(job) == v1::RUNNING; ++second) {
+    now_ms_ += 1'000;
+    ASSERT_TRUE(Heartbeat(chatty, 1).ok());
+    state_->CheckLiveness();
+  }
+  v1::Job status = *state_->GetJob(job);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_EQ(status.error().find("worker " + quiet + " (127.0.0.1) lost: no heartbeat"), 0u)
+      << status.error();
+  EXPECT_NE(status.error().find("then rank 0"), std::string::npos) << status.error();
+}
+
 // A worker that self-fenced (no answers from the coordinator: with a one-way loss it is never
 // declared lost) says so with the exits of the ranks it stopped, and the job names it — before,
 // a fenced rank looked like a crash ("exited with code 143") or its "stopped" report, a
@@ -912,7 +944,8 @@ TEST_F(CoordinatorStateTest, HostileStopReason_IsCutShortInTheError) {
   EXPECT_NE(status.error().find("more bytes"), std::string::npos) << status.error();
 }
 
-TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) {
+// Alone (no worker lost, no rank exited): after the heartbeat timeout (10 s) and an interval (2 s).
+TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeoutAndAnInterval) {
   std::string job = Submit(2);
   std::string worker = Register("w", 2);
   v1::ReportRankResultRequest consequence;
@@ -928,6 +961,10 @@ TEST_F(CoordinatorStateTest, CollectiveFailureAlone_FailsAfterHeartbeatTimeout) 
   state_->CheckLiveness();
   EXPECT_EQ(StateOf(job), v1::RUNNING);
   now_ms_ += 6'000;
+  ASSERT_TRUE(Heartbeat(worker, 1).ok());
+  state_->CheckLiveness();
+  EXPECT_EQ(StateOf(job), v1::RUNNING) << "failed at 11 s";
+  now_ms_ += 1'100;
   ASSERT_TRUE(Heartbeat(worker, 1).ok());
   state_->CheckLiveness();
   EXPECT_EQ(StateOf(job), v1::FAILED);

@@ -7,14 +7,15 @@
 //   - A rank that stopped reporting (hung or stopped process) is the root cause of a stall;
 //     ranks that report without advancing are waiting for it in a collective.
 //   - A rank's collective failure is usually a consequence (its peer died): it is held back for
-//     the heartbeat timeout, so that the root cause (a lost worker, a rank that exited) names
-//     the failure when it arrives; the consequence follows it ("...; then ...").
+//     the heartbeat timeout and one interval, so that the root cause (a lost worker, a rank that
+//     exited) names the failure when it arrives; the consequence follows it ("...; then ...").
 //   - Two ranks whose collective failures name each other ("... waited for rank N ...") while
 //     both their workers are alive are the two ends of a partition: that is the cause, and the
 //     job fails at once naming the pair, not after the heartbeat timeout.
 //   - A failure restarts a RUNNING job while restarts remain (like torchrun's --max-restarts),
 //     unless it is one no restart can fix (diverged parameters, a queue timeout).
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,8 +34,13 @@ class FailurePolicy {
   // naming the rank silent the longest first; nullopt while it progresses.
   std::optional<std::string> StallError(const JobRecord& job, int64_t now) const;
 
-  // Until when a collective failure waits for its root cause.
-  int64_t ConsequenceDeadline(int64_t now) const { return now + heartbeat_timeout_ms_; }
+  // Until when a collective failure waits for its root cause: the heartbeat timeout and one
+  // heartbeat interval (WorkerRegistry's fifth of it). The dead host's last heartbeat may cross
+  // the report (sent just before the host died, read just after), and its worker is declared
+  // lost a timeout after that heartbeat.
+  int64_t ConsequenceDeadline(int64_t now) const {
+    return now + heartbeat_timeout_ms_ + std::max<int64_t>(100, heartbeat_timeout_ms_ / 5);
+  }
 
   struct Decision {
     bool restart = false;

@@ -86,7 +86,7 @@ TEST(FailurePolicy, Decide_RootCauseFirstThenTheHeldConsequence) {
   RunningJob job;
   FailurePolicy policy(5'000);
   job.record->HoldConsequence("rank 0 failed: connection reset", policy.ConsequenceDeadline(0));
-  EXPECT_EQ(job.record->consequence_deadline_ms(), 5'000);
+  EXPECT_EQ(job.record->consequence_deadline_ms(), 6'000);  // The timeout and an interval.
   auto decision = policy.Decide(*job.record, "worker b lost", true);
   EXPECT_FALSE(decision.restart);
   EXPECT_EQ(decision.error, "worker b lost; then rank 0 failed: connection reset");
