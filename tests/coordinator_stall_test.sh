@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The coordinator itself stops (SIGSTOP for 8 s, as a paused VM or a long stall would) while a
-# job runs on two real workers (loopback, heartbeat timeout 3 s: the workers' ranks self-fence
-# after 3 s without answers). Checked, after SIGCONT:
+# The coordinator itself stops (SIGSTOP for 12 s, as a paused VM or a long stall would) while a
+# job runs on two real workers (loopback, heartbeat timeout 5 s: the workers' ranks self-fence
+# after 5 s without answers; the grace after the stall, one interval, is 1 s, which the
+# coordinator's threads get even on a loaded 2-core machine). Checked, after SIGCONT:
 #   - no worker is declared lost: the heartbeats that queued are read first (a grace of one
 #     interval); both are ALIVE and the coordinator's log has no "lost: no heartbeat";
 #   - the job fails naming the coordinator's stall first, never a lost worker.
@@ -22,7 +23,7 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 ctl() { "$TRAINCTL" --coordinator="$ADDRESS" "$@"; }
 
-start_coordinator --heartbeat_timeout=3 || exit 1
+start_coordinator --heartbeat_timeout=5 || exit 1
 coordinator_pid=${CLUSTER_PIDS[0]}
 start_worker w1 "" --device=cpu --slots=1
 start_worker w2 "" --device=cpu --slots=1
@@ -48,7 +49,7 @@ done
 
 stalled_pid=$coordinator_pid
 kill -STOP "$coordinator_pid"
-sleep 8  # The stall itself: the workers hear nothing for 8 s (their ranks fence after 3 s).
+sleep 12  # The stall itself: the workers hear nothing for 12 s (their ranks fence after 5 s).
 kill -CONT "$coordinator_pid"
 stalled_pid=
 

@@ -84,7 +84,6 @@ python3 "$RUNFILES/tests/lib/check_kube_manifests.py" "$WORK/rendered.json" "$WO
 # 4. The manifests' arguments, for real. ARGS OBJECT: the first container's arguments, one a
 # line, with its paths and ports moved here and its $(VARIABLES) given values.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-GRPC=$(free_port); HEALTH_PORT=$(free_port); HTTPS=$(free_port)
 mkdir -p "$WORK/state" "$WORK/data" "$WORK/output/alice" "$WORK/work-cpu" "$WORK/work-gpu"
 args() {
   python3 - "$WORK/rendered.json" "$1" <<'PY' | sed \
@@ -99,22 +98,34 @@ for o in json.load(open(sys.argv[1]))["items"]:
         print("\n".join(o["spec"]["template"]["spec"]["containers"][0]["args"]))
 PY
 }
-mapfile -t coordinator_args < <(args StatefulSet/mptrain-coordinator)
-mapfile -t cpu_args < <(args DaemonSet/mptrain-worker-cpu | sed "s|/var/lib/mptrain/work|$WORK/work-cpu|")
-mapfile -t gpu_args < <(args DaemonSet/mptrain-worker-gpu | sed "s|/var/lib/mptrain/work|$WORK/work-gpu|")
-if [ ${#coordinator_args[@]} -eq 0 ] || [ ${#cpu_args[@]} -eq 0 ] || [ ${#gpu_args[@]} -eq 0 ]; then
-  fail "the rendered manifests hold no arguments to run"
-  echo "kubernetes manifests: $failures failed"
-  exit 1
-fi
-echo "coordinator ${coordinator_args[*]}"
-"$BIN_COORDINATOR" "${coordinator_args[@]}" >"$WORK/coordinator.log" 2>&1 &
-coordinator=$!
-pids+=($coordinator)
-serving=""
-for _ in $(seq 100); do
-  serving=$("$HEALTH" 127.0.0.1:$HEALTH_PORT 2>&1) && break
-  sleep 0.1
+# The manifests' fixed ports become ports probed free here; the other test running beside this
+# one may take one of them before the coordinator binds it, so a coordinator that exits at once
+# is started again on other ports (3 tries).
+for attempt in 1 2 3; do
+  GRPC=$(free_port); HEALTH_PORT=$(free_port); HTTPS=$(free_port)
+  mapfile -t coordinator_args < <(args StatefulSet/mptrain-coordinator)
+  mapfile -t cpu_args < <(args DaemonSet/mptrain-worker-cpu | sed "s|/var/lib/mptrain/work|$WORK/work-cpu|")
+  mapfile -t gpu_args < <(args DaemonSet/mptrain-worker-gpu | sed "s|/var/lib/mptrain/work|$WORK/work-gpu|")
+  if [ ${#coordinator_args[@]} -eq 0 ] || [ ${#cpu_args[@]} -eq 0 ] || [ ${#gpu_args[@]} -eq 0 ]; then
+    fail "the rendered manifests hold no arguments to run"
+    echo "kubernetes manifests: $failures failed"
+    exit 1
+  fi
+  echo "coordinator ${coordinator_args[*]}"
+  "$BIN_COORDINATOR" "${coordinator_args[@]}" >"$WORK/coordinator.log" 2>&1 &
+  coordinator=$!
+  pids+=($coordinator)
+  serving=""
+  for _ in $(seq 100); do
+    serving=$("$HEALTH" 127.0.0.1:$HEALTH_PORT 2>&1) && break
+    kill -0 $coordinator 2>/dev/null || break
+    sleep 0.1
+  done
+  [ "$serving" = SERVING ] || kill -0 $coordinator 2>/dev/null || [ $attempt -eq 3 ] || {
+    echo "the coordinator exited at start (attempt $attempt): $(tail -n 2 "$WORK/coordinator.log")"
+    continue
+  }
+  break
 done
 [ "$serving" = SERVING ] ||
   fail "the --health_listen port does not answer SERVING to a plaintext probe: $serving"

@@ -32,7 +32,8 @@ COORDINATOR=$NET.10:50051
 
 on_host 0 "$BIN_COORDINATOR" --listen=$COORDINATOR --state_dir="$WORK/state" \
   --tls_cert="$WORK/pki/server.pem" --tls_key="$WORK/pki/server.key" \
-  --tls_client_ca="$WORK/pki/ca.pem" --token_file="$WORK/pki/tokens" >"$WORK/coordinator.log" 2>&1 &
+  --tls_client_ca="$WORK/pki/ca.pem" --token_file="$WORK/pki/tokens" \
+  --heartbeat_timeout=30 >"$WORK/coordinator.log" 2>&1 &
 PORTS_LO=29500
 PORTS_HI=29509
 for i in 1 2 3; do
@@ -84,7 +85,7 @@ kill -STOP $held
 ctl submit "$WORK/three.json" --wait >"$WORK/submit3.txt" 2>&1 &
 submit_pid=$!
 listeners=""
-deadline=$((SECONDS + 4))
+deadline=$((SECONDS + 15))  # w2 and w3 are stopped: well inside the 30 s heartbeat timeout
 while [ $SECONDS -lt $deadline ]; do
   listeners=$(on_host 1 ss -Hltnp | grep '"worker"')
   [ "$(echo "$listeners" | grep -c LISTEN)" -ge 2 ] && break

@@ -83,8 +83,14 @@ sleep 0.5
 j3=$(ctl_as alice submit "$(named short-3)" | tail -n 1)
 s3=$(wait_done "$j3")
 # The process that ran them waits for the next job, and shows as a waiting one, not a rank:
-# tests and operators find running ranks by `--run_rank` (pgrep -f).
-left=$(pgrep -f "run_rank=$CLUSTER_DIR/w1/job-" || true)
+# tests and operators find running ranks by `--run_rank` (pgrep -f). The job ends when the
+# rank's result arrives; the process retitles itself after releasing the backend, moments
+# later: up to 10 s for that.
+for _ in $(seq 100); do
+  left=$(pgrep -f "run_rank=$CLUSTER_DIR/w1/job-" || true)
+  [ -z "$left" ] && break
+  sleep 0.1
+done
 [ -z "$left" ] || fail "processes still titled as ranks after their jobs ended: $left"
 # 2. Another principal's job on the same slot.
 j4=$(ctl_as bob submit "$(named short-4)" | tail -n 1)

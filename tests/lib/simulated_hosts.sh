@@ -33,7 +33,18 @@ if [ ${#simulated_hosts_missing[@]} -ne 0 ]; then
   exit 0
 fi
 
-ID=$(( $$ % 200 + 20 ))
+# The hosts' prefix (mph<ID>: namespaces, links, the 10.77.<ID> network), claimed by creating
+# the bridge's namespace here: `ip netns add` fails where the name exists, so two tests running
+# at once (or what a killed one left behind) never share hosts, and cleanup removes only ours.
+simulated_hosts_claimed=0
+for k in $(seq 0 199); do
+  ID=$(( ($$ + k) % 200 + 20 ))
+  if ip netns add mph${ID}br 2>/dev/null; then simulated_hosts_claimed=1; break; fi
+done
+if [ $simulated_hosts_claimed -ne 1 ]; then
+  echo "FAIL: no free prefix for simulated hosts (namespaces mph20br..mph219br all exist)"
+  exit 1
+fi
 P=mph$ID
 NET=10.77.$ID
 NET6=fd77:$ID:  # + ":1I": an address of host I once hosts_ipv6_only ran
@@ -42,6 +53,8 @@ mkdir -p "$WORK/disk"
 
 hosts_cleanup() {
   local i
+  [ $simulated_hosts_claimed -eq 1 ] || return 0
+  simulated_hosts_claimed=0  # once: the prefix may be another test's after this
   for i in $(seq 0 $((N_HOSTS - 1))) br; do
     for pid in $(ip netns pids ${P}$i 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
   done
@@ -52,8 +65,6 @@ hosts_cleanup() {
 trap hosts_cleanup EXIT
 
 hosts_up() {
-  hosts_cleanup
-  ip netns add ${P}br
   ip -n ${P}br link add br0 type bridge
   ip -n ${P}br link set br0 up
   local i ns
