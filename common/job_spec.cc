@@ -134,6 +134,38 @@ absl::Status ValidateGpt(const v1::GptSpec& gpt) {
   return absl::OkStatus();
 }
 
+// The shapes the CUDA backend's attention runs (job_spec.h, kCudaFusedAttention*): refused
+// here, naming the fields, rather than by the rank at its first step.
+absl::Status ValidateGptOnCuda(const v1::JobSpec& spec) {
+  const v1::GptSpec& gpt = spec.model().gpt();
+  const int64_t head_size = gpt.width() / gpt.heads();
+  if (spec.precision() == v1::FP32) {
+    if (gpt.context_length() > kMaxCudaFp32AttentionContext) {
+      return Invalid(absl::StrCat(
+          "model.gpt.context_length must be at most ", kMaxCudaFp32AttentionContext,
+          " for an fp32 GPT on cuda (its attention keeps a row's scores in shared memory), got ",
+          gpt.context_length(), ": use precision bf16 or fp16 (cuDNN's fused attention)"));
+    }
+    return absl::OkStatus();
+  }
+  const char* precision = spec.precision() == v1::BF16 ? "a bf16" : "an fp16";
+  if (head_size % kCudaFusedAttentionHeadSizeMultiple != 0 ||
+      head_size > kMaxCudaFusedAttentionHeadSize) {
+    return Invalid(absl::StrCat(
+        "model.gpt.width / model.gpt.heads (the head size) must be a multiple of ",
+        kCudaFusedAttentionHeadSizeMultiple, " and at most ", kMaxCudaFusedAttentionHeadSize,
+        " for ", precision, " GPT on cuda (cuDNN's fused attention), got ", gpt.width(),
+        " / ", gpt.heads(), " = ", head_size, ": change width or heads, or use precision fp32"));
+  }
+  if (gpt.context_length() < kMinCudaFusedAttentionContext) {
+    return Invalid(absl::StrCat("model.gpt.context_length must be at least ",
+                                kMinCudaFusedAttentionContext, " for ", precision,
+                                " GPT on cuda (cuDNN's fused attention), got ",
+                                gpt.context_length(), ": use precision fp32"));
+  }
+  return absl::OkStatus();
+}
+
 // TokenData at `field` ("data.tokens", "eval_tokens").
 absl::Status ValidateTokenData(const v1::TokenData& tokens, const std::string& field) {
   if (tokens.files_size() < 1 || tokens.files_size() > kMaxTokenFileEntries) {
@@ -609,6 +641,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       spec.precision() != v1::FP32) {
     return Invalid(absl::StrCat("precision must be fp16, bf16 or fp32, got ", spec.precision()));
   }
+  if (gpt && spec.device() == v1::CUDA) RETURN_IF_ERROR(ValidateGptOnCuda(spec));
   if (spec.grad_comm_dtype() != v1::PRECISION_UNSPECIFIED && spec.grad_comm_dtype() != v1::FP32 &&
       spec.grad_comm_dtype() != v1::FP16 && spec.grad_comm_dtype() != v1::BF16) {
     return Invalid(absl::StrCat("grad_comm_dtype must be fp32, fp16 or bf16, got ",

@@ -37,6 +37,15 @@ inline constexpr int64_t kMaxGptWidth = int64_t{1} << 16;
 // micro_batch_size * context_length: the token buffers of one micro-batch stay bounded (the
 // same bound as trainer/data/token_shards.h kMaxTokensPerMicroBatch).
 inline constexpr int64_t kMaxGptTokensPerMicroBatch = int64_t{1} << 24;
+// What the CUDA backend's causal attention runs (backends/cuda/cuda_language_model_ops.cc
+// checks the same): in fp16/bf16 cuDNN's fused SDPA, which takes a head size (width / heads)
+// that is a multiple of 8 and at most 256 (at most 128 before Hopper: such a GPU's rank fails
+// at its first step, naming cuDNN's limit) and sequences of at least 2 positions; in fp32 our
+// own kernel, which keeps a row's scores in shared memory: at most 8192 positions.
+inline constexpr int64_t kCudaFusedAttentionHeadSizeMultiple = 8;
+inline constexpr int64_t kMaxCudaFusedAttentionHeadSize = 256;
+inline constexpr int64_t kMinCudaFusedAttentionContext = 2;
+inline constexpr int64_t kMaxCudaFp32AttentionContext = 8192;
 inline constexpr int kMaxTokenFileEntries = 4096;  // TokenData.files
 inline constexpr int64_t kDefaultEvalBatches = 20;
 inline constexpr int64_t kMaxEvalBatches = 10000;

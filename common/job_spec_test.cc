@@ -749,6 +749,57 @@ TEST(ValidateJobSpec, Gpt_CudaIsAccepted) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
+// The shapes the CUDA backend's attention cannot run are refused at submit, naming the fields
+// (before: an INTERNAL error from cuDNN at the rank's first step): fp16/bf16 go through cuDNN's
+// fused SDPA (head size a multiple of 8 up to 256, at least 2 positions), fp32 through our
+// kernel (at most 8192 positions). The CPU backend runs them all.
+TEST(ValidateJobSpec, Gpt_OnCuda_OnlyShapesItsAttentionRuns) {
+  struct Case {
+    v1::Precision precision;
+    int64_t width, heads, context_length;
+    const char* refusal;  // nullptr: valid
+  };
+  const std::vector<Case> cases = {
+      {v1::BF16, 200, 8, 64,
+       "model.gpt.width / model.gpt.heads (the head size) must be a multiple of 8 and at most 256 "
+       "for a bf16 GPT on cuda (cuDNN's fused attention), got 200 / 8 = 25"},
+      {v1::FP16, 1024, 2, 64,
+       "model.gpt.width / model.gpt.heads (the head size) must be a multiple of 8 and at most 256 "
+       "for an fp16 GPT on cuda (cuDNN's fused attention), got 1024 / 2 = 512"},
+      {v1::BF16, 36, 6, 64, "got 36 / 6 = 6"},
+      {v1::BF16, 64, 2, 1,
+       "model.gpt.context_length must be at least 2 for a bf16 GPT on cuda (cuDNN's fused "
+       "attention), got 1"},
+      {v1::FP32, 32, 4, 8193,
+       "model.gpt.context_length must be at most 8192 for an fp32 GPT on cuda"},
+      {v1::BF16, 1024, 4, 2, nullptr},   // head size 256, 2 positions
+      {v1::FP16, 80, 1, 100, nullptr},   // 80, a length that is no multiple of 64
+      {v1::FP32, 200, 8, 8192, nullptr},  // any head size, up to 8192 positions
+      {v1::FP32, 32, 4, 1, nullptr},
+  };
+  for (const Case& c : cases) {
+    for (v1::DeviceKind device : {v1::CUDA, v1::CPU}) {
+      v1::JobSpec spec = ValidGptSpec();
+      spec.clear_sample();
+      spec.set_device(device);
+      spec.set_precision(c.precision);
+      spec.set_micro_batch_size(1);
+      v1::GptSpec* gpt = spec.mutable_model()->mutable_gpt();
+      gpt->set_width(c.width);
+      gpt->set_heads(c.heads);
+      gpt->set_context_length(c.context_length);
+      SCOPED_TRACE(absl::StrCat(v1::DeviceKind_Name(device), " ", v1::Precision_Name(c.precision),
+                                " width ", c.width, " heads ", c.heads, " T ",
+                                c.context_length));
+      if (device == v1::CUDA && c.refusal != nullptr) {
+        ExpectInvalid(spec, c.refusal);
+      } else {
+        EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+      }
+    }
+  }
+}
+
 TEST(ApplyJobSpecDefaults, Gpt_LeavesTheMlpUnset_CrossEntropyEvalBatchesTemperature) {
   v1::JobSpec spec = ValidGptSpec();
   EXPECT_EQ(spec.model().activation(), v1::ACTIVATION_UNSPECIFIED);

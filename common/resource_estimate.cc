@@ -86,10 +86,13 @@ RankMemoryEstimate EstimateGptRankMemory(const v1::JobSpec& spec) {
       + (traits.fused_loss ? 0 : (fp32 ? 3 : 4) * N * V * 4)
       + 2 * 2 * N * 4  // ids and targets, training and eval
       + 2 * 4;         // the evaluator's sums
+  // cuDNN's deterministic attention backward keeps dP in its workspace: B·H·T² 2-byte values
+  // (backends/cuda/cudnn_attention.h); the default fused backward needs next to nothing.
+  const double attention_workspace =
+      cuda && !fp32 && spec.deterministic() ? B * gpt.heads() * T * T * 2 : 0;
   const double workspace =
-      spec.device() == v1::CUDA
-          ? kCudaWorkspaceBytes
-          : kCpuWorkspaceBytes + 4 * std::max(V * C, 4 * C * C) + 2 * T * T * 4;
+      cuda ? kCudaWorkspaceBytes + attention_workspace
+           : kCpuWorkspaceBytes + 4 * std::max(V * C, 4 * C * C) + 2 * T * T * 4;
   const bool compressed = spec.grad_comm_dtype() == v1::FP16 || spec.grad_comm_dtype() == v1::BF16;
   const double wire = compressed ? n * (spec.device() == v1::CUDA ? 2 : 4) : 0;
   const v1::OptimizerKind kind = spec.optimizer().kind();

@@ -1,6 +1,7 @@
 #include "common/resource_estimate.h"
 
 #include <limits>
+#include <utility>
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
@@ -135,6 +136,22 @@ TEST(EstimateRankMemory, Gpt124m_OnCuda_IsTheMeasuredOrder_TheCpuKeepsAttentionP
   const RankMemoryEstimate cpu = EstimateRankMemory(Gpt124m(v1::CPU, v1::BF16, 16));
   // 12 layers x 16 x 12 heads x 1024 x 1024 f32 probabilities: 9 GiB more at least.
   EXPECT_GT(cpu.activations - cuda.activations, int64_t{9} << 30);
+}
+
+// deterministic on the GPU: cuDNN's deterministic attention backward keeps dP, B·H·T² 2-byte
+// values, in its workspace (16 x 12 x 1024² x 2 = 384 MiB here; 2 GiB at T = 2048, 16 heads);
+// fp32 attention (our kernel) and the CPU need none.
+TEST(EstimateRankMemory, Gpt_DeterministicOnCuda_CountsTheAttentionWorkspace) {
+  v1::JobSpec spec = Gpt124m(v1::CUDA, v1::BF16, 16);
+  const int64_t fused = EstimateRankMemory(spec).workspace;
+  spec.set_deterministic(true);
+  EXPECT_EQ(EstimateRankMemory(spec).workspace - fused, int64_t{16} * 12 * 1024 * 1024 * 2);
+  for (auto [device, precision] : {std::pair{v1::CUDA, v1::FP32}, std::pair{v1::CPU, v1::BF16}}) {
+    v1::JobSpec other = Gpt124m(device, precision, 16);
+    const int64_t before = EstimateRankMemory(other).workspace;
+    other.set_deterministic(true);
+    EXPECT_EQ(EstimateRankMemory(other).workspace, before) << device << " " << precision;
+  }
 }
 
 }  // namespace

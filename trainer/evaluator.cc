@@ -42,26 +42,40 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::CreateForTokens(Backend* b
   return evaluator;
 }
 
-absl::Status Evaluator::RunTokens(Model* model, Loss* loss) {
+absl::Status Evaluator::AddBatchSums(double totals[2]) {
+  float sums[2];
+  RETURN_IF_ERROR(backend_->Download(sums_, sums));
+  totals[0] += sums[0];
+  totals[1] += sums[1];
+  return backend_->Zero(sums_);
+}
+
+absl::Status Evaluator::RunTokens(Model* model, Loss* loss, double totals[2]) {
   RETURN_IF_ERROR(tokens_->Rewind());
   for (int64_t i = 0; i < token_batches_; ++i) {
     Tensor x, y;
     RETURN_IF_ERROR(tokens_->Next(&x, &y));
     RETURN_IF_ERROR(model->Forward(x, /*x_unchanged=*/false, /*training=*/false));
     RETURN_IF_ERROR(loss->Evaluate(model->output(), y, sums_));
+    RETURN_IF_ERROR(AddBatchSums(totals));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<EvalResult> Evaluator::Run(Model* model, Loss* loss) {
   RETURN_IF_ERROR(backend_->Zero(sums_));
-  if (tokens_.has_value()) RETURN_IF_ERROR(RunTokens(model, loss));
+  double totals[2] = {0, 0};
+  if (tokens_.has_value()) RETURN_IF_ERROR(RunTokens(model, loss, totals));
   for (int64_t first = 0; first < rows_; first += batch_) {
     const int64_t rows = std::min(batch_, rows_ - first);
     RETURN_IF_ERROR(model->Forward(features_.RowSlice(first, rows), /*x_unchanged=*/false,
                                  /*training=*/false));
     RETURN_IF_ERROR(loss->Evaluate(model->output(), targets_.RowSlice(first, rows), sums_));
+    RETURN_IF_ERROR(AddBatchSums(totals));
   }
+  // This rank's totals, as floats (their relative error 2^-24), averaged over the ranks.
+  const float rank_totals[2] = {static_cast<float>(totals[0]), static_cast<float>(totals[1])};
+  RETURN_IF_ERROR(backend_->Upload(rank_totals, sums_));
   Collective* collective = backend_->collective();
   RETURN_IF_ERROR(collective->AllReduceMean(sums_));
   float sums[2];

@@ -39,12 +39,16 @@ class Evaluator {
 
  private:
   Evaluator() = default;
-  // Sums the language model's batches into sums_.
-  absl::Status RunTokens(Model* model, Loss* loss);
+  // Adds the language model's batches' sums to `totals` (loss sum, correct count).
+  absl::Status RunTokens(Model* model, Loss* loss, double totals[2]);
+  // One batch's sums_ added to `totals` on the host, and sums_ zeroed for the next: a float
+  // total on the device would stop counting at 2^24 correct predictions (eval_batches x B·T
+  // goes past that) and drop the loss sum's low bits over many batches.
+  absl::Status AddBatchSums(double totals[2]);
 
   Backend* backend_ = nullptr;
   Tensor features_, targets_;  // This rank's rows (absent when it has none).
-  Tensor sums_;                // [1, 2]: loss sum, correct count
+  Tensor sums_;                // [1, 2]: a batch's loss sum and correct count; then the totals
   int64_t rows_ = 0;
   int64_t total_rows_ = 0;
   int64_t batch_ = 0;

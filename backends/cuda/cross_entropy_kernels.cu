@@ -7,6 +7,7 @@
 #include "backends/cuda/cross_entropy_kernels.h"
 #include "backends/cuda/kernel_support.cuh"
 
+#include <algorithm>
 #include <climits>
 
 namespace mptrain::cuda {
@@ -233,6 +234,18 @@ __global__ void row_losses_finalize_kernel(const double* row_losses, int64_t row
 }
 
 
+// The largest row staged in shared memory on this device: kMaxStagedRowBytes, or less where
+// a block may not opt in to that much (about 163 KiB on an A100; 227 KiB on Hopper).
+size_t StagedRowBytesLimit() {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;  // Unknown: the unstaged kernels, which need no dynamic shared memory.
+  }
+  return std::min(kMaxStagedRowBytes, static_cast<size_t>(optin) / 16 * 16);
+}
+
 }  // namespace
 
 cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, const float* ids,
@@ -254,13 +267,13 @@ cudaError_t SoftmaxCrossEntropy(const void* x, DType x_dtype, int64_t ld_x, cons
       const unsigned blocks = static_cast<unsigned>(rows);
       // A row in shared memory where it fits (rounded up to whole 16-byte words).
       const size_t row_bytes = (static_cast<size_t>(cols) * sizeof(T) + 15) / 16 * 16;
-      if (vectorized && row_bytes <= kMaxStagedRowBytes) {
+      if (vectorized && row_bytes <= StagedRowBytesLimit()) {
         // Blocks of 512 (at most 64 registers a thread): two rows per SM where two fit in its
         // shared memory, so that one block's loads overlap the other's reductions.
         constexpr int kStagedBlock = 512;
         auto kernel = softmax_cross_entropy_kernel<kStagedBlock, kVec, true, T, D>;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kMaxStagedRowBytes));
+                                             static_cast<int>(StagedRowBytesLimit()));
         if (e != cudaSuccess) return e;
         kernel<<<blocks, kStagedBlock, row_bytes, stream>>>(
             static_cast<const T*>(x), ld_x, ids, cols, on, off, coef, state, seed_divisor,

@@ -8,9 +8,14 @@
 #include "backends/cuda/cross_entropy_kernels.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/language_model_kernels.h"
+#include "common/job_spec.h"
 
 namespace mptrain::cuda {
 namespace {
+
+static_assert(kMaxFp32AttentionSeq == kMaxCudaFp32AttentionContext,
+              "the job spec's validation and the fp32 attention kernel disagree");
 
 float* Fp(Tensor t) { return static_cast<float*>(t.data); }
 
@@ -53,6 +58,16 @@ absl::StatusOr<AttentionShape> CheckAttentionShapes(const char* op, Tensor qkv, 
     return absl::InvalidArgumentError(absl::StrCat(op, ": fp32 attention is limited to ",
                                                    kMaxFp32AttentionSeq, " positions, got ",
                                                    shape.seq));
+  }
+  // cuDNN's fused SDPA (job_spec.h: the job spec's validation refuses the same shapes).
+  if (qkv.dtype != DType::kF32 &&
+      (shape.head % kCudaFusedAttentionHeadSizeMultiple != 0 ||
+       shape.head > kMaxCudaFusedAttentionHeadSize || shape.seq < kMinCudaFusedAttentionContext)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": cuDNN's fused attention takes a head size that is a multiple of ",
+        kCudaFusedAttentionHeadSizeMultiple, " up to ", kMaxCudaFusedAttentionHeadSize,
+        " and at least ", kMinCudaFusedAttentionContext, " positions, got head size ",
+        shape.head, " and ", shape.seq, " positions"));
   }
   if (absl::Status s = CheckContiguous(op, {qkv, y}); !s.ok()) return s;
   return shape;
