@@ -11,9 +11,11 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gloo_collective.h"
 #include "common/resource_estimate.h"
 #include "gtest/gtest.h"
 #include "io/safetensors.h"
@@ -224,6 +226,77 @@ TEST(GptTraining, SamplesAfterEachEvaluation_GreedyContinuesThePeriod) {
   ASSERT_TRUE(Train(config, &no_eval).ok());
   ASSERT_EQ(no_eval.samples.size(), 1u);
   EXPECT_EQ(no_eval.samples[0].first, 60);
+}
+
+// Counts the loop's stop polls (between steps, and between a sample's tokens); stops once
+// `stop_after` polls were answered (0: never).
+class PollCountingObserver : public RecordingObserver {
+ public:
+  explicit PollCountingObserver(int64_t stop_after = 0) : stop_after_(stop_after) {}
+  bool ShouldStop() override { return stop_after_ > 0 && ++polls > stop_after_; }
+  std::string StopReason() override { return "the test stopped it"; }
+  int64_t polls = 0;
+
+ private:
+  int64_t stop_after_;
+};
+
+// Every rank generates the sample (rank 0 shows it): none waits in the next collective while
+// rank 0 alone samples, which took longer than collective_timeout_s for thousands of tokens
+// and failed the job naming rank 0. Rank 1's polls between tokens show it sampled.
+TEST(GptTraining, TwoRanks_BothGenerateTheSample_RankZeroShowsIt) {
+  TrainingConfig config = TinyGpt(DType::kF32);
+  config.world_size = 2;
+  config.steps = 4;
+  config.eval.token_files.clear();
+  config.sample.enabled = true;
+  config.sample.prompt = {1};
+  config.sample.max_new_tokens = 40;
+  InMemoryKeyValueStore store;
+  absl::StatusOr<TrainingResult> results[2];
+  PollCountingObserver observers[2] = {PollCountingObserver(1'000'000),
+                                       PollCountingObserver(1'000'000)};
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      auto collective = GlooCollective::Connect(rank, 2, "127.0.0.1", &store, 30'000);
+      if (!collective.ok()) {
+        results[rank] = collective.status();
+        return;
+      }
+      CpuBackend backend(std::move(*collective));
+      results[rank] = RunTraining(config, rank, &backend, &observers[rank]);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->checksum, results[1]->checksum);
+  ASSERT_EQ(observers[0].samples.size(), 1u);
+  EXPECT_EQ(observers[1].samples.size(), 0u) << "only rank 0 shows the sample";
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_GE(observers[rank].polls, config.sample.max_new_tokens) << "rank " << rank;
+  }
+}
+
+// A stop asked while the sample is being generated ends it there, not thousands of tokens later.
+TEST(GptTraining, StopWhileSampling_EndsAtOnceNamingIt) {
+  TrainingConfig config = TinyGpt(DType::kF32);
+  config.steps = 4;
+  config.eval.token_files.clear();
+  config.sample.enabled = true;
+  config.sample.prompt = {1};
+  config.sample.max_new_tokens = 4096;
+  PollCountingObserver observer(/*stop_after=*/config.steps + 10);
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  absl::StatusOr<TrainingResult> result =
+      RunTraining(config, 0, &backend, &observer, "", {"job-1", "alice"});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
+  EXPECT_NE(result.status().message().find("stopped while sampling after step 4"),
+            std::string::npos)
+      << result.status();
+  EXPECT_NE(result.status().message().find("the test stopped it"), std::string::npos);
+  EXPECT_LT(observer.polls, 100) << "the sampling went on after the stop";
 }
 
 // Admission's estimate (common/resource_estimate.cc) follows what a GPT rank allocates: at

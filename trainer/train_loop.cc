@@ -76,6 +76,18 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainingConfi
   return std::unique_ptr<BatchSource>(new MicroBatches(std::move(micro_batches)));
 }
 
+// FAILED_PRECONDITION naming the first parameter that is NaN or infinite after `step`.
+absl::Status CheckFiniteParameters(const std::vector<float>& parameters, int64_t step) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!std::isfinite(parameters[i])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training diverged: after step ", step, " parameter ", i,
+          " is not finite (NaN or infinity); lower optimizer.lr or set max_grad_norm"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StepConfig MakeStepConfig(const TrainingConfig& config) {
@@ -144,15 +156,24 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     ASSIGN_OR_RETURN(evaluator,
                      Evaluator::Create(backend, eval_shard, eval_shard.total_rows, batch));
   }
-  // Rank 0 writes a sample after each evaluation and after the last step.
+  // A sample after each evaluation and after the last step, shown by rank 0. Every rank
+  // generates it (the same parameters, seed and step: the same tokens), so that no rank waits
+  // in the next collective while rank 0 alone samples: thousands of tokens take longer than
+  // collective_timeout_s, and the waiting ranks failed the job naming rank 0.
   std::optional<GptSampler> sampler;
-  if (rank == 0 && gpt.enabled() && config.sample.enabled) {
+  if (gpt.enabled() && config.sample.enabled) {
     ASSIGN_OR_RETURN(sampler, GptSampler::Create(backend, gpt, config.sample));
   }
   auto write_sample = [&](int64_t step) -> absl::Status {
     if (!sampler.has_value()) return absl::OkStatus();
-    ASSIGN_OR_RETURN(std::vector<int64_t> tokens, sampler->Generate(model.get(), step));
-    observer->OnSample(step, sampler->Describe(tokens));
+    absl::StatusOr<std::vector<int64_t>> tokens =
+        sampler->Generate(model.get(), step, [&] { return observer->ShouldStop(); });
+    if (absl::IsAborted(tokens.status())) {
+      return absl::AbortedError(absl::StrCat(tokens.status().message(), ": ",
+                                             observer->StopReason()));
+    }
+    if (!tokens.ok()) return tokens.status();
+    if (rank == 0) observer->OnSample(step, sampler->Describe(*tokens));
     return absl::OkStatus();
   };
   auto evaluation_step = [&](int64_t step) {
@@ -218,6 +239,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
     checkpoint.data_cursor = micro_batches->cursor();
     checkpoint.parameters.resize(table.total());
     RETURN_IF_ERROR(backend->Download(model->params(), checkpoint.parameters.data()));
+    // Never a checkpoint a restart could not load: the step's update may have overflowed the
+    // parameters before any loss saw it (the next step's would have failed the job).
+    RETURN_IF_ERROR(CheckFiniteParameters(checkpoint.parameters, step));
     for (const OptimizerSlot& slot : optimizer->slots()) {
       std::vector<float>& values = checkpoint.optimizer_state[slot.name];
       values.resize(table.total());
@@ -428,13 +452,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   result.parameters.resize(table.total());
   RETURN_IF_ERROR(backend->Download(model->params(), result.parameters.data()));
   // The last step's update is seen by no later loss: checked here, before anything is written.
-  for (size_t i = 0; i < result.parameters.size(); ++i) {
-    if (!std::isfinite(result.parameters[i])) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the training diverged: after step ", config.steps, " parameter ", i,
-          " is not finite (NaN or infinity); lower optimizer.lr or set max_grad_norm"));
-    }
-  }
+  RETURN_IF_ERROR(CheckFiniteParameters(result.parameters, config.steps));
   result.checksum = ParameterChecksum(result.parameters);
   if (!model->buffers().empty()) {
     result.buffers.resize(table.buffers_total());

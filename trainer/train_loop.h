@@ -43,7 +43,8 @@ class TrainingObserver {
   // asynchronous backends). `record` is set on telemetry steps (every telemetry_every, and
   // the last step) and null otherwise.
   virtual void OnStep(int64_t step, const StepTelemetry* record) = 0;
-  // Polled between optimizer steps: true stops the loop with ABORTED and StopReason().
+  // Polled between optimizer steps and between a sample's tokens: true stops the loop with
+  // ABORTED and StopReason().
   virtual bool ShouldStop() = 0;
   virtual std::string StopReason() { return "a stop was requested"; }
   // Rank 0, after a checkpoint file is complete (renamed into place).

@@ -31,7 +31,9 @@ class RecordingObserver : public TrainingObserver {
     if (record != nullptr) records.push_back(*record);
   }
   bool ShouldStop() override { return stop_after > 0 && steps.size() >= stop_after; }
+  void OnCheckpoint(int64_t, const std::string& path) override { checkpoints.push_back(path); }
 
+  std::vector<std::string> checkpoints;
   std::vector<int64_t> steps;
   std::vector<StepTelemetry> records;
   size_t stop_after = 0;
@@ -695,6 +697,30 @@ TEST(RunTraining, FinalParametersNotFinite_FailsNamingTheLastStep) {
       << run.result.status();
   ASSERT_EQ(run.observer.records.size(), 1u);
   EXPECT_TRUE(std::isfinite(run.observer.records[0].loss));
+}
+
+// The same overflow on a checkpoint step: no checkpoint of it is written (a restart would have
+// failed loading the job's own file, and its error replaced the divergence as the job's).
+TEST(RunTraining, ParametersNotFiniteOnACheckpointStep_NoCheckpointWritten_FailsNamingTheStep) {
+  TrainingConfig spec = SmallConfig();
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.steps = 3;
+  spec.optimizer.lr = 1e30;
+  spec.optimizer.weight_decay = 1e30;
+  spec.checkpoint_every = 1;
+  spec.checkpoint_dir = TestTmp() + "/diverged";
+  mkdir(spec.checkpoint_dir.c_str(), 0755);
+  TrainedRun run = TrainOneRank(spec);
+  ASSERT_FALSE(run.result.ok());
+  EXPECT_EQ(run.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(run.result.status().message().find("the training diverged: after step 1 parameter "),
+            absl::string_view::npos)
+      << run.result.status();
+  EXPECT_TRUE(run.observer.checkpoints.empty()) << run.observer.checkpoints.front();
+  struct stat st;
+  EXPECT_NE(stat((spec.checkpoint_dir + "/step-00000001.safetensors").c_str(), &st), 0)
+      << "a checkpoint of non-finite parameters was written";
 }
 
 // With the fp16 scaler a non-finite gradient is skipped, not a failure.

@@ -23,17 +23,22 @@ absl::StatusOr<GptSampler> GptSampler::Create(Backend* backend, const GptConfig&
   GptSampler sampler(backend, gpt, sample);
   ASSIGN_OR_RETURN(sampler.ids_, backend->Allocate(DType::kF32, gpt.context_length, 1));
   sampler.host_ids_.resize(gpt.context_length);
-  sampler.logits_.resize(gpt.context_length * gpt.vocab_size);
+  sampler.logits_.resize(gpt.vocab_size);
   return sampler;
 }
 
-absl::StatusOr<std::vector<int64_t>> GptSampler::Generate(Model* model, int64_t step) {
+absl::StatusOr<std::vector<int64_t>> GptSampler::Generate(Model* model, int64_t step,
+                                                          const std::function<bool()>& stop) {
   const int64_t T = gpt_.context_length, V = gpt_.vocab_size;
   std::vector<int64_t> tokens = sample_.prompt;
   SplitMix64 random(sample_.seed + static_cast<uint64_t>(step));
   std::vector<double> weights(V);
   std::vector<int64_t> order(V);
   for (int64_t i = 0; i < sample_.max_new_tokens; ++i) {
+    if (stop && stop()) {
+      return absl::AbortedError(absl::StrCat("stopped while sampling after step ", step, " (",
+                                             i, " of ", sample_.max_new_tokens, " tokens)"));
+    }
     const int64_t length = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
     std::fill(host_ids_.begin(), host_ids_.end(), 0.0f);
     for (int64_t t = 0; t < length; ++t) {
@@ -41,8 +46,9 @@ absl::StatusOr<std::vector<int64_t>> GptSampler::Generate(Model* model, int64_t 
     }
     RETURN_IF_ERROR(backend_->Upload(host_ids_.data(), ids_));
     RETURN_IF_ERROR(model->Forward(ids_, /*x_unchanged=*/false, /*training=*/false));
-    RETURN_IF_ERROR(backend_->Download(model->output(), logits_.data()));
-    const float* row = logits_.data() + (length - 1) * V;
+    // Only the last real position's logits leave the device.
+    RETURN_IF_ERROR(backend_->Download(model->output().RowSlice(length - 1, 1), logits_.data()));
+    const float* row = logits_.data();
     int64_t next = 0;
     if (sample_.top_k == 1) {
       next = std::max_element(row, row + V) - row;  // The first maximum.

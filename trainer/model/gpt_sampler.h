@@ -10,6 +10,7 @@
 // updated, and the caller's next training forward recomputes every activation.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,10 @@ class GptSampler {
  public:
   static absl::StatusOr<GptSampler> Create(Backend* backend, const GptConfig& gpt,
                                            const SampleConfig& sample);
-  // The prompt and its continuation as token ids.
-  absl::StatusOr<std::vector<int64_t>> Generate(Model* model, int64_t step);
+  // The prompt and its continuation as token ids. ABORTED as soon as `stop` (when given, asked
+  // before each token) says so: a cancelled job does not wait for thousands of tokens.
+  absl::StatusOr<std::vector<int64_t>> Generate(Model* model, int64_t step,
+                                                const std::function<bool()>& stop = nullptr);
   // As the job's events show it: a byte-level prompt's bytes (outside printable ASCII as '?':
   // a note is UTF-8), else the ids separated by spaces.
   std::string Describe(const std::vector<int64_t>& tokens) const;
@@ -38,7 +41,8 @@ class GptSampler {
   GptConfig gpt_;
   SampleConfig sample_;
   Tensor ids_;  // [T, 1] f32
-  std::vector<float> host_ids_, logits_;
+  std::vector<float> host_ids_;
+  std::vector<float> logits_;  // [V]: the last real position's
 };
 
 }  // namespace mptrain
