@@ -78,12 +78,18 @@ bool InRange(double value, const FloatRange& range) {
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
 // `value` must be finite and in `range` both as given and once rounded to float32, as the
-// ranks use it: 3.5e38 is infinity as a float, 1e-50 is 0 and 0.9999999999 is 1.
+// ranks use it: 3.5e38 is infinity as a float, 1e-50 is 0 and 0.9999999999 is 1. A value
+// other than 0 must not become 0, even where 0 is in the range: 0 often means "off"
+// (max_grad_norm 1e-46 would have turned clipping off).
 absl::Status CheckFloat32(const std::string& field, double value, const FloatRange& range) {
   // Beyond FLT_MAX the conversion has no float value (and is undefined behaviour).
   const bool representable = std::isfinite(value) && std::fabs(value) <= kFloatMax;
   if (representable && InRange(value, range) &&
       InRange(static_cast<double>(static_cast<float>(value)), range)) {
+    if (value != 0 && static_cast<float>(value) == 0) {
+      return Invalid(absl::StrCat(field, " must be in ", range.text, " and not round to 0 as a "
+                                  "float32, got ", Num(value), " (0 as a float32)"));
+    }
     return absl::OkStatus();
   }
   std::string got = Num(value);

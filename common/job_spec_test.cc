@@ -228,6 +228,17 @@ TEST(ValidateJobSpec, Floats_MustBeFiniteAndInRangeAsFloat32) {
   spec = ValidSpec();
   spec.set_max_grad_norm(1e39);
   ExpectInvalid(spec, "max_grad_norm (0 = no clipping) must be in [0, 3.4028235e+38]");
+  // Inside the range as given and as a float (0), but 0 means no clipping: refused.
+  spec = ValidSpec();
+  spec.set_max_grad_norm(1e-46);
+  ExpectInvalid(spec, "max_grad_norm (0 = no clipping) must be in [0, 3.4028235e+38] and not "
+                      "round to 0 as a float32, got 1e-46 (0 as a float32)");
+  spec = ValidSpec();
+  spec.mutable_optimizer()->set_weight_decay(1e-50);
+  ExpectInvalid(spec, "optimizer.weight_decay must be in [0, 3.4028235e+38] and not round to 0");
+  spec = ValidSpec();
+  spec.set_max_grad_norm(1e-40);  // A float32 subnormal, not 0: kept.
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 
   v1::JobSpec adam = ValidSpec();
   adam.mutable_optimizer()->set_kind(v1::ADAM);
