@@ -76,6 +76,9 @@ class RecordingBackend final : public Backend {
                                                      db_acc, overwrite_grads);
     });
   }
+  absl::Status BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) override {
+    return Do([=, this] { return inner_->BiasGradient(dy, db_acc, overwrite_grads); });
+  }
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override {
     return Do([=, this] { return inner_->SumRowsToF32(rows, out); });
   }

@@ -160,6 +160,10 @@ class Backend {
                                                        Tensor d_act, Tensor d_pre,
                                                        Tensor dw_acc, Tensor db_acc,
                                                        bool overwrite_grads);
+  // db_acc += f32(round(Σ_rows dy)) (or, with overwrite_grads, =): a Linear's bias gradient alone,
+  // as LinearBackward computes it. dy [M, N] in the compute dtype (may be a strided column
+  // slice), db_acc [1, N] f32, or in the compute dtype (then written, overwrite_grads set).
+  virtual absl::Status BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) = 0;
   // out[c] = Σ_r f32(rows[r, c]) summed in row order; rows [R, C] in the compute dtype (may be a
   // strided column slice), out [1, C] f32.
   virtual absl::Status SumRowsToF32(Tensor rows, Tensor out) = 0;
@@ -255,11 +259,15 @@ class Backend {
   // LayerNormBackward into `scratch` (f32, like x), then d_residual (f32) += scratch and, unless
   // empty, d_residual_low = round(d_residual) (Cast): the residual stream's gradient and its
   // copy in the compute dtype for the branch below. A fused backend may leave scratch unused.
+  // With low_bias_acc (may be empty; needs d_residual_low), also
+  // BiasGradient(d_residual_low, low_bias_acc, overwrite_grads): the bias gradient of the Linear
+  // whose output is that branch's (the GPT's c_proj biases), which a backend may sum in the same
+  // pass (CUDA), so that Linear's backward is called without it.
   virtual absl::Status LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats,
                                                      Tensor weight, Tensor scratch,
                                                      Tensor d_residual, Tensor d_residual_low,
                                                      Tensor dweight_acc, Tensor dbias_acc,
-                                                     bool overwrite_grads);
+                                                     Tensor low_bias_acc, bool overwrite_grads);
 
   // ---- Language models (trainer/model/gpt_model.cc; dtypes as parity/gpt_reference.py) ----
   // The defaults return UNIMPLEMENTED naming the op, for a backend without them.

@@ -119,11 +119,18 @@ absl::Status Backend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor 
                                                     Tensor weight, Tensor scratch,
                                                     Tensor d_residual, Tensor d_residual_low,
                                                     Tensor dweight_acc, Tensor dbias_acc,
-                                                    bool overwrite_grads) {
+                                                    Tensor low_bias_acc, bool overwrite_grads) {
+  if (!low_bias_acc.empty() && d_residual_low.empty()) {
+    return absl::InvalidArgumentError(
+        "LayerNormBackwardIntoResidual: a bias gradient of the branch needs its low copy");
+  }
   absl::Status status = LayerNormBackward(dy, x, row_stats, weight, scratch, dweight_acc,
                                           dbias_acc, overwrite_grads);
   if (status.ok()) status = Add(d_residual, scratch, d_residual);
   if (status.ok() && !d_residual_low.empty()) status = Cast(d_residual, d_residual_low);
+  if (status.ok() && !low_bias_acc.empty()) {
+    status = BiasGradient(d_residual_low, low_bias_acc, overwrite_grads);
+  }
   return status;
 }
 absl::Status Backend::EmbeddingForward(Tensor, Tensor, Tensor, int64_t, Tensor) {

@@ -174,6 +174,15 @@ absl::Status CpuBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx
     dw[i] = (overwrite_grads ? 0.0f : dw[i]) + RoundTo(dy.dtype, scratch_[i]);
   }
   if (db_acc.empty()) return absl::OkStatus();  // No bias (the LM head).
+  return BiasGradient(dy, db_acc, overwrite_grads);
+}
+
+absl::Status CpuBackend::BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) {
+  const int64_t m = dy.rows, n = dy.cols, ld = dy.ld();
+  if (db_acc.numel() != n) return absl::InvalidArgumentError("BiasGradient: shapes do not match");
+  if (db_acc.dtype != DType::kF32 && !overwrite_grads) {
+    return absl::InvalidArgumentError("BiasGradient: low-precision targets need overwrite");
+  }
   float* db = F(db_acc);
   const float* g = F(dy);
   for (int64_t col = 0; col < n; ++col) {

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
                                   Tensor d_pre) override;
   absl::Status LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor dx, Tensor dw_acc,
                               Tensor db_acc, bool overwrite_grads) override;
+  absl::Status BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y) override;
   absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats) override;

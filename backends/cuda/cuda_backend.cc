@@ -397,8 +397,9 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
   }
-  if (shape.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-    // The auxiliary input (the pre-activation) has D's shape and type.
+  if (shape.epilogue == CUBLASLT_EPILOGUE_DGELU || shape.epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
+      shape.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // The auxiliary input or output (the pre-activation) has D's shape and type.
     const int64_t aux_ld = shape.m;
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
@@ -591,6 +592,17 @@ absl::Status CudaBackend::LinearForward(Tensor x, Tensor w, Tensor b, Activation
       return absl::OkStatus();
     }
   } else if (fusable && pre.data != y.data && pre.dtype == y.dtype) {
+    if (act == ActivationKind::kGeluTanh && x.dtype != DType::kF32 && aligned(pre.data) &&
+        FusedActivationForward()) {
+      // GELU in the epilogue: pre = round(x · wᵀ + b) as its auxiliary output and
+      // y = round(gelu(x · wᵀ + b)) from the f32 value (PyTorch applies GELU to the rounded pre:
+      // one rounding of the compute dtype apart, in y's last bit; fp32 keeps the pass below,
+      // bit for bit the CPU backend's).
+      const LtShape shape{true, false, n, m, k, k, k, n, x.dtype,
+                          has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX};
+      absl::Status fused = LtMatmul(shape, w.data, x.data, y.data, b.data, pre.data);
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
     // Another activation (GELU): the bias in the epilogue writes pre = round(x · wᵀ + b), then
     // y = round(act(pre)) in a pass of its own, the roundings of addmm and the activation.
     const LtShape shape{true, false, n, m, k, k, k, n, x.dtype,
@@ -673,23 +685,36 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
     if (!scratch.ok()) return scratch.status();
     dw = *scratch;
   }
-  const bool has_bias = !db_acc.empty();  // Not the GPT's LM head.
-  if (has_bias && n > bias_scratch_elements_) {
-    if (absl::Status status = WaitForStream("bias scratch resize"); !status.ok()) return status;
-    if (bias_scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(bias_scratch_));
-    bias_scratch_ = nullptr;
-    ++buffer_generation_;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, n * 4));
-    bias_scratch_elements_ = n;
-  }
-  void* db = store ? db_acc.data : bias_scratch_;
   absl::Status gemm = Gemm(false, true, k, n, m, x.data, k, dy.data, ld, 0.0f, dw, k, dy.dtype);
   if (!gemm.ok()) return gemm;
   if (!store) {
     CUDA_RETURN_IF_ERROR(AccumulateF32(dw, dy.dtype, static_cast<float*>(dw_acc.data), n * k,
                                        overwrite_grads, stream_));
   }
-  if (!has_bias) return absl::OkStatus();
+  if (db_acc.empty()) return absl::OkStatus();  // The GPT's LM head.
+  return BiasGradient(dy, db_acc, overwrite_grads);
+}
+
+absl::Status CudaBackend::ReserveBiasScratch(int64_t elements) {
+  if (elements <= bias_scratch_elements_) return absl::OkStatus();
+  if (absl::Status status = WaitForStream("bias scratch resize"); !status.ok()) return status;
+  if (bias_scratch_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(bias_scratch_));
+  bias_scratch_ = nullptr;
+  bias_scratch_elements_ = 0;
+  ++buffer_generation_;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&bias_scratch_, elements * 4));
+  bias_scratch_elements_ = elements;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) {
+  const int64_t m = dy.rows, n = dy.cols, ld = dy.ld();
+  const bool store = db_acc.dtype != DType::kF32;
+  if (db_acc.numel() != n) return absl::InvalidArgumentError("BiasGradient: shapes do not match");
+  if (store && (!overwrite_grads || db_acc.dtype != dy.dtype)) {
+    return absl::InvalidArgumentError(
+        "BiasGradient: a low-precision target needs overwrite and the compute dtype");
+  }
   if (BiasGradientSupports(dy.data, dy.dtype, n, ld)) {
     // db = round(Σ_rows dy) with fp32 sums, added into the fp32 gradient: one pass over dy
     // (bias_gradient_kernels.h).
@@ -698,7 +723,7 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
         !s.ok()) {
       return s;
     }
-    CUDA_RETURN_IF_ERROR(BiasGradient(dy.data, dy.dtype, m, n, ld,
+    CUDA_RETURN_IF_ERROR(mptrain::cuda::BiasGradient(dy.data, dy.dtype, m, n, ld,
                                       static_cast<float*>(bias_partials_),
                                       store ? nullptr : static_cast<float*>(db_acc.data),
                                       store ? db_acc.data : nullptr, overwrite_grads, stream_));
@@ -707,9 +732,11 @@ absl::Status CudaBackend::LinearBackward(Tensor x, Tensor w, Tensor dy, Tensor d
   // Otherwise db = round(dyᵀ · 1) as a GEMM with fp32 accumulation (column-major: dyᵀ[n, m] · 1[m]),
   // then accumulated into the fp32 gradient. (cuBLASLt's BGRADB epilogue on the weight
   // gradient's GEMM ran its own reduction kernel, slower: 4.6 against 3.2 ms per GPT-2 step.)
+  if (absl::Status s = ReserveBiasScratch(n); !s.ok()) return s;
+  void* db = store ? db_acc.data : bias_scratch_;
   auto ones = Ones(dy.dtype, m);
   if (!ones.ok()) return ones.status();
-  gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f, db, n, dy.dtype);
+  absl::Status gemm = Gemm(false, false, n, 1, m, dy.data, ld, *ones, m, 0.0f, db, n, dy.dtype);
   if (!gemm.ok()) return gemm;
   if (store) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(AccumulateF32(bias_scratch_, dy.dtype, static_cast<float*>(db_acc.data), n,
@@ -733,6 +760,8 @@ absl::Status CudaBackend::LinearBackwardThroughActivation(Tensor x, Tensor w, Te
   if (fusable) {
     // Row-major d_pre[m, k] = act'(pre) ⊙ (dy[m, n] · w[n, k]): column-major d_preᵀ = wᵀ · dyᵀ
     // with the DGELU epilogue reading preᵀ (same layout as d_preᵀ).
+    // (cuBLASLt's DGELU_BGRAD, which would also sum the bias gradient of pre's Linear in the
+    // epilogue, made the GPT-2 step 11 ms slower on an H100: the separate pass stays.)
     const LtShape shape{false, false, k, m, n, k, n, k, dy.dtype, CUBLASLT_EPILOGUE_DGELU};
     absl::Status fused = LtMatmul(shape, w.data, dy.data, d_pre.data, nullptr, pre.data);
     if (fused.code() != absl::StatusCode::kUnimplemented) {
@@ -744,11 +773,26 @@ absl::Status CudaBackend::LinearBackwardThroughActivation(Tensor x, Tensor w, Te
                                                   db_acc, overwrite_grads);
 }
 
+namespace {
+// An A/B switch read once per process: on unless the variable is "0".
+bool SwitchedOn(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value == nullptr || std::string(value) != "0";
+}
+}  // namespace
+
 bool CudaBackend::FusedActivationGradients() {
-  static const bool fused = [] {
-    const char* value = std::getenv("MPTRAIN_FUSED_DGELU");
-    return value == nullptr || std::string(value) != "0";
-  }();
+  static const bool fused = SwitchedOn("MPTRAIN_FUSED_DGELU");
+  return fused;
+}
+
+bool CudaBackend::FusedLayerNormBiasGradients() {
+  static const bool fused = SwitchedOn("MPTRAIN_FUSED_LN_BIAS");
+  return fused;
+}
+
+bool CudaBackend::FusedActivationForward() {
+  static const bool fused = SwitchedOn("MPTRAIN_FUSED_GELU");
   return fused;
 }
 

@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
                                                Tensor pre, Tensor d_act, Tensor d_pre,
                                                Tensor dw_acc, Tensor db_acc,
                                                bool overwrite_grads) override;
+  absl::Status BiasGradient(Tensor dy, Tensor db_acc, bool overwrite_grads) override;
   absl::Status SumRowsToF32(Tensor rows, Tensor out) override;
   absl::Status ActivationForward(ActivationKind act, Tensor x, Tensor y) override;
   absl::Status BatchNormStatistics(Tensor x, float eps, Tensor stats) override;
@@ -79,7 +80,8 @@ class CudaBackend final : public Backend {
   absl::Status LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
                                              Tensor scratch, Tensor d_residual,
                                              Tensor d_residual_low, Tensor dweight_acc,
-                                             Tensor dbias_acc, bool overwrite_grads) override;
+                                             Tensor dbias_acc, Tensor low_bias_acc,
+                                             bool overwrite_grads) override;
   // ---- Language models (cuda_language_model_ops.cc) ----
   absl::Status Add(Tensor a, Tensor b, Tensor out) override;
   absl::Status EmbeddingForward(Tensor ids, Tensor wte, Tensor wpe, int64_t seq_len,
@@ -184,7 +186,7 @@ class CudaBackend final : public Backend {
   absl::Status LaunchLayerNormBackward(Tensor dy, Tensor x, Tensor row_stats, Tensor weight,
                                        Tensor dx, Tensor dweight_acc, Tensor dbias_acc,
                                        bool overwrite_grads, Tensor d_residual,
-                                       Tensor d_residual_low);
+                                       Tensor d_residual_low, float* d_low_bias = nullptr);
   // `aux`: the epilogue's auxiliary matrix (DGELU's pre-activation), m x n with leading
   // dimension shape.m, in shape.dtype.
   absl::Status LtMatmul(const LtShape& shape, const void* a, const void* b, void* d,
@@ -208,6 +210,14 @@ class CudaBackend final : public Backend {
   absl::Status TuneAlgorithm(LtPlan* plan, const void* a, const void* b, void* d);
   // Whether LinearBackwardThroughActivation may fuse (MPTRAIN_FUSED_DGELU=0: never, for A/B).
   static bool FusedActivationGradients();
+  // Whether a GELU Linear's forward applies GELU in the GEMM's epilogue (GELU_AUX_BIAS: pre as
+  // its auxiliary output; MPTRAIN_FUSED_GELU=0: a pass of its own after the GEMM, for A/B).
+  static bool FusedActivationForward();
+  // Whether LayerNormBackwardIntoResidual sums the branch's bias gradient in its pass
+  // (MPTRAIN_FUSED_LN_BIAS=0: a pass of its own, for A/B).
+  static bool FusedLayerNormBiasGradients();
+  // bias_scratch_ with room for `elements` f32 values.
+  absl::Status ReserveBiasScratch(int64_t elements);
   static constexpr int kLtCandidates = 8;
   static std::optional<cublasLtMatmulAlgo_t> FindTunedAlgorithm(int device, const LtShape& shape);
   static void KeepTunedAlgorithm(int device, const LtShape& shape,

@@ -346,6 +346,52 @@ TEST(LanguageModelOps, LinearBackwardThroughGelu_IsTheComposedCallsWithinOneRoun
   }
 }
 
+// The MLP's c_fc forward with GELU: pre = round(x · wᵀ + b) and y = round(gelu(·)) within a
+// rounding of the compute dtype of the double-precision values (CUDA applies GELU in the GEMM's
+// epilogue to the f32 value in fp16/bf16; fp32 rounds twice as the CPU backend does).
+TEST(LanguageModelOps, LinearForwardWithGelu_MatchesDoublePrecision) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const int64_t M = 200, K = 128, N = 256;  // x [M, K], w [N, K], y [M, N]
+    const std::vector<float> xv = Rounded(Random(M * K, 61, 1.0f), dtype);
+    const std::vector<float> wv = Rounded(Random(N * K, 62, 0.2f), dtype);
+    const std::vector<float> bv = Rounded(Random(N, 63, 0.5f), dtype);
+    Tensor x = Put(b, dtype, M, K, xv), w = Put(b, dtype, N, K, wv), bias = Put(b, dtype, 1, N, bv);
+    Tensor pre = Put(b, dtype, M, N, {}), y = Put(b, dtype, M, N, {});
+    ASSERT_TRUE(b->LinearForward(x, w, bias, ActivationKind::kGeluTanh, pre, y).ok());
+    const std::vector<float> got_pre = Get(b, pre), got_y = Get(b, y);
+    const double unit = dtype == DType::kBF16 ? 0x1.0p-8 : dtype == DType::kF16 ? 0x1.0p-11 : 0x1.0p-23;
+    auto gelu = [](double v) {
+      return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    };
+    int64_t y_not_gelu_of_pre = 0;
+    for (int64_t r = 0; r < M; ++r) {
+      for (int64_t c = 0; c < N; ++c) {
+        double want = bv[c], magnitude = std::fabs(bv[c]);
+        for (int64_t i = 0; i < K; ++i) {
+          want += static_cast<double>(xv[r * K + i]) * wv[c * K + i];
+          magnitude += std::fabs(static_cast<double>(xv[r * K + i]) * wv[c * K + i]);
+        }
+        // The GEMM's f32 sums (1e-6 of the magnitude) and one rounding of the output.
+        const double slack = 1e-6 * magnitude + 1e-7;
+        ASSERT_LE(std::fabs(got_pre[r * N + c] - want), unit * std::fabs(want) + slack)
+            << "pre " << r << "," << c << " dtype " << static_cast<int>(dtype);
+        // GELU of the f32 or of the rounded pre (|gelu'| <= 1.13): two roundings at most.
+        ASSERT_LE(std::fabs(got_y[r * N + c] - gelu(want)),
+                  unit * (std::fabs(gelu(want)) + 1.13 * std::fabs(want)) + 1.13 * slack + 1e-6)
+            << "y " << r << "," << c << " dtype " << static_cast<int>(dtype);
+        const float composed = Rounded({static_cast<float>(gelu(got_pre[r * N + c]))}, dtype)[0];
+        if (got_y[r * N + c] != composed) ++y_not_gelu_of_pre;
+      }
+    }
+    std::printf("GELU forward dtype %d: %lld of %lld outputs differ from round(gelu(pre))\n",
+                static_cast<int>(dtype), static_cast<long long>(y_not_gelu_of_pre),
+                static_cast<long long>(M * N));
+  }
+}
+
 // The padded LM head's view: the loss over the first V columns of rows Vp apart, in place, is
 // the contiguous one's bit for bit, and leaves the padded columns as they were.
 TEST(LanguageModelOps, SoftmaxCrossEntropy_OverAColumnView_MatchesContiguous) {
@@ -427,6 +473,63 @@ TEST(LanguageModelOps, LayerNorm_MatchesTheCpuBackend) {
         for (int k = 0; k < 5; ++k) {
           EXPECT_LT(RelativeError(got[k], want[k]), tolerance[k]) << names[k];
         }
+      }
+    }
+  }
+}
+
+// The LayerNorm backward into the residual with the branch's bias gradient summed in its pass
+// (the fused kernel, CUDA) against the composed calls (LayerNormBackward, Add, Cast,
+// BiasGradient): the residual, its low copy and the LayerNorm's gradients as before; the bias
+// gradient round(Σ_rows low copy) summed in another order (one rounding of the compute dtype
+// apart at most), accumulated over a second call; shapes the fused kernel does not take (1030
+// columns, an odd width) take the separate pass.
+TEST(LanguageModelOps, LayerNormBackwardIntoResidual_SumsTheBranchBiasGradient) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  struct Shape { int64_t rows, cols; };
+  for (const Shape shape : {Shape{1000, 768}, Shape{129, 1024}, Shape{77, 1030}, Shape{40, 12}}) {
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      const int64_t R = shape.rows, C = shape.cols;
+      SCOPED_TRACE(::testing::Message() << R << "x" << C << " dtype " << static_cast<int>(dtype));
+      const std::vector<float> x = Random(R * C, 71, 1.5f), w = Random(C, 72);
+      const std::vector<float> dy = Rounded(Random(R * C, 73), dtype);
+      const std::vector<float> resid0 = Random(R * C, 74), bias0 = Random(C, 75, 0.1f);
+      Tensor tx = Put(b, DType::kF32, R, C, x), tw = Put(b, DType::kF32, 1, C, w);
+      Tensor tb = Put(b, DType::kF32, 1, C, Random(C, 76)), stats = Put(b, DType::kF32, R, 2, {});
+      Tensor y = Put(b, dtype, R, C, {}), tdy = Put(b, dtype, R, C, dy);
+      ASSERT_TRUE(b->LayerNormForward(tx, tw, tb, 1e-5f, stats, y).ok());
+      std::vector<float> got[6], want[6];
+      for (bool fused : {true, false}) {
+        std::vector<float>* out = fused ? got : want;
+        Tensor scratch = Put(b, DType::kF32, R, C, {}), resid = Put(b, DType::kF32, R, C, resid0);
+        Tensor low = Put(b, dtype, R, C, {}), dw = Put(b, DType::kF32, 1, C, {});
+        Tensor db = Put(b, DType::kF32, 1, C, {}), branch_db = Put(b, DType::kF32, 1, C, bias0);
+        for (bool overwrite : {true, false}) {
+          absl::Status status =
+              fused ? b->LayerNormBackwardIntoResidual(tdy, tx, stats, tw, scratch, resid, low, dw,
+                                                       db, branch_db, overwrite)
+                    : b->Backend::LayerNormBackwardIntoResidual(tdy, tx, stats, tw, scratch, resid,
+                                                                low, dw, db, branch_db, overwrite);
+          ASSERT_TRUE(status.ok()) << status;
+        }
+        out[0] = Get(b, resid), out[1] = Get(b, low), out[2] = Get(b, dw), out[3] = Get(b, db);
+        out[4] = Get(b, branch_db), out[5] = Get(b, low);
+      }
+      EXPECT_EQ(got[0], want[0]) << "d_residual";
+      EXPECT_EQ(got[1], want[1]) << "d_residual_low";
+      EXPECT_LT(RelativeError(got[2], want[2]), 1e-5) << "dweight";
+      EXPECT_LT(RelativeError(got[3], want[3]), 1e-5) << "dbias";
+      // Σ_rows |low| per column bounds the f32 sums' order; each of the two calls' sums is
+      // rounded to the compute dtype once.
+      const double unit = dtype == DType::kBF16 ? 0x1.0p-8 : 0x1.0p-11;
+      for (int64_t c = 0; c < C; ++c) {
+        double magnitude = 0;
+        for (int64_t r = 0; r < R; ++r) magnitude += std::fabs(got[5][r * C + c]);
+        const double bound = 4 * unit * std::max<double>(std::fabs(want[4][c] - bias0[c]), 1.0) +
+                             1e-5 * magnitude;
+        ASSERT_LE(std::fabs(got[4][c] - want[4][c]), bound) << "branch bias column " << c;
       }
     }
   }

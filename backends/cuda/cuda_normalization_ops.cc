@@ -148,7 +148,8 @@ absl::Status CudaBackend::LayerNormBackward(Tensor dy, Tensor x, Tensor row_stat
 absl::Status CudaBackend::LaunchLayerNormBackward(Tensor dy, Tensor x, Tensor row_stats,
                                                   Tensor weight, Tensor dx, Tensor dweight_acc,
                                                   Tensor dbias_acc, bool overwrite_grads,
-                                                  Tensor d_residual, Tensor d_residual_low) {
+                                                  Tensor d_residual, Tensor d_residual_low,
+                                                  float* d_low_bias) {
   if (absl::Status s = Reserve(&layer_norm_partials_, &layer_norm_partials_bytes_,
                                mptrain::cuda::LayerNormParamPartialsBytes(x.rows, x.cols),
                                "the layer norm's partial sums");
@@ -160,7 +161,7 @@ absl::Status CudaBackend::LaunchLayerNormBackward(Tensor dy, Tensor x, Tensor ro
       dx.empty() ? DType::kF32 : dx.dtype, Fp(dweight_acc), Fp(dbias_acc), overwrite_grads,
       static_cast<float*>(layer_norm_partials_), stream_, Fp(d_residual),
       d_residual_low.empty() ? nullptr : d_residual_low.data,
-      d_residual_low.empty() ? DType::kF32 : d_residual_low.dtype));
+      d_residual_low.empty() ? DType::kF32 : d_residual_low.dtype, d_low_bias));
   return absl::OkStatus();
 }
 
@@ -186,10 +187,15 @@ absl::Status CudaBackend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Ten
                                                         Tensor weight, Tensor /*scratch*/,
                                                         Tensor d_residual, Tensor d_residual_low,
                                                         Tensor dweight_acc, Tensor dbias_acc,
-                                                        bool overwrite_grads) {
+                                                        Tensor low_bias_acc, bool overwrite_grads) {
   const int64_t cols = x.cols;
   if (d_residual.dtype != DType::kF32) {
     return absl::InvalidArgumentError("LayerNormBackwardIntoResidual: an f32 residual gradient");
+  }
+  if (!low_bias_acc.empty() && (d_residual_low.empty() || low_bias_acc.numel() != cols)) {
+    return absl::InvalidArgumentError(
+        "LayerNormBackwardIntoResidual: a bias gradient of the branch needs its low copy and "
+        "one value per column");
   }
   if (auto s = CheckNorm("LayerNormBackwardIntoResidual", x,
                          {dy, d_residual, d_residual_low.empty() ? d_residual : d_residual_low},
@@ -200,8 +206,18 @@ absl::Status CudaBackend::LayerNormBackwardIntoResidual(Tensor dy, Tensor x, Ten
       !s.ok()) {
     return s;
   }
-  return LaunchLayerNormBackward(dy, x, row_stats, weight, Tensor{}, dweight_acc, dbias_acc,
-                                 overwrite_grads, d_residual, d_residual_low);
+  // The branch's bias gradient in the same pass where the fused kernel runs (an f32 target);
+  // otherwise a pass of its own over the low copy.
+  const bool sum_in_pass = !low_bias_acc.empty() && low_bias_acc.dtype == DType::kF32 &&
+                           mptrain::cuda::LayerNormBackwardSumsLowCopy(
+                               dy.data, x.data, x.dtype, cols, Fp(weight), Fp(d_residual),
+                               d_residual_low.data) &&
+                           FusedLayerNormBiasGradients();
+  absl::Status status = LaunchLayerNormBackward(
+      dy, x, row_stats, weight, Tensor{}, dweight_acc, dbias_acc, overwrite_grads, d_residual,
+      d_residual_low, sum_in_pass ? Fp(low_bias_acc) : nullptr);
+  if (!status.ok() || low_bias_acc.empty() || sum_in_pass) return status;
+  return BiasGradient(d_residual_low, low_bias_acc, overwrite_grads);
 }
 
 }  // namespace mptrain::cuda

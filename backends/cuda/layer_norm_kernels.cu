@@ -248,7 +248,7 @@ __global__ void layer_norm_backward_input_kernel(const G* dy, const X* x, int64_
       float resid[N];
       LoadN<N>(d_residual + base + c, resid);
 #pragma unroll
-      for (int j = 0; j < N; ++j) resid[j] += xv[j];
+      for (int j = 0; j < N; ++j) resid[j] = __fadd_rn(resid[j], xv[j]);  // No FMA: as Add.
       StoreN<N>(d_residual + base + c, resid);
       if (d_low != nullptr) StoreN<N>(d_low + base + c, resid);
     } else {
@@ -270,19 +270,25 @@ __global__ void __launch_bounds__(kThreads)
     layer_norm_backward_fused_kernel(const G* dy, const X* x, int64_t rows, int64_t cols,
                                      int64_t rows_per_block, const float* row_stats,
                                      const float* weight, D* dx, float* d_residual, L* d_low,
-                                     float* partials) {
+                                     float* partials, bool sum_low) {
   constexpr int N = 8;
   extern __shared__ float4 shared_sums[];
   float* sums = reinterpret_cast<float*>(shared_sums);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* warp_dw = sums + static_cast<int64_t>(warp) * 2 * cols;
+  // [warp][Σ dy·x̂ | Σ dy | Σ d_low (sum_low only)][cols]
+  const int planes = sum_low ? 3 : 2;
+  float* warp_dw = sums + static_cast<int64_t>(warp) * planes * cols;
   float* warp_db = warp_dw + cols;
+  float* warp_dlow = warp_db + cols;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int64_t c = (lane + 32 * it) * N;
     if (c < cols) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) warp_dw[c + j] = 0.0f, warp_db[c + j] = 0.0f;
+      for (int j = 0; j < N; ++j) {
+        warp_dw[c + j] = 0.0f, warp_db[c + j] = 0.0f;
+        if (sum_low) warp_dlow[c + j] = 0.0f;
+      }
     }
   }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
@@ -331,9 +337,17 @@ __global__ void __launch_bounds__(kThreads)
           float resid[N];
           LoadN<N>(d_residual + base + c, resid);
 #pragma unroll
-          for (int j = 0; j < N; ++j) resid[j] += out[j];
+          for (int j = 0; j < N; ++j) resid[j] = __fadd_rn(resid[j], out[j]);  // As Add.
           StoreN<N>(d_residual + base + c, resid);
           if (d_low != nullptr) StoreN<N>(d_low + base + c, resid);
+          if (sum_low) {
+            // The branch's bias gradient: Σ over rows of the rounded copy, as the Linear's.
+            float low[N];
+            LoadN<N>(warp_dlow + c, low);
+#pragma unroll
+            for (int j = 0; j < N; ++j) low[j] += ToFloat<L>(FromFloat<L>(resid[j]));
+            StoreN<N>(warp_dlow + c, low);
+          }
         } else {
           StoreN<N>(dx + base + c, out);
         }
@@ -352,13 +366,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-    float dw = 0, db = 0;
+    float dw = 0, db = 0, dlow = 0;
     for (int w = 0; w < kWarpsPerBlock; ++w) {
-      dw += sums[static_cast<int64_t>(w) * 2 * cols + c];
-      db += sums[static_cast<int64_t>(w) * 2 * cols + cols + c];
+      const float* warp_sums = sums + static_cast<int64_t>(w) * planes * cols;
+      dw += warp_sums[c];
+      db += warp_sums[cols + c];
+      if (sum_low) dlow += warp_sums[2 * cols + c];
     }
-    partials[(2 * static_cast<int64_t>(blockIdx.x)) * cols + c] = dw;
-    partials[(2 * static_cast<int64_t>(blockIdx.x) + 1) * cols + c] = db;
+    float* block_partials = partials + static_cast<int64_t>(blockIdx.x) * planes * cols;
+    block_partials[c] = dw;
+    block_partials[cols + c] = db;
+    if (sum_low) block_partials[2 * cols + c] = dlow;
   }
 }
 
@@ -387,27 +405,39 @@ __global__ void layer_norm_param_partials_kernel(const G* dy, const X* x, int64_
 // The chunks added in a fixed order (double), then into (or over) the fp32 gradients. A block
 // per 32 columns: lane l reads column 32·blockIdx.x + l (coalesced), warp w adds chunks w, w + 8,
 // ... in order, and the 8 warps' sums are added in warp order.
+// With d_low_bias (planes 3), the third plane likewise, rounded to L (the branch's compute dtype,
+// as its Linear's bias gradient) before it is added.
+template <typename L>
 __global__ void layer_norm_param_finish_kernel(const float* partials, int64_t chunks,
-                                               int64_t cols, float* dweight, float* dbias,
-                                               bool overwrite) {
-  __shared__ double sums[2][kWarpsPerBlock][32];
+                                               int64_t cols, int planes, float* dweight,
+                                               float* dbias, float* d_low_bias, bool overwrite) {
+  __shared__ double sums[3][kWarpsPerBlock][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  double dw = 0, db = 0;
+  double dw = 0, db = 0, dlow = 0;
   if (c < cols) {
     for (int64_t k = warp; k < chunks; k += kWarpsPerBlock) {
-      dw += partials[(2 * k) * cols + c];
-      db += partials[(2 * k + 1) * cols + c];
+      const float* chunk = partials + k * planes * cols;
+      dw += chunk[c];
+      db += chunk[cols + c];
+      if (planes == 3) dlow += chunk[2 * cols + c];
     }
   }
   sums[0][warp][lane] = dw;
   sums[1][warp][lane] = db;
+  sums[2][warp][lane] = dlow;
   __syncthreads();
   if (warp == 0 && c < cols) {
-    dw = 0, db = 0;
-    for (int w = 0; w < kWarpsPerBlock; ++w) dw += sums[0][w][lane], db += sums[1][w][lane];
+    dw = 0, db = 0, dlow = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      dw += sums[0][w][lane], db += sums[1][w][lane], dlow += sums[2][w][lane];
+    }
     dweight[c] = (overwrite ? 0.0f : dweight[c]) + static_cast<float>(dw);
     dbias[c] = (overwrite ? 0.0f : dbias[c]) + static_cast<float>(db);
+    if (d_low_bias != nullptr) {
+      const float rounded = ToFloat<L>(FromFloat<L>(static_cast<float>(dlow)));
+      d_low_bias[c] = (overwrite ? 0.0f : d_low_bias[c]) + rounded;
+    }
   }
 }
 
@@ -450,15 +480,28 @@ int64_t FusedBlocks(int64_t rows) {
   return (rows + per_block - 1) / per_block;
 }
 
-size_t FusedSharedBytes(int64_t cols) {
-  return static_cast<size_t>(kWarpsPerBlock) * 2 * cols * sizeof(float);
+size_t FusedSharedBytes(int64_t cols, int planes) {
+  return static_cast<size_t>(kWarpsPerBlock) * planes * cols * sizeof(float);
+}
+
+bool FusedBackward(int64_t cols, DType x_dtype, bool into_residual, DType dx_dtype,
+                   std::initializer_list<const void*> pointers) {
+  return Vectorizable(cols, pointers) && cols <= kMaxCachedCols && x_dtype == DType::kF32 &&
+         (into_residual || dx_dtype == DType::kF32);
 }
 
 }  // namespace
 
 int64_t LayerNormParamPartialsBytes(int64_t rows, int64_t cols) {
   const int64_t chunks = std::max({int64_t{1}, Chunks(rows, cols), FusedBlocks(rows)});
-  return chunks * 2 * cols * static_cast<int64_t>(sizeof(float));
+  return chunks * 3 * cols * static_cast<int64_t>(sizeof(float));
+}
+
+bool LayerNormBackwardSumsLowCopy(const void* dy, const void* x, DType x_dtype, int64_t cols,
+                                  const float* weight, const float* d_residual,
+                                  const void* d_low) {
+  return d_residual != nullptr && d_low != nullptr &&
+         FusedBackward(cols, x_dtype, true, DType::kF32, {dy, x, weight, d_residual, d_low});
 }
 
 cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
@@ -538,11 +581,16 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
                               const float* weight, void* dx, DType dx_dtype, float* dweight,
                               float* dbias, bool overwrite, float* partials,
                               cudaStream_t stream, float* d_residual, void* d_low,
-                              DType d_low_dtype) {
+                              DType d_low_dtype, float* d_low_bias) {
   if (rows < 1 || cols < 1) return cudaErrorInvalidConfiguration;
   const bool vec = Vectorizable(cols, {dy, x, weight, dx, d_residual, d_low});
-  const bool fused = vec && cols <= kMaxCachedCols && x_dtype == DType::kF32 &&
-                     (d_residual != nullptr || dx_dtype == DType::kF32);
+  const bool fused = FusedBackward(cols, x_dtype, d_residual != nullptr, dx_dtype,
+                                   {dy, x, weight, dx, d_residual, d_low});
+  if (d_low_bias != nullptr &&
+      !LayerNormBackwardSumsLowCopy(dy, x, x_dtype, cols, weight, d_residual, d_low)) {
+    return cudaErrorNotSupported;
+  }
+  const int planes = d_low_bias != nullptr ? 3 : 2;
   const int64_t rows_per_chunk = fused ? FusedRowsPerBlock(rows) : RowsPerChunk(rows, cols);
   const int64_t chunks = fused ? FusedBlocks(rows) : Chunks(rows, cols);
   const dim3 partial_grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
@@ -561,14 +609,14 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
           if constexpr (std::is_same_v<X, float> && std::is_same_v<D, float>) {
           if (fused) {
             auto launch = [&](auto kernel) {
-              const size_t shared = FusedSharedBytes(cols);
+              const size_t shared = FusedSharedBytes(cols, planes);
               cudaError_t attr = cudaFuncSetAttribute(
                   kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
               if (attr != cudaSuccess) return attr;
               kernel<<<static_cast<unsigned>(chunks), kThreads, shared, stream>>>(
                   static_cast<const G*>(dy), static_cast<const X*>(x), rows, cols,
                   rows_per_chunk, row_stats, weight, static_cast<D*>(dx), d_residual,
-                  static_cast<L*>(d_low), partials);
+                  static_cast<L*>(d_low), partials, d_low_bias != nullptr);
               return cudaGetLastError();
             };
             return cols <= 32 * 8 * 3 ? launch(layer_norm_backward_fused_kernel<3, G, X, D, L>)
@@ -596,10 +644,13 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
             row_stats, partials);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
       }
-      layer_norm_param_finish_kernel<<<static_cast<unsigned>((cols + 31) / 32), kThreads, 0,
-                                       stream>>>(partials, chunks, cols, dweight, dbias,
-                                                 overwrite);
-      return cudaGetLastError();
+      return Dispatch(d_low != nullptr ? d_low_dtype : DType::kF32, [&](auto l_tag) {
+        using L = decltype(l_tag);
+        layer_norm_param_finish_kernel<L><<<static_cast<unsigned>((cols + 31) / 32), kThreads, 0,
+                                             stream>>>(partials, chunks, cols, planes, dweight,
+                                                       dbias, d_low_bias, overwrite);
+        return cudaGetLastError();
+      });
     });
   });
 }

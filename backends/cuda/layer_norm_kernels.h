@@ -32,11 +32,21 @@ int64_t LayerNormParamPartialsBytes(int64_t rows, int64_t cols);
 // LayerNormParamPartialsBytes(rows, cols) bytes of scratch on the stream's device. With
 // d_residual (f32), dx is not written: d_residual += dx, and d_low (d_low_dtype; may be null) =
 // round(d_residual).
+// With d_low_bias (f32, [cols]; only where LayerNormBackwardSumsLowCopy, else
+// cudaErrorNotSupported), also d_low_bias += round(Σ_rows d_low) (or =, with overwrite): the
+// gradient of the bias of the Linear whose output the residual's branch is, summed in the same
+// pass as the parameter gradients.
 cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DType x_dtype,
                               int64_t rows, int64_t cols, const float* row_stats,
                               const float* weight, void* dx, DType dx_dtype, float* dweight,
                               float* dbias, bool overwrite, float* partials,
                               cudaStream_t stream, float* d_residual = nullptr,
-                              void* d_low = nullptr, DType d_low_dtype = DType::kF32);
+                              void* d_low = nullptr, DType d_low_dtype = DType::kF32,
+                              float* d_low_bias = nullptr);
+// Whether LayerNormBackward can sum d_low's columns in its pass (the fused kernel: an f32 x,
+// rows of at most 1024 columns, a multiple of 8, 16-byte aligned pointers, into a residual).
+bool LayerNormBackwardSumsLowCopy(const void* dy, const void* x, DType x_dtype, int64_t cols,
+                                  const float* weight, const float* d_residual,
+                                  const void* d_low);
 
 }  // namespace mptrain::cuda

@@ -383,33 +383,39 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     const BlockOffsets& o = offsets_[l];
     const Tensor block_in = l == 0 ? encoded_ : blocks_[l - 1].out;
     // The MLP branch: its output's gradient is the residual's, rounded to the compute dtype
-    // (below the last block, by the block above's ln_1 backward).
-    if (l + 1 == blocks_.size()) RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
+    // (below the last block, by the block above's ln_1 backward, which also summed it into
+    // this c_proj's bias gradient).
+    const bool top = l + 1 == blocks_.size();
+    if (top) RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
     RETURN_IF_ERROR(backend_->ActivationForward(ActivationKind::kGeluTanh, b.fc_pre, fc_gelu_));
     RETURN_IF_ERROR(backend_->LinearBackwardThroughActivation(
         fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_, ActivationKind::kGeluTanh, b.fc_pre,
-        d_fc_gelu_, d_fc_pre_, View(g, o.fc_proj_w, C, 4 * C), View(g, o.fc_proj_b, 1, C), ow));
+        d_fc_gelu_, d_fc_pre_, View(g, o.fc_proj_w, C, 4 * C),
+        top ? View(g, o.fc_proj_b, 1, C) : Tensor{}, ow));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln2, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),
                                              View(g, o.fc_b, 1, 4 * C), ow));
     // ln_2's input gradient added into the residual's, which the attention branch then takes
-    // rounded to the compute dtype (Backend::LayerNormBackwardIntoResidual: one pass).
+    // rounded to the compute dtype, and that copy's column sums, attn.c_proj's bias gradient
+    // (Backend::LayerNormBackwardIntoResidual: one pass).
     RETURN_IF_ERROR(backend_->LayerNormBackwardIntoResidual(
         d_ln_low_, b.mid, b.ln2_stats, View(params_, o.ln2_w, 1, C), d_ln_in_, d_resid_,
-        d_branch_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), ow));
+        d_branch_, View(g, o.ln2_w, 1, C), View(g, o.ln2_b, 1, C), View(g, o.attn_proj_b, 1, C),
+        ow));
     // The attention branch.
     RETURN_IF_ERROR(backend_->LinearBackward(b.att, View(w, o.attn_proj_w, C, C), d_branch_, d_att_,
-                                             View(g, o.attn_proj_w, C, C),
-                                             View(g, o.attn_proj_b, 1, C), ow));
+                                             View(g, o.attn_proj_w, C, C), Tensor{}, ow));
     RETURN_IF_ERROR(
         backend_->CausalAttentionBackward(b.qkv, b.attention, b.att, d_att_, batch_, H, d_qkv_));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln1, View(w, o.attn_w, 3 * C, C), d_qkv_,
                                              d_ln_low_, View(g, o.attn_w, 3 * C, C),
                                              View(g, o.attn_b, 1, 3 * C), ow));
-    // ln_1's likewise; the copy in the compute dtype is the MLP branch's of the block below.
+    // ln_1's likewise; the copy in the compute dtype is the MLP branch's of the block below, and
+    // its column sums that block's mlp.c_proj bias gradient.
     RETURN_IF_ERROR(backend_->LayerNormBackwardIntoResidual(
         d_ln_low_, block_in, b.ln1_stats, View(params_, o.ln1_w, 1, C), d_ln_in_, d_resid_,
-        l > 0 ? d_branch_ : Tensor{}, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C), ow));
+        l > 0 ? d_branch_ : Tensor{}, View(g, o.ln1_w, 1, C), View(g, o.ln1_b, 1, C),
+        l > 0 ? View(g, offsets_[l - 1].fc_proj_b, 1, C) : Tensor{}, ow));
     RETURN_IF_ERROR(ready(2 + l));
   }
   // The embeddings: wte adds to the LM head's gradient (tied); wpe is written on the first
