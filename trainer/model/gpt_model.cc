@@ -182,6 +182,7 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
     b.ln2_stats = t.Take("ln2_stats");
     b.ln2 = t.Take("ln2");
     b.fc_pre = t.Take("fc_pre");
+    b.fc_gelu = t.Take("fc_gelu");
     b.out = t.Take("out");
     RETURN_IF_ERROR(t.AllTaken());
     model->blocks_.push_back(b);
@@ -192,14 +193,12 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
   model->logits_ = shared.Take("logits");
   model->d_logits_ = traits.fused_loss ? model->logits_ : shared.Take("d_logits");
   model->branch_out_ = shared.Take("branch_out");
-  model->fc_gelu_ = shared.Take("fc_gelu");
   model->d_resid_ = shared.Take("d_resid");
   model->d_branch_ = shared.Take("d_branch");
   model->d_ln_low_ = shared.Take("d_ln_low");
   model->d_ln_in_ = shared.Take("d_ln_in");
   model->d_att_ = shared.Take("d_att");
   model->d_qkv_ = shared.Take("d_qkv");
-  model->d_fc_gelu_ = shared.Take("d_fc_gelu");
   model->d_fc_pre_ = shared.Take("d_fc_pre");
   RETURN_IF_ERROR(shared.AllTaken());
   return model;
@@ -322,8 +321,8 @@ absl::Status GptModel::Forward(Tensor x, bool /*x_unchanged*/, bool /*training*/
         View(params_, o.ln2_b, 1, C), kLayerNormEps, slice(b.ln2_stats), slice(b.ln2)));
     RETURN_IF_ERROR(backend_->LinearForward(slice(b.ln2), View(w, o.fc_w, 4 * C, C),
                                             View(w, o.fc_b, 1, 4 * C), ActivationKind::kGeluTanh,
-                                            slice(b.fc_pre), slice(fc_gelu_)));
-    RETURN_IF_ERROR(backend_->LinearForward(slice(fc_gelu_), View(w, o.fc_proj_w, C, 4 * C),
+                                            slice(b.fc_pre), slice(b.fc_gelu)));
+    RETURN_IF_ERROR(backend_->LinearForward(slice(b.fc_gelu), View(w, o.fc_proj_w, C, 4 * C),
                                             View(w, o.fc_proj_b, 1, C), ActivationKind::kNone,
                                             slice(branch_out_), slice(branch_out_)));
     // out = mid + branch, and the next LayerNorm: the next block's ln_1, or ln_f.
@@ -387,10 +386,11 @@ absl::Status GptModel::Backward(int64_t micro_batch, LayerGradientObserver* obse
     // this c_proj's bias gradient).
     const bool top = l + 1 == blocks_.size();
     if (top) RETURN_IF_ERROR(backend_->Cast(d_resid_, d_branch_));
-    RETURN_IF_ERROR(backend_->ActivationForward(ActivationKind::kGeluTanh, b.fc_pre, fc_gelu_));
+    // GELU's output gradient, where the backend composes the two calls, goes through d_fc_pre
+    // in place.
     RETURN_IF_ERROR(backend_->LinearBackwardThroughActivation(
-        fc_gelu_, View(w, o.fc_proj_w, C, 4 * C), d_branch_, ActivationKind::kGeluTanh, b.fc_pre,
-        d_fc_gelu_, d_fc_pre_, View(g, o.fc_proj_w, C, 4 * C),
+        b.fc_gelu, View(w, o.fc_proj_w, C, 4 * C), d_branch_, ActivationKind::kGeluTanh, b.fc_pre,
+        d_fc_pre_, d_fc_pre_, View(g, o.fc_proj_w, C, 4 * C),
         top ? View(g, o.fc_proj_b, 1, C) : Tensor{}, ow));
     RETURN_IF_ERROR(backend_->LinearBackward(b.ln2, View(w, o.fc_w, 4 * C, C), d_fc_pre_,
                                              d_ln_low_, View(g, o.fc_w, 4 * C, C),

@@ -103,8 +103,9 @@ class GptModel final : public Model {
     Tensor att;             // [N, C] attention output (heads side by side)
     Tensor mid;             // [N, C] f32: x + att_proj
     Tensor ln2_stats, ln2;
-    Tensor fc_pre;  // [N, 4C] c_fc's output
-    Tensor out;     // [N, C] f32: mid + fc_proj (the next block's x)
+    Tensor fc_pre;   // [N, 4C] c_fc's output
+    Tensor fc_gelu;  // [N, 4C] GELU(fc_pre): mlp.c_proj's input, kept for its weight gradient
+    Tensor out;      // [N, C] f32: mid + fc_proj (the next block's x)
   };
   // Offsets of one block's parameters in the flat buffer.
   struct BlockOffsets {
@@ -146,14 +147,13 @@ class GptModel final : public Model {
   }
   // Scratch shared by the blocks.
   Tensor branch_out_;            // [N, C]: attn.c_proj's or mlp.c_proj's output
-  Tensor fc_gelu_;               // [N, 4C]: GELU(fc_pre), forward and recomputed in backward
   Tensor d_resid_;               // [N, C] f32: the residual stream's gradient
   Tensor d_branch_;              // [N, C]: it rounded where it enters a branch's output
   Tensor d_ln_low_;              // [N, C]: the gradient of a LayerNorm's cast output
   Tensor d_ln_in_;               // [N, C] f32: a LayerNorm's input gradient
   Tensor d_att_;                 // [N, C]
   Tensor d_qkv_;                 // [N, 3C]
-  Tensor d_fc_gelu_, d_fc_pre_;  // [N, 4C]
+  Tensor d_fc_pre_;              // [N, 4C]
   int64_t rows_ = 0;
 };
 
