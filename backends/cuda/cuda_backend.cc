@@ -427,10 +427,10 @@ absl::StatusOr<CudaBackend::LtPlan*> CudaBackend::Plan(const LtShape& shape) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment,
                                                                 sizeof(alignment)));
   }
-  cublasLtMatmulHeuristicResult_t heuristics[kLtCandidates];
+  cublasLtMatmulHeuristicResult_t heuristics[kMaxLtCandidates];
   int found = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, kLtCandidates,
+      cublas_lt_, plan.operation, plan.a, plan.b, plan.d, plan.d, preference, LtCandidates(),
       heuristics, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
@@ -784,6 +784,15 @@ bool SwitchedOn(const char* variable) {
 bool CudaBackend::FusedActivationGradients() {
   static const bool fused = SwitchedOn("MPTRAIN_FUSED_DGELU");
   return fused;
+}
+
+int CudaBackend::LtCandidates() {
+  static const int candidates = [] {
+    const char* value = std::getenv("MPTRAIN_LT_CANDIDATES");
+    const int asked = value == nullptr ? kDefaultLtCandidates : std::atoi(value);
+    return std::clamp(asked, 1, kMaxLtCandidates);
+  }();
+  return candidates;
 }
 
 bool CudaBackend::FusedLayerNormBiasGradients() {

@@ -218,7 +218,11 @@ class CudaBackend final : public Backend {
   static bool FusedLayerNormBiasGradients();
   // bias_scratch_ with room for `elements` f32 values.
   absl::Status ReserveBiasScratch(int64_t elements);
-  static constexpr int kLtCandidates = 8;
+  // How many of cuBLASLt's heuristic candidates a shape's first call times
+  // (MPTRAIN_LT_CANDIDATES, 1 to kMaxLtCandidates; default kDefaultLtCandidates).
+  static constexpr int kMaxLtCandidates = 32;
+  static constexpr int kDefaultLtCandidates = 8;
+  static int LtCandidates();
   static std::optional<cublasLtMatmulAlgo_t> FindTunedAlgorithm(int device, const LtShape& shape);
   static void KeepTunedAlgorithm(int device, const LtShape& shape,
                                  const cublasLtMatmulAlgo_t& algo);
