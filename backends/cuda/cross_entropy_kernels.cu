@@ -237,13 +237,8 @@ __global__ void row_losses_finalize_kernel(const double* row_losses, int64_t row
 // The largest row staged in shared memory on this device: kMaxStagedRowBytes, or less where
 // a block may not opt in to that much (about 163 KiB on an A100; 227 KiB on Hopper).
 size_t StagedRowBytesLimit() {
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return 0;  // Unknown: the unstaged kernels, which need no dynamic shared memory.
-  }
-  return std::min(kMaxStagedRowBytes, static_cast<size_t>(optin) / 16 * 16);
+  // Unknown (0): the unstaged kernels, which need no dynamic shared memory.
+  return std::min(kMaxStagedRowBytes, MaxDynamicSharedBytesPerBlock() / 16 * 16);
 }
 
 }  // namespace

@@ -103,5 +103,17 @@ __device__ double BlockSum(double value) {
   return total;
 }
 
+// The dynamic shared memory a block may opt in to on the current device (H100/H200: 227 KiB,
+// A100: ~163 KiB, consumer Ampere/Ada: ~99 KiB); 0 where it cannot be read.
+size_t MaxDynamicSharedBytesPerBlock() {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return static_cast<size_t>(optin);
+}
+
 }  // namespace
 }  // namespace mptrain::cuda

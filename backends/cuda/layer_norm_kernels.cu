@@ -484,10 +484,14 @@ size_t FusedSharedBytes(int64_t cols, int planes) {
   return static_cast<size_t>(kWarpsPerBlock) * planes * cols * sizeof(float);
 }
 
+// Whether the fused backward takes these rows: an f32 input, rows held in registers, and its
+// `planes` column sums per warp within the shared memory a block may have on this device
+// (1024 columns: 64 KiB with two planes, 96 KiB with three).
 bool FusedBackward(int64_t cols, DType x_dtype, bool into_residual, DType dx_dtype,
-                   std::initializer_list<const void*> pointers) {
+                   std::initializer_list<const void*> pointers, int planes) {
   return Vectorizable(cols, pointers) && cols <= kMaxCachedCols && x_dtype == DType::kF32 &&
-         (into_residual || dx_dtype == DType::kF32);
+         (into_residual || dx_dtype == DType::kF32) &&
+         FusedSharedBytes(cols, planes) <= MaxDynamicSharedBytesPerBlock();
 }
 
 }  // namespace
@@ -501,7 +505,7 @@ bool LayerNormBackwardSumsLowCopy(const void* dy, const void* x, DType x_dtype, 
                                   const float* weight, const float* d_residual,
                                   const void* d_low) {
   return d_residual != nullptr && d_low != nullptr &&
-         FusedBackward(cols, x_dtype, true, DType::kF32, {dy, x, weight, d_residual, d_low});
+         FusedBackward(cols, x_dtype, true, DType::kF32, {dy, x, weight, d_residual, d_low}, 3);
 }
 
 cudaError_t LayerNormForward(const void* x, DType x_dtype, int64_t rows, int64_t cols,
@@ -584,13 +588,13 @@ cudaError_t LayerNormBackward(const void* dy, DType dy_dtype, const void* x, DTy
                               DType d_low_dtype, float* d_low_bias) {
   if (rows < 1 || cols < 1) return cudaErrorInvalidConfiguration;
   const bool vec = Vectorizable(cols, {dy, x, weight, dx, d_residual, d_low});
-  const bool fused = FusedBackward(cols, x_dtype, d_residual != nullptr, dx_dtype,
-                                   {dy, x, weight, dx, d_residual, d_low});
   if (d_low_bias != nullptr &&
       !LayerNormBackwardSumsLowCopy(dy, x, x_dtype, cols, weight, d_residual, d_low)) {
     return cudaErrorNotSupported;
   }
   const int planes = d_low_bias != nullptr ? 3 : 2;
+  const bool fused = FusedBackward(cols, x_dtype, d_residual != nullptr, dx_dtype,
+                                   {dy, x, weight, dx, d_residual, d_low}, planes);
   const int64_t rows_per_chunk = fused ? FusedRowsPerBlock(rows) : RowsPerChunk(rows, cols);
   const int64_t chunks = fused ? FusedBlocks(rows) : Chunks(rows, cols);
   const dim3 partial_grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
