@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/cpu_ranks.h"
 #include "tests/fake_collectives.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -252,23 +253,11 @@ TEST(GptTraining, TwoRanks_BothGenerateTheSample_RankZeroShowsIt) {
   config.sample.enabled = true;
   config.sample.prompt = {1};
   config.sample.max_new_tokens = 40;
-  InMemoryKeyValueStore store;
-  absl::StatusOr<TrainingResult> results[2];
   PollCountingObserver observers[2] = {PollCountingObserver(1'000'000),
                                        PollCountingObserver(1'000'000)};
-  std::thread ranks[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks[rank] = std::thread([&, rank] {
-      auto collective = GlooCollective::Connect(rank, 2, "127.0.0.1", &store, 30'000);
-      if (!collective.ok()) {
-        results[rank] = collective.status();
-        return;
-      }
-      CpuBackend backend(std::move(*collective));
-      results[rank] = RunTraining(config, rank, &backend, &observers[rank]);
-    });
-  }
-  for (auto& rank : ranks) rank.join();
+  const auto results = testing::RunCpuRanksOverGloo(2, [&](int rank, Backend* backend) {
+    return RunTraining(config, rank, backend, &observers[rank]);
+  });
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);

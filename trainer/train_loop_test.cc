@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "tests/cpu_ranks.h"
 #include "tests/fake_collectives.h"
 #include "tests/reference_mlp.h"
 #include "trainer/checkpoint.h"
@@ -211,22 +212,10 @@ TEST(RunTraining, TwoRanksOverGloo_EndWithIdenticalParameters) {
   TrainingConfig spec = SmallConfig();
   spec.world_size = 2;
   spec.optimizer.momentum = 0.9;
-  InMemoryKeyValueStore store;
-  absl::StatusOr<TrainingResult> results[2];
-  std::thread ranks[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks[rank] = std::thread([&, rank] {
-      auto collective = GlooCollective::Connect(rank, 2, "127.0.0.1", &store, 30'000);
-      if (!collective.ok()) {
-        results[rank] = collective.status();
-        return;
-      }
-      CpuBackend backend(std::move(*collective));
-      RecordingObserver observer;
-      results[rank] = RunTraining(spec, rank, &backend, &observer);
-    });
-  }
-  for (auto& rank : ranks) rank.join();
+  const auto results = testing::RunCpuRanksOverGloo(2, [&](int rank, Backend* backend) {
+    RecordingObserver observer;
+    return RunTraining(spec, rank, backend, &observer);
+  });
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->checksum, results[1]->checksum);
@@ -443,22 +432,10 @@ TEST(RunTraining, ThreeRanks_AccuraciesAreExactFractionsOfTheWholeCount) {
   spec.compute_dtype = DType::kF32;
   spec.loss_scaler.enabled = false;
   spec.optimizer.lr = 0.5;
-  InMemoryKeyValueStore store;
-  absl::StatusOr<TrainingResult> results[3];
   RecordingObserver observers[3];
-  std::thread ranks[3];
-  for (int rank = 0; rank < 3; ++rank) {
-    ranks[rank] = std::thread([&, rank] {
-      auto collective = GlooCollective::Connect(rank, 3, "127.0.0.1", &store, 30'000);
-      if (!collective.ok()) {
-        results[rank] = collective.status();
-        return;
-      }
-      CpuBackend backend(std::move(*collective));
-      results[rank] = RunTraining(spec, rank, &backend, &observers[rank]);
-    });
-  }
-  for (auto& rank : ranks) rank.join();
+  const auto results = testing::RunCpuRanksOverGloo(3, [&](int rank, Backend* backend) {
+    return RunTraining(spec, rank, backend, &observers[rank]);
+  });
   for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank].status();
   ASSERT_EQ(observers[0].records.size(), 40u);
   std::set<double> fractions;
