@@ -633,16 +633,24 @@ TEST(RunTraining, ResumeFromAMissingCheckpoint_FailsNamingIt) {
             std::string::npos);
 }
 
+// SmallConfig in fp32 without a scaler (no step is skipped) and a learning rate of 1e30: the
+// parameters blow up. With `overflow_update`, weight decay 1e30 too, so that lr · weight_decay · w
+// overflows float32 in the first update itself.
+TrainingConfig DivergingConfig(int64_t steps, bool overflow_update) {
+  TrainingConfig spec = SmallConfig();
+  spec.compute_dtype = DType::kF32;
+  spec.loss_scaler.enabled = false;
+  spec.steps = steps;
+  spec.optimizer.lr = 1e30;
+  if (overflow_update) spec.optimizer.weight_decay = 1e30;
+  return spec;
+}
+
 // fp32 without a scaler skips no step: an absurd learning rate blows the parameters up, the
 // next loss is infinite or NaN, and the run fails naming that step instead of succeeding with
 // loss nan.
 TEST(RunTraining, LossNotFiniteOnAStepNotSkipped_FailsNamingTheStep) {
-  TrainingConfig spec = SmallConfig();
-  spec.compute_dtype = DType::kF32;
-  spec.loss_scaler.enabled = false;
-  spec.steps = 20;
-  spec.optimizer.lr = 1e30;
-  TrainedRun run = TrainOneRank(spec);
+  TrainedRun run = TrainOneRank(DivergingConfig(20, /*overflow_update=*/false));
   ASSERT_FALSE(run.result.ok()) << "a diverged run must not succeed";
   EXPECT_EQ(run.result.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string message(run.result.status().message());
@@ -660,13 +668,7 @@ TEST(RunTraining, LossNotFiniteOnAStepNotSkipped_FailsNamingTheStep) {
 // One step whose update overflows: its loss (computed before the update) is finite, so only
 // the check of the final parameters sees it.
 TEST(RunTraining, FinalParametersNotFinite_FailsNamingTheLastStep) {
-  TrainingConfig spec = SmallConfig();
-  spec.compute_dtype = DType::kF32;
-  spec.loss_scaler.enabled = false;
-  spec.steps = 1;
-  spec.optimizer.lr = 1e30;
-  spec.optimizer.weight_decay = 1e30;  // lr * weight_decay * w overflows float32.
-  TrainedRun run = TrainOneRank(spec);
+  TrainedRun run = TrainOneRank(DivergingConfig(1, /*overflow_update=*/true));
   ASSERT_FALSE(run.result.ok()) << "non-finite parameters must not be a success";
   EXPECT_EQ(run.result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(run.result.status().message().find("the training diverged: after step 1 parameter "),
@@ -679,12 +681,7 @@ TEST(RunTraining, FinalParametersNotFinite_FailsNamingTheLastStep) {
 // The same overflow on a checkpoint step: no checkpoint of it is written (a restart would have
 // failed loading the job's own file, and its error replaced the divergence as the job's).
 TEST(RunTraining, ParametersNotFiniteOnACheckpointStep_NoCheckpointWritten_FailsNamingTheStep) {
-  TrainingConfig spec = SmallConfig();
-  spec.compute_dtype = DType::kF32;
-  spec.loss_scaler.enabled = false;
-  spec.steps = 3;
-  spec.optimizer.lr = 1e30;
-  spec.optimizer.weight_decay = 1e30;
+  TrainingConfig spec = DivergingConfig(3, /*overflow_update=*/true);
   spec.checkpoint_every = 1;
   spec.checkpoint_dir = TestTmp() + "/diverged";
   mkdir(spec.checkpoint_dir.c_str(), 0755);
