@@ -101,6 +101,11 @@ struct StepStats {
   double completed_ms = 0;  // When the step finished, on the backend's clock (ms).
 };
 
+// FillNormal's arguments checked (INVALID_ARGUMENT naming what is wrong), for its overrides.
+absl::Status CheckFillNormal(Tensor out, int64_t first_index, double std);
+// FillNormal's values for out[0, n) on the host's cores.
+void FillNormalOnHost(uint64_t seed, int64_t first_index, double std, float* out, int64_t n);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -123,6 +128,11 @@ class Backend {
   // dst = src rounded to dst's dtype (same element count). src is f32, or, when dst is f32, any
   // dtype (widening is exact).
   virtual absl::Status Cast(Tensor src, Tensor dst) = 0;
+  // out[i] = float(std · StandardNormalDraw(seed, first_index + i)) (trainer/normal_draws.h):
+  // a parameter's initial values as a function of the seed and their index, generated where
+  // the tensor lives. out is a contiguous f32 tensor; first_index >= 0, std finite and >= 0.
+  // The default draws them on the host's cores and uploads them.
+  virtual absl::Status FillNormal(Tensor out, uint64_t seed, int64_t first_index, double std);
   // dst rows = src rows [first, first + dst.rows), wrapping around the end of src.
   virtual absl::Status CopyRowsWrapping(Tensor src, int64_t first, Tensor dst) = 0;
   // dst row i = src row indices[i], f32; indices [1, dst.rows] f32 holding row numbers in

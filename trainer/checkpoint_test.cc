@@ -243,7 +243,7 @@ TEST(Checkpoint, BatchNormRunningStatistics_RoundTrip_AndANegativeVarianceIsRefu
   const ParameterLayout layout = MakeParameterLayout({3, 2, 1}, NormKind::kBatchNorm);
   TrainingCheckpoint checkpoint;
   checkpoint.step = 4;
-  checkpoint.parameters = InitializeParameters(layout, 1);
+  checkpoint.parameters = InitialLayoutParameters(layout, 1);
   checkpoint.optimizer_state["momentum"] = std::vector<float>(layout.total, 0.5f);
   checkpoint.step_state.scale = 1024;
   checkpoint.buffers = {0.25f, -0.5f, /*running_var*/ 1.5f, 0.75f};

@@ -26,7 +26,7 @@ class PassThroughModel final : public Model {
   Tensor buffers() const override { return Tensor{}; }
   int64_t buffer_counter() const override { return 0; }
   void RestoreProgress(int64_t, int64_t) override {}
-  std::vector<float> InitialParameters(uint64_t) const override { return {}; }
+  absl::Status InitializeParameters(uint64_t) override { return absl::OkStatus(); }
   bool BroadcastsBuffers() const override { return false; }
   bool StepIsReplayable() const override { return false; }
   bool ComputesFirstWeightInRowChunks() const override { return false; }

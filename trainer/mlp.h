@@ -60,9 +60,11 @@ class Mlp final : public Model {
   void RestoreProgress(int64_t steps_done, int64_t accumulation) override {
     if (IsBatchNorm(layout_.norm)) num_batches_tracked_ = steps_done * accumulation;
   }
-  // torch.nn.Linear's initialisation (parameter_layout.h InitializeParameters).
-  std::vector<float> InitialParameters(uint64_t seed) const override {
-    return InitializeParameters(layout_, seed);
+  // torch.nn.Linear's initialisation (parameter_layout.h InitialLayoutParameters), drawn on
+  // the host and uploaded.
+  absl::Status InitializeParameters(uint64_t seed) override {
+    const std::vector<float> initial = InitialLayoutParameters(layout_, seed);
+    return backend_->Upload(initial.data(), params_);
   }
   // A local batch norm's statistics differ per rank (each sees its own data); sync_batch_norm's
   // are the same on every rank already (computed from the same gathered statistics).

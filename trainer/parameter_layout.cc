@@ -38,7 +38,7 @@ ParameterLayout MakeParameterLayout(const std::vector<int64_t>& widths, NormKind
   return layout;
 }
 
-std::vector<float> InitializeParameters(const ParameterLayout& layout, uint64_t seed) {
+std::vector<float> InitialLayoutParameters(const ParameterLayout& layout, uint64_t seed) {
   std::vector<float> flat(layout.total);
   std::mt19937_64 generator(seed);
   // Uniform in [-bound, bound) from 53 random bits: the same on every platform, unlike

@@ -58,7 +58,7 @@ ParameterLayout MakeParameterLayout(const std::vector<int64_t>& widths,
 // torch.nn.Linear's distribution (weight and bias uniform in ±1/sqrt(in)), drawn from `seed`
 // with a fixed generator, so every rank computes the same values; norm weights 1, biases 0
 // (drawing nothing: the Linear layers get the same values with or without norms).
-std::vector<float> InitializeParameters(const ParameterLayout& layout, uint64_t seed);
+std::vector<float> InitialLayoutParameters(const ParameterLayout& layout, uint64_t seed);
 // The running statistics' initial values: running_mean 0, running_var 1 (as torch).
 std::vector<float> InitializeBuffers(const ParameterLayout& layout);
 

@@ -1,6 +1,13 @@
 #include "trainer/backend.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "trainer/normal_draws.h"
 
 namespace mptrain {
 
@@ -150,6 +157,47 @@ absl::Status Backend::SoftmaxCrossEntropy(Tensor, Tensor, float, float, double, 
                                           float, StepStateBuffer, float, Tensor) {
   return absl::UnimplementedError(
       absl::StrCat("the ", Name(), " backend has no fused SoftmaxCrossEntropy"));
+}
+
+absl::Status CheckFillNormal(Tensor out, int64_t first_index, double std) {
+  if (out.dtype != DType::kF32 || out.ld() != out.cols) {
+    return absl::InvalidArgumentError("FillNormal: out must be a contiguous f32 tensor");
+  }
+  if (first_index < 0 || !std::isfinite(std) || std < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("FillNormal: first_index ", first_index,
+                                                   " and std ", std,
+                                                   " must be >= 0 (std finite)"));
+  }
+  return absl::OkStatus();
+}
+
+void FillNormalOnHost(uint64_t seed, int64_t first_index, double std, float* out, int64_t n) {
+  // Chunks of 2^18 values over the host's cores (at most 16): each value is a function of its
+  // index alone, so the split does not change them.
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) {
+        out[i] = NormalParameterValue(seed, static_cast<uint64_t>(first_index + i), std);
+      }
+    }
+  };
+  const int64_t threads =
+      std::min<int64_t>(chunks, std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+}
+
+absl::Status Backend::FillNormal(Tensor out, uint64_t seed, int64_t first_index, double std) {
+  if (absl::Status valid = CheckFillNormal(out, first_index, std); !valid.ok()) return valid;
+  std::vector<float> host(static_cast<size_t>(out.numel()));
+  FillNormalOnHost(seed, first_index, std, host.data(), out.numel());
+  return Upload(host.data(), out);
 }
 
 }  // namespace mptrain

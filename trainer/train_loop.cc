@@ -29,10 +29,13 @@
 namespace mptrain {
 namespace {
 
-absl::StatusOr<std::vector<float>> InitialParameters(const TrainingConfig& config,
-                                                     const Model& model) {
-  if (config.init_checkpoint.empty()) return model.InitialParameters(config.seed);
-  return ReadInitialParameters(config.init_checkpoint, model.table());
+// The parameters a run starts from: the model's initialisation from the seed, drawn where the
+// parameters live, or the init_checkpoint's.
+absl::Status InitializeParameters(const TrainingConfig& config, Backend* backend, Model* model) {
+  if (config.init_checkpoint.empty()) return model->InitializeParameters(config.seed);
+  ASSIGN_OR_RETURN(std::vector<float> initial,
+                   ReadInitialParameters(config.init_checkpoint, model->table()));
+  return backend->Upload(initial.data(), model->params());
 }
 
 TokenBatchOptions TokenOptions(const TrainingConfig& config, int rank, int world_size,
@@ -125,8 +128,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   const ParameterTable& table = model->table();
   const double model_built_ms = ms_since(set_up_began);
   // Every rank starts from the same parameters: the same seed, or the same checkpoint.
-  ASSIGN_OR_RETURN(std::vector<float> initial, InitialParameters(config, *model));
-  RETURN_IF_ERROR(backend->Upload(initial.data(), model->params()));
+  RETURN_IF_ERROR(InitializeParameters(config, backend, model.get()));
   observer->OnSetUp(model_built_ms, ms_since(set_up_began));
   const GptConfig& gpt = config.model.gpt;
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> micro_batches,

@@ -166,7 +166,7 @@ TEST(RunTraining, Overflow_SkipsStepsBacksOffAndLeavesParametersUntouched) {
   TrainedRun only_skipped = TrainOneRank(spec);
   ASSERT_TRUE(only_skipped.result.ok());
   ParameterLayout layout = MakeParameterLayout(spec.model.widths);
-  EXPECT_EQ(only_skipped.result->parameters, InitializeParameters(layout, spec.seed));
+  EXPECT_EQ(only_skipped.result->parameters, InitialLayoutParameters(layout, spec.seed));
 }
 
 TEST(RunTraining, ClippingSeesUnscaledGradients) {
@@ -177,7 +177,7 @@ TEST(RunTraining, ClippingSeesUnscaledGradients) {
   TrainedRun run = TrainOneRank(spec);
   ASSERT_TRUE(run.result.ok());
   ParameterLayout layout = MakeParameterLayout(spec.model.widths);
-  std::vector<float> initial = InitializeParameters(layout, spec.seed);
+  std::vector<float> initial = InitialLayoutParameters(layout, spec.seed);
   double step_norm = 0;
   for (size_t i = 0; i < initial.size(); ++i) {
     double delta = run.result->parameters[i] - initial[i];
@@ -478,7 +478,7 @@ TEST(RunTraining, AdamW_SkippedStepsLeaveTheOptimizerUntouched) {
   EXPECT_EQ(direct.result->parameters, overflowing.result->parameters);
   // And the parameters moved: AdamW steps about lr per parameter.
   EXPECT_NE(direct.result->parameters,
-            InitializeParameters(MakeParameterLayout(spec.model.widths), spec.seed));
+            InitialLayoutParameters(MakeParameterLayout(spec.model.widths), spec.seed));
 }
 
 // The schedule advances on every attempted step, skipped or not, and telemetry carries the rate

@@ -218,7 +218,7 @@ int64_t TelemetryReporter::AcknowledgedCheckpointStep() {
 }
 
 void TelemetryReporter::OnSetUp(double model_built_ms, double initialised_ms) {
-  spdlog::info("model built in {:.0f} ms, parameters initialised and uploaded at {:.0f} ms",
+  spdlog::info("model built in {:.0f} ms, parameters initialised at {:.0f} ms",
                model_built_ms, initialised_ms);
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/bias_gradient_kernels.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/init_kernels.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/nccl_collective.h"
 
@@ -273,6 +274,14 @@ absl::Status CudaBackend::Zero(Tensor tensor) {
   }
   CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(tensor.data, 0, tensor.numel() * tensor.element_bytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FillNormal(Tensor out, uint64_t seed, int64_t first_index,
+                                     double std) {
+  if (absl::Status valid = CheckFillNormal(out, first_index, std); !valid.ok()) return valid;
+  CUDA_RETURN_IF_ERROR(cuda::FillNormal(static_cast<float*>(out.data), out.numel(), seed,
+                                        first_index, std, stream_));
   return absl::OkStatus();
 }
 

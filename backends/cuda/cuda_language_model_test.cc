@@ -123,6 +123,48 @@ TEST(LanguageModelOps, AddAndEmbeddings_MatchTheCpuBackendBitForBit) {
   EXPECT_EQ(sum[0], sum[1]);
 }
 
+// The device's draws are the host's (normal_draws.h): every element written, equal but where
+// CUDA's double log / cos / sin and the host's land on opposite sides of a float rounding
+// boundary (then one float ulp apart); a GPT initialised on either backend is the same model.
+TEST(LanguageModelOps, FillNormal_IsTheHostsDrawsOfEachIndex) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  CpuBackend cpu(std::make_unique<testing::SingleRankCollective>());
+  const int64_t n = (int64_t{3} << 20) + 5, first = (int64_t{5} << 32) + 3;
+  Tensor on_gpu = Put(gpu.get(), DType::kF32, 1, n, std::vector<float>(n, std::nanf("")));
+  ASSERT_TRUE(gpu->FillNormal(on_gpu, 11, first, 0.02).ok());
+  const std::vector<float> got = Get(gpu.get(), on_gpu);
+  std::vector<float> want(n);
+  FillNormalOnHost(11, first, 0.02, want.data(), n);
+  int64_t unequal = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << " unwritten";
+    if (got[i] != want[i]) {
+      ++unequal;
+      EXPECT_EQ(std::nextafter(want[i], got[i]), got[i]) << "element " << i << ": " << got[i]
+                                                         << " vs " << want[i];
+    }
+  }
+  std::printf("FillNormal: %ld of %ld values one float ulp from the host's\n", unequal, n);
+  EXPECT_LE(unequal, 16);
+  EXPECT_EQ(gpu->FillNormal(on_gpu, 11, -1, 0.02).code(), absl::StatusCode::kInvalidArgument);
+
+  GptConfig config;
+  config.vocab_size = 1000, config.padded_vocab_size = 1024, config.context_length = 64;
+  config.layers = 2, config.heads = 4, config.width = 128;
+  auto gpu_model = GptModel::Create(gpu.get(), config, DType::kBF16, 1, 1);
+  auto cpu_model = GptModel::Create(&cpu, config, DType::kBF16, 1, 1);
+  ASSERT_TRUE(gpu_model.ok() && cpu_model.ok());
+  ASSERT_TRUE((*gpu_model)->InitializeParameters(5).ok());
+  ASSERT_TRUE((*cpu_model)->InitializeParameters(5).ok());
+  const std::vector<float> gpu_init = Get(gpu.get(), (*gpu_model)->params());
+  const std::vector<float> cpu_init = Get(&cpu, (*cpu_model)->params());
+  EXPECT_LT(RelativeError(gpu_init, cpu_init), 1e-7);
+  int64_t differ = 0;
+  for (size_t i = 0; i < gpu_init.size(); ++i) differ += gpu_init[i] != cpu_init[i];
+  EXPECT_LE(differ, 4) << "of " << gpu_init.size();
+}
+
 struct AttentionCase {
   DType dtype;
   int64_t batch, seq, heads, head_size;

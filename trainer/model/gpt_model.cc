@@ -1,14 +1,13 @@
 #include "trainer/model/gpt_model.h"
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
 #include <cmath>
 #include <map>
-#include <tuple>
-#include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -204,72 +203,27 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend,
   return model;
 }
 
-namespace {
-
-// SplitMix64's finaliser (Vigna's splitmix64.c): a chunk's generator seed from (seed, chunk).
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Normal(0, std) values into out[0, n): Box-Muller, both values of each pair of uniforms (in
-// (0, 1): the log is finite), from mt19937_64 seeded with `state`.
-void FillNormal(uint64_t state, double std, float* out, int64_t n) {
-  std::mt19937_64 generator(state);
-  auto unit = [&] { return (static_cast<double>(generator() >> 11) + 0.5) * 0x1.0p-53; };
-  for (int64_t i = 0; i < n; i += 2) {
-    const double radius = std * std::sqrt(-2.0 * std::log(unit()));
-    const double angle = 2.0 * M_PI * unit();
-    out[i] = static_cast<float>(radius * std::cos(angle));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(radius * std::sin(angle));
-  }
-}
-
-}  // namespace
-
-std::vector<float> GptModel::InitialParameters(uint64_t seed) const {
-  std::vector<float> flat(table_.total(), 0.0f);
-  // The 2-D weights in chunks of 2^20 values, each from its own stream (seed, chunk): the same
-  // values whatever the number of threads that fill them (GPT-2 124M: 119 chunks, about 2 s on
-  // one core, so the rank uses them all).
-  struct Chunk {
-    float* first;
-    int64_t count;
-    double std;
-  };
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  std::vector<Chunk> chunks;
+absl::Status GptModel::InitializeParameters(uint64_t seed) {
+  // Biases 0 and LayerNorms' bias 0 from the zeroed buffer; LayerNorms' weight 1 uploaded (a
+  // few KB each); every 2-D tensor drawn where it lives, each value from its index in the flat
+  // buffer (normal_draws.h), so no two tensors share draws.
+  RETURN_IF_ERROR(backend_->Zero(params_));
   const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.layers));
   for (const ParameterSpec& spec : table_.parameters()) {
-    float* first = flat.data() + spec.offset;
     const std::string& name = spec.name;
-    const bool layer_norm = name.find(".ln_") != std::string::npos;
-    if (layer_norm) {
-      std::fill_n(first, spec.numel,
-                  name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? 1.0f : 0.0f);
-    } else if (spec.shape.size() == 2) {
-      const bool residual = name.find("c_proj.weight") != std::string::npos;
-      for (int64_t at = 0; at < spec.numel; at += kChunk) {
-        chunks.push_back({first + at, std::min(kChunk, spec.numel - at),
-                          residual ? residual_std : kInitStd});
+    const Tensor values = View(params_, spec.offset, 1, spec.numel);
+    if (name.find(".ln_") != std::string::npos) {
+      if (absl::EndsWith(name, ".weight")) {
+        const std::vector<float> ones(static_cast<size_t>(spec.numel), 1.0f);
+        RETURN_IF_ERROR(backend_->Upload(ones.data(), values));
       }
-    }  // Biases stay 0.
-  }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < chunks.size(); i = next++) {
-      FillNormal(Mix(Mix(seed) ^ i), chunks[i].std, chunks[i].first, chunks[i].count);
+    } else if (spec.shape.size() == 2) {
+      const bool residual = absl::StrContains(name, "c_proj.weight");
+      RETURN_IF_ERROR(
+          backend_->FillNormal(values, seed, spec.offset, residual ? residual_std : kInitStd));
     }
-  };
-  const size_t threads = std::min<size_t>(
-      chunks.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& thread : pool) thread.join();
-  return flat;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GptModel::RefreshLowPrecisionWeights() {

@@ -71,10 +71,11 @@ class GptModel final : public Model {
   Tensor buffers() const override { return Tensor{}; }
   int64_t buffer_counter() const override { return 0; }
   void RestoreProgress(int64_t, int64_t) override {}
-  // GPT-2's initialisation from `seed` (mt19937_64, Box-Muller over 53-bit uniforms: the same
-  // on every platform): normal(0, 0.02) embeddings and weights, the residual projections
-  // 0.02 / sqrt(2 · layers), biases 0, LayerNorms 1 / 0.
-  std::vector<float> InitialParameters(uint64_t seed) const override;
+  // GPT-2's initialisation from `seed`, drawn on the backend (Backend::FillNormal: each value
+  // a function of the seed and its index, the same on every backend and rank): normal(0, 0.02)
+  // embeddings and weights, the residual projections 0.02 / sqrt(2 · layers), biases 0,
+  // LayerNorms 1 / 0.
+  absl::Status InitializeParameters(uint64_t seed) override;
   bool BroadcastsBuffers() const override { return false; }
   bool StepIsReplayable() const override {
     return backend_->CanRecordAttention(compute_dtype_);

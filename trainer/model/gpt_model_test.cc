@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_collectives.h"
+#include "trainer/normal_draws.h"
 
 namespace mptrain {
 namespace {
@@ -74,19 +75,37 @@ TEST(GptBackendTraits, CpuBackend_IsWhatTraitsForDeviceSays) {
 }
 
 // GPT-2's init: normal(0, 0.02) weights and embeddings, residual projections 0.02 / sqrt(2L),
-// zero biases, LayerNorms 1 and 0; the same for a seed on every call (whatever the threads that
-// fill it), another for another seed.
-TEST(GptModel, InitialParameters_AreGpt2s_AndASeedsOwn) {
+// zero biases, LayerNorms 1 and 0; the same for a seed on every call (whatever was in the
+// buffer before), another for another seed; each value std · the draw of its index.
+TEST(GptModel, InitializeParameters_AreGpt2s_AndASeedsOwn) {
   CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
   GptConfig config;
   config.vocab_size = 3000, config.padded_vocab_size = 3008, config.context_length = 64;
   config.layers = 3, config.heads = 4, config.width = 256;
   auto model = GptModel::Create(&backend, config, DType::kF32, 1, 1);
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<float> init = (*model)->InitialParameters(7);
-  EXPECT_EQ(init, (*model)->InitialParameters(7));
-  EXPECT_NE(init, (*model)->InitialParameters(8));
+  auto initialized = [&](uint64_t seed) {
+    std::vector<float> values((*model)->table().total(), 0.0f);
+    EXPECT_TRUE((*model)->InitializeParameters(seed).ok());
+    EXPECT_TRUE(backend.Download((*model)->params(), values.data()).ok());
+    return values;
+  };
+  std::vector<float> garbage((*model)->table().total(), 3.0f);
+  ASSERT_TRUE(backend.Upload(garbage.data(), (*model)->params()).ok());
+  const std::vector<float> init = initialized(7);
+  EXPECT_EQ(init, initialized(7));
+  EXPECT_NE(init, initialized(8));
   for (const ParameterSpec& spec : (*model)->table().parameters()) {
+    if (spec.shape.size() == 2 && spec.name.find(".ln_") == std::string::npos) {
+      const double std = spec.name.find("c_proj.weight") != std::string::npos
+                             ? 0.02 / std::sqrt(6.0)
+                             : 0.02;
+      for (int64_t i : {int64_t{0}, spec.numel / 2, spec.numel - 1}) {
+        EXPECT_EQ(init[spec.offset + i],
+                  NormalParameterValue(7, static_cast<uint64_t>(spec.offset + i), std))
+            << spec.name << " [" << i << "]";
+      }
+    }
     double sum = 0, squares = 0;
     for (int64_t i = 0; i < spec.numel; ++i) {
       sum += init[spec.offset + i];

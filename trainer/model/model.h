@@ -48,9 +48,9 @@ class Model {
   // micro-batches (batch norms count their training forwards).
   virtual void RestoreProgress(int64_t steps_done, int64_t accumulation) = 0;
 
-  // The parameters a run starts from without an init_checkpoint, from `seed`: the same on
-  // every rank. The buffers' initial values are in buffers() from the start.
-  virtual std::vector<float> InitialParameters(uint64_t seed) const = 0;
+  // Writes into params() the parameters a run starts from without an init_checkpoint, from
+  // `seed`: the same on every rank. The buffers' initial values are in buffers() from the start.
+  virtual absl::Status InitializeParameters(uint64_t seed) = 0;
 
   // ---- How the loop treats it ----
   // DDP's broadcast_buffers: rank 0's buffers overwrite every rank's before the first forward
