@@ -38,8 +38,10 @@ MPTRAIN_HD inline PhiloxWords Philox4x32x10(PhiloxWords counter, uint32_t key0, 
   for (int round = 0; round < 10; ++round) {
     const uint64_t product0 = static_cast<uint64_t>(kMultiplier0) * counter.w[0];
     const uint64_t product1 = static_cast<uint64_t>(kMultiplier1) * counter.w[2];
-    const uint32_t hi0 = static_cast<uint32_t>(product0 >> 32), lo0 = static_cast<uint32_t>(product0);
-    const uint32_t hi1 = static_cast<uint32_t>(product1 >> 32), lo1 = static_cast<uint32_t>(product1);
+    const uint32_t hi0 = static_cast<uint32_t>(product0 >> 32);
+    const uint32_t lo0 = static_cast<uint32_t>(product0);
+    const uint32_t hi1 = static_cast<uint32_t>(product1 >> 32);
+    const uint32_t lo1 = static_cast<uint32_t>(product1);
     counter = PhiloxWords{{hi1 ^ counter.w[1] ^ key0, lo1, hi0 ^ counter.w[3] ^ key1, lo0}};
     key0 += kWeyl0;
     key1 += kWeyl1;
@@ -55,15 +57,24 @@ MPTRAIN_HD inline double UnitFromWords(uint32_t high, uint32_t low) {
   return (static_cast<double>(bits) + 0.5) * 0x1.0p-52;
 }
 
-// The standard normal draw number `index` of stream `seed`.
-MPTRAIN_HD inline double StandardNormalDraw(uint64_t seed, uint64_t index) {
-  const uint64_t pair = index >> 1;
+// The standard normal draws 2·pair (cos) and 2·pair + 1 (sin) of stream `seed`: one Philox
+// call, one log and square root for both (a fill computes them together).
+struct NormalPair {
+  double even, odd;
+};
+MPTRAIN_HD inline NormalPair StandardNormalPair(uint64_t seed, uint64_t pair) {
   const PhiloxWords words = Philox4x32x10(
       PhiloxWords{{static_cast<uint32_t>(pair), static_cast<uint32_t>(pair >> 32), 0u, 0u}},
       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   const double radius = sqrt(-2.0 * log(UnitFromWords(words.w[0], words.w[1])));
   const double angle = 6.283185307179586 * UnitFromWords(words.w[2], words.w[3]);
-  return radius * ((index & 1) == 0 ? cos(angle) : sin(angle));
+  return NormalPair{radius * cos(angle), radius * sin(angle)};
+}
+
+// The standard normal draw number `index` of stream `seed`.
+MPTRAIN_HD inline double StandardNormalDraw(uint64_t seed, uint64_t index) {
+  const NormalPair pair = StandardNormalPair(seed, index >> 1);
+  return (index & 1) == 0 ? pair.even : pair.odd;
 }
 
 // What FillNormal writes at `index`: std · the draw, rounded once to float.

@@ -179,8 +179,21 @@ void FillNormalOnHost(uint64_t seed, int64_t first_index, double std, float* out
   std::atomic<int64_t> next{0};
   auto work = [&] {
     for (int64_t c = next++; c < chunks; c = next++) {
-      const int64_t end = std::min(n, (c + 1) * kChunk);
-      for (int64_t i = c * kChunk; i < end; ++i) {
+      // Both values of each pair from one draw; a chunk's first or last value may be half of
+      // a pair (an odd first_index, an odd end).
+      const int64_t begin = c * kChunk, end = std::min(n, (c + 1) * kChunk);
+      int64_t i = begin;
+      if (((first_index + i) & 1) != 0) {
+        out[i] = NormalParameterValue(seed, static_cast<uint64_t>(first_index + i), std);
+        ++i;
+      }
+      for (; i + 1 < end; i += 2) {
+        const NormalPair pair =
+            StandardNormalPair(seed, static_cast<uint64_t>(first_index + i) >> 1);
+        out[i] = static_cast<float>(std * pair.even);
+        out[i + 1] = static_cast<float>(std * pair.odd);
+      }
+      if (i < end) {
         out[i] = NormalParameterValue(seed, static_cast<uint64_t>(first_index + i), std);
       }
     }
