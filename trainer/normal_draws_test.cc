@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -90,6 +91,9 @@ TEST(NormalDraws, FillNormal_RefusesWhatItCannotFill) {
   EXPECT_EQ(CheckFillNormal(f32, -1, 0.02).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckFillNormal(f32, 0, -1.0).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckFillNormal(f32, 0, std::nan("")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckFillNormal(f32, std::numeric_limits<int64_t>::max() - 8, 0.02).ok());
+  EXPECT_EQ(CheckFillNormal(f32, std::numeric_limits<int64_t>::max() - 7, 0.02).code(),
+            absl::StatusCode::kInvalidArgument);
   const Tensor bf16{storage, DType::kBF16, 2, 4, 2};
   EXPECT_EQ(CheckFillNormal(bf16, 0, 0.02).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckFillNormal(f32.ColumnSlice(0, 2), 0, 0.02).code(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -167,6 +168,10 @@ absl::Status CheckFillNormal(Tensor out, int64_t first_index, double std) {
     return absl::InvalidArgumentError(absl::StrCat("FillNormal: first_index ", first_index,
                                                    " and std ", std,
                                                    " must be >= 0 (std finite)"));
+  }
+  if (first_index > std::numeric_limits<int64_t>::max() - out.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FillNormal: first_index ", first_index, " + ", out.numel(), " values overflows int64"));
   }
   return absl::OkStatus();
 }
