@@ -54,6 +54,69 @@ with open(sys.argv[1], "wb") as f:
     f.write(tokens.tobytes())
 PY
 status=0
+# One run of ours through the service (the job in $spec, telemetry every step): a row
+# "mptrain (service)", or "mptrain (service) 2nd" for the ABBA order's second run ($1 = -2nd).
+run_ours() {
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
+    >"$CLUSTER_DIR/mem-$tag-$precision$1.log" &
+  smi=$!
+  submitted=$(date +%s%3N)
+  job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
+  kill "$smi" 2>/dev/null
+  "$TRAINCTL" --coordinator="$ADDRESS" status "$job" >"$CLUSTER_DIR/status-$tag-$precision$1.txt" 2>&1
+  "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl \
+    >"$CLUSTER_DIR/gpt-$tag-$precision$1.jsonl" || status=1
+  python3 - "$CLUSTER_DIR/gpt-$tag-$precision$1.jsonl" "$CLUSTER_DIR/mem-$tag-$precision$1.log" \
+    "$WARMUP" "$layers" "$width" "$batch" "$accum" "$precision" "$submitted" "$1" <<'PY' | tee -a "$RESULTS" || status=1
+import json, statistics, sys
+path, mem_path, warmup, L, C, B, A, precision, submitted, suffix = sys.argv[1:]
+warmup, L, C, B, A, submitted = int(warmup), int(L), int(C), int(B), int(A), int(submitted)
+records = [json.loads(l) for l in open(path) if l.strip()]
+times = [r.get("stepTimeMs", r.get("step_time_ms")) for r in records if int(r.get("step", 0)) > warmup]
+times = [t for t in times if t]
+first = min((int(r.get("unixMs", r.get("unix_ms", 0))) for r in records if r.get("unixMs") or r.get("unix_ms")), default=0)
+mem = [int(x) for x in open(mem_path).read().split() if x.strip().isdigit()]
+T, V = 1024, 50304
+n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+ms = statistics.median(times) if times else float("nan")
+tokens = B * A * T
+losses = [r.get("loss") for r in records]
+print(json.dumps({"engine": "mptrain (service)" + (" 2nd" if suffix else ""),
+                  "precision": precision, "layers": L, "width": C, "batch": B, "accum": A,
+                  "ms_per_step": round(ms, 2),
+                  "tokens_per_s": round(tokens / ms * 1000) if times else None,
+                  "tflops": round((6 * n + 12 * L * T * C) * tokens / ms / 1e9, 1) if times else None,
+                  "peak_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
+                  "smi_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
+                  "first_step_s": round((first - submitted) / 1000, 2) if first else None,
+                  "loss_first_last": [losses[0], losses[-1]] if losses else None,
+                  "steps": len(times)}))
+PY
+}
+
+# One PyTorch run in mode $1 (eager or compile) of the same configuration; $2 as run_ours'.
+run_torch() {
+  # The process's GPU memory as nvidia-smi sees it (CUDA context included), sampled as for
+  # ours: smi_gib, beside PyTorch's own max_memory_allocated (peak_gib).
+  smi_log="$CLUSTER_DIR/mem-$tag-$precision-$1$2.log"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$smi_log" &
+  smi=$!
+  line=$(python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
+    --batch "$batch" --accum "$accum" --precision "$precision" --mode "$1" \
+    --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$tag-$precision-$1$2.err") || status=1
+  kill "$smi" 2>/dev/null
+  python3 - "$line" "$smi_log" "$2" <<'PY' | tee -a "$RESULTS"
+import json, sys
+row = json.loads(sys.argv[1]) if sys.argv[1].strip().startswith("{") else None
+mem = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
+if row is not None:
+    if sys.argv[3]:
+        row["engine"] += " 2nd"
+    row["smi_gib"] = round((max(mem) - min(mem)) / 1024, 2) if mem else None
+    print(json.dumps(row))
+PY
+}
+
 for config in $CONFIGS; do
   IFS=: read -r model batch accum <<<"$config"
   tag="$model-$batch-$accum"  # file names without colons
@@ -70,40 +133,7 @@ for config in $CONFIGS; do
  "optimizer": {"kind": "adamw", "lr": 0.0006, "beta2": 0.95, "weight_decay": 0.1},
  "max_grad_norm": 1.0, "telemetry_every": 1}
 SPEC
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
-      >"$CLUSTER_DIR/mem-$tag-$precision.log" &
-    smi=$!
-    submitted=$(date +%s%3N)
-    job=$("$TRAINCTL" --coordinator="$ADDRESS" submit "$spec" --wait | tail -1)
-    kill "$smi" 2>/dev/null
-    "$TRAINCTL" --coordinator="$ADDRESS" status "$job" >"$CLUSTER_DIR/status-$tag-$precision.txt" 2>&1
-    "$TRAINCTL" --coordinator="$ADDRESS" export "$job" --format=jsonl \
-      >"$CLUSTER_DIR/gpt-$tag-$precision.jsonl" || status=1
-    python3 - "$CLUSTER_DIR/gpt-$tag-$precision.jsonl" "$CLUSTER_DIR/mem-$tag-$precision.log" \
-      "$WARMUP" "$layers" "$width" "$batch" "$accum" "$precision" "$submitted" <<'PY' | tee -a "$RESULTS" || status=1
-import json, statistics, sys
-path, mem_path, warmup, L, C, B, A, precision, submitted = sys.argv[1:]
-warmup, L, C, B, A, submitted = int(warmup), int(L), int(C), int(B), int(A), int(submitted)
-records = [json.loads(l) for l in open(path) if l.strip()]
-times = [r.get("stepTimeMs", r.get("step_time_ms")) for r in records if int(r.get("step", 0)) > warmup]
-times = [t for t in times if t]
-first = min((int(r.get("unixMs", r.get("unix_ms", 0))) for r in records if r.get("unixMs") or r.get("unix_ms")), default=0)
-mem = [int(x) for x in open(mem_path).read().split() if x.strip().isdigit()]
-T, V = 1024, 50304
-n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-ms = statistics.median(times) if times else float("nan")
-tokens = B * A * T
-losses = [r.get("loss") for r in records]
-print(json.dumps({"engine": "mptrain (service)", "precision": precision, "layers": L, "width": C,
-                  "batch": B, "accum": A, "ms_per_step": round(ms, 2),
-                  "tokens_per_s": round(tokens / ms * 1000) if times else None,
-                  "tflops": round((6 * n + 12 * L * T * C) * tokens / ms / 1e9, 1) if times else None,
-                  "peak_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
-                  "smi_gib": round((max(mem) - min(mem)) / 1024, 2) if mem else None,
-                  "first_step_s": round((first - submitted) / 1000, 2) if first else None,
-                  "loss_first_last": [losses[0], losses[-1]] if losses else None,
-                  "steps": len(times)}))
-PY
+    run_ours ""
     # The same job again, 3 steps, on the worker that has just run one (its rank process reused:
     # worker --reuse_ranks): seconds from submit to the first step's telemetry, warm.
     warm_spec="$CLUSTER_DIR/gpt-$tag-$precision-warm.json"
@@ -129,25 +159,14 @@ print(json.dumps({"engine": "mptrain (warm worker)", "precision": precision, "la
                   "width": int(C), "batch": int(B), "accum": int(A), "ms_per_step": None,
                   "first_step_s": round((first - int(submitted)) / 1000, 2) if first else None}))
 PY
-    for mode in $MODES; do
-      # The process's GPU memory as nvidia-smi sees it (CUDA context included), sampled as for
-      # ours: smi_gib, beside PyTorch's own max_memory_allocated (peak_gib).
-      smi_log="$CLUSTER_DIR/mem-$tag-$precision-$mode.log"
-      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$smi_log" &
-      smi=$!
-      line=$(python3 bench/gpt_torch_bench.py --layers "$layers" --width "$width" --heads "$heads" \
-        --batch "$batch" --accum "$accum" --precision "$precision" --mode "$mode" \
-        --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/gpt_torch_$tag-$precision-$mode.err") || status=1
-      kill "$smi" 2>/dev/null
-      python3 - "$line" "$smi_log" <<'PY' | tee -a "$RESULTS"
-import json, sys
-row = json.loads(sys.argv[1]) if sys.argv[1].strip().startswith("{") else None
-mem = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
-if row is not None:
-    row["smi_gib"] = round((max(mem) - min(mem)) / 1024, 2) if mem else None
-    print(json.dumps(row))
-PY
-    done
+    for mode in $MODES; do run_torch "$mode" ""; done
+    # GPT_ABBA=1: PyTorch's modes again in reverse order, then ours again, so that each engine's
+    # mean sits at the same time on average: a card at its power cap slows as it warms (a
+    # precision measured second, and the engine measured last, would otherwise pay for it).
+    if [ "${GPT_ABBA:-0}" = 1 ]; then
+      for mode in $(tr ' ' '\n' <<<"$MODES" | tac); do run_torch "$mode" -2nd; done
+      run_ours -2nd
+    fi
   done
 done
 # Where a job's start goes: the rank's own timestamps (assignment received, backend ready).
