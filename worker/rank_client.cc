@@ -129,6 +129,13 @@ void TelemetryReporter::OnStep(int64_t step, const StepTelemetry* record) {
   // Bounded while the coordinator cannot keep up: the oldest go first.
   if (queued_.size() >= kMaxQueuedRecords) queued_.erase(queued_.begin());
   queued_.push_back(ToTelemetryRecord(*record));
+  // The first step goes out at once (trainctl watch, the dashboard and "first step after
+  // submit" see it then, not up to a flush interval later); the rest in batches.
+  if (!first_record_queued_) {
+    first_record_queued_ = true;
+    send_now_ = true;
+    wake_.notify_one();
+  }
   spdlog::info(
       "step {:>6} loss {:.6f} grad_norm {:.6g} scale {:g} skipped {} ({} total) "
       "{:.3f} ms {:.0f} samples/s",
@@ -141,7 +148,8 @@ void TelemetryReporter::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     wake_.wait_for(lock, std::chrono::milliseconds(flush_interval_ms_),
-                   [&] { return stopping_; });
+                   [&] { return stopping_ || send_now_; });
+    send_now_ = false;
     bool stopping = stopping_;
     lock.unlock();
     bool sent = SendBatch();

@@ -43,9 +43,9 @@ class GrpcKeyValueStore final : public KeyValueStore {
 v1::TelemetryRecord ToTelemetryRecord(const StepTelemetry& step);
 
 // A TrainingObserver that queues records and sends them from a background thread every
-// flush_interval_ms (so a rank never makes one RPC per step), with its step and latest
-// checkpoint. The report doubles as the rank's liveness signal, so it is sent even when no step
-// finished. When the coordinator answers abort (job cancelled or failed elsewhere), it trips
+// flush_interval_ms (so a rank never makes one RPC per step; the first step's record at once),
+// with its step and latest checkpoint. The report doubles as the rank's liveness signal, so it
+// is sent even when no step finished. When the coordinator answers abort (job cancelled or failed elsewhere), it trips
 // the rank's stop token (which aborts the collective); ShouldStop() is that token.
 class TelemetryReporter final : public TrainingObserver {
  public:
@@ -87,6 +87,8 @@ class TelemetryReporter final : public TrainingObserver {
   int64_t acknowledged_checkpoint_step_ = 0;
   StopToken* stop_;
   bool stopping_ = false;
+  bool first_record_queued_ = false;
+  bool send_now_ = false;  // The first record is queued: the thread sends without waiting.
   std::thread thread_;
 };
 

@@ -5,8 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
+#include "comm/stop_token.h"
 #include "gtest/gtest.h"
+#include "trainer/train_loop.h"
 
 namespace mptrain {
 namespace {
@@ -60,6 +65,62 @@ TEST(GrpcKeyValueStore, Get_RetriesUnavailableAndResourceExhausted_ButNotOtherEr
   auto refused = GetThrough(&lasting, 1'200);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// A coordinator that keeps the steps of each telemetry report it receives.
+class RecordingCoordinator final : public v1::WorkerControl::Service {
+ public:
+  grpc::Status ReportTelemetry(grpc::ServerContext*, const v1::ReportTelemetryRequest* request,
+                               v1::ReportTelemetryResponse*) override {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<int64_t> steps;
+    for (const v1::TelemetryRecord& record : request->records()) steps.push_back(record.step());
+    reports.push_back(steps);
+    return grpc::Status::OK;
+  }
+  std::vector<std::vector<int64_t>> Reports() {
+    std::lock_guard<std::mutex> lock(mu);
+    return reports;
+  }
+  std::mutex mu;
+  std::vector<std::vector<int64_t>> reports;
+};
+
+// The first step's record goes out at once (the service shows a job's first step as soon as it
+// is done); later ones wait for the flush interval, batched; the rest are sent at the end.
+TEST(TelemetryReporter, SendsTheFirstStepAtOnce_ThenBatches) {
+  RecordingCoordinator coordinator;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  StopToken stop;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    TelemetryReporter reporter(v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                               RankIdentity{"job-0001", 0, 1, "secret"}, &stop,
+                               /*flush_interval_ms=*/60'000);
+    StepTelemetry step;
+    step.step = 1;
+    reporter.OnStep(1, &step);
+    while (coordinator.Reports().empty() &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
+        << "the first step waited for the flush interval";
+    ASSERT_EQ(coordinator.Reports().size(), 1u);
+    EXPECT_EQ(coordinator.Reports()[0], std::vector<int64_t>{1});
+    for (int64_t s = 2; s <= 4; ++s) {
+      step.step = s;
+      reporter.OnStep(s, &step);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(coordinator.Reports().size(), 1u) << "later steps are batched";
+  }  // Flushed: the rest in one report.
+  const std::vector<std::vector<int64_t>> reports = coordinator.Reports();
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[1], (std::vector<int64_t>{2, 3, 4}));
+  server->Shutdown();
 }
 
 }  // namespace
