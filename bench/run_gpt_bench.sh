@@ -185,5 +185,24 @@ for r in rows:
           f"{'%dx%d' % (r['batch'], r['accum']):>8}{r['ms_per_step'] or '-':>10}{tps or 0:>11}"
           f"{r.get('tflops') or 0:>9}{r.get('smi_gib') or 0:>9}{torch_gib or '-':>10}"
           f"{r.get('first_step_s') or 0:>9}")
+# Ours against each PyTorch mode per configuration: the mean of each engine's runs (with
+# GPT_ABBA=1 two each, measured in the order A B B A, so neither engine's mean is the later one).
+groups = {}
+for r in rows:
+    if not r.get("ms_per_step"):
+        continue
+    engine = r["engine"].removesuffix(" 2nd")
+    key = (r["layers"], r["width"], r["batch"], r["accum"], r["precision"])
+    groups.setdefault(key, {}).setdefault(engine, []).append(r["ms_per_step"])
+for (L, C, B, A, precision), engines in groups.items():
+    ours = engines.get("mptrain (service)")
+    if not ours:
+        continue
+    mean = sum(ours) / len(ours)
+    for engine, times in engines.items():
+        if engine.startswith("pytorch"):
+            theirs = sum(times) / len(times)
+            print(f"ratio L{L} {precision} {B}x{A}: ours {mean:.2f} ms ({len(ours)} runs), "
+                  f"{engine} {theirs:.2f} ms ({len(times)} runs): {theirs / mean:.3f}x")
 PY
 exit $status
