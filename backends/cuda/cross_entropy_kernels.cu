@@ -13,40 +13,45 @@
 namespace mptrain::cuda {
 namespace {
 
-// The first maximum of a row: the larger value wins, a tie goes to the lower column.
-struct ArgMax {
-  float value;
-  int index;
-};
-__device__ __forceinline__ ArgMax Better(ArgMax a, ArgMax b) {
-  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
-  return a;
-}
 // Block-wide reductions for a block of kBlock threads; every thread gets the result. Fixed
 // shapes (shuffle trees, then the warps in order): deterministic.
+// The largest value (fmaxf: NaNs ignored; -inf when every value is NaN).
 template <int kBlock>
-__device__ ArgMax BlockArgMax(ArgMax value) {
-  __shared__ float values[kBlock / 32];
-  __shared__ int indices[kBlock / 32];
+__device__ float BlockMax(float value) {
+  __shared__ float shared[kBlock / 32];
   for (int offset = 16; offset > 0; offset /= 2) {
-    ArgMax other{__shfl_down_sync(0xffffffff, value.value, offset),
-                 __shfl_down_sync(0xffffffff, value.index, offset)};
-    value = Better(value, other);
+    value = fmaxf(value, __shfl_down_sync(0xffffffff, value, offset));
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) {
-    values[warp] = value.value;
-    indices[warp] = value.index;
-  }
+  if (lane == 0) shared[warp] = value;
   __syncthreads();
   if (threadIdx.x == 0) {
-    ArgMax best{values[0], indices[0]};
-    for (int w = 1; w < kBlock / 32; ++w) best = Better(best, ArgMax{values[w], indices[w]});
-    values[0] = best.value;
-    indices[0] = best.index;
+    float best = shared[0];
+    for (int w = 1; w < kBlock / 32; ++w) best = fmaxf(best, shared[w]);
+    shared[0] = best;
   }
   __syncthreads();
-  const ArgMax result{values[0], indices[0]};
+  const float result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+template <int kBlock>
+__device__ int BlockMin(int value) {
+  __shared__ int shared[kBlock / 32];
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value = min(value, __shfl_down_sync(0xffffffff, value, offset));
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int best = shared[0];
+    for (int w = 1; w < kBlock / 32; ++w) best = min(best, shared[w]);
+    shared[0] = best;
+  }
+  __syncthreads();
+  const int result = shared[0];
   __syncthreads();
   return result;
 }
@@ -117,14 +122,21 @@ __device__ __forceinline__ void ForRow(const T* row, int cols, F f) {
 // bf16 row of up to 100k logits, two blocks per SM).
 constexpr size_t kMaxStagedRowBytes = 200 << 10;
 
-// One block per row; three passes over the row (max and argmax, Σ exp added in double, the loss
-// term and gradient), each element's formulas those of log_softmax_rows_kernel,
-// smoothed_one_hot, exp_kernel and scaled_difference_kernel (kernels.cu), each term's exp in
-// fp32 as there. x's rows are ld_x apart, d_logits' ld_d (the first `cols` of a padded row).
-// Blocks of 1024 threads with 16-byte loads and stores (kVec) where rows are aligned. kStaged:
-// the first pass copies the row into shared memory (a GPT-2 row: 50257 logits, 100 KB in bf16)
-// and the other two read it there, so the logits (1.6 GB per micro-batch) are read from memory
-// once; without it (a row too large) they re-read it, mostly from L2.
+// One block per row; three passes over the row (its maximum; Σ exp added in double, with the
+// first column holding the maximum; the loss term and gradient), each element's formulas those
+// of log_softmax_rows_kernel, smoothed_one_hot, exp_kernel and scaled_difference_kernel
+// (loss_kernels.cu), each term's exp in fp32 as there. x's rows are ld_x apart, d_logits' ld_d
+// (the first `cols` of a padded row). Blocks of 1024 threads with 16-byte loads and stores
+// (kVec) where rows are aligned. kStaged: the first pass copies the row into shared memory (a
+// GPT-2 row: 50257 logits, 100 KB in bf16) and the other two read it there, so the logits
+// (1.6 GB per micro-batch) are read from memory once; without it (a row too large) they re-read
+// it, mostly from L2.
+//
+// The kernel is bound by its instructions per logit (ncu), so each pass does only what it must:
+// the first a fmaxf (the argmax's column is found in the second, from the maximum), and without
+// label smoothing (off == 0) the target q is 0 in every column but one, so the third computes
+// coef · p · seed (bit for bit coef · (p - 0) · seed) except in the vector holding the target,
+// and a loss alone (no gradient) is the target's term alone.
 template <int kBlock, int kVec, bool kStaged, typename T, typename D>
 __global__ void __launch_bounds__(kBlock, kStaged ? 2 : 1)
     softmax_cross_entropy_kernel(const T* x, int64_t ld_x, const float* ids, int cols, float on,
@@ -136,14 +148,15 @@ __global__ void __launch_bounds__(kBlock, kStaged ? 2 : 1)
   const T* global_row = x + r * ld_x;
   const T* row = kStaged ? reinterpret_cast<const T*>(staged_row) : global_row;
   const float id = ids[r];
-  // The target's column as an integer, compared with each column's (the kernel is bound by its
-  // instructions: an int64 -> float conversion per element cost more than the exp). -1 where
-  // no column's float equals id (a non-integral id: no column is the target, as the float
-  // comparison found).
+  // The target's column as an integer, compared with each column's (an int64 -> float
+  // conversion per element cost more than the exp). -1 where no column's float equals id (a
+  // non-integral id: no column is the target, as the float comparison found).
   const int target = (id >= 0.0f && id < static_cast<float>(cols) && id == floorf(id))
                          ? static_cast<int>(id)
                          : -1;
-  ArgMax local{-INFINITY, cols};
+  // fmaxf over the row, as log_softmax_rows_kernel (NaNs ignored; all NaN: -inf, and the loss
+  // is NaN).
+  float local_max = -INFINITY;
   if constexpr (kStaged) {
     static_assert(kVec * sizeof(T) == 16, "the staged row is copied in 16-byte words");
     T* cache = reinterpret_cast<T*>(staged_row);
@@ -166,32 +179,31 @@ __global__ void __launch_bounds__(kBlock, kStaged ? 2 : 1)
           *reinterpret_cast<uint4*>(cache + v * kVec) = packed[i];
           const T* values = reinterpret_cast<const T*>(&packed[i]);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            local = Better(local, ArgMax{ToFloat<T>(values[j]), v * kVec + j});
-          }
+          for (int j = 0; j < kVec; ++j) local_max = fmaxf(local_max, ToFloat<T>(values[j]));
         }
       }
     }
     for (int c = vec_end + static_cast<int>(threadIdx.x); c < cols; c += kBlock) {
       cache[c] = global_row[c];
-      local = Better(local, ArgMax{ToFloat<T>(cache[c]), c});
+      local_max = fmaxf(local_max, ToFloat<T>(cache[c]));
     }
-    __syncthreads();  // row[0] (the NaN check below) was staged by thread 0.
+    // BlockMax's barrier: row[0] (the NaN check below) and every staged word are in place.
   } else {
-    ForRow<kBlock, kVec>(row, cols,
-                         [&](int c, float v) { local = Better(local, ArgMax{v, c}); });
+    ForRow<kBlock, kVec>(row, cols, [&](int, float v) { local_max = fmaxf(local_max, v); });
   }
-  const ArgMax best = BlockArgMax<kBlock>(local);
-  // CountArgmaxMatches's scan starts at column 0 and takes a later value only when it is
-  // greater: NaNs never win, and a NaN in column 0 is never displaced.
-  const int argmax = isnan(ToFloat<T>(row[0])) ? 0 : best.index;
-  // fmaxf over the row, as log_softmax_rows_kernel (NaNs ignored; all NaN: the loss is NaN).
-  const float max = best.value;
+  const float max = BlockMax<kBlock>(local_max);
+  // The argmax as CountArgmaxMatches finds it: its scan starts at column 0 and takes a later
+  // value only when it is greater, so it ends on the first column holding the maximum (NaNs
+  // never win; none when every value is NaN: `cols`, no target's), or on column 0 when that is
+  // a NaN (never displaced). Each thread's columns come in increasing order.
   double local_sum = 0;
-  ForRow<kBlock, kVec>(row, cols, [&](int, float v) {
+  int first_max = cols;
+  ForRow<kBlock, kVec>(row, cols, [&](int c, float v) {
     local_sum += static_cast<double>(expf(v - max));
+    if (v == max) first_max = min(first_max, c);
   });
   const float log_sum = static_cast<float>(log(BlockSumOf<kBlock>(local_sum)));
+  const int argmax = isnan(ToFloat<T>(row[0])) ? 0 : BlockMin<kBlock>(first_max);
   const float seed = d_logits != nullptr ? state->scale / seed_divisor : 0.0f;
   double local_loss = 0;
   auto term = [&](int c, float v) {
@@ -200,16 +212,32 @@ __global__ void __launch_bounds__(kBlock, kStaged ? 2 : 1)
     if (q != 0.0f) local_loss += static_cast<double>(q) * log_p;
     return coef * (expf(log_p) - q) * seed;
   };
+  // A column whose q is 0 (any but the target's, without smoothing): term's gradient without
+  // the loss (0 · log_p is not added) or the subtraction (p - 0 is p).
+  auto untargeted_term = [&](float v) {
+    const float log_p = v - max - log_sum;
+    return coef * expf(log_p) * seed;
+  };
+  const bool smoothed = off != 0.0f;
   if (d_logits == nullptr) {
-    ForRow<kBlock, kVec>(row, cols, [&](int c, float v) { term(c, v); });
+    if (smoothed) {
+      ForRow<kBlock, kVec>(row, cols, [&](int c, float v) { term(c, v); });
+    } else if (threadIdx.x == 0 && target >= 0) {
+      term(target, ToFloat<T>(row[target]));
+    }
   } else {
     D* out = d_logits + r * ld_d;
     const int vec_end = (cols / kVec) * kVec;
     for (int c0 = static_cast<int>(threadIdx.x) * kVec; c0 < vec_end; c0 += kBlock * kVec) {
       float v[kVec];
       LoadVec<kVec>(row + c0, v);
+      if (smoothed || static_cast<unsigned>(target - c0) < static_cast<unsigned>(kVec)) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = term(c0 + j, v[j]);
+        for (int j = 0; j < kVec; ++j) v[j] = term(c0 + j, v[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = untargeted_term(v[j]);
+      }
       StoreVec<kVec>(out + c0, v);
     }
     for (int c = vec_end + static_cast<int>(threadIdx.x); c < cols; c += kBlock) {

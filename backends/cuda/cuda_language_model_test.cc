@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -431,6 +432,117 @@ TEST(LanguageModelOps, LinearForwardWithGelu_MatchesDoublePrecision) {
     std::printf("GELU forward dtype %d: %lld of %lld outputs differ from round(gelu(pre))\n",
                 static_cast<int>(dtype), static_cast<long long>(y_not_gelu_of_pre),
                 static_cast<long long>(M * N));
+  }
+}
+
+// Rows the fused kernel's passes treat apart, against the composed ops — the gradient bit for
+// bit, the correct count exactly, the loss to its last bits — with and without a gradient (a
+// loss alone is the target's term alone), with and without smoothing, in the staged kernel (a
+// row in shared memory) and the unstaged one (a row too large: 110,003 columns): ties for the
+// maximum (the first column holding it is the argmax), a non-integral id (no column is the
+// target), targets in column 0, in a full vector, in the last full vector and in the partial
+// one after it; then rows with a NaN, in column 0 (which stays the argmax) and elsewhere (which
+// the maximum ignores), where both losses are NaN and the counts still agree.
+TEST(LanguageModelOps, SoftmaxCrossEntropy_EdgeRows_MatchTheComposedOps) {
+  REQUIRE_GPU();
+  auto gpu = Gpu();
+  Backend* b = gpu.get();
+  // Bit for bit, any NaN equal to any other.
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& c) {
+    if (a.size() != c.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!(std::isnan(a[i]) && std::isnan(c[i])) && std::memcmp(&a[i], &c[i], 4) != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (const int64_t V : {int64_t{203}, int64_t{110003}}) {
+    const int64_t Vp = (V + 7) / 8 * 8 + 8;  // Rows 16-byte aligned, columns past V untouched.
+    const int64_t last_full = V / 8 * 8 - 1;  // The last column of the last whole 8-vector.
+    for (const bool with_nans : {false, true}) {
+      // Row r: its logits, then its id.
+      std::vector<std::vector<float>> rows;
+      std::vector<float> ids;
+      float correct = 0;  // How many rows' argmax is their target.
+      auto add = [&](uint32_t seed, std::vector<std::pair<int64_t, float>> set, float id) {
+        std::vector<float> row = Random(V, seed, 2.0f);
+        for (auto [c, v] : set) row[c] = v;
+        rows.push_back(row);
+        ids.push_back(id);
+      };
+      if (!with_nans) {
+        add(1, {{10, 30.0f}, {50, 30.0f}}, 50.0f);         // Tie; the later column: not correct.
+        add(2, {{10, 30.0f}, {50, 30.0f}}, 10.0f);         // Tie; the first column: correct.
+        add(3, {{0, 30.0f}}, 0.0f);                       // Target and maximum in column 0.
+        add(4, {{37, 30.0f}}, 4.5f);                      // No column is the target.
+        add(5, {{last_full, 30.0f}}, static_cast<float>(last_full));
+        add(6, {{V - 1, 30.0f}}, static_cast<float>(V - 1));  // The partial vector (V = 203).
+        add(7, {{V - 1, 30.0f}}, static_cast<float>(V - 2));
+        add(8, {{100, -9.0f}}, 100.0f);                  // An unlikely target.
+        correct = 4;  // Rows 1, 2, 4 and 5.
+      } else {
+        add(9, {{0, NAN}, {20, 30.0f}}, 0.0f);   // NaN in column 0: the argmax, correct.
+        add(10, {{0, NAN}, {20, 30.0f}}, 20.0f);  // ... so the maximum's column is not.
+        add(11, {{7, NAN}, {20, 30.0f}}, 20.0f);  // A NaN elsewhere: ignored by the maximum.
+        correct = 2;
+      }
+      const int64_t R = static_cast<int64_t>(rows.size());
+      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+        std::vector<float> packed, padded(R * Vp, 0.5f);
+        for (int64_t r = 0; r < R; ++r) {
+          const std::vector<float> row = Rounded(rows[r], dtype);
+          packed.insert(packed.end(), row.begin(), row.end());
+          std::copy(row.begin(), row.end(), padded.begin() + r * Vp);
+        }
+        for (const float smoothing : {0.0f, 0.1f}) {
+          for (const bool gradient : {true, false}) {
+            SCOPED_TRACE(::testing::Message() << "V " << V << " nans " << with_nans << " dtype "
+                                              << static_cast<int>(dtype) << " smoothing "
+                                              << smoothing << " gradient " << gradient);
+            const float on = 1.0f - smoothing, off = smoothing / V;
+            Tensor x = Put(b, dtype, R, V, packed), wide = Put(b, dtype, R, Vp, padded);
+            Tensor t_ids = Put(b, DType::kF32, R, 1, ids);
+            auto state = b->AllocateStepState(StepState{512.0f});
+            ASSERT_TRUE(state.ok());
+            Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
+            Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
+            Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
+            ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
+            ASSERT_TRUE(b->SmoothedOneHot(t_ids, on, off, q).ok());
+            ASSERT_TRUE(b->SumProduct(q, log_p, -static_cast<double>(R), 1.0f,
+                                      composed.FlatView(0, 1, 1)).ok());
+            ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
+            ASSERT_TRUE(b->Exp(log_p, p).ok());
+            ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 1.0f, g32).ok());
+            ASSERT_TRUE(b->Cast(g32, g).ok());
+            Tensor fused = Put(b, DType::kF32, 1, 2, {});
+            const Tensor view = wide.ColumnSlice(0, V);
+            ASSERT_TRUE(b->SoftmaxCrossEntropy(view, t_ids, on, off, -static_cast<double>(R),
+                                               1.0f, fused, 1.0f / R, *state, 1.0f,
+                                               gradient ? view : Tensor{})
+                            .ok());
+            const std::vector<float> want = Get(b, composed), got = Get(b, fused);
+            EXPECT_EQ(got[1], want[1]) << "the correct count";
+            EXPECT_EQ(got[1], correct);
+            if (with_nans) {
+              EXPECT_TRUE(std::isnan(got[0]) && std::isnan(want[0])) << got[0] << " " << want[0];
+            } else {
+              EXPECT_NEAR(got[0], want[0], 1e-6 * std::fabs(want[0]));
+            }
+            const std::vector<float> after = Get(b, wide);
+            for (int64_t r = 0; r < R; ++r) {
+              for (int64_t c = V; c < Vp; ++c) ASSERT_EQ(after[r * Vp + c], 0.5f) << r << "," << c;
+            }
+            if (gradient) {
+              EXPECT_TRUE(same_bits(Get(b, view), Get(b, g))) << "the gradient";
+            } else {
+              EXPECT_TRUE(same_bits(Get(b, view), packed)) << "x was written";
+            }
+          }
+        }
+      }
+    }
   }
 }
 
