@@ -25,7 +25,8 @@ WARMUP=${GPT_WARMUP:-5}
 RESULTS="$OUT/gpt_bench.jsonl"
 : >"$RESULTS"
 export NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+# Which card (ratios differ between cards of one kind: BENCHMARKS.md, round 5) and its power cap.
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 
 shape_of() {  # MODEL -> "layers width heads"
   case "$1" in
