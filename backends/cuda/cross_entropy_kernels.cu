@@ -15,45 +15,35 @@ namespace {
 
 // Block-wide reductions for a block of kBlock threads; every thread gets the result. Fixed
 // shapes (shuffle trees, then the warps in order): deterministic.
-// The largest value (fmaxf: NaNs ignored; -inf when every value is NaN).
-template <int kBlock>
-__device__ float BlockMax(float value) {
-  __shared__ float shared[kBlock / 32];
+template <int kBlock, typename V, typename Op>
+__device__ V BlockReduce(V value, Op op) {
+  __shared__ V shared[kBlock / 32];
   for (int offset = 16; offset > 0; offset /= 2) {
-    value = fmaxf(value, __shfl_down_sync(0xffffffff, value, offset));
+    value = op(value, __shfl_down_sync(0xffffffff, value, offset));
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) shared[warp] = value;
   __syncthreads();
   if (threadIdx.x == 0) {
-    float best = shared[0];
-    for (int w = 1; w < kBlock / 32; ++w) best = fmaxf(best, shared[w]);
-    shared[0] = best;
+    V result = shared[0];
+    for (int w = 1; w < kBlock / 32; ++w) result = op(result, shared[w]);
+    shared[0] = result;
   }
   __syncthreads();
-  const float result = shared[0];
+  const V result = shared[0];
   __syncthreads();
   return result;
 }
 
+// The largest value (fmaxf: NaNs ignored; -inf when every value is NaN).
+template <int kBlock>
+__device__ float BlockMax(float value) {
+  return BlockReduce<kBlock>(value, [](float a, float b) { return fmaxf(a, b); });
+}
+
 template <int kBlock>
 __device__ int BlockMin(int value) {
-  __shared__ int shared[kBlock / 32];
-  for (int offset = 16; offset > 0; offset /= 2) {
-    value = min(value, __shfl_down_sync(0xffffffff, value, offset));
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int best = shared[0];
-    for (int w = 1; w < kBlock / 32; ++w) best = min(best, shared[w]);
-    shared[0] = best;
-  }
-  __syncthreads();
-  const int result = shared[0];
-  __syncthreads();
-  return result;
+  return BlockReduce<kBlock>(value, [](int a, int b) { return min(a, b); });
 }
 
 template <int kBlock>

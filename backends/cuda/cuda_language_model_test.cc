@@ -216,6 +216,32 @@ INSTANTIATE_TEST_SUITE_P(Cases, Attention,
                                            AttentionCase{DType::kF16, 2, 64, 4, 64, 2e-3},
                                            AttentionCase{DType::kBF16, 1, 256, 2, 32, 1e-2}));
 
+// CrossEntropyLoss's composed path over x [R, V] (contiguous) on `b`: log-softmax, the
+// smoothed one-hot targets, their product summed into metrics[0] (÷ -R, then ÷ then_divide),
+// the correct count into metrics[1], and the gradient coef · (p - q) · scale / seed_divisor in
+// x's dtype — what the fused SoftmaxCrossEntropy must reproduce.
+struct ComposedCrossEntropy {
+  Tensor gradient;
+  Tensor metrics;
+};
+ComposedCrossEntropy Composed(Backend* b, Tensor x, Tensor ids, float on, float off,
+                              float then_divide, float coef, StepStateBuffer state,
+                              float seed_divisor) {
+  const int64_t R = x.rows, V = x.cols;
+  Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
+  Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
+  ComposedCrossEntropy out{Put(b, x.dtype, R, V, {}), Put(b, DType::kF32, 1, 2, {})};
+  EXPECT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
+  EXPECT_TRUE(b->SmoothedOneHot(ids, on, off, q).ok());
+  EXPECT_TRUE(b->SumProduct(q, log_p, -static_cast<double>(R), then_divide,
+                            out.metrics.FlatView(0, 1, 1)).ok());
+  EXPECT_TRUE(b->CountArgmaxMatches(x, ids, out.metrics.FlatView(1, 1, 1)).ok());
+  EXPECT_TRUE(b->Exp(log_p, p).ok());
+  EXPECT_TRUE(b->ScaledDifference(p, q, coef, state, seed_divisor, g32).ok());
+  EXPECT_TRUE(b->Cast(g32, out.gradient).ok());
+  return out;
+}
+
 // The fused loss against the composed ops on the same backend (CrossEntropyLoss's other path):
 // the gradient bit for bit, the count exactly, the loss to its last bits.
 TEST(LanguageModelOps, SoftmaxCrossEntropy_MatchesTheComposedOps) {
@@ -234,25 +260,15 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_MatchesTheComposedOps) {
       Tensor x = Put(b, dtype, R, V, logits), t_ids = Put(b, DType::kF32, R, 1, ids);
       auto state = b->AllocateStepState(StepState{1024.0f});
       ASSERT_TRUE(state.ok());
-      // Composed.
-      Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
-      Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
-      Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
-      ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
-      ASSERT_TRUE(b->SmoothedOneHot(t_ids, on, off, q).ok());
-      ASSERT_TRUE(b->SumProduct(q, log_p, -static_cast<double>(R), 2.0f,
-                                composed.FlatView(0, 1, 1)).ok());
-      ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
-      ASSERT_TRUE(b->Exp(log_p, p).ok());
-      ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 2.0f, g32).ok());
-      ASSERT_TRUE(b->Cast(g32, g).ok());
+      const ComposedCrossEntropy composed = Composed(b, x, t_ids, on, off, 2.0f, 1.0f / R,
+                                                     *state, 2.0f);
       // Fused, in place over the logits.
       Tensor fused = Put(b, DType::kF32, 1, 2, {});
       ASSERT_TRUE(b->SoftmaxCrossEntropy(x, t_ids, on, off, -static_cast<double>(R), 2.0f, fused,
                                          1.0f / R, *state, 2.0f, x)
                       .ok());
-      const std::vector<float> want = Get(b, composed), got = Get(b, fused);
-      EXPECT_EQ(Get(b, x), Get(b, g)) << "dtype " << static_cast<int>(dtype);
+      const std::vector<float> want = Get(b, composed.metrics), got = Get(b, fused);
+      EXPECT_EQ(Get(b, x), Get(b, composed.gradient)) << "dtype " << static_cast<int>(dtype);
       EXPECT_NEAR(got[0], want[0], 1e-6 * std::fabs(want[0]));
       EXPECT_EQ(got[1], want[1]);
       EXPECT_GE(got[1], 1.0f);  // Row 5 at least.
@@ -282,24 +298,15 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_ManyRowsPerBlock_MatchesTheComposedOp
     Tensor t_ids = Put(b, DType::kF32, R, 1, ids);
     auto state = b->AllocateStepState(StepState{256.0f});
     ASSERT_TRUE(state.ok());
-    Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
-    Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
-    Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
-    ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
-    ASSERT_TRUE(b->SmoothedOneHot(t_ids, 1.0f, 0.0f, q).ok());
-    ASSERT_TRUE(
-        b->SumProduct(q, log_p, -static_cast<double>(R), 1.0f, composed.FlatView(0, 1, 1)).ok());
-    ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
-    ASSERT_TRUE(b->Exp(log_p, p).ok());
-    ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 1.0f, g32).ok());
-    ASSERT_TRUE(b->Cast(g32, g).ok());
+    const ComposedCrossEntropy composed =
+        Composed(b, x, t_ids, 1.0f, 0.0f, 1.0f, 1.0f / R, *state, 1.0f);
     Tensor fused = Put(b, DType::kF32, 1, 2, {});
     const Tensor view = wide.ColumnSlice(0, V);
     ASSERT_TRUE(b->SoftmaxCrossEntropy(view, t_ids, 1.0f, 0.0f, -static_cast<double>(R), 1.0f,
                                        fused, 1.0f / R, *state, 1.0f, view)
                     .ok());
-    EXPECT_EQ(Get(b, view), Get(b, g)) << "dtype " << static_cast<int>(dtype);
-    const std::vector<float> want = Get(b, composed), got = Get(b, fused);
+    EXPECT_EQ(Get(b, view), Get(b, composed.gradient)) << "dtype " << static_cast<int>(dtype);
+    const std::vector<float> want = Get(b, composed.metrics), got = Get(b, fused);
     EXPECT_NEAR(got[0], want[0], 1e-6 * std::fabs(want[0]));
     EXPECT_EQ(got[1], want[1]);
     EXPECT_GE(got[1], 1.0f);  // Row 700 at least.
@@ -505,24 +512,15 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_EdgeRows_MatchTheComposedOps) {
             Tensor t_ids = Put(b, DType::kF32, R, 1, ids);
             auto state = b->AllocateStepState(StepState{512.0f});
             ASSERT_TRUE(state.ok());
-            Tensor log_p = Put(b, DType::kF32, R, V, {}), q = Put(b, DType::kF32, R, V, {});
-            Tensor p = Put(b, DType::kF32, R, V, {}), g32 = Put(b, DType::kF32, R, V, {});
-            Tensor g = Put(b, dtype, R, V, {}), composed = Put(b, DType::kF32, 1, 2, {});
-            ASSERT_TRUE(b->LogSoftmaxRows(x, log_p).ok());
-            ASSERT_TRUE(b->SmoothedOneHot(t_ids, on, off, q).ok());
-            ASSERT_TRUE(b->SumProduct(q, log_p, -static_cast<double>(R), 1.0f,
-                                      composed.FlatView(0, 1, 1)).ok());
-            ASSERT_TRUE(b->CountArgmaxMatches(x, t_ids, composed.FlatView(1, 1, 1)).ok());
-            ASSERT_TRUE(b->Exp(log_p, p).ok());
-            ASSERT_TRUE(b->ScaledDifference(p, q, 1.0f / R, *state, 1.0f, g32).ok());
-            ASSERT_TRUE(b->Cast(g32, g).ok());
+            const ComposedCrossEntropy composed =
+                Composed(b, x, t_ids, on, off, 1.0f, 1.0f / R, *state, 1.0f);
             Tensor fused = Put(b, DType::kF32, 1, 2, {});
             const Tensor view = wide.ColumnSlice(0, V);
             ASSERT_TRUE(b->SoftmaxCrossEntropy(view, t_ids, on, off, -static_cast<double>(R),
                                                1.0f, fused, 1.0f / R, *state, 1.0f,
                                                gradient ? view : Tensor{})
                             .ok());
-            const std::vector<float> want = Get(b, composed), got = Get(b, fused);
+            const std::vector<float> want = Get(b, composed.metrics), got = Get(b, fused);
             EXPECT_EQ(got[1], want[1]) << "the correct count";
             EXPECT_EQ(got[1], correct);
             if (with_nans) {
@@ -535,7 +533,7 @@ TEST(LanguageModelOps, SoftmaxCrossEntropy_EdgeRows_MatchTheComposedOps) {
               for (int64_t c = V; c < Vp; ++c) ASSERT_EQ(after[r * Vp + c], 0.5f) << r << "," << c;
             }
             if (gradient) {
-              EXPECT_TRUE(same_bits(Get(b, view), Get(b, g))) << "the gradient";
+              EXPECT_TRUE(same_bits(Get(b, view), Get(b, composed.gradient))) << "the gradient";
             } else {
               EXPECT_TRUE(same_bits(Get(b, view), packed)) << "x was written";
             }
