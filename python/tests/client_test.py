@@ -126,10 +126,15 @@ class ClientTest(unittest.TestCase):
         """A stream broken with UNAVAILABLE (a restarting coordinator) is opened again with
         back-off; every record comes once. Other codes, and a stream down for longer than
         reconnect_timeout_s, raise."""
-        # Long enough to be running when the watch starts (8 steps could end before it did:
-        # then the first answer held every record and the state, and nothing was broken), short
-        # enough for the job's telemetry history (1,000 records) to hold every step.
-        job = self.client.submit(dict(SPEC, name="reconnected", steps=600))
+        # Long enough to be running when the watch starts, on a loaded machine too (a job that
+        # ended first gave the first answer every record and the state, nothing was broken, and
+        # the test failed in CI with 8 steps of SPEC's model, then with 600 of them): 600 steps
+        # of ~250,000 times the multiply-adds of SPEC's take seconds. Few enough records for
+        # the job's telemetry history (1,000) to hold every step.
+        job = self.client.submit(dict(
+            SPEC, name="reconnected", steps=600, micro_batch_size=128,
+            model={"input_dim": 128, "hidden_dims": [512, 512], "output_dim": 2,
+                   "activation": "relu"}))
         real = self.client._stub.WatchJob
         calls = []
 
@@ -167,7 +172,8 @@ class ClientTest(unittest.TestCase):
         finally:
             self.client._stub.WatchJob = real
         self.assertEqual(steps, list(range(1, 601)), "every record once, in order")
-        self.assertEqual(len(calls), 4)
+        self.assertEqual(len(calls), 4, "one stream, two broken at once, the real one (a single "
+                         "call: the job ended before its watch opened, nothing was broken)")
         gaps = [b - a for a, b in zip(calls, calls[1:])]
         self.assertGreaterEqual(gaps[1], 0.9 * 2 * mptrain.Client.RECONNECT_FIRST_S,
                                 f"backed off, doubling: {gaps}")
