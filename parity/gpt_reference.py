@@ -38,7 +38,8 @@ Precision. fp32: every op in fp32, no autocast. bf16: torch.autocast(device, bfl
 dtype of every op is pinned here explicitly where PyTorch's autocast lists differ between
 versions and devices (1.13's CPU list runs softmax in bf16 and refuses layer_norm on bf16
 input; CUDA's runs both in fp32), so the same flow holds on Debian's CPU 1.13 and on the GPU.
-The forward, op by op (B = bf16, F = fp32; "GEMM" = bf16 inputs and output, fp32 accumulation):
+The forward, op by op (B = bf16, F = fp32; "GEMM" = bf16 inputs and output, fp32 accumulation,
+pinned by autocast_gemm.py where a CPU's PyTorch 1.13 rounds at every step instead):
   wte[idx] + wpe[pos]            F (embeddings are on no autocast list; the sum is F)
   ln_1, ln_2, ln_f               F in, F out (run on x.float() with autocast disabled: autocast's
                                  fp32-list semantics); mean and variance in F
@@ -117,6 +118,7 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from autocast_gemm import Linear, linear, matmul  # noqa: E402
 from pytorch_reference import make_optimizer, make_scaler, make_scheduler  # noqa: E402
 
 LAYER_NORM_EPS = 1e-5
@@ -171,11 +173,12 @@ def causal_attention(q, k, v):
     if USE_SDPA:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     T = q.size(-2)
-    att = in_fp32_rounded(lambda s: s * (1.0 / math.sqrt(k.size(-1))), q @ k.transpose(-2, -1))
+    att = in_fp32_rounded(lambda s: s * (1.0 / math.sqrt(k.size(-1))),
+                          matmul(q, k.transpose(-2, -1)))
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(causal.logical_not(), float("-inf"))
     att = F.softmax(at_least_fp32(att), dim=-1)
-    return att @ v  # Under autocast: att rounded to the low dtype, as v.
+    return matmul(att, v)  # Under autocast: att rounded to the low dtype, as v.
 
 
 class LayerNorm(nn.LayerNorm):
@@ -195,8 +198,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.heads = config.heads
-        self.c_attn = nn.Linear(config.width, 3 * config.width)
-        self.c_proj = nn.Linear(config.width, config.width)
+        self.c_attn = Linear(config.width, 3 * config.width)
+        self.c_proj = Linear(config.width, config.width)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -209,8 +212,8 @@ class CausalSelfAttention(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.width, 4 * config.width)
-        self.c_proj = nn.Linear(4 * config.width, config.width)
+        self.c_fc = Linear(config.width, 4 * config.width)
+        self.c_proj = Linear(4 * config.width, config.width)
 
     def forward(self, x):
         return self.c_proj(in_fp32_rounded(lambda h: F.gelu(h, approximate="tanh"), self.c_fc(x)))
@@ -250,7 +253,7 @@ class Gpt(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        return F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)
+        return linear(self.transformer.ln_f(x), self.transformer.wte.weight)
 
     def loss(self, logits, targets):
         """Mean cross-entropy over every position, on the real vocabulary's logits in fp32."""

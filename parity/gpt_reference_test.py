@@ -15,7 +15,10 @@ proven against it) and of gpt_parity.compare_gpt. Prints the numbers each check 
 (f) perturbation: the run with initial weights nudged by 1e-7 (relative), fp32 and bf16: how far
     PyTorch moves against itself, which must stay below gpt_parity's tolerances;
 (g) the token loader's cut (and token_batches.py against this file's own copy, when present);
-(h) compare_gpt passes identical runs and names each kind of difference.
+(h) compare_gpt passes identical runs and names each kind of difference;
+(i) autocast_gemm: its recipe GEMM (bf16 operands, fp32 accumulation, one rounding) forward and
+    backward against float64 arithmetic rounded once, and its probe, which must tell the recipe
+    from a GEMM that rounds at every step (PyTorch 1.13's CPU fallback without AVX-512).
 """
 import argparse
 import copy
@@ -32,6 +35,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import autocast_gemm  # noqa: E402
 import gpt_parity  # noqa: E402
 import gpt_reference as ref  # noqa: E402
 
@@ -176,6 +180,53 @@ def test_bf16_flow():
           differ < 0.005,
           f"{differ:.2%} of {logits.numel()} logits differ (GEMM summation order), worst "
           f"{ulps:.2g} bf16 ulps")
+
+
+def per_step_rounded_gemm(a, b, bias=None):
+    """a @ b (+ bias) adding each product into the low-precision output, rounding at every
+    step, as PyTorch 1.13's CPU fallback GEMM does (the probe must refuse it)."""
+    out = torch.zeros(*a.shape[:-1], b.size(-1), dtype=a.dtype)
+    for l in range(a.size(-1)):
+        out = (out.float() + a[..., l:l + 1].float() * b[..., l:l + 1, :].float()).to(a.dtype)
+    return out if bias is None else (out.float() + bias.float()).to(a.dtype)
+
+
+def test_recipe_gemm():
+    bf16 = torch.bfloat16
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 5, 96, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(40, 96, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(40, generator=g, dtype=torch.float64).requires_grad_()
+    dy = torch.randn(3, 5, 40, generator=g, dtype=torch.float64).to(bf16)
+    x32, w32, b32 = (t.detach().float().requires_grad_() for t in (x, w, b))
+    y = autocast_gemm.recipe_linear(x32, w32, b32, bf16)
+    y.backward(dy)
+    # Truth: float64 arithmetic on the bf16-rounded operands, rounded once to bf16.
+    xb, wb, bb, g64 = (t.detach().to(bf16).double() for t in (x, w, b, dy))
+    truth = {"y": (xb @ wb.T + bb), "dx": g64 @ wb,
+             "dw": g64.reshape(-1, 40).T @ xb.reshape(-1, 96), "db": g64.reshape(-1, 40).sum(0)}
+    got = {"y": y, "dx": x32.grad, "dw": w32.grad, "db": b32.grad}
+    worst, representable, dtypes = 0.0, True, [y.dtype, x32.grad.dtype, w32.grad.dtype]
+    for name, want in truth.items():
+        value = got[name].detach().double()
+        representable &= bool(torch.equal(value.to(bf16).double(), value))
+        # bf16's ulp at the rounded value: 2^(e - 8) for a value m * 2^e, m in [0.5, 1).
+        ulp = torch.ldexp(torch.ones_like(want), torch.frexp(want.to(bf16).double())[1] - 8)
+        worst = max(worst, ((value - want.to(bf16).double()).abs() / ulp).max().item())
+    check("(i) recipe GEMM forward and backward == float64 arithmetic rounded once to bf16",
+          worst <= 1.0 and representable and dtypes == [bf16, torch.float32, torch.float32],
+          f"worst {worst:.2g} bf16 ulps over y, dx, dw, db; bf16-representable {representable}; "
+          f"dtypes {dtypes}")
+    recipe = autocast_gemm.matches_recipe(
+        lambda a, w_, b_: autocast_gemm.recipe_linear(a, w_, b_, bf16),
+        lambda a, b_: autocast_gemm.recipe_matmul(a, b_, bf16), bf16)
+    rounded = autocast_gemm.matches_recipe(
+        lambda a, w_, b_: per_step_rounded_gemm(a, w_.t(), b_), per_step_rounded_gemm, bf16)
+    native = autocast_gemm.platform_gemm_is_recipe(bf16)
+    check("(i) the probe takes the recipe and refuses a GEMM that rounds at every step",
+          recipe and not rounded,
+          f"recipe {recipe}, per-step rounding {rounded}; this PyTorch's own CPU bf16 GEMMs: "
+          f"{'the recipe (used as they are)' if native else 'not the recipe (substituted)'}")
 
 
 def test_hf_layout(tmp):
@@ -344,6 +395,7 @@ def main():
     test_bf16_flow()
     test_loader(tmp)
     test_compare()
+    test_recipe_gemm()
 
     # Every run starts from the same initial weights (the seed's, written once).
     base = spec_for(tmp, 1, 4, 1, "fp32")

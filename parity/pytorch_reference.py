@@ -10,7 +10,8 @@ Two ways to run it, one process per rank, env:// rendezvous:
   CPU (cpu_parity.py):  RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p \
                         python3 pytorch_reference.py --case C --out D
                         (gloo; Debian's PyTorch 1.13, whose torchrun fails under Python 3.11;
-                        CPU autocast is bf16 only, fp32 runs without autocast)
+                        CPU autocast is bf16 only, fp32 runs without autocast; its bf16
+                        GEMMs accumulate in fp32 on every CPU: autocast_gemm.py)
 
 model.norm (none | layer_norm | batch_norm | sync_batch_norm) puts torch.nn.LayerNorm,
 BatchNorm1d or SyncBatchNorm (CUDA only) after each hidden Linear, before its activation; DDP
@@ -39,6 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from autocast_gemm import Linear  # noqa: E402
 from common import load_safetensors, save_safetensors  # noqa: E402
 
 
@@ -73,7 +75,7 @@ def build_model(model_spec):
     norm = model_spec.get("norm", "none").lower()
     layers, norms = [], []
     for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        layers.append(Linear(widths[i], widths[i + 1]))  # autocast_gemm: the bf16 recipe
         if i + 2 < len(widths):
             if norm != "none":
                 norms.append(NORMS[norm](widths[i + 1]))  # eps 1e-5, momentum 0.1, affine
