@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc_limits.h"
 #include "common/status_macros.h"
 #include "io/safetensors.h"
 #include "trainer/checkpoint.h"
@@ -175,7 +176,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
                                              observer->StopReason()));
     }
     if (!tokens.ok()) return tokens.status();
-    if (rank == 0) observer->OnSample(step, sampler->Describe(*tokens));
+    if (rank == 0) observer->OnSample(step, sampler->Describe(*tokens, kMaxNoteBytes));
     return absl::OkStatus();
   };
   auto evaluation_step = [&](int64_t step) {

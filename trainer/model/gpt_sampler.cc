@@ -80,17 +80,49 @@ absl::StatusOr<std::vector<int64_t>> GptSampler::Generate(Model* model, int64_t 
   return tokens;
 }
 
-std::string GptSampler::Describe(const std::vector<int64_t>& tokens) const {
+namespace {
+
+// tokens[begin, end) as text: bytes, or ids each preceded by a space but the sample's first.
+std::string TokensText(const std::vector<int64_t>& tokens, size_t begin, size_t end,
+                       bool byte_level) {
   std::string text;
-  for (int64_t id : tokens) {
-    if (sample_.byte_level) {
+  for (size_t i = begin; i < end; ++i) {
+    const int64_t id = tokens[i];
+    if (byte_level) {
       const bool printable = (id >= 0x20 && id < 0x7f) || id == '\n';
       text.push_back(printable ? static_cast<char>(id) : '?');
     } else {
-      absl::StrAppend(&text, text.empty() ? "" : " ", id);
+      absl::StrAppend(&text, i == 0 ? "" : " ", id);
     }
   }
   return text;
+}
+
+}  // namespace
+
+std::string DescribeSample(const std::vector<int64_t>& tokens, size_t prompt_length,
+                           bool byte_level, size_t max_bytes) {
+  prompt_length = std::min(prompt_length, tokens.size());
+  std::string prompt = TokensText(tokens, 0, prompt_length, byte_level);
+  const std::string continuation = TokensText(tokens, prompt_length, tokens.size(), byte_level);
+  if (prompt.size() + continuation.size() <= max_bytes) return prompt + continuation;
+  static constexpr char kElided[] = "\u2026";  // "…", 3 bytes of UTF-8.
+  const size_t elided_bytes = sizeof(kElided) - 1;
+  const size_t prompt_budget =
+      std::max(max_bytes / 4, max_bytes - std::min(max_bytes, continuation.size()));
+  if (prompt.size() > prompt_budget) {
+    size_t start = prompt.size() - (prompt_budget - elided_bytes);
+    // Ids: from the first whole id on (the one cut is dropped with the separator before it).
+    if (!byte_level) start = std::min(prompt.find(' ', start), prompt.size());
+    prompt = absl::StrCat(kElided, prompt.substr(start));
+  }
+  std::string text = prompt + continuation;
+  text.resize(std::min(text.size(), max_bytes));  // Only ASCII after the marker: no split char.
+  return text;
+}
+
+std::string GptSampler::Describe(const std::vector<int64_t>& tokens, size_t max_bytes) const {
+  return DescribeSample(tokens, sample_.prompt.size(), sample_.byte_level, max_bytes);
 }
 
 }  // namespace mptrain

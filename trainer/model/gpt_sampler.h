@@ -21,6 +21,15 @@
 
 namespace mptrain {
 
+// A sample as the job's events show it, in at most max_bytes (>= 16): a byte-level sample's
+// bytes (outside printable ASCII as '?': a note is UTF-8), else the ids separated by spaces.
+// `tokens` is the prompt (its first prompt_length) and its continuation. When both do not fit,
+// the prompt's start gives way ("…" and the prompt's last part, at least a quarter of
+// max_bytes where the prompt has that much, then the continuation, cut at its end where it is
+// longer than the rest): a long prompt never hides what the model generated.
+std::string DescribeSample(const std::vector<int64_t>& tokens, size_t prompt_length,
+                           bool byte_level, size_t max_bytes);
+
 class GptSampler {
  public:
   static absl::StatusOr<GptSampler> Create(Backend* backend, const GptConfig& gpt,
@@ -29,9 +38,8 @@ class GptSampler {
   // before each token) says so: a cancelled job does not wait for thousands of tokens.
   absl::StatusOr<std::vector<int64_t>> Generate(Model* model, int64_t step,
                                                 const std::function<bool()>& stop = nullptr);
-  // As the job's events show it: a byte-level prompt's bytes (outside printable ASCII as '?':
-  // a note is UTF-8), else the ids separated by spaces.
-  std::string Describe(const std::vector<int64_t>& tokens) const;
+  // DescribeSample of Generate's tokens, for a note of at most max_bytes.
+  std::string Describe(const std::vector<int64_t>& tokens, size_t max_bytes) const;
 
  private:
   GptSampler(Backend* backend, GptConfig gpt, SampleConfig sample)
