@@ -27,10 +27,11 @@ struct RunningJob {
                                          &changes);
     record->StartAttempt({{0, "a#1", "a", "ha", 0}, {1, "b#1", "hb", "hb", 0}}, /*now=*/0);
   }
-  void Report(int rank, int64_t step, int64_t now) {
+  void Report(int rank, int64_t step, int64_t now, int64_t work_units = 0) {
     v1::ReportTelemetryRequest request;
     request.set_rank(rank);
     request.set_step(step);
+    request.set_work_units(work_units);
     ASSERT_TRUE(record->RecordTelemetry(request, "", now).ok());
   }
   NoChanges changes;
@@ -68,6 +69,33 @@ TEST(FailurePolicy, StallError_NamesAStuckRankWhenAllReport) {
   auto error = policy.StallError(*job.record, 11'000);
   ASSERT_TRUE(error.has_value());
   EXPECT_NE(error->find("rank 0 on worker a#1 (ha) made no progress"), std::string::npos)
+      << *error;
+}
+
+TEST(FailurePolicy, StallError_NoneWhileRanksEvaluateOrSampleBetweenSteps) {
+  RunningJob job;
+  FailurePolicy policy(5'000);
+  // Step 2 stays for 30 s (three times the timeout) while both ranks go through evaluation
+  // batches and sampled tokens.
+  int64_t units = 0;
+  for (int64_t now = 500; now <= 30'000; now += 500) {
+    ++units;
+    job.Report(0, 2, now, units);
+    job.Report(1, 2, now, units);
+  }
+  EXPECT_FALSE(policy.StallError(*job.record, 30'000).has_value());
+  // Then rank 1's work stops advancing (it reports the same count, as a stuck rank would):
+  // a stall once the timeout has passed, and a smaller count (a hostile or stale report)
+  // is no progress either.
+  for (int64_t now = 30'500; now <= 41'000; now += 500) {
+    ++units;
+    job.Report(0, 2, now, units);
+    job.Report(1, 2, now, now % 1'000 == 0 ? 3 : 60);
+  }
+  auto error = policy.StallError(*job.record, 41'000);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_NE(error->find("rank 1 on worker b#1 (hb) made no progress for 11.0 s"),
+            std::string::npos)
       << *error;
 }
 

@@ -282,10 +282,12 @@ absl::Status JobRecord::RecordTelemetry(const v1::ReportTelemetryRequest& reques
   job_.mutable_progress(request.rank())->set_step(request.step());
   RankRecord& rank = ranks_[request.rank()];
   rank.last_report_ms = now;
-  if (request.step() > rank.step) {
-    rank.step = request.step();
+  // Progress: a step, or an evaluation batch or sampled token between steps.
+  if (request.step() > rank.step || request.work_units() > rank.work_units) {
     rank.last_progress_ms = now;
   }
+  rank.step = std::max(rank.step, request.step());
+  rank.work_units = std::max(rank.work_units, request.work_units());
   if (!checkpoint.empty() && request.checkpoint_step() > job_.latest_checkpoint_step()) {
     job_.set_latest_checkpoint_step(request.checkpoint_step());
     job_.set_latest_checkpoint_path(checkpoint);

@@ -60,8 +60,9 @@ struct RankRecord {
   bool exited = false;
   std::string checksum;
   int64_t step = -1;             // Last reported optimizer step (-1: none yet).
+  int64_t work_units = 0;        // Last reported evaluation batches + sampled tokens.
   int64_t last_report_ms = 0;    // Any telemetry report (the rank process is alive).
-  int64_t last_progress_ms = 0;  // When `step` last advanced.
+  int64_t last_progress_ms = 0;  // When `step` or `work_units` last advanced.
 };
 
 struct JobLimits {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace mptrain {
@@ -50,7 +51,8 @@ absl::Status Evaluator::AddBatchSums(double totals[2]) {
   return backend_->Zero(sums_);
 }
 
-absl::Status Evaluator::RunTokens(Model* model, Loss* loss, double totals[2]) {
+absl::Status Evaluator::RunTokens(Model* model, Loss* loss, double totals[2],
+                                  const std::function<absl::Status()>& after_batch) {
   RETURN_IF_ERROR(tokens_->Rewind());
   for (int64_t i = 0; i < token_batches_; ++i) {
     Tensor x, y;
@@ -58,20 +60,34 @@ absl::Status Evaluator::RunTokens(Model* model, Loss* loss, double totals[2]) {
     RETURN_IF_ERROR(model->Forward(x, /*x_unchanged=*/false, /*training=*/false));
     RETURN_IF_ERROR(loss->Evaluate(model->output(), y, sums_));
     RETURN_IF_ERROR(AddBatchSums(totals));
+    RETURN_IF_ERROR(after_batch());
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<EvalResult> Evaluator::Run(Model* model, Loss* loss) {
+absl::StatusOr<EvalResult> Evaluator::Run(Model* model, Loss* loss,
+                                          const std::function<bool()>& after_batch) {
   RETURN_IF_ERROR(backend_->Zero(sums_));
+  const int64_t batches = (tokens_.has_value() ? token_batches_ : 0) +
+                          (batch_ > 0 ? (rows_ + batch_ - 1) / batch_ : 0);
+  int64_t done = 0;
+  auto batch_done = [&]() -> absl::Status {
+    ++done;
+    if (after_batch && after_batch()) {
+      return absl::AbortedError(
+          absl::StrCat("stopped while evaluating (", done, " of ", batches, " batches)"));
+    }
+    return absl::OkStatus();
+  };
   double totals[2] = {0, 0};
-  if (tokens_.has_value()) RETURN_IF_ERROR(RunTokens(model, loss, totals));
+  if (tokens_.has_value()) RETURN_IF_ERROR(RunTokens(model, loss, totals, batch_done));
   for (int64_t first = 0; first < rows_; first += batch_) {
     const int64_t rows = std::min(batch_, rows_ - first);
     RETURN_IF_ERROR(model->Forward(features_.RowSlice(first, rows), /*x_unchanged=*/false,
                                  /*training=*/false));
     RETURN_IF_ERROR(loss->Evaluate(model->output(), targets_.RowSlice(first, rows), sums_));
     RETURN_IF_ERROR(AddBatchSums(totals));
+    RETURN_IF_ERROR(batch_done());
   }
   // This rank's totals, as floats (their relative error 2^-24), averaged over the ranks.
   const float rank_totals[2] = {static_cast<float>(totals[0]), static_cast<float>(totals[1])};

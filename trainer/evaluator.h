@@ -6,6 +6,7 @@
 // accuracy over the whole set. Blocks until the result is on the host (evaluation steps only).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -34,13 +35,16 @@ class Evaluator {
                                                                     TokenMicroBatches tokens,
                                                                     int64_t batches,
                                                                     int64_t tokens_per_batch);
-  // Every rank must call it at the same step (it allreduces).
-  absl::StatusOr<EvalResult> Run(Model* model, Loss* loss);
+  // Every rank must call it at the same step (it allreduces). `after_batch` (when given) is
+  // called after each batch's sums are on the host; true stops the evaluation with ABORTED.
+  absl::StatusOr<EvalResult> Run(Model* model, Loss* loss,
+                                 const std::function<bool()>& after_batch = nullptr);
 
  private:
   Evaluator() = default;
   // Adds the language model's batches' sums to `totals` (loss sum, correct count).
-  absl::Status RunTokens(Model* model, Loss* loss, double totals[2]);
+  absl::Status RunTokens(Model* model, Loss* loss, double totals[2],
+                         const std::function<absl::Status()>& after_batch);
   // One batch's sums_ added to `totals` on the host, and sums_ zeroed for the next: a float
   // total on the device would stop counting at 2^24 correct predictions (eval_batches x B·T
   // goes past that) and drop the loss sum's low bits over many batches.

@@ -98,5 +98,37 @@ TEST(Evaluator, CorrectCountGoesPast2To24_EachBatchStartsFromZero) {
   EXPECT_EQ(result->accuracy, 1.0);
 }
 
+RankData Rows(int64_t rows) {
+  RankData shard;
+  shard.features.rows = shard.targets.rows = rows;
+  shard.features.cols = shard.targets.cols = 1;
+  shard.features.values.assign(rows, 0.0f);
+  shard.targets.values.assign(rows, 0.0f);
+  shard.total_rows = rows;
+  return shard;
+}
+
+TEST(Evaluator, AfterBatch_CalledOncePerBatch_TrueStopsWithAborted) {
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  auto evaluator = Evaluator::Create(&backend, Rows(10), 10, 4);  // Batches of 4, 4 and 2.
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  PassThroughModel model;
+  CountEveryRowLoss loss(&backend);
+  int calls = 0;
+  auto result = (*evaluator)->Run(&model, &loss, [&] {
+    ++calls;
+    return false;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(result->accuracy, 1.0);
+  // A stop after the second batch: no third batch, no allreduce, ABORTED saying where.
+  calls = 0;
+  result = (*evaluator)->Run(&model, &loss, [&] { return ++calls == 2; });
+  EXPECT_TRUE(absl::IsAborted(result.status())) << result.status();
+  EXPECT_EQ(result.status().message(), "stopped while evaluating (2 of 3 batches)");
+  EXPECT_EQ(calls, 2);
+}
+
 }  // namespace
 }  // namespace mptrain

@@ -288,6 +288,46 @@ TEST(GptTraining, StopWhileSampling_EndsAtOnceNamingIt) {
   EXPECT_LT(observer.polls, 100) << "the sampling went on after the stop";
 }
 
+// Work between optimizer steps is progress the coordinator sees (a long evaluation or sample
+// is not a stall): one unit after each evaluation batch and before each sampled token. A
+// stop asked during an evaluation ends it after that batch, naming it.
+class WorkCountingObserver : public RecordingObserver {
+ public:
+  explicit WorkCountingObserver(int64_t stop_after_units = 0)
+      : stop_after_units_(stop_after_units) {}
+  void OnWorkUnit() override { ++units; }
+  bool ShouldStop() override { return stop_after_units_ > 0 && units >= stop_after_units_; }
+  std::string StopReason() override { return "the test stopped it"; }
+  int64_t units = 0;
+
+ private:
+  int64_t stop_after_units_;
+};
+
+TEST(GptTraining, EvaluationBatchesAndSampledTokensAreWorkUnits_AStopEndsAnEvaluation) {
+  TrainingConfig config = TinyGpt(DType::kF32);  // 30 steps, 2 eval batches every 10 steps.
+  config.eval.batches = 3;
+  config.sample.enabled = true;
+  config.sample.prompt = {1};
+  config.sample.max_new_tokens = 5;
+  WorkCountingObserver observer;
+  ASSERT_TRUE(Train(config, &observer).ok());
+  // Evaluations at steps 10, 20 and 30, each followed by a sample.
+  EXPECT_EQ(observer.units, 3 * (3 + 5));
+
+  config.sample.enabled = false;
+  WorkCountingObserver stopping(/*stop_after_units=*/2);
+  CpuBackend backend(std::make_unique<testing::SingleRankCollective>());
+  absl::StatusOr<TrainingResult> result =
+      RunTraining(config, 0, &backend, &stopping, "", {"job-1", "alice"});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
+  EXPECT_NE(result.status().message().find(
+                "stopped while evaluating (2 of 3 batches): the test stopped it"),
+            std::string::npos)
+      << result.status();
+  EXPECT_EQ(stopping.units, 2);
+}
+
 // Admission's estimate (common/resource_estimate.cc) follows what a GPT rank allocates: at
 // least every byte the CPU backend handed out, within a quarter more (its fixed workspace
 // aside).

@@ -167,15 +167,21 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   if (gpt.enabled() && config.sample.enabled) {
     ASSIGN_OR_RETURN(sampler, GptSampler::Create(backend, gpt, config.sample));
   }
+  // Between an evaluation's batches and a sample's tokens: progress for the coordinator (a
+  // long evaluation or sample is not a stall), and a stop honoured without waiting for the end.
+  auto work_unit_done = [&] {
+    observer->OnWorkUnit();
+    return observer->ShouldStop();
+  };
+  auto with_stop_reason = [&](const absl::Status& status) {
+    if (!absl::IsAborted(status)) return status;
+    return absl::AbortedError(absl::StrCat(status.message(), ": ", observer->StopReason()));
+  };
   auto write_sample = [&](int64_t step) -> absl::Status {
     if (!sampler.has_value()) return absl::OkStatus();
     absl::StatusOr<std::vector<int64_t>> tokens =
-        sampler->Generate(model.get(), step, [&] { return observer->ShouldStop(); });
-    if (absl::IsAborted(tokens.status())) {
-      return absl::AbortedError(absl::StrCat(tokens.status().message(), ": ",
-                                             observer->StopReason()));
-    }
-    if (!tokens.ok()) return tokens.status();
+        sampler->Generate(model.get(), step, work_unit_done);
+    if (!tokens.ok()) return with_stop_reason(tokens.status());
     if (rank == 0) observer->OnSample(step, sampler->Describe(*tokens, kMaxNoteBytes));
     return absl::OkStatus();
   };
@@ -426,7 +432,10 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
       // An evaluation forward through DDP broadcasts rank 0's buffers first, like any forward
       // after a synchronising one: every rank evaluates rank 0's model (the one it writes).
       if (broadcast_buffers) RETURN_IF_ERROR(collective->Broadcast(model->buffers(), 0));
-      ASSIGN_OR_RETURN(evaluations[step], evaluator->Run(model.get(), loss.get()));
+      absl::StatusOr<EvalResult> evaluation =
+          evaluator->Run(model.get(), loss.get(), work_unit_done);
+      if (!evaluation.ok()) return with_stop_reason(evaluation.status());
+      evaluations[step] = *evaluation;
       RETURN_IF_ERROR(write_sample(step));
       // The evaluation went through the model's host-side caches (its low-precision input
       // copy now holds evaluation data, which a training forward casts again): the next step

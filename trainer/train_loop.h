@@ -43,9 +43,13 @@ class TrainingObserver {
   // asynchronous backends). `record` is set on telemetry steps (every telemetry_every, and
   // the last step) and null otherwise.
   virtual void OnStep(int64_t step, const StepTelemetry* record) = 0;
-  // Polled between optimizer steps and between a sample's tokens: true stops the loop with
-  // ABORTED and StopReason().
+  // Polled between optimizer steps, an evaluation's batches and a sample's tokens: true stops
+  // the loop with ABORTED and StopReason().
   virtual bool ShouldStop() = 0;
+  // After each evaluation batch and before each sampled token: work between optimizer steps,
+  // progress for the coordinator's progress_timeout_s (a long evaluation or sample is not a
+  // stall).
+  virtual void OnWorkUnit() {}
   virtual std::string StopReason() { return "a stop was requested"; }
   // Rank 0, after a checkpoint file is complete (renamed into place).
   virtual void OnCheckpoint(int64_t step, const std::string& path) {}

@@ -178,6 +178,7 @@ bool TelemetryReporter::SendBatch() {
     request.set_attempt(identity_.attempt);
     request.set_rank_secret(identity_.secret);
     request.set_step(step_);
+    request.set_work_units(work_units_);
     // The oldest first, at most a report's worth; the rest go with the next report.
     const size_t sent = std::min(queued_.size(), size_t{kMaxTelemetryRecordsPerReport});
     for (size_t i = 0; i < sent; ++i) *request.add_records() = std::move(queued_[i]);
@@ -240,6 +241,11 @@ void TelemetryReporter::OnWarning(const std::string& message) {
 void TelemetryReporter::OnSample(int64_t step, const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
   AddNote(v1::RankNote::SAMPLE, step, text);
+}
+
+void TelemetryReporter::OnWorkUnit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++work_units_;
 }
 
 void TelemetryReporter::AddNote(v1::RankNote::Kind kind, int64_t step, const std::string& text) {

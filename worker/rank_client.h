@@ -62,6 +62,7 @@ class TelemetryReporter final : public TrainingObserver {
   void OnSetUp(double model_built_ms, double initialised_ms) override;
   // A generated text: a SAMPLE note, bounded as the warnings are.
   void OnSample(int64_t step, const std::string& text) override;
+  void OnWorkUnit() override;
   int64_t AcknowledgedCheckpointStep() override;
   // Sends what is queued and stops the thread.
   void Flush();
@@ -80,6 +81,7 @@ class TelemetryReporter final : public TrainingObserver {
   void AddNote(v1::RankNote::Kind kind, int64_t step, const std::string& text);
   std::vector<v1::RankNote> notes_;  // Warnings for the job's events, sent with the next report.
   int64_t step_ = 0;
+  int64_t work_units_ = 0;  // Evaluation batches and sampled tokens (ReportTelemetryRequest).
   int64_t checkpoint_step_ = 0;
   std::string checkpoint_path_;
   // The newest checkpoint step a report the coordinator answered carried: until then (0)

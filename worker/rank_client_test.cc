@@ -76,7 +76,12 @@ class RecordingCoordinator final : public v1::WorkerControl::Service {
     std::vector<int64_t> steps;
     for (const v1::TelemetryRecord& record : request->records()) steps.push_back(record.step());
     reports.push_back(steps);
+    work_units.push_back(request->work_units());
     return grpc::Status::OK;
+  }
+  std::vector<int64_t> WorkUnits() {
+    std::lock_guard<std::mutex> lock(mu);
+    return work_units;
   }
   std::vector<std::vector<int64_t>> Reports() {
     std::lock_guard<std::mutex> lock(mu);
@@ -84,6 +89,7 @@ class RecordingCoordinator final : public v1::WorkerControl::Service {
   }
   std::mutex mu;
   std::vector<std::vector<int64_t>> reports;
+  std::vector<int64_t> work_units;  // Of each report.
 };
 
 // The first step's record goes out at once (the service shows a job's first step as soon as it
@@ -120,6 +126,32 @@ TEST(TelemetryReporter, SendsTheFirstStepAtOnce_ThenBatches) {
   const std::vector<std::vector<int64_t>> reports = coordinator.Reports();
   ASSERT_EQ(reports.size(), 2u);
   EXPECT_EQ(reports[1], (std::vector<int64_t>{2, 3, 4}));
+  server->Shutdown();
+}
+
+// Evaluation batches and sampled tokens between steps travel with the reports (the coordinator
+// counts them as progress), however many there were since the last one.
+TEST(TelemetryReporter, ReportsCarryTheWorkUnitsSoFar) {
+  RecordingCoordinator coordinator;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  StopToken stop;
+  {
+    TelemetryReporter reporter(v1::WorkerControl::NewStub(server->InProcessChannel({})),
+                               RankIdentity{"job-0001", 1, 1, "secret"}, &stop,
+                               /*flush_interval_ms=*/50);
+    for (int i = 0; i < 7; ++i) reporter.OnWorkUnit();
+    const auto start = std::chrono::steady_clock::now();
+    while ((coordinator.WorkUnits().empty() || coordinator.WorkUnits().back() != 7) &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_FALSE(coordinator.WorkUnits().empty());
+    EXPECT_EQ(coordinator.WorkUnits().back(), 7);
+    reporter.OnWorkUnit();
+  }  // Flushed.
+  EXPECT_EQ(coordinator.WorkUnits().back(), 8);
   server->Shutdown();
 }
 
