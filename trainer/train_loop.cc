@@ -169,12 +169,16 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingConfig& config, int ran
   }
   // Between an evaluation's batches and a sample's tokens: progress for the coordinator (a
   // long evaluation or sample is not a stall), and a stop honoured without waiting for the end.
+  bool stopped_between_work_units = false;
   auto work_unit_done = [&] {
     observer->OnWorkUnit();
-    return observer->ShouldStop();
+    stopped_between_work_units = observer->ShouldStop();
+    return stopped_between_work_units;
   };
+  // That stop's ABORTED gains its reason; any other error (an aborted collective says its own)
+  // stays as it is.
   auto with_stop_reason = [&](const absl::Status& status) {
-    if (!absl::IsAborted(status)) return status;
+    if (!stopped_between_work_units || !absl::IsAborted(status)) return status;
     return absl::AbortedError(absl::StrCat(status.message(), ": ", observer->StopReason()));
   };
   auto write_sample = [&](int64_t step) -> absl::Status {

@@ -33,10 +33,14 @@ class RefusingCoordinator final : public v1::WorkerControl::Service {
   int refusals_;
 };
 
-absl::StatusOr<std::string> GetThrough(RefusingCoordinator* coordinator, int64_t timeout_ms) {
+std::unique_ptr<grpc::Server> StartInProcess(grpc::Service* service) {
   grpc::ServerBuilder builder;
-  builder.RegisterService(coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+absl::StatusOr<std::string> GetThrough(RefusingCoordinator* coordinator, int64_t timeout_ms) {
+  std::unique_ptr<grpc::Server> server = StartInProcess(coordinator);
   GrpcKeyValueStore store(v1::WorkerControl::NewStub(server->InProcessChannel({})),
                           RankIdentity{"job-0001", 1, 1, "secret"});
   auto value = store.Get("nccl_unique_id", timeout_ms);
@@ -94,20 +98,25 @@ class RecordingCoordinator final : public v1::WorkerControl::Service {
 
 // The first step's record goes out at once (the service shows a job's first step as soon as it
 // is done); later ones wait for the flush interval, batched; the rest are sent at the end.
+// Rank `rank`'s reporter to an in-process coordinator.
+std::unique_ptr<TelemetryReporter> ReporterTo(grpc::Server* server, int rank, StopToken* stop,
+                                              int64_t flush_interval_ms) {
+  return std::make_unique<TelemetryReporter>(
+      v1::WorkerControl::NewStub(server->InProcessChannel({})),
+      RankIdentity{"job-0001", rank, 1, "secret"}, stop, flush_interval_ms);
+}
+
 TEST(TelemetryReporter, SendsTheFirstStepAtOnce_ThenBatches) {
   RecordingCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = StartInProcess(&coordinator);
   StopToken stop;
   const auto start = std::chrono::steady_clock::now();
   {
-    TelemetryReporter reporter(v1::WorkerControl::NewStub(server->InProcessChannel({})),
-                               RankIdentity{"job-0001", 0, 1, "secret"}, &stop,
-                               /*flush_interval_ms=*/60'000);
+    std::unique_ptr<TelemetryReporter> reporter =
+        ReporterTo(server.get(), 0, &stop, /*flush_interval_ms=*/60'000);
     StepTelemetry step;
     step.step = 1;
-    reporter.OnStep(1, &step);
+    reporter->OnStep(1, &step);
     while (coordinator.Reports().empty() &&
            std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -118,7 +127,7 @@ TEST(TelemetryReporter, SendsTheFirstStepAtOnce_ThenBatches) {
     EXPECT_EQ(coordinator.Reports()[0], std::vector<int64_t>{1});
     for (int64_t s = 2; s <= 4; ++s) {
       step.step = s;
-      reporter.OnStep(s, &step);
+      reporter->OnStep(s, &step);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     EXPECT_EQ(coordinator.Reports().size(), 1u) << "later steps are batched";
@@ -133,15 +142,12 @@ TEST(TelemetryReporter, SendsTheFirstStepAtOnce_ThenBatches) {
 // counts them as progress), however many there were since the last one.
 TEST(TelemetryReporter, ReportsCarryTheWorkUnitsSoFar) {
   RecordingCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = StartInProcess(&coordinator);
   StopToken stop;
   {
-    TelemetryReporter reporter(v1::WorkerControl::NewStub(server->InProcessChannel({})),
-                               RankIdentity{"job-0001", 1, 1, "secret"}, &stop,
-                               /*flush_interval_ms=*/50);
-    for (int i = 0; i < 7; ++i) reporter.OnWorkUnit();
+    std::unique_ptr<TelemetryReporter> reporter =
+        ReporterTo(server.get(), 1, &stop, /*flush_interval_ms=*/50);
+    for (int i = 0; i < 7; ++i) reporter->OnWorkUnit();
     const auto start = std::chrono::steady_clock::now();
     while ((coordinator.WorkUnits().empty() || coordinator.WorkUnits().back() != 7) &&
            std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
@@ -149,7 +155,7 @@ TEST(TelemetryReporter, ReportsCarryTheWorkUnitsSoFar) {
     }
     ASSERT_FALSE(coordinator.WorkUnits().empty());
     EXPECT_EQ(coordinator.WorkUnits().back(), 7);
-    reporter.OnWorkUnit();
+    reporter->OnWorkUnit();
   }  // Flushed.
   EXPECT_EQ(coordinator.WorkUnits().back(), 8);
   server->Shutdown();
