@@ -5,8 +5,9 @@ logits on a few token sequences are compared with parity/gpt_reference.py's mode
 same safetensors file (load_hf_tensors: Conv1D matrices transposed, wte's V rows).
 
   python3 parity/hf_roundtrip.py --checkpoint DIR [--spec F] # a directory our service wrote
-  python3 parity/hf_roundtrip.py --bin BIN --out DIR       # first trains a tiny GPT through a
-                                                           # coordinator and a CPU worker of BIN
+  python3 parity/hf_roundtrip.py --bin BIN --out DIR [--device cpu|cuda]
+                          # first trains a tiny GPT through a coordinator and a CPU worker of BIN
+                          # (cuda: a CUDA worker, gpt_parity.py's GPU shape, cuDNN attention)
 
 Checks: config.json's GPT2Config fields are gpt_reference.hf_config()'s for the shape the
 checkpoint's tensors have (and, with the job's spec, its n_head); from_pretrained reports no unexpected or size-mismatched tensor and
@@ -14,7 +15,9 @@ no missing one besides the tied lm_head.weight and the attention-mask buffers; t
 (tied); on each sequence (lengths 1, T/2 and T, ids in [0, V)) every position's logits agree
 with the reference's first V within LOGIT_TOL relative to the largest logit (both fp32; HF's
 attention masks with finfo.min and sums in another order), and differ between positions (a
-vacuous comparison is no proof).
+vacuous comparison is no proof). With --bin, also against our own forward: the job evaluates
+after its last step, and transformers' mean cross-entropy over the same evaluation batches (the
+checkpoint's parameters are that step's) must be our reported eval_loss within EVAL_LOSS_TOL.
 
 Exit 0: every check passed; 1: a check failed; 77: transformers (or torch) is not installed
 here (Debian has no transformers package: the GPU machine has it, `scripts/device_run.sh hf`).
@@ -28,6 +31,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 LOGIT_TOL = 1e-4
+# Relative: our fp32 forward (CPU or CUDA: cuBLASLt, our kernels) against transformers' on the
+# CPU, both fp32, the loss a mean over every evaluation position (gpt_parity.py's fp32 loss
+# tolerance).
+EVAL_LOSS_TOL = 1e-5
 MISSING_OK_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # Causal-mask buffers, not weights.
 STAMP_KEYS = ("mptrain_job", "mptrain_owner")
 
@@ -80,23 +87,44 @@ def compare_logits(ours, theirs, tol=LOGIT_TOL):
     return problems, worst
 
 
-def train_tiny(bin_dir, out):
-    """One tiny GPT job through our service (gpt_parity.py's first case, fewer steps); returns
-    (the directory holding its model.safetensors and config.json, the spec)."""
+def train_tiny(bin_dir, out, device):
+    """One tiny GPT job through our service (gpt_parity.py's first fp32 case of the device, fewer
+    steps, evaluated after the last); returns (the directory holding its model.safetensors and
+    config.json, the spec, our last step's eval_loss)."""
     import gpt_parity
     from common import Cluster
-    case_dir = os.path.join(out, "tiny")
-    spec = gpt_parity.write_case("hf_roundtrip", dict(gpt_parity.CASES["gpt_w1_fp32"], steps=5),
+    case_dir = os.path.join(out, f"tiny_{device}")
+    case = gpt_parity.GPU_CASES["gpt_gpu_fp32"] if device == "cuda" else gpt_parity.CASES["gpt_w1_fp32"]
+    steps = 5
+    spec = gpt_parity.write_case("hf_roundtrip", dict(case, steps=steps, eval_every=steps),
                                  case_dir)
+    spec["device"] = device
     ours = os.path.join(case_dir, "ours")
     os.makedirs(ours, exist_ok=True)
     spec["output_checkpoint"] = os.path.join(ours, "model.safetensors")
-    cluster = Cluster(bin_dir, out, gpus=0, roots_dir=out, cpu_workers=1)
+    cluster = Cluster(bin_dir, case_dir, gpus=1 if device == "cuda" else 0, roots_dir=out,
+                      cpu_workers=0 if device == "cuda" else 1)
     try:
-        cluster.run(spec, os.path.join(case_dir, "spec.json"))
+        records, _ = cluster.run(spec, os.path.join(case_dir, "spec.json"))
     finally:
         cluster.close()
-    return ours, spec
+    if not records or records[-1]["step"] != steps or records[-1].get("eval_loss") is None:
+        raise RuntimeError(f"the job's telemetry has no eval_loss at its last step {steps}: "
+                           f"{records[-1:]}")
+    return ours, spec, records[-1]["eval_loss"]
+
+
+def eval_loss_of(model, spec, config, ref, torch):
+    """transformers' mean cross-entropy over the job's evaluation batches (rank 0 of 1), on the
+    real vocabulary's logits, as our evaluation computes it (gpt_reference.py's evaluate)."""
+    B, T, V = spec["micro_batch_size"], config.context_length, config.vocab_size
+    batches = ref.micro_batches(spec["eval_tokens"], B, T, 0, 1, spec.get("eval_batches", 20), V)
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = model(x).logits[..., :V].double()
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1)).item()
+    return total / len(batches)
 
 
 def main():
@@ -105,6 +133,8 @@ def main():
     parser.add_argument("--bin", help="coordinator, worker and trainctl: train a tiny GPT first")
     parser.add_argument("--out", help="with --bin: where its files go")
     parser.add_argument("--spec", help="with --checkpoint: the JobSpec JSON that wrote it")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="with --bin: the worker that trains it")
     args = parser.parse_args()
     if bool(args.checkpoint) == bool(args.bin) or (args.bin and not args.out):
         parser.error("give --checkpoint DIR, or --bin BIN --out DIR")
@@ -123,13 +153,15 @@ def main():
         return 77
     import gpt_reference as ref
 
+    ours_eval_loss = None
     if args.checkpoint:
         directory, spec = args.checkpoint, None
         if args.spec:
             with open(args.spec) as f:
                 spec = json.load(f)
     else:
-        directory, spec = train_tiny(args.bin, os.path.abspath(args.out))
+        directory, spec, ours_eval_loss = train_tiny(args.bin, os.path.abspath(args.out),
+                                                     args.device)
     with open(os.path.join(directory, "config.json")) as f:
         hf = json.load(f)
     tensors = ref.read_hf_checkpoint(directory)
@@ -176,6 +208,14 @@ def main():
         worst = max(worst, diff)
         problems += [f"length {length}: {p}" for p in seq_problems]
         print(f"length {length:>4}: max relative logit difference {diff:.3e}")
+    if ours_eval_loss is not None:
+        theirs_eval_loss = eval_loss_of(model, spec, config, ref, torch)
+        eval_diff = abs(theirs_eval_loss - ours_eval_loss) / max(abs(theirs_eval_loss), 1e-30)
+        print(f"eval loss: ours ({args.device}) {ours_eval_loss:.7f}, transformers "
+              f"{theirs_eval_loss:.7f}: relative difference {eval_diff:.3e}")
+        if not eval_diff <= EVAL_LOSS_TOL:
+            problems.append(f"our eval_loss {ours_eval_loss} and transformers' "
+                            f"{theirs_eval_loss} differ by {eval_diff:.3g} > {EVAL_LOSS_TOL}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}; "
           f"V {V} (padded {config.padded_vocab_size}), T {T}, L {config.layers}, "
           f"H {config.heads}, C {config.width}; tolerance {LOGIT_TOL}")

@@ -139,11 +139,14 @@ PY
       timeout 300 bash scripts/run_example.sh --digits >"$OUT/digits.log" 2>&1 || status=1
       tail -12 "$OUT/digits.log" ;;
     hf)
-      # Issue 28: transformers' GPT2LMHeadModel.from_pretrained on a GPT our service trained
-      # (CPU workers), its logits against parity/gpt_reference.py's (exit 77: no transformers).
-      PYTHONUNBUFFERED=1 timeout 300 python3 parity/hf_roundtrip.py --bin "$MPTRAIN_BIN" \
-        --out "$OUT/hf" >"$OUT/hf.log" 2>&1 || status=1
-      tail -8 "$OUT/hf.log" ;;
+      # Issues 28 and 29: transformers' GPT2LMHeadModel.from_pretrained on a GPT our service
+      # trained on a CPU worker, then on a CUDA worker: its logits against
+      # parity/gpt_reference.py's, its eval loss against our forward's (exit 77: no transformers).
+      for device in cpu cuda; do
+        PYTHONUNBUFFERED=1 timeout 240 python3 parity/hf_roundtrip.py --bin "$MPTRAIN_BIN" \
+          --device "$device" --out "$OUT/hf" >"$OUT/hf_$device.log" 2>&1 || status=1
+        tail -6 "$OUT/hf_$device.log"
+      done ;;
     parity)
       # PARITY_CASES=a,b runs some of compare.py's cases only; PARITY_GPUS=1 on one GPU.
       PYTHONUNBUFFERED=1 timeout 400 python3 parity/compare.py --out "$OUT/parity" \
