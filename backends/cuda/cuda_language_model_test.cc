@@ -739,6 +739,8 @@ struct GptCase {
   double init_scale;
   int expected_skips;  // At least (fp16: the logits' forced overflows; later gradients add some)
   double loss_tolerance, parameter_tolerance;  // Relative, against the CPU backend.
+  GptConfig shape = {64, 72, 32, 2, 2, 64};
+  int64_t micro_batch_size = 4, accumulation_steps = 2;
 };
 
 class GptTrainingParity : public ::testing::TestWithParam<GptCase> {};
@@ -748,12 +750,12 @@ TEST_P(GptTrainingParity, CudaMatchesCpu_SkipsAndScalesExactly) {
   const GptCase c = GetParam();
   TrainingConfig config;
   config.world_size = 1;
-  config.model.gpt = {64, 72, 32, 2, 2, 64};
+  config.model.gpt = c.shape;
   config.loss.type = LossType::kCrossEntropy;
   config.data.source = DataConfig::Source::kTokens;
-  config.data.token_files = {PeriodicTokens("gpt_train.bin", 20000, 64)};
-  config.micro_batch_size = 4;
-  config.accumulation_steps = 2;
+  config.data.token_files = {PeriodicTokens("gpt_train.bin", 20000, c.shape.vocab_size)};
+  config.micro_batch_size = c.micro_batch_size;
+  config.accumulation_steps = c.accumulation_steps;
   config.steps = 20;
   config.compute_dtype = c.dtype;
   config.optimizer.type = OptimizerType::kAdamW;
@@ -790,8 +792,12 @@ TEST_P(GptTrainingParity, CudaMatchesCpu_SkipsAndScalesExactly) {
   EXPECT_GE(gpu_result->skipped_steps, c.expected_skips) << "the forced overflows happened";
   EXPECT_LT(on_gpu.records.back().loss, 0.8 * on_gpu.records.front().loss) << "it learns";
   const double parameters = RelativeError(gpu_result->parameters, cpu_result->parameters);
-  std::printf("gpt dtype %d: worst loss error %.3g, parameter error %.3g, skips %ld\n",
-              static_cast<int>(c.dtype), worst_loss, parameters, gpu_result->skipped_steps);
+  std::printf("gpt dtype %d V=%ld/%ld T=%ld L=%ld H=%ld C=%ld B=%ld A=%ld: worst loss error "
+              "%.3g, parameter error %.3g, skips %ld\n",
+              static_cast<int>(c.dtype), c.shape.vocab_size, c.shape.padded_vocab_size,
+              c.shape.context_length, c.shape.layers, c.shape.heads, c.shape.width,
+              c.micro_batch_size, c.accumulation_steps, worst_loss, parameters,
+              gpu_result->skipped_steps);
   EXPECT_LT(parameters, c.parameter_tolerance);
 }
 
@@ -802,6 +808,17 @@ INSTANTIATE_TEST_SUITE_P(Precisions, GptTrainingParity,
                          ::testing::Values(GptCase{DType::kF32, 1.0, 0, 1e-5, 1e-4},
                                            GptCase{DType::kBF16, 1.0, 0, 2e-2, 3e-2},
                                            GptCase{DType::kF16, 134217728.0, 3, 5e-3, 1e-2}));
+
+// Shapes no kernel was written for: odd vocabularies (unpadded; padded to a width the fused loss
+// reads as a column view), contexts that are no tile's multiple, head sizes 20 (fp32, our
+// kernels), 48 and 96 (cuDNN), three micro-batches a step. fp16 from 2^24, where the logits'
+// gradient overflows (|p − q| · 2^24 / (B·T·A = 144) > 65504).
+INSTANTIATE_TEST_SUITE_P(
+    OddShapes, GptTrainingParity,
+    ::testing::Values(GptCase{DType::kF32, 1.0, 0, 1e-5, 1e-4, {203, 203, 37, 3, 5, 100}, 3, 3},
+                      GptCase{DType::kBF16, 1.0, 0, 2e-2, 3e-2, {203, 203, 40, 3, 3, 144}, 3, 3},
+                      GptCase{DType::kF16, 16777216.0, 1, 5e-3, 1e-2, {250, 264, 24, 2, 2, 192},
+                              2, 3}));
 
 // A GPT's steps recorded as CUDA graphs (token micro-batches staged before each step) and
 // replayed are the steps issued op by op, bit for bit: the embedding's sort, the fused loss and
