@@ -1,52 +1,59 @@
 #include "backends/cuda/cudnn_attention.h"
 
-#include <cudnn.h>
-#include <cudnn_frontend.h>
-
-#include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/cudnn_attention_graph.h"
 
 namespace mptrain::cuda {
 namespace {
 
 namespace fe = cudnn_frontend;
 
-// The tensors of both graphs, by uid (the variant pack's keys).
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
-
-absl::Status FrontendStatus(fe::error_object error, const char* what) {
-  if (error.is_good()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuDNN attention: ", what, ": ", error.get_message()));
+// "backward B=32 T=1024 H=12 hs=64 bf16: 0 <name> 1.4 ms [3 <name> 1.2 ms] ..." (chosen in []).
+std::string ReportLine(const AttentionShape& shape, const fe::graph::Graph& graph,
+                       const std::vector<std::pair<int64_t, float>>& timings, int64_t chosen) {
+  std::string line = shape.Name() + ":";
+  if (timings.empty()) {
+    absl::StrAppend(&line, chosen >= 0 ? absl::StrCat(" plan ", chosen, ", untimed")
+                                       : std::string(" the heuristic's choice, untimed"));
+  }
+  for (const auto& [plan, ms] : timings) {
+    std::string plan_name;
+    if (!graph.get_plan_name_at_index(plan, plan_name).is_good()) plan_name = "?";
+    absl::StrAppend(&line, plan == chosen ? " [" : " ", plan, " ", plan_name, " ",
+                    ms < 0 ? std::string("failed") : absl::StrCat(ms, " ms"),
+                    plan == chosen ? "]" : "");
+  }
+  return line;
 }
 
-fe::DataType_t FrontendType(DType dtype) {
-  return dtype == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
-}
-
-// Head h of row (b, t) of a [B·T, width] buffer, as the [B, H, T, hs] tensor cuDNN reads:
-// strides (T·width, hs, width, 1).
-std::vector<int64_t> Strides(int64_t seq_len, int64_t head_size, int64_t width) {
-  return {seq_len * width, head_size, width, 1};
-}
-
-std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, const char* name,
-                                                    Uid uid, int64_t B, int64_t H, int64_t T,
-                                                    int64_t hs, int64_t width) {
-  return graph.tensor(fe::graph::Tensor_attributes()
-                          .set_name(name)
-                          .set_uid(uid)
-                          .set_dim({B, H, T, hs})
-                          .set_stride(Strides(T, hs, width)));
+AttentionShape ShapeOf(const std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, bool>& k) {
+  const auto [backward, dtype, B, T, H, hs, deterministic] = k;
+  return AttentionShape{backward, dtype, B, T, H, hs, deterministic};
 }
 
 }  // namespace
 
+struct CudnnAttention::Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  // The plans to time on the first call (indices into the graph's plans; empty: the
+  // heuristic's choice, untimed), what each took (ms, -1 if it failed), and the chosen one
+  // (-1: the heuristic's choice, built by build_plans and run by graph->execute).
+  std::vector<int64_t> candidates;
+  std::vector<std::pair<int64_t, float>> timings;
+  int64_t plan = -1;
+};
+
 struct CudnnAttention::Graphs {
-  std::map<Key, std::shared_ptr<fe::graph::Graph>> built;
+  std::map<Key, Built> built;
 };
 
 CudnnAttention::CudnnAttention(cudaStream_t stream)
@@ -107,107 +114,167 @@ CudnnAttention::~CudnnAttention() {
   if (workspace_ != nullptr) cudaFree(workspace_);
 }
 
-absl::StatusOr<void*> CudnnAttention::GraphFor(const Key& key) {
-  if (auto it = graphs_->built.find(key); it != graphs_->built.end()) return it->second.get();
-  const auto [backward, dtype, B, T, H, hs, deterministic] = key;
-  const int64_t C = H * hs;
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(FrontendType(dtype))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = Input(*graph, "Q", kQ, B, H, T, hs, 3 * C);
-  auto k = Input(*graph, "K", kK, B, H, T, hs, 3 * C);
-  auto v = Input(*graph, "V", kV, B, H, T, hs, 3 * C);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const std::vector<int64_t> stats_dim{B, H, T, 1}, stats_stride{H * T, T, 1, 1};
-  if (!backward) {
-    auto options = fe::graph::SDPA_attributes()
-                       .set_name("causal_attention")
-                       .set_generate_stats(true)
-                       .set_causal_mask(true)
-                       .set_attn_scale(scale);
-    auto [o, stats] = graph->sdpa(q, k, v, options);
-    o->set_output(true).set_uid(kO).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, C));
-    stats->set_output(true)
-        .set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim(stats_dim)
-        .set_stride(stats_stride);
-  } else {
-    auto o = Input(*graph, "O", kO, B, H, T, hs, C);
-    auto d_o = Input(*graph, "dO", kdO, B, H, T, hs, C);
-    auto stats = graph->tensor(fe::graph::Tensor_attributes()
-                                   .set_name("stats")
-                                   .set_uid(kStats)
-                                   .set_dim(stats_dim)
-                                   .set_stride(stats_stride)
-                                   .set_data_type(fe::DataType_t::FLOAT));
-    // Deterministic: the same gradients on every run (dQ without atomics); otherwise the
-    // fused flash backward (header comment).
-    auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("causal_attention_backward")
-                       .set_causal_mask(true)
-                       .set_attn_scale(scale)
-                       .set_deterministic_algorithm(deterministic);
-    auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
-    dq->set_output(true).set_uid(kdQ).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
-    dk->set_output(true).set_uid(kdK).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
-    dv->set_output(true).set_uid(kdV).set_dim({B, H, T, hs}).set_stride(Strides(T, hs, 3 * C));
+int CudnnAttention::PlansToTime() {
+  static const int plans = [] {
+    const char* value = std::getenv("MPTRAIN_CUDNN_PLANS");
+    const int asked = value == nullptr ? kDefaultPlansToTime : std::atoi(value);
+    return std::clamp(asked, 1, kMaxPlansToTime);
+  }();
+  return plans;
+}
+
+absl::Status CudnnAttention::GrowWorkspace(int64_t bytes) {
+  if (bytes <= workspace_bytes_) return absl::OkStatus();
+  // Work queued may still use the old workspace.
+  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cuDNN attention: ", cudaGetErrorString(e)));
   }
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+  if (cudaError_t e = cudaMalloc(&workspace_, bytes); e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuDNN attention: its workspace of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  workspace_bytes_ = bytes;
+  workspace_changed_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudnnAttention::Built*> CudnnAttention::GraphFor(const Key& key) {
+  if (auto it = graphs_->built.find(key); it != graphs_->built.end()) return &it->second;
+  const AttentionShape shape = ShapeOf(key);
+  const bool deterministic = shape.deterministic;
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
-  const std::string shape =
-      absl::StrCat(backward ? (deterministic ? "deterministic backward" : "backward") : "forward",
-                   " B=", B, " T=", T, " H=", H, " hs=", hs);
-  if (absl::Status s = FrontendStatus(graph->validate(), shape.c_str()); !s.ok()) return s;
-  if (absl::Status s = FrontendStatus(graph->build_operation_graph(handle), shape.c_str());
+  auto described = DescribeAttention(shape, handle);
+  if (!described.ok()) return described.status();
+  std::shared_ptr<fe::graph::Graph> graph = *std::move(described);
+  const std::string name = shape.Name();
+  if (absl::Status s = FrontendStatus(graph->create_execution_plans({fe::HeurMode_t::A}), name);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          FrontendStatus(graph->create_execution_plans({fe::HeurMode_t::A}), shape.c_str());
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = FrontendStatus(graph->check_support(handle), shape.c_str()); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = FrontendStatus(graph->build_plans(handle), shape.c_str()); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = FrontendStatus(graph->check_support(handle), name); !s.ok()) return s;
+  // Deterministic runs keep the heuristic's first plan: a plan chosen by timing may differ
+  // between runs, and with it the order of the gradients' additions.
+  const int64_t plan_count = graph->get_execution_plan_count();
+  const bool time_plans = !deterministic && PlansToTime() > 1 && plan_count > 1;
+  Built built;
+  built.graph = graph;
   int64_t workspace = 0;
-  if (absl::Status s = FrontendStatus(graph->get_workspace_size(workspace), shape.c_str());
-      !s.ok()) {
-    return s;
-  }
-  if (workspace > workspace_bytes_) {
-    // Work queued may still use the old workspace.
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("cuDNN attention: ", cudaGetErrorString(e)));
+  if (!time_plans) {
+    if (absl::Status s = FrontendStatus(
+            graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), name);
+        !s.ok()) {
+      return s;
     }
-    if (workspace_ != nullptr) cudaFree(workspace_);
-    workspace_ = nullptr;
-    workspace_bytes_ = 0;
-    if (cudaError_t e = cudaMalloc(&workspace_, workspace); e != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuDNN attention: its workspace of ", workspace, " bytes: ", cudaGetErrorString(e)));
+    if (absl::Status s = FrontendStatus(graph->get_workspace_size(workspace), name); !s.ok()) {
+      return s;
     }
-    workspace_bytes_ = workspace;
-    workspace_changed_ = true;
+  } else {
+    // Candidates: the first PlansToTime() plans that build (each is compiled: built one by
+    // one, not all of the heuristic's list), whose workspace stays within the first's or
+    // kMaxTimedPlanWorkspace, whichever is larger (the memory a step plans for must not grow
+    // by an unbounded amount for a few percent of attention time).
+    int64_t allowed = -1;
+    for (int64_t i = 0; i < plan_count &&
+                        static_cast<int>(built.candidates.size()) < PlansToTime();
+         ++i) {
+      int64_t bytes = 0;
+      if (!graph->build_plan_at_index(handle, i).is_good() ||
+          !graph->get_workspace_size_plan_at_index(i, bytes).is_good()) {
+        continue;
+      }
+      if (allowed < 0) allowed = std::max(bytes, kMaxTimedPlanWorkspace);
+      if (bytes > allowed) continue;
+      built.candidates.push_back(i);
+      workspace = std::max(workspace, bytes);
+    }
+    if (built.candidates.empty()) {
+      return absl::InternalError(absl::StrCat("cuDNN attention ", name, ": no plan built"));
+    }
+    // Until timed (and if timing fails), the heuristic's first that built; by index, as the
+    // graph's own choice was not built. One candidate is not timed.
+    built.plan = built.candidates.front();
+    if (built.candidates.size() == 1) built.candidates.clear();
   }
-  graphs_->built.emplace(key, graph);
-  return graph.get();
+  if (absl::Status s = GrowWorkspace(workspace); !s.ok()) return s;
+  return &graphs_->built.emplace(key, std::move(built)).first->second;
+}
+
+absl::Status CudnnAttention::TimePlans(Built& built, std::unordered_map<int64_t, void*>& pack) {
+  cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start != nullptr) cudaEventDestroy(start);
+    cudaGetLastError();
+    return absl::OkStatus();  // Untimed: the heuristic's first plan.
+  }
+  float best_ms = 0;
+  int64_t best = -1;
+  for (int64_t plan : built.candidates) {
+    float plan_ms = 0;
+    bool ok = built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good();
+    // The fastest of a few runs, after one that loads the kernel.
+    for (int run = 0; ok && run < kTimedRunsPerPlan; ++run) {
+      float ms = 0;
+      ok = cudaEventRecord(start, stream_) == cudaSuccess &&
+           built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good() &&
+           cudaEventRecord(stop, stream_) == cudaSuccess &&
+           cudaEventSynchronize(stop) == cudaSuccess &&
+           cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+      if (ok && (run == 0 || ms < plan_ms)) plan_ms = ms;
+    }
+    cudaGetLastError();  // A plan that failed to run is only not chosen.
+    if (ok && (best < 0 || plan_ms < best_ms)) {
+      best = plan;
+      best_ms = plan_ms;
+    }
+    built.timings.emplace_back(plan, ok ? plan_ms : -1.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (best >= 0) built.plan = best;
+  return absl::OkStatus();
 }
 
 absl::Status CudnnAttention::Execute(const Key& key, const std::map<int64_t, void*>& pointers) {
-  auto graph = GraphFor(key);
-  if (!graph.ok()) return graph.status();
+  auto built = GraphFor(key);
+  if (!built.ok()) return built.status();
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   if (cudnnStatus_t s = cudnnSetStream(handle, stream_); s != CUDNN_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cudnnSetStream: ", cudnnGetErrorString(s)));
   }
   std::unordered_map<int64_t, void*> pack(pointers.begin(), pointers.end());
-  return FrontendStatus(
-      static_cast<fe::graph::Graph*>(*graph)->execute(handle, pack, workspace_), "execute");
+  Built& entry = **built;
+  // Timed on the first call made outside a stream capture (a capture cannot wait for events),
+  // with this call's own buffers: every plan writes the same outputs from the same inputs, and
+  // the chosen one runs after.
+  if (!entry.candidates.empty() && entry.timings.empty()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusNone) {
+      if (absl::Status s = TimePlans(entry, pack); !s.ok()) return s;
+      // Benchmarks' logs: what was timed and chosen.
+      if (std::getenv("MPTRAIN_CUDNN_PLAN_LOG") != nullptr) {
+        std::fprintf(stderr, "cuDNN attention %s\n",
+                     ReportLine(ShapeOf(key), *entry.graph, entry.timings, entry.plan).c_str());
+      }
+    }
+  }
+  if (entry.plan >= 0) {
+    return FrontendStatus(entry.graph->execute_plan_at_index(handle, pack, workspace_, entry.plan),
+                          "execute");
+  }
+  return FrontendStatus(entry.graph->execute(handle, pack, workspace_), "execute");
+}
+
+std::vector<std::string> CudnnAttention::PlanReport() const {
+  std::vector<std::string> lines;
+  for (const auto& [key, built] : graphs_->built) {
+    lines.push_back(ReportLine(ShapeOf(key), *built.graph, built.timings, built.plan));
+  }
+  return lines;
 }
 
 absl::Status CudnnAttention::Forward(const void* qkv, DType dtype, int64_t batch, int64_t seq_len,

@@ -11,13 +11,22 @@
 // (handle, graphs, workspace) for the next one on the same device in the process, so a warm
 // rank process reused for the next job (worker --reuse_ranks) does not compile them again.
 // Workspace grows only while building.
+//
+// The plan: cuDNN's heuristic (mode A) lists several for a shape; the first MPTRAIN_CUDNN_PLANS
+// of them (default kDefaultPlansToTime; 1: the heuristic's first, untimed) are built and timed
+// on the shape's first call outside a stream capture, and the fastest is kept (cuBLASLt's
+// candidates are chosen the same way, cuda_backend.h). A deterministic backward keeps the
+// heuristic's first plan.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +59,8 @@ class CudnnAttention {
                         int64_t head_size, bool deterministic, void* dqkv);
   // Whether a workspace growth happened since the last call (the caller's recorded step that
   // used the old one must be recorded again).
+  // One line per shape built: its plans' timings and the one chosen (benchmarks' logs).
+  std::vector<std::string> PlanReport() const;
   bool TakeWorkspaceChanged() {
     const bool changed = workspace_changed_;
     workspace_changed_ = false;
@@ -57,12 +68,20 @@ class CudnnAttention {
   }
 
  private:
+  static constexpr int kDefaultPlansToTime = 8;
+  static constexpr int kMaxPlansToTime = 16;
+  static constexpr int kTimedRunsPerPlan = 3;
+  static constexpr int64_t kMaxTimedPlanWorkspace = int64_t{64} << 20;
+  struct Built;
   struct Graphs;
   // backward?, dtype, B, T, H, hs, deterministic (backward only)
   using Key = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, bool>;
 
   explicit CudnnAttention(cudaStream_t stream);
-  absl::StatusOr<void*> GraphFor(const Key& key);
+  static int PlansToTime();
+  absl::StatusOr<Built*> GraphFor(const Key& key);
+  absl::Status GrowWorkspace(int64_t bytes);
+  absl::Status TimePlans(Built& built, std::unordered_map<int64_t, void*>& pack);
   absl::Status Execute(const Key& key, const std::map<int64_t, void*>& pointers);
 
   cudaStream_t stream_;
