@@ -3,7 +3,7 @@
 # scripts/make_device_bundle.sh, runs the GPU tests, the README's main job on GPUs and the
 # PyTorch comparison. Output goes to stdout and, in full, to $OUT (or /tmp/mptrain-out).
 #
-#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [usage] [gptvariants] [gptmemcheck] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
+#   device: bash scripts/device_run.sh [tests] [gpt] [gptparity] [gptbench] [usage] [gptvariants] [attentionplans] [gptmemcheck] [gptprofile] [gptdiag] [gptexample] [example] [digits] [parity] [syncbn] [normbench] [bench] [net] [service] [scaling] [start] [fault] [load] [gemms] [profile] [ab] [overlap] [contention] [sweep] [trace] [hf]
 set -uo pipefail
 OUT=${OUT:-/tmp/mptrain-out}
 mkdir -p "$OUT"
@@ -93,6 +93,13 @@ PY
       timeout 60 "$MPTRAIN_BIN/device_usage_test" >"$OUT/device_usage_test.log" 2>&1 || status=1
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|NVML|nvml|read" \
         "$OUT/device_usage_test.log" | head -20 ;;
+    attentionplans)
+      # Every cuDNN plan for the GPT's attention timed (bench/attention_plans.cc:
+      # ATTENTION_SHAPES "B T H hs ...", ATTENTION_DTYPES), then PyTorch's SDPA backends.
+      timeout 300 "$MPTRAIN_BIN/attention_plans" ${ATTENTION_SHAPES:-} \
+        >"$OUT/attentionplans.log" 2>&1 || status=1
+      timeout 200 python3 bench/torch_attention.py >>"$OUT/attentionplans.log" 2>&1 || status=1
+      cat "$OUT/attentionplans.log" | head -150 ;;
     gptvariants)
       # GPT-2 in process under several settings (bench/run_gpt_variants.sh: GPT_VARIANTS,
       # GPT_VARIANT_CONFIGS).
