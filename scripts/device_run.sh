@@ -114,7 +114,9 @@ PY
         "$OUT/gptmemcheck.log" | head -30 ;;
     gptprofile)
       # Issue 29: the GPT step in process (bench/gpt_train_bench.cc), recorded as a CUDA graph and
-      # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel.
+      # op by op, then Nsight Compute over one steady op-by-op step, summed by kernel
+      # (GPT_PROFILE_FLAGS: more gpt_train_bench flags, e.g. 350M's --layers=24 --width=1024
+      # --heads=16, for both).
       # A gpt_train_bench_baseline in the bundle (make_device_bundle.sh BASELINE=<commit>) is
       # timed beside this tree's, alternating.
       builds=gpt_train_bench
@@ -126,7 +128,7 @@ PY
             echo -n "$build graphs=$graphs "
             MPTRAIN_STEP_GRAPHS=$graphs timeout 200 "$MPTRAIN_BIN/$build" --batch=$batch \
               --accum=$accum --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=3 --steps=6 \
-              2>>"$OUT/gpt_train_bench.err" | tee -a "$OUT/gpt_train_bench.jsonl" || status=1
+              ${GPT_PROFILE_FLAGS:-} 2>>"$OUT/gpt_train_bench.err" | tee -a "$OUT/gpt_train_bench.jsonl" || status=1
           done
         done
       done
@@ -135,7 +137,7 @@ PY
       MPTRAIN_STEP_GRAPHS=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
         --csv --print-units base --profile-from-start off "$MPTRAIN_BIN/gpt_train_bench" \
         --batch=16 --accum=4 --precision=${GPT_PROFILE_PRECISION:-bf16} --warmup=2 --steps=16 \
-        --profile_step=4 >"$OUT/gptprofile.csv" 2>"$OUT/gptprofile.err" || status=1
+        --profile_step=4 ${GPT_PROFILE_FLAGS:-} >"$OUT/gptprofile.csv" 2>"$OUT/gptprofile.err" || status=1
       tail -3 "$OUT/gptprofile.err"
       python3 bench/profile_report.py "$OUT/gptprofile.csv" | tee "$OUT/gptprofile.txt" | head -45 ;;
     example)
