@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/attention_plan_candidates.h"
 #include "backends/cuda/cudnn_attention_graph.h"
 
 namespace mptrain::cuda {
@@ -172,24 +173,19 @@ absl::StatusOr<CudnnAttention::Built*> CudnnAttention::GraphFor(const Key& key) 
       return s;
     }
   } else {
-    // Candidates: the first PlansToTime() plans that build (each is compiled: built one by
-    // one, not all of the heuristic's list), whose workspace stays within the first's or
-    // kMaxTimedPlanWorkspace, whichever is larger (the memory a step plans for must not grow
-    // by an unbounded amount for a few percent of attention time).
-    int64_t allowed = -1;
-    for (int64_t i = 0; i < plan_count &&
-                        static_cast<int>(built.candidates.size()) < PlansToTime();
-         ++i) {
+    // Candidates: AttentionPlanCandidates' choice among the plans that build (each is
+    // compiled: built one by one as offered, not all of the heuristic's list).
+    AttentionPlanCandidates candidates(PlansToTime(), kMaxTimedPlanWorkspace);
+    for (int64_t i = 0; i < plan_count && !candidates.Full(); ++i) {
       int64_t bytes = 0;
       if (!graph->build_plan_at_index(handle, i).is_good() ||
           !graph->get_workspace_size_plan_at_index(i, bytes).is_good()) {
         continue;
       }
-      if (allowed < 0) allowed = std::max(bytes, kMaxTimedPlanWorkspace);
-      if (bytes > allowed) continue;
-      built.candidates.push_back(i);
-      workspace = std::max(workspace, bytes);
+      candidates.Offer(i, bytes);
     }
+    built.candidates = candidates.plans();
+    workspace = candidates.workspace_bytes();
     if (built.candidates.empty()) {
       return absl::InternalError(absl::StrCat("cuDNN attention ", name, ": no plan built"));
     }
