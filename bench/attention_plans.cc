@@ -31,6 +31,7 @@ using mptrain::DType;
 using mptrain::cuda::AttentionShape;
 
 constexpr int kRuns = 20;
+constexpr int64_t kMaxWorkspace = int64_t{4} << 30;  // A plan wanting more is not run.
 
 struct Buffers {
   void* qkv = nullptr;
@@ -95,7 +96,11 @@ std::pair<float, float> Time(fe::graph::Graph& graph, cudnnHandle_t handle, int6
   std::vector<float> times;
   for (int run = 0; run < kRuns; ++run) {
     CHECK_CUDA(cudaEventRecord(start, stream));
-    if (!graph.execute_plan_at_index(handle, pack, b.workspace, plan).is_good()) return {-1, -1};
+    if (!graph.execute_plan_at_index(handle, pack, b.workspace, plan).is_good()) {
+      CHECK_CUDA(cudaEventDestroy(start));
+      CHECK_CUDA(cudaEventDestroy(stop));
+      return {-1, -1};
+    }
     CHECK_CUDA(cudaEventRecord(stop, stream));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
@@ -136,6 +141,11 @@ void Survey(const AttentionShape& shape, cudnnHandle_t handle, Buffers& b, cudaS
       }
       (void)graph.get_plan_name_at_index(i, name);
       (void)graph.get_workspace_size_plan_at_index(i, bytes);
+      if (bytes > kMaxWorkspace) {
+        std::printf("  plan %lld %s: workspace %lld B, not run\n", static_cast<long long>(i),
+                    name.c_str(), static_cast<long long>(bytes));
+        continue;
+      }
       Grow(b, std::max<int64_t>(bytes, 1));
       const auto [best, median] = Time(graph, handle, i, pack, b, stream);
       if (best < 0) {
@@ -206,7 +216,7 @@ void Sweep(const AttentionShape& shape, cudnnHandle_t handle, Buffers& b, cudaSt
       int64_t bytes = 0;
       (void)graph.get_plan_name_at_index(index, name);
       (void)graph.get_workspace_size_plan_at_index(index, bytes);
-      if (bytes > (int64_t{4} << 30)) continue;
+      if (bytes > kMaxWorkspace) continue;
       Grow(b, std::max<int64_t>(bytes, 1));
       const auto [best, median] = Time(graph, handle, index, pack, b, stream);
       if (best < 0) continue;

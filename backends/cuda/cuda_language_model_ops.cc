@@ -169,7 +169,7 @@ absl::Status CudaBackend::CausalAttentionForward(Tensor qkv, int64_t batch, int6
   auto attention = Attention();
   if (!attention.ok()) return attention.status();
   absl::Status status = (*attention)->Forward(qkv.data, qkv.dtype, batch, shape->seq, heads,
-                                              shape->head, y.data, Fp(saved));
+                                              shape->head, deterministic_, y.data, Fp(saved));
   if ((*attention)->TakeWorkspaceChanged()) ++buffer_generation_;
   return status;
 }

@@ -51,6 +51,7 @@ struct CudnnAttention::Built {
   std::vector<int64_t> candidates;
   std::vector<std::pair<int64_t, float>> timings;
   int64_t plan = -1;
+  int64_t workspace_bytes = 0;  // What its plans need.
 };
 
 struct CudnnAttention::Graphs {
@@ -133,12 +134,13 @@ absl::Status CudnnAttention::GrowWorkspace(int64_t bytes) {
   if (workspace_ != nullptr) cudaFree(workspace_);
   workspace_ = nullptr;
   workspace_bytes_ = 0;
+  // Whatever follows, the old buffer is gone: a recorded step that used it must not replay.
+  workspace_changed_ = true;
   if (cudaError_t e = cudaMalloc(&workspace_, bytes); e != cudaSuccess) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cuDNN attention: its workspace of ", bytes, " bytes: ", cudaGetErrorString(e)));
   }
   workspace_bytes_ = bytes;
-  workspace_changed_ = true;
   return absl::OkStatus();
 }
 
@@ -156,8 +158,9 @@ absl::StatusOr<CudnnAttention::Built*> CudnnAttention::GraphFor(const Key& key) 
     return s;
   }
   if (absl::Status s = FrontendStatus(graph->check_support(handle), name); !s.ok()) return s;
-  // Deterministic runs keep the heuristic's first plan: a plan chosen by timing may differ
-  // between runs, and with it the order of the gradients' additions.
+  // Deterministic jobs keep the heuristic's first plan, forward and backward: a plan chosen by
+  // timing may differ between runs (and between jobs of a process, the graphs being parked),
+  // and with it the rounding of the softmax and the order of the gradients' additions.
   const int64_t plan_count = graph->get_execution_plan_count();
   const bool time_plans = !deterministic && PlansToTime() > 1 && plan_count > 1;
   Built built;
@@ -194,6 +197,7 @@ absl::StatusOr<CudnnAttention::Built*> CudnnAttention::GraphFor(const Key& key) 
     built.plan = built.candidates.front();
     if (built.candidates.size() == 1) built.candidates.clear();
   }
+  built.workspace_bytes = workspace;
   if (absl::Status s = GrowWorkspace(workspace); !s.ok()) return s;
   return &graphs_->built.emplace(key, std::move(built)).first->second;
 }
@@ -204,32 +208,47 @@ absl::Status CudnnAttention::TimePlans(Built& built, std::unordered_map<int64_t,
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
     if (start != nullptr) cudaEventDestroy(start);
     cudaGetLastError();
-    return absl::OkStatus();  // Untimed: the heuristic's first plan.
+    // Untimed (the heuristic's first that built), and not tried again.
+    for (int64_t plan : built.candidates) built.timings.emplace_back(plan, -1.0f);
+    return absl::OkStatus();
   }
   float best_ms = 0;
   int64_t best = -1;
+  absl::Status status;
   for (int64_t plan : built.candidates) {
     float plan_ms = 0;
-    bool ok = built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good();
+    // A plan cuDNN refuses to run is only not chosen; a failed event wait means the device
+    // failed (a fault is sticky: every later call fails too), and is the call's error.
+    bool ran = built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good();
     // The fastest of a few runs, after one that loads the kernel.
-    for (int run = 0; ok && run < kTimedRunsPerPlan; ++run) {
+    for (int run = 0; ran && run < kTimedRunsPerPlan; ++run) {
+      if (cudaError_t e = cudaEventRecord(start, stream_); e != cudaSuccess) {
+        status = absl::InternalError(absl::StrCat("cuDNN attention: timing its plans: ",
+                                                  cudaGetErrorString(e)));
+        break;
+      }
+      ran = built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good();
       float ms = 0;
-      ok = cudaEventRecord(start, stream_) == cudaSuccess &&
-           built.graph->execute_plan_at_index(handle, pack, workspace_, plan).is_good() &&
-           cudaEventRecord(stop, stream_) == cudaSuccess &&
-           cudaEventSynchronize(stop) == cudaSuccess &&
-           cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-      if (ok && (run == 0 || ms < plan_ms)) plan_ms = ms;
+      cudaError_t e = cudaEventRecord(stop, stream_);
+      if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+      if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+      if (e != cudaSuccess) {
+        status = absl::InternalError(absl::StrCat("cuDNN attention: timing plan ", plan, ": ",
+                                                  cudaGetErrorString(e)));
+        break;
+      }
+      if (ran && (run == 0 || ms < plan_ms)) plan_ms = ms;
     }
-    cudaGetLastError();  // A plan that failed to run is only not chosen.
-    if (ok && (best < 0 || plan_ms < best_ms)) {
+    if (!status.ok()) break;
+    if (ran && (best < 0 || plan_ms < best_ms)) {
       best = plan;
       best_ms = plan_ms;
     }
-    built.timings.emplace_back(plan, ok ? plan_ms : -1.0f);
+    built.timings.emplace_back(plan, ran ? plan_ms : -1.0f);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  if (!status.ok()) return status;
   if (best >= 0) built.plan = best;
   return absl::OkStatus();
 }
@@ -241,8 +260,10 @@ absl::Status CudnnAttention::Execute(const Key& key, const std::map<int64_t, voi
   if (cudnnStatus_t s = cudnnSetStream(handle, stream_); s != CUDNN_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cudnnSetStream: ", cudnnGetErrorString(s)));
   }
-  std::unordered_map<int64_t, void*> pack(pointers.begin(), pointers.end());
   Built& entry = **built;
+  // A later shape's growth that failed leaves no workspace: grown again (or its error) here.
+  if (absl::Status s = GrowWorkspace(entry.workspace_bytes); !s.ok()) return s;
+  std::unordered_map<int64_t, void*> pack(pointers.begin(), pointers.end());
   // Timed on the first call made outside a stream capture (a capture cannot wait for events),
   // with this call's own buffers: every plan writes the same outputs from the same inputs, and
   // the chosen one runs after.
@@ -265,20 +286,13 @@ absl::Status CudnnAttention::Execute(const Key& key, const std::map<int64_t, voi
   return FrontendStatus(entry.graph->execute(handle, pack, workspace_), "execute");
 }
 
-std::vector<std::string> CudnnAttention::PlanReport() const {
-  std::vector<std::string> lines;
-  for (const auto& [key, built] : graphs_->built) {
-    lines.push_back(ReportLine(ShapeOf(key), *built.graph, built.timings, built.plan));
-  }
-  return lines;
-}
-
 absl::Status CudnnAttention::Forward(const void* qkv, DType dtype, int64_t batch, int64_t seq_len,
-                                     int64_t heads, int64_t head_size, void* y, float* stats) {
+                                     int64_t heads, int64_t head_size, bool deterministic, void* y,
+                                     float* stats) {
   const int64_t C = heads * head_size;
   const int64_t bytes = 2;
   char* base = static_cast<char*>(const_cast<void*>(qkv));
-  return Execute({false, dtype, batch, seq_len, heads, head_size, false},
+  return Execute({false, dtype, batch, seq_len, heads, head_size, deterministic},
                  {{kQ, base}, {kK, base + C * bytes}, {kV, base + 2 * C * bytes}, {kO, y},
                   {kStats, stats}});
 }

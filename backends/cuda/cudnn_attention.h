@@ -10,13 +10,14 @@
 // kernels) and cached. The cache outlives the backend: a backend gone parks its CudnnAttention
 // (handle, graphs, workspace) for the next one on the same device in the process, so a warm
 // rank process reused for the next job (worker --reuse_ranks) does not compile them again.
-// Workspace grows only while building.
+// Workspace grows only while building (or to rebuild one freed by a growth that failed).
 //
 // The plan: cuDNN's heuristic (mode A) lists several for a shape; the first MPTRAIN_CUDNN_PLANS
-// of them (default kDefaultPlansToTime; 1: the heuristic's first, untimed) are built and timed
-// on the shape's first call outside a stream capture, and the fastest is kept (cuBLASLt's
-// candidates are chosen the same way, cuda_backend.h). A deterministic backward keeps the
-// heuristic's first plan.
+// of them that build (default kDefaultPlansToTime; 1: the heuristic's first, untimed) whose
+// workspace stays within the first's or kMaxTimedPlanWorkspace (AttentionPlanCandidates) are
+// timed on the shape's first call outside a stream capture, and the fastest is kept (cuBLASLt's
+// candidates are chosen the same way, cuda_backend.h). A deterministic job keeps the
+// heuristic's first plan, forward and backward: the same bits on every run.
 
 #include <cuda_runtime.h>
 
@@ -47,8 +48,9 @@ class CudnnAttention {
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
   // dtype kF16 or kBF16. qkv [B·T, 3C], y [B·T, C], stats [B·H·T] f32; hs = C / H.
+  // `deterministic`: the heuristic's first plan, untimed (the same one in every run).
   absl::Status Forward(const void* qkv, DType dtype, int64_t batch, int64_t seq_len, int64_t heads,
-                       int64_t head_size, void* y, float* stats);
+                       int64_t head_size, bool deterministic, void* y, float* stats);
   // dqkv [B·T, 3C] (dq, dk, dv side by side, as qkv); y and stats as Forward left them.
   // `deterministic`: cuDNN's deterministic algorithm (on Hopper its dP-in-workspace kernels:
   // dQ in a pass of its own, B·H·T² bf16 of workspace); otherwise its fused flash backward,
@@ -59,8 +61,6 @@ class CudnnAttention {
                         int64_t head_size, bool deterministic, void* dqkv);
   // Whether a workspace growth happened since the last call (the caller's recorded step that
   // used the old one must be recorded again).
-  // One line per shape built: its plans' timings and the one chosen (benchmarks' logs).
-  std::vector<std::string> PlanReport() const;
   bool TakeWorkspaceChanged() {
     const bool changed = workspace_changed_;
     workspace_changed_ = false;
@@ -74,7 +74,7 @@ class CudnnAttention {
   static constexpr int64_t kMaxTimedPlanWorkspace = int64_t{64} << 20;
   struct Built;
   struct Graphs;
-  // backward?, dtype, B, T, H, hs, deterministic (backward only)
+  // backward?, dtype, B, T, H, hs, deterministic
   using Key = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, bool>;
 
   explicit CudnnAttention(cudaStream_t stream);

@@ -33,7 +33,7 @@ std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, con
 }  // namespace
 
 std::string AttentionShape::Name() const {
-  return absl::StrCat(backward ? (deterministic ? "deterministic backward" : "backward") : "forward",
+  return absl::StrCat(deterministic ? "deterministic " : "", backward ? "backward" : "forward",
                       " B=", batch, " T=", seq_len, " H=", heads, " hs=", head_size,
                       dtype == DType::kF16 ? " fp16" : " bf16");
 }

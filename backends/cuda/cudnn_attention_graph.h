@@ -30,7 +30,8 @@ struct AttentionShape {
   int64_t seq_len = 0;
   int64_t heads = 0;
   int64_t head_size = 0;
-  bool deterministic = false;  // backward only: cuDNN's deterministic algorithm
+  // The backward: cuDNN's deterministic algorithm; both: the heuristic's first plan, untimed.
+  bool deterministic = false;
 
   auto Tie() const {
     return std::tie(backward, dtype, batch, seq_len, heads, head_size, deterministic);
