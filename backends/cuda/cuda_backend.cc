@@ -19,6 +19,7 @@
 #include "backends/cuda/init_kernels.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/nccl_collective.h"
+#include "backends/cuda/tuning_settings.h"
 
 namespace mptrain::cuda {
 namespace {
@@ -782,25 +783,14 @@ absl::Status CudaBackend::LinearBackwardThroughActivation(Tensor x, Tensor w, Te
                                                   db_acc, overwrite_grads);
 }
 
-namespace {
-// An A/B switch read once per process: on unless the variable is "0".
-bool SwitchedOn(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value == nullptr || std::string(value) != "0";
-}
-}  // namespace
-
 bool CudaBackend::FusedActivationGradients() {
   static const bool fused = SwitchedOn("MPTRAIN_FUSED_DGELU");
   return fused;
 }
 
 int CudaBackend::LtCandidates() {
-  static const int candidates = [] {
-    const char* value = std::getenv("MPTRAIN_LT_CANDIDATES");
-    const int asked = value == nullptr ? kDefaultLtCandidates : std::atoi(value);
-    return std::clamp(asked, 1, kMaxLtCandidates);
-  }();
+  static const int candidates =
+      CountSetting("MPTRAIN_LT_CANDIDATES", kDefaultLtCandidates, kMaxLtCandidates);
   return candidates;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/attention_plan_candidates.h"
 #include "backends/cuda/cudnn_attention_graph.h"
+#include "backends/cuda/tuning_settings.h"
 
 namespace mptrain::cuda {
 namespace {
@@ -117,11 +118,8 @@ CudnnAttention::~CudnnAttention() {
 }
 
 int CudnnAttention::PlansToTime() {
-  static const int plans = [] {
-    const char* value = std::getenv("MPTRAIN_CUDNN_PLANS");
-    const int asked = value == nullptr ? kDefaultPlansToTime : std::atoi(value);
-    return std::clamp(asked, 1, kMaxPlansToTime);
-  }();
+  static const int plans =
+      CountSetting("MPTRAIN_CUDNN_PLANS", kDefaultPlansToTime, kMaxPlansToTime);
   return plans;
 }
 
